@@ -1,0 +1,50 @@
+"""Errors that reach a user, each mapped to one exit code of the CLI contract.
+
+Every error carries enough to print one line that names the file, the field and the fix:
+the CLI prints `str(error)` and exits with `error.exit_code`, never a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ChameleonError(Exception):
+    """Base class: a message for a person and the exit code `chameleon-solve` returns."""
+
+    exit_code = 1
+
+
+class InputError(ChameleonError):
+    """Bad usage or an invalid input file (exit code 2)."""
+
+    exit_code = 2
+
+    def __init__(self, file: str | Path | None, field: str, problem: str, fix: str) -> None:
+        self.file = str(file) if file is not None else "<input>"
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{self.file}: {field}: {problem}; fix: {fix}")
+
+
+class InfeasibleError(ChameleonError):
+    """Proven infeasible (exit code 3): no plan exists, and `reason` says why."""
+
+    exit_code = 3
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"infeasible: {reason}")
+
+
+class NoSolutionError(ChameleonError):
+    """Nothing found within the time limit and no fallback applies (exit code 4)."""
+
+    exit_code = 4
+
+
+class UnrecoverableError(ChameleonError):
+    """Some model state has no surviving copy (exit code 5): restart from a checkpoint."""
+
+    exit_code = 5

@@ -1,0 +1,26 @@
+"""Built-in device types, so instances can name a device instead of describing it.
+
+Peak: dense bf16/fp16 tensor-core TFLOP/s from the vendors' data sheets. Efficiency: the sustained
+fraction of peak a large transformer layer reaches. A100's 0.56 is calibrated on Megatron-LM's
+published GPT-3 175B runs (bench/validate_perf.py); the others are assumptions of the same order
+until a measurement calibrates them, and an instance may override any field.
+"""
+
+from __future__ import annotations
+
+from chameleon_opt.instance.schema import DeviceType
+
+CATALOGUE: dict[str, DeviceType] = {d.name: d for d in [
+    DeviceType(name="A100-40", memory_gib=40, peak_tflops=312, efficiency=0.56, memory_bandwidth_gbps=1555),
+    DeviceType(name="A100-80", memory_gib=80, peak_tflops=312, efficiency=0.56, memory_bandwidth_gbps=2039),
+    DeviceType(name="H100-80", memory_gib=80, peak_tflops=989, efficiency=0.45, memory_bandwidth_gbps=3350),
+    DeviceType(name="H200-141", memory_gib=141, peak_tflops=989, efficiency=0.45, memory_bandwidth_gbps=4800),
+    DeviceType(name="GH-96", memory_gib=96, peak_tflops=989, efficiency=0.45, memory_bandwidth_gbps=4000),
+    DeviceType(name="V100-16", memory_gib=16, peak_tflops=125, efficiency=0.45, memory_bandwidth_gbps=900),
+    DeviceType(name="V100-32", memory_gib=32, peak_tflops=125, efficiency=0.45, memory_bandwidth_gbps=900),
+    DeviceType(name="RTX-3090", memory_gib=24, peak_tflops=71, efficiency=0.5, memory_bandwidth_gbps=936),
+    DeviceType(name="RTX-2080", memory_gib=8, peak_tflops=40, efficiency=0.5, memory_bandwidth_gbps=448),
+    DeviceType(name="Titan-RTX", memory_gib=24, peak_tflops=130, efficiency=0.45, memory_bandwidth_gbps=672),
+    # The paper's worked example: times come from the profile, memory is what the example needs.
+    DeviceType(name="example", memory_gib=1, peak_tflops=1, efficiency=1.0, reserved_gib=0),
+]}

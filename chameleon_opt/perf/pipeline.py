@@ -1,0 +1,80 @@
+"""Pipeline schedule times: the paper's Eq. 9 (uniform 1F1B), Eq. 11 (longest path of the 1F1B
+operation graph for non-uniform stages) and Eq. 12/13 (rerouting, closed form)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def uniform_1f1b_time(stages: int, micro_batches: float, forward_s: float, backward_s: float) -> float:
+    """Eq. 9: T = (N_pp + N_m - 1)(t_f + t_b) for identical stages and free communication."""
+    return (stages + micro_batches - 1) * (forward_s + backward_s)
+
+
+def one_f_one_b_order(stage: int, stages: int, micro_batches: int) -> list[tuple[bool, int]]:
+    """Operation order of one stage under non-interleaved 1F1B: (is_forward, micro_batch).
+
+    Stage s runs N_pp - s - 1 warm-up forwards, then alternates one forward and one backward, then
+    drains the remaining backwards; it thus keeps at most N_pp - s forwards in flight."""
+    warmup = min(stages - stage - 1, micro_batches)
+    order = [(True, m) for m in range(warmup)]
+    for i in range(micro_batches - warmup):
+        order += [(True, warmup + i), (False, i)]
+    order += [(False, m) for m in range(micro_batches - warmup, micro_batches)]
+    return order
+
+
+def one_f_one_b_time(forward_s: Sequence[float], backward_s: Sequence[float], micro_batches: int) -> float:
+    """Eq. 11: the longest path through the 1F1B operation graph of one pipeline.
+
+    An operation starts when the previous operation of its stage (in 1F1B order) has ended, and
+    - a forward, when the forward of the same micro-batch on the previous stage has ended;
+    - a backward, when the backward of the same micro-batch on the next stage has ended.
+    Durations may include blocking sends (the performance model adds them). Exact for any stage
+    times; equals Eq. 9 when stages are identical."""
+    stages = len(forward_s)
+    if micro_batches <= 0:
+        return 0.0
+    f_end = np.full((stages, micro_batches), np.nan)
+    b_end = np.full((stages, micro_batches), np.nan)
+    orders = [one_f_one_b_order(s, stages, micro_batches) for s in range(stages)]
+    position = [0] * stages
+    clock = [0.0] * stages
+    remaining = 2 * stages * micro_batches
+    while remaining:
+        progressed = False
+        for s in range(stages):
+            order = orders[s]
+            while position[s] < len(order):
+                forward, m = order[position[s]]
+                if forward:
+                    ready = 0.0 if s == 0 else f_end[s - 1, m]
+                else:
+                    ready = f_end[s, m] if s == stages - 1 else b_end[s + 1, m]
+                if np.isnan(ready):
+                    break
+                start = max(clock[s], ready)
+                clock[s] = start + (forward_s[s] if forward else backward_s[s])
+                (f_end if forward else b_end)[s, m] = clock[s]
+                position[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # impossible for a valid 1F1B order; guards against an infinite loop
+            raise RuntimeError("1F1B dependency cycle")
+    return float(np.nanmax(b_end[0]))
+
+
+def reroute_eq12_time(stages: int, micro_batches: float, failed_per_stage: Sequence[int], data_parallel: int,
+                      forward_s: float, backward_s: float) -> float:
+    """Eq. 12/13: T = (N_pp + N_m - 1 + sum_i N_m F_i / (N_dp - F_i)) (t_f + t_b).
+
+    Each healthy peer of stage i takes an even share of the F_i failed replicas' micro-batches.
+    Infinite when some stage lost every replica (F_i = N_dp): rerouting is then infeasible."""
+    extra = 0.0
+    for failed in failed_per_stage:
+        if failed >= data_parallel:
+            return float("inf")
+        extra += micro_batches * failed / (data_parallel - failed)
+    return (stages + micro_batches - 1 + extra) * (forward_s + backward_s)

@@ -1,0 +1,74 @@
+"""The plan: the one typed object every solver returns and every later layer consumes.
+
+A plan is a set of pipelines; each pipeline is a list of stages; each stage is a TP group of
+devices owning a contiguous layer range [first, end). Rerouted work (ReCycle-style) is listed
+separately: `from_pipeline`'s micro-batches of `stage` are computed by `to_pipeline`'s stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Stage:
+    devices: tuple[int, ...]
+    first: int
+    end: int
+
+    @property
+    def num_layers(self) -> int:
+        return self.end - self.first
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    stages: tuple[Stage, ...]
+    micro_batches: int
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(d for stage in self.stages for d in stage.devices)
+
+
+@dataclass(frozen=True)
+class Reroute:
+    """`micro_batches` of `from_pipeline` run their `stage` on `to_pipeline`'s stage instead.
+
+    A float: the paper's Eq. 12/13 splits a failed stage's work evenly, in fractions of a
+    micro-batch (a micro-batch can be cut into smaller sample groups); named integer shares are
+    the special case of whole numbers."""
+
+    from_pipeline: int
+    stage: int
+    to_pipeline: int
+    micro_batches: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    tensor_parallel: int
+    pipelines: tuple[Pipeline, ...]
+    rerouted: tuple[Reroute, ...] = field(default=())
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(d for p in self.pipelines for d in p.devices)
+
+    @property
+    def total_micro_batches(self) -> int:
+        return sum(p.micro_batches for p in self.pipelines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `plan` object of the CLI contract."""
+        return {
+            "tensor_parallel": self.tensor_parallel,
+            "pipelines": [
+                {"micro_batches": p.micro_batches,
+                 "stages": [{"devices": list(s.devices), "layers": [s.first, s.end]} for s in p.stages]}
+                for p in self.pipelines],
+            "rerouted": [
+                {"from_pipeline": r.from_pipeline, "stage": r.stage, "to_pipeline": r.to_pipeline,
+                 "micro_batches": r.micro_batches} for r in self.rerouted],
+        }

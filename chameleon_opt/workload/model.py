@@ -1,0 +1,180 @@
+"""Per-layer sizes, FLOPs and measured times of a workload: the raw material of the performance model.
+
+Layer l is 0 (embedding), 1..L (transformer blocks) or L+1 (final norm and head). Every array has
+one entry per layer, so a stage's cost is a sum over a contiguous slice, and the performance model
+keeps prefix sums to make any range O(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from chameleon_opt.workload.schema import Architecture, Profile, WorkloadSpec
+
+
+@dataclass(frozen=True)
+class LayerTable:
+    """Per-layer times (seconds, one micro-batch) measured or fitted for one (device type, mbs, tp)."""
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    update_s: np.ndarray
+    fitted: bool
+
+
+def fit_profile_times(profile: Profile, micro_batch_size: int, tp: int) -> LayerTable | None:
+    """Per-layer times at `micro_batch_size` from an affine fit t(b) = a + c*b over the profiled sizes.
+
+    Why a fit and not the raw entry: measured profiles at small micro-batches are dominated by launch
+    and hook overhead and are noisy (Sailor's OPT-350 GH-96 TP4 profile is slower at micro-batch 1
+    than at 2). A least-squares line per layer over all measured micro-batch sizes, weighted by
+    1/t so each point counts by its relative error, smooths that noise and also interpolates sizes
+    that were never measured. With a single measured size the raw entry is used (scaled linearly
+    when the size differs). Returns None when the profile has no entry for `tp`.
+    """
+    points = sorted(
+        (int(mbs), per_tp[str(tp)]) for mbs, per_tp in profile.times.items() if str(tp) in per_tp)
+    if not points:
+        return None
+    sizes = np.array([mbs for mbs, _ in points], dtype=float)
+    times = np.array([per_layer for _, per_layer in points], dtype=float)  # [n_sizes, layers, 3]
+    if len(points) == 1:
+        scaled = times[0] * (micro_batch_size / sizes[0])
+        return LayerTable(scaled[:, 0], scaled[:, 1], times[0][:, 2], fitted=False)
+    design = np.stack([np.ones_like(sizes), sizes], axis=1)
+    fitted = np.empty(times.shape[1:])
+    for layer in range(times.shape[1]):
+        for column in range(2):
+            observed = times[:, layer, column]
+            weight = 1.0 / np.maximum(observed, 1e-9)
+            coef, *_ = np.linalg.lstsq(design * weight[:, None], observed * weight, rcond=None)
+            fitted[layer, column] = max(coef[0] + coef[1] * micro_batch_size, 0.0)
+    update = times[:, :, 2].mean(axis=0)  # the optimizer step does not depend on the micro-batch
+    return LayerTable(fitted[:, 0], fitted[:, 1], update, fitted=True)
+
+
+class Workload:
+    """A workload with its derived per-layer quantities, for one sequence length and precision."""
+
+    def __init__(self, spec: WorkloadSpec, sequence_length: int | None, dtype_bytes: int) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.architecture: Architecture | None = spec.architecture
+        arch_seq = self.architecture.seq_len if self.architecture else None
+        self.sequence_length = sequence_length or arch_seq or 0
+        self.dtype_bytes = dtype_bytes
+        self._tables: dict[tuple[str, int, int], LayerTable | None] = {}
+
+    @cached_property
+    def num_layers(self) -> int:
+        """Total layers including embedding and head."""
+        if self.architecture is not None:
+            return self.architecture.layers + 2
+        if self.spec.layer_bytes is not None:
+            return len(self.spec.layer_bytes.params)
+        per_layer = next(iter(next(iter(self.spec.profiles[0].times.values())).values()))
+        return len(per_layer)
+
+    def profile_for(self, device_type: str) -> Profile | None:
+        return next((p for p in self.spec.profiles if p.device_type == device_type), None)
+
+    # -- sizes -------------------------------------------------------------------------------
+    @cached_property
+    def params(self) -> np.ndarray:
+        """Parameters per layer (elements), from the architecture (Megatron's counting) or the file."""
+        if self.spec.layer_bytes is not None:
+            return np.array(self.spec.layer_bytes.params, dtype=float)
+        if self.architecture is None:
+            return np.zeros(self.num_layers)
+        a = self.architecture
+        h, f = a.hidden, a.ffn
+        kv_dim = (a.kv_heads or a.heads) * (h // a.heads)
+        attention = 2 * h * h + 2 * h * kv_dim
+        mlp = (3 if a.gated_mlp else 2) * h * f
+        biases_and_norms = 2 * h if a.gated_mlp else (2 * h + 2 * kv_dim + h + f + h + 4 * h)
+        block = attention + mlp + biases_and_norms
+        embedding = a.vocab * h + (a.seq_len * h if a.learned_positions else 0)
+        head = 2 * h + (0 if a.tied_embeddings else a.vocab * h)
+        return np.array([embedding] + [block] * a.layers + [head], dtype=float)
+
+    @cached_property
+    def forward_flops_per_sample(self) -> np.ndarray:
+        """Forward FLOPs of one sequence per layer at TP 1 (Narayanan et al., SC'21, Eq. 2's terms):
+        2 FLOPs per parameter per token for the matrix multiplies plus 4*s^2*h for attention scores
+        and values in every block; 2*s*h*V for the head's logits; the embedding is a lookup (0)."""
+        if self.architecture is None:
+            return np.zeros(self.num_layers)
+        a, s = self.architecture, self.sequence_length
+        h = a.hidden
+        kv_dim = (a.kv_heads or a.heads) * (h // a.heads)
+        matmul_params = 2 * h * h + 2 * h * kv_dim + (3 if a.gated_mlp else 2) * h * a.ffn
+        block = 2.0 * s * matmul_params + 4.0 * s * s * h
+        head = 2.0 * s * h * a.vocab
+        return np.array([0.0] + [block] * a.layers + [head])
+
+    def activation_bytes_per_sample(self, tp: int, recompute: bool) -> np.ndarray:
+        """Activation bytes one in-flight sample keeps per layer until its backward.
+
+        Blocks: Korthikanti et al. (MLSys'23, "Reducing activation recomputation"), Table 2, without
+        sequence parallelism and with flash attention (no s^2 term): s*h*(10 + 24/t) bytes at 2-byte
+        activations, where the 24 splits into 8 for attention and 16 for an MLP of 4h (scaled here to
+        the real FFN width and the number of MLP tensors). With full recomputation only the block
+        input (2*s*h bytes) is kept. Embedding keeps its output; the head keeps the logits, sharded
+        by TP (vocab-parallel cross entropy).
+        """
+        if self.spec.layer_bytes is not None:
+            values = np.array(self.spec.layer_bytes.activation_bytes_per_sample, dtype=float)
+            return values / tp if not recompute else np.minimum(values, self.boundary_bytes_per_sample)
+        if self.architecture is None:
+            return np.zeros(self.num_layers)
+        a, s = self.architecture, self.sequence_length
+        h, scale = a.hidden, self.dtype_bytes / 2.0
+        mlp_tensors = 3 if a.gated_mlp else 2
+        parallel = 8.0 + 2.0 * (a.ffn / h) * mlp_tensors
+        block = (2.0 * s * h if recompute else s * h * (10.0 + parallel / tp)) * scale
+        embedding = s * h * self.dtype_bytes
+        head = s * a.vocab * self.dtype_bytes / tp
+        return np.array([embedding] + [block] * a.layers + [head])
+
+    @cached_property
+    def boundary_bytes_per_sample(self) -> np.ndarray:
+        """Bytes of each layer's output activation per sample: what crosses a stage boundary."""
+        if self.spec.layer_bytes is not None:
+            return np.array(self.spec.layer_bytes.boundary_bytes_per_sample, dtype=float)
+        if self.architecture is None:
+            return np.zeros(self.num_layers)
+        s, h = self.sequence_length, self.architecture.hidden
+        values = np.full(self.num_layers, float(s * h * self.dtype_bytes))
+        values[-1] = 0.0
+        return values
+
+    def tp_allreduce_counts(self, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
+        """All-reduces of one s*h activation per layer in forward and in backward under Megatron TP:
+        two per block each way (attention and MLP outputs), one for the vocab-parallel embedding;
+        recomputation repeats the forward's during backward."""
+        forward = np.zeros(self.num_layers)
+        if self.architecture is None:
+            return forward, forward.copy()
+        forward[1:-1] = 2.0
+        forward[0] = 1.0
+        backward = forward.copy()
+        backward[0] = 0.0
+        if recompute:
+            backward += forward
+        return forward, backward
+
+    def tp_allreduce_bytes_per_sample(self) -> float:
+        if self.architecture is None:
+            return 0.0
+        return float(self.sequence_length * self.architecture.hidden * self.dtype_bytes)
+
+    def profile_table(self, device_type: str, micro_batch_size: int, tp: int) -> LayerTable | None:
+        """Fitted per-layer times for this device type, or None when it was not profiled at `tp`."""
+        key = (device_type, micro_batch_size, tp)
+        if key not in self._tables:
+            profile = self.profile_for(device_type)
+            self._tables[key] = None if profile is None else fit_profile_times(profile, micro_batch_size, tp)
+        return self._tables[key]
