@@ -1,0 +1,125 @@
+"""`chameleon-solve`: the operator's command line (contract: shared/docs/cli-contract.md).
+
+Human output is rich tables on stdout; `--json` prints exactly one JSON object on stdout. Every
+ChameleonError becomes one line on stderr and its exit code; no traceback reaches the user.
+torch is never imported here (start-up must stay fast).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from chameleon_opt.errors import ChameleonError
+from chameleon_opt.instance.load import load_instance
+from chameleon_opt.instance.schema import InstanceSpec
+from chameleon_opt.perf.model import GIB, Estimate, PerfModel
+from chameleon_opt.perf.reroute import even_reroute
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Plan recovery of DP x PP x TP training jobs from accelerator failures.")
+stdout = Console(width=None if sys.stdout.isatty() else 120)
+stderr = Console(stderr=True)
+
+
+def fail(error: ChameleonError, as_json: bool = False) -> NoReturn:
+    """One line on stderr (and a JSON object on stdout with --json), then the contract's exit code."""
+    stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+    if as_json:
+        print(json.dumps({"format": 1, "error": type(error).__name__, "reason": str(error),
+                          "exit_code": error.exit_code}))
+    raise typer.Exit(error.exit_code)
+
+
+def emit_json(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload, indent=None, separators=(",", ":")))
+
+
+@app.command()
+def validate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)")) -> None:
+    """Check an instance file; exit 0 when valid, 2 with a one-line reason when not."""
+    try:
+        instance = load_instance(file)
+    except ChameleonError as err:
+        fail(err)
+    plan = instance.plan
+    stdout.print(f"[green]valid[/]: {instance.name}: {instance.num_devices} devices, workload "
+                 f"{instance.workload.name} ({instance.workload.num_layers} layers), "
+                 f"{len(plan.pipelines)} pipelines x up to {max(len(p.stages) for p in plan.pipelines)} stages, "
+                 f"TP {plan.tensor_parallel}, {len(instance.failed_devices)} failed devices")
+
+
+def _estimate_table(estimate: Estimate, title: str, failed: frozenset[int]) -> Table:
+    table = Table(title=title)
+    for column in ("pipe", "stage", "devices", "layers", "fwd s", "bwd s", "rerouted", "mem GiB", "cap GiB"):
+        table.add_column(column, justify="right")
+    for j, (pipe, plan_pipe) in enumerate(zip(estimate.pipelines, estimate.plan.pipelines)):
+        for s, (cost, stage) in enumerate(zip(pipe.stages, plan_pipe.stages)):
+            devices = stage.devices
+            shown = f"{devices[0]}" if len(devices) == 1 else f"{devices[0]}..{devices[-1]}"
+            if failed.intersection(devices):
+                shown = f"[red]{shown} failed[/]"
+            over = cost.memory_bytes > cost.memory_capacity_bytes
+            table.add_row(str(j) if s == 0 else "", str(s), shown, f"{stage.first}-{stage.end - 1}",
+                          f"{cost.forward_s:.4g}", f"{cost.backward_s:.4g}",
+                          f"{pipe.extra_micro_batches[s]:.2f}" if pipe.extra_micro_batches[s] else "",
+                          f"[red]{cost.memory_bytes / GIB:.2f}[/]" if over else f"{cost.memory_bytes / GIB:.2f}",
+                          f"{cost.memory_capacity_bytes / GIB:.2f}")
+        if len(estimate.pipelines) > 8 and j == 3:
+            table.add_row("...", f"{len(estimate.pipelines) - 4} more pipelines", *[""] * 7)
+            break
+    return table
+
+
+@app.command()
+def estimate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
+             as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)"),
+             after_failure: bool = typer.Option(False, "--after-failure",
+                                                help="evaluate the rerouted plan after the instance's failures")) -> None:
+    """Predict step time, throughput and memory of the instance's current plan."""
+    try:
+        instance = load_instance(file)
+        model = PerfModel(instance)
+        plan, failed = instance.plan, frozenset()
+        if after_failure:
+            failed = instance.failed_devices
+            plan = even_reroute(plan, failed)
+        result = model.evaluate(plan, failed)
+    except ChameleonError as err:
+        fail(err, as_json)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    title = f"{instance.name}: {'rerouted after failure of ' + str(sorted(failed)) if after_failure else 'current plan'}"
+    stdout.print(_estimate_table(result, title, failed))
+    b = result.breakdown_s
+    stdout.print(f"iteration {result.iteration_time_s:.4f} s, {result.throughput_samples_per_s:.2f} samples/s, "
+                 f"memory {'ok' if result.memory_ok else '[red]over capacity[/]'}")
+    stdout.print("breakdown: " + ", ".join(f"{k} {v:.4f} s" for k, v in b.items()))
+    for line in result.memory_violations()[:5]:
+        stdout.print(f"[red]memory:[/] {line}")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of instance files."""
+    print(json.dumps(InstanceSpec.model_json_schema(), indent=2))
+
+
+def main() -> None:
+    """Console-script entry: typer's own usage errors keep exit code 2; unexpected errors get one line."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        stderr.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
