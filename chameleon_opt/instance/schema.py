@@ -85,6 +85,8 @@ class Training(Strict):
     grad_bytes_per_param: PositiveFloat | None = Field(None, description="default: the parameter precision")
     optimizer: Optimizer = Field(default_factory=Optimizer)
     activation_recomputation: bool = False
+    distributed_optimizer: bool = Field(
+        False, description="shard optimizer state over data-parallel replicas (ZeRO-1, Megatron's distributed optimizer)")
 
     @property
     def dtype_bytes(self) -> int:

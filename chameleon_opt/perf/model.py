@@ -123,6 +123,7 @@ class PerfModel:
         self.param_bytes = float(training.dtype_bytes)
         self.grad_bytes = float(training.grad_bytes_per_param or training.dtype_bytes)
         self.optimizer_bytes = float(training.optimizer.state_bytes_per_param)
+        self.shard_optimizer = training.distributed_optimizer
         network = instance.spec.cluster.network
         self.intra = Link(network.intra_node_gbps * 1e9, network.intra_node_latency_us * 1e-6)
         self.inter = Link(network.inter_node_gbps * 1e9, network.inter_node_latency_us * 1e-6)
@@ -197,13 +198,16 @@ class PerfModel:
         return self.link_between(sender[0], receiver[0]).send_time(nbytes) + self.p2p_overhead_s
 
     def stage_memory(self, devices: tuple[int, ...], first: int, end: int, stage: int, stages: int,
-                     own_micro_batches: float, extra_micro_batches: float = 0.0) -> tuple[float, float]:
+                     own_micro_batches: float, extra_micro_batches: float = 0.0,
+                     replicas: int = 1) -> tuple[float, float]:
         """(bytes needed, bytes available) on each device of a stage slot: Eq. 14 generalised to
-        per-layer sizes, TP sharding, mixed-precision state and the in-flight count of 1F1B."""
+        per-layer sizes, TP sharding, mixed-precision state, optimizer state sharded over the
+        `replicas` of the stage when the distributed optimizer is on, and 1F1B's in-flight count."""
         device = self.stage_device(devices)
         table = self._tables(device, len(devices))
         params = self._range(table, "params", first, end)
-        static = params * (self.param_bytes + self.grad_bytes + self.optimizer_bytes)
+        optimizer = self.optimizer_bytes / max(replicas, 1) if self.shard_optimizer else self.optimizer_bytes
+        static = params * (self.param_bytes + self.grad_bytes + optimizer)
         in_flight = in_flight_micro_batches(stage, stages, int(own_micro_batches), extra_micro_batches)
         activations = in_flight * self._range(table, "act", first, end)
         if self.recompute:  # the block being recomputed materialises its full activations once
@@ -217,7 +221,10 @@ class PerfModel:
         return self._range(table, "update", first, end)
 
     # -- whole plans ----------------------------------------------------------------------------
-    def stage_costs(self, plan: Plan, pipeline_index: int, extra: list[float]) -> list[StageCost]:
+    def stage_costs(self, plan: Plan, pipeline_index: int, extra: list[float],
+                    replicas: dict[int, int] | None = None) -> list[StageCost]:
+        """Costs of every stage of one pipeline; `replicas[layer]` counts the live slots holding
+        each layer (for the distributed optimizer's sharding)."""
         pipe = plan.pipelines[pipeline_index]
         stages = pipe.stages
         costs = []
@@ -227,22 +234,30 @@ class PerfModel:
                 if s + 1 < len(stages) else 0.0
             send_b = self.boundary_send_time(stage.devices, stages[s - 1].devices, stages[s - 1].end - 1) \
                 if s > 0 else 0.0
+            shards = min(replicas[layer] for layer in range(stage.first, stage.end)) if replicas else 1
             need, have = self.stage_memory(stage.devices, stage.first, stage.end, s, len(stages),
-                                           pipe.micro_batches, extra[s])
+                                           pipe.micro_batches, extra[s], shards)
             costs.append(StageCost(fwd, bwd, compute, tp_time, send_f, send_b, need, have))
         return costs
+
+    @staticmethod
+    def layer_holders(plan: Plan, failed_slots: frozenset[tuple[int, int]] = frozenset()
+                      ) -> dict[int, list[tuple[int, int]]]:
+        """For every layer, the live (pipeline, stage) slots that hold a replica of it."""
+        holders: dict[int, list[tuple[int, int]]] = {}
+        for j, pipe in enumerate(plan.pipelines):
+            for s, stage in enumerate(pipe.stages):
+                if (j, s) not in failed_slots:
+                    for layer in range(stage.first, stage.end):
+                        holders.setdefault(layer, []).append((j, s))
+        return holders
 
     def data_parallel_time(self, plan: Plan, failed_slots: frozenset[tuple[int, int]] = frozenset()) -> float:
         """Gradient all-reduce: each layer is reduced among the stage slots that hold it; layers
         with the same replica set form one bucket (with identical pipelines: one group per stage).
-        A slot reduces its buckets one after another; slots run in parallel; the slowest counts."""
-        holders: dict[int, list[tuple[int, int]]] = {}
-        for j, pipe in enumerate(plan.pipelines):
-            for s, stage in enumerate(pipe.stages):
-                if (j, s) in failed_slots:
-                    continue
-                for layer in range(stage.first, stage.end):
-                    holders.setdefault(layer, []).append((j, s))
+        A slot reduces its buckets one after another; slots run in parallel; the slowest counts.
+        (With the distributed optimizer it is a reduce-scatter plus an all-gather: same volume.)"""
+        holders = self.layer_holders(plan, failed_slots)
         buckets: dict[tuple[tuple[int, int], ...], list[int]] = {}
         for layer, slots in holders.items():
             buckets.setdefault(tuple(slots), []).append(layer)
@@ -269,9 +284,10 @@ class PerfModel:
         for r in plan.rerouted:
             extras[r.to_pipeline][r.stage] += r.micro_batches
         failed = self.failed_slots(plan, failed_devices)
+        replicas = {layer: len(slots) for layer, slots in self.layer_holders(plan, failed).items()}
         pipelines, cache = [], {}
         for j, pipe in enumerate(plan.pipelines):
-            costs = self.stage_costs(plan, j, extras[j])
+            costs = self.stage_costs(plan, j, extras[j], replicas)
             key = (tuple((c.op_forward_s, c.op_backward_s) for c in costs), pipe.micro_batches)
             if key not in cache:  # identical pipelines are the common case: schedule them once
                 cache[key] = one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs],
@@ -300,5 +316,6 @@ class PerfModel:
         compute = load * cost.compute_s
         tensor_parallel = load * cost.tensor_parallel_s
         p2p = load * (cost.send_forward_s + cost.send_backward_s)
-        return {"compute": compute, "pipeline_bubble": max(pipeline_time - compute - tensor_parallel - p2p, 0.0),
-                "p2p": p2p, "tensor_parallel": tensor_parallel, "data_parallel": dp_time, "optimizer": opt_time}
+        parts = {"compute": compute, "pipeline_bubble": max(pipeline_time - compute - tensor_parallel - p2p, 0.0),
+                 "p2p": p2p, "tensor_parallel": tensor_parallel, "data_parallel": dp_time, "optimizer": opt_time}
+        return {name: float(value) for name, value in parts.items()}
