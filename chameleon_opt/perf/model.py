@@ -55,6 +55,20 @@ class StageCost:
 
 
 @dataclass(frozen=True)
+class LayerCosts:
+    """Per-layer coefficients for the layer-allocation models, on one TP group's device type.
+
+    A stage holding layers [a, b) costs sum(time_s[a:b]) per micro-batch and needs
+    sum(static_bytes[a:b]) + in_flight x sum(activation_bytes[a:b]) + transient_bytes."""
+
+    time_s: np.ndarray            # forward + backward incl. TP collectives, one micro-batch
+    static_bytes: np.ndarray      # parameters, gradients, optimizer state per device
+    activation_bytes: np.ndarray  # activations of one in-flight micro-batch per device
+    transient_bytes: float        # recomputation's working set (0 without recomputation)
+    capacity_bytes: float
+
+
+@dataclass(frozen=True)
 class PipelineEstimate:
     micro_batches: float
     iteration_time_s: float
@@ -215,6 +229,24 @@ class PerfModel:
             activations += float(full[first:end].max())
         capacity = (device.memory_gib - device.reserved_gib) * GIB
         return static + activations, capacity
+
+    def layer_costs(self, devices: tuple[int, ...], replicas: int = 1) -> LayerCosts:
+        """Per-layer linear coefficients of time and memory, for solvers that pick layer ranges."""
+        device = self.stage_device(devices)
+        table = self._tables(device, len(devices))
+        per_layer = {name: np.diff(values) for name, values in table.items()}
+        optimizer = self.optimizer_bytes / max(replicas, 1) if self.shard_optimizer else self.optimizer_bytes
+        static = per_layer["params"] * (self.param_bytes + self.grad_bytes + optimizer)
+        transient = 0.0
+        if self.recompute:
+            full = self.workload.activation_bytes_per_sample(len(devices), False) * self.micro_batch_size
+            transient = float(full.max())
+        time = per_layer["fwd"] + per_layer["bwd"] + per_layer["tp_fwd"] + per_layer["tp_bwd"]
+        if len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1:
+            time = per_layer["fwd"] + per_layer["bwd"] + (per_layer["tp_fwd"] + per_layer["tp_bwd"]) * (
+                self.intra.bandwidth / self.inter.bandwidth)
+        capacity = (device.memory_gib - device.reserved_gib) * GIB
+        return LayerCosts(time, static, per_layer["act"], transient, capacity)
 
     def optimizer_time(self, devices: tuple[int, ...], first: int, end: int) -> float:
         table = self._tables(self.stage_device(devices), len(devices))
