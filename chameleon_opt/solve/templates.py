@@ -1,0 +1,149 @@
+"""Pipeline templates: for each device type and stage count S, the best layer split of one pipeline.
+
+Plan search then only decides how many pipelines of each template to run and how many
+micro-batches each gets. A template's split minimises the bottleneck stage time subject to
+per-stage memory (stage s holds S - s micro-batches in flight under 1F1B): on identical devices
+the sum of stage times is fixed, so this also minimises the 1F1B surrogate
+sum_s t_s + (M - 1) max_s t_s. The split is found exactly by bisection on the bottleneck with a
+greedy feasibility check: filling each stage as far as time and memory allow is optimal because
+later stages keep fewer micro-batches in flight, so they are never tighter than earlier ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from chameleon_opt.perf.comm import ring_allreduce_time
+from chameleon_opt.perf.model import LayerCosts, PerfModel
+
+
+@dataclass(frozen=True)
+class Template:
+    device_type: str
+    stages: int
+    boundaries: tuple[int, ...]      # stage s owns layers [boundaries[s], boundaries[s+1])
+    stage_times_s: tuple[float, ...]  # per micro-batch, blocking p2p sends included
+    sync_s: float                     # gradient all-reduce + optimizer step (estimate)
+    min_pipelines: int                # fewest replicas for the memory to fit (distributed optimizer)
+
+    @property
+    def fill_s(self) -> float:
+        """One micro-batch's trip through every stage."""
+        return float(sum(self.stage_times_s))
+
+    @property
+    def per_micro_batch_s(self) -> float:
+        """The bottleneck stage: what each further micro-batch adds in steady 1F1B."""
+        return float(max(self.stage_times_s))
+
+    def pipeline_time(self, micro_batches: int) -> float:
+        """1F1B surrogate fill + (m - 1) x bottleneck (Eq. 9 when stages are identical)."""
+        return self.fill_s + (micro_batches - 1) * self.per_micro_batch_s
+
+
+def _stage_overheads(model: PerfModel, group: tuple[int, ...], stages: int) -> np.ndarray:
+    """Blocking sends per micro-batch: forward to the next stage, backward to the previous one
+    (across nodes: the conservative placement)."""
+    n = model.workload.num_layers
+    send = model.inter.send_time(model.workload.boundary_bytes_per_sample[max(n - 2, 0)] * model.micro_batch_size)
+    send = send + model.p2p_overhead_s if send > 0 else 0.0
+    overhead = np.zeros(stages)
+    if stages > 1:
+        overhead[:-1] += send
+        overhead[1:] += send
+    return overhead
+
+
+def min_max_split(costs: LayerCosts, overhead: np.ndarray, optimizer_shards: int = 1,
+                  sharded_bytes: np.ndarray | None = None) -> tuple[int, ...] | None:
+    """Boundaries of S = len(overhead) contiguous non-empty stages minimising the slowest stage,
+    with stage s's memory static + (S - s) x activations + transient under capacity; None if no
+    split fits. `sharded_bytes` (per layer) is divided by `optimizer_shards`."""
+    stages, n = len(overhead), len(costs.time_s)
+    if stages > n:
+        return None
+    static = costs.static_bytes if sharded_bytes is None else costs.static_bytes - sharded_bytes * (
+        1 - 1 / optimizer_shards)
+    time_prefix = np.concatenate([[0.0], np.cumsum(costs.time_s)]).tolist()
+    static_prefix = np.concatenate([[0.0], np.cumsum(static)]).tolist()
+    act_prefix = np.concatenate([[0.0], np.cumsum(costs.activation_bytes)]).tolist()
+    overhead_list = overhead.tolist()
+    budget = costs.capacity_bytes - costs.transient_bytes
+
+    def greedy(bottleneck: float) -> tuple[int, ...] | None:
+        bounds, position = [0], 0
+        for s in range(stages):
+            last_allowed = n - (stages - s - 1)
+            end = position
+            while end < last_allowed:
+                nxt = end + 1
+                t = time_prefix[nxt] - time_prefix[position] + overhead_list[s]
+                memory = static_prefix[nxt] - static_prefix[position] + (stages - s) * (
+                    act_prefix[nxt] - act_prefix[position])
+                if t > bottleneck or memory > budget:
+                    break
+                end = nxt
+            if end == position:
+                return None
+            bounds.append(end)
+            position = end
+        return tuple(bounds) if position == n else None
+
+    high = float(time_prefix[-1] + overhead.max())
+    if greedy(high) is None:
+        return None
+    low = max(float(time_prefix[-1] / stages), float(costs.time_s.max()))
+    for _ in range(60):
+        if high - low <= 1e-12 * max(high, 1.0):
+            break
+        middle = (low + high) / 2
+        if greedy(middle) is None:
+            low = middle
+        else:
+            high = middle
+    return greedy(high)
+
+
+def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipelines_guess: int) -> Template | None:
+    """The best `stages`-stage pipeline on groups like `group`, or None when it cannot fit."""
+    costs = model.layer_costs(group, replicas=1)
+    overhead = _stage_overheads(model, group, stages)
+    sharded = model.workload.params / len(group) * model.optimizer_bytes if model.shard_optimizer else None
+    bounds = min_max_split(costs, overhead, max(pipelines_guess, 1), sharded)
+    if bounds is None:
+        return None
+    time_prefix = np.concatenate([[0.0], np.cumsum(costs.time_s)])
+    times = tuple(float(time_prefix[bounds[s + 1]] - time_prefix[bounds[s]] + overhead[s]) for s in range(stages))
+    min_pipelines = 1
+    if sharded is not None:  # fewest replicas whose optimizer shards make every stage fit
+        for s in range(stages):
+            a, b = bounds[s], bounds[s + 1]
+            rest = (costs.static_bytes[a:b].sum() - sharded[a:b].sum()) + (stages - s) * costs.activation_bytes[
+                a:b].sum() + costs.transient_bytes
+            room = costs.capacity_bytes - rest
+            need = sharded[a:b].sum()
+            if need > 0:
+                min_pipelines = max(min_pipelines, math.ceil(need / room) if room > 0 else 10 ** 9)
+    grad = model.workload.params * model.grad_bytes / len(group)
+    largest = max(float(grad[bounds[s]:bounds[s + 1]].sum()) for s in range(stages))
+    sync = ring_allreduce_time(largest, max(pipelines_guess, 1), model.inter)
+    sync += max(model.optimizer_time(group, bounds[s], bounds[s + 1]) for s in range(stages))
+    return Template(model.stage_device(group).name, stages, bounds, times, sync, min_pipelines)
+
+
+def build_templates(model: PerfModel, groups: list[tuple[int, ...]]) -> list[Template]:
+    """Every feasible template per device type present among `groups` (one group per stage)."""
+    by_type: dict[str, list[tuple[int, ...]]] = {}
+    for group in groups:
+        by_type.setdefault(model.stage_device(group).name, []).append(group)
+    templates = []
+    for members in by_type.values():
+        most = min(len(members), model.workload.num_layers)
+        for stages in range(1, most + 1):
+            template = build_template(model, members[0], stages, len(members) // stages)
+            if template is not None and template.min_pipelines <= len(members) // stages:
+                templates.append(template)
+    return templates

@@ -1,0 +1,104 @@
+"""Micro-batch allocation and the CP-SAT plan search against brute force over their own spaces."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chameleon_opt.check import check_plan
+from chameleon_opt.instance.load import build_instance
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.solve.groups import survivor_groups
+from chameleon_opt.solve.microbatch import allocate_cpsat, allocate_greedy, pipeline_time
+from chameleon_opt.solve.result import Status
+from chameleon_opt.solve.search import Mix, modelled_time, search_plan
+from chameleon_opt.solve.templates import build_templates
+from tests.helpers import tiny_instance
+
+
+def brute_force_allocation(fill, per, total):
+    best = None
+    for shares in itertools.product(range(1, total + 1), repeat=len(fill)):
+        if sum(shares) == total:
+            value = max(pipeline_time(f, p, m) for f, p, m in zip(fill, per, shares))
+            best = value if best is None else min(best, value)
+    return best
+
+
+@given(pipes=st.lists(st.tuples(st.floats(0.1, 10), st.floats(0.1, 5)), min_size=1, max_size=4),
+       total=st.integers(1, 9))
+@settings(max_examples=80, deadline=None)
+def test_micro_batch_allocation_is_exact(pipes, total):
+    fill, per = [p[0] for p in pipes], [p[1] for p in pipes]
+    greedy = allocate_greedy(fill, per, total)
+    if total < len(pipes):
+        assert greedy.status is Status.INFEASIBLE and "at least one" in greedy.reason
+        return
+    exact = brute_force_allocation(fill, per, total)
+    assert sum(greedy.solution) == total
+    assert greedy.objective == pytest.approx(exact, rel=1e-12)
+    cpsat = allocate_cpsat(fill, per, total, time_limit_s=5)
+    assert cpsat.status is Status.OPTIMAL
+    assert sum(cpsat.solution) == total
+    assert cpsat.objective == pytest.approx(exact, abs=1e-5)
+    assert cpsat.bound <= exact + 1e-9
+
+
+def brute_force_mix(templates, budget, total):
+    """Every count vector within the group budget, micro-batches balanced exactly per count vector."""
+    ranges = [range(0, budget[t.device_type] // t.stages + 1) for t in templates]
+    best = None
+    for counts in itertools.product(*ranges):
+        if not any(counts):
+            continue
+        if any(sum(t.stages * c for t, c in zip(templates, counts) if t.device_type == name) > groups
+               for name, groups in budget.items()):
+            continue
+        pipes = [(k, t) for k, t in enumerate(templates) for _ in range(counts[k])]
+        if len(pipes) > total or any(c and len(pipes) < t.min_pipelines for t, c in zip(templates, counts)):
+            continue
+        result = allocate_greedy([t.fill_s for _, t in pipes], [t.per_micro_batch_s for _, t in pipes], total)
+        shares = [[] for _ in templates]
+        for (k, _), m in zip(pipes, result.solution):
+            shares[k].append(m)
+        mix = Mix(tuple(counts), tuple(tuple(s) for s in shares))
+        value = modelled_time(templates, mix)
+        best = value if best is None else min(best, value)
+    return best
+
+
+@given(seed=st.integers(0, 10_000), failed=st.sets(st.integers(0, 5), max_size=3),
+       micro=st.integers(2, 8), memory=st.sampled_from([100.0, 1.5, 0.9]))
+@settings(max_examples=25, deadline=None)
+def test_search_matches_brute_force_over_its_space(seed, failed, micro, memory):
+    instance = build_instance(tiny_instance(seed, micro_batches=micro, memory_gib=memory), "<tiny>")
+    failed = frozenset(failed)
+    model = PerfModel(instance)
+    result = search_plan(instance, failed, time_limit_s=5, model=model)
+    groups = survivor_groups(instance, failed, 1)
+    templates = build_templates(model, groups)
+    if not templates:
+        assert result.status is Status.INFEASIBLE and "GiB" in result.reason
+        return
+    budget = {"toy": len(groups)}
+    exact = brute_force_mix(templates, budget, instance.global_micro_batches)
+    assert result.status is Status.OPTIMAL
+    assert result.objective == pytest.approx(exact, abs=1e-4)
+    assert check_plan(instance, result.solution, failed).ok
+    assert not failed.intersection(result.solution.devices)
+
+
+def test_search_reports_memory_infeasibility_with_sizes():
+    instance = build_instance(tiny_instance(1, memory_gib=0.5), "<tiny>")
+    result = search_plan(instance, frozenset({0, 1, 2}), time_limit_s=2)
+    assert result.status is Status.INFEASIBLE
+    assert "GiB" in result.reason and "survivors hold" in result.reason
+
+
+def test_search_without_survivors_is_infeasible():
+    instance = build_instance(tiny_instance(2), "<tiny>")
+    result = search_plan(instance, frozenset(range(6)), time_limit_s=2)
+    assert result.status is Status.INFEASIBLE and "no surviving TP group" in result.reason
