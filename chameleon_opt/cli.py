@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -16,14 +17,24 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from chameleon_opt.errors import ChameleonError
+from chameleon_opt.errors import ChameleonError, InfeasibleError
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.instance.schema import InstanceSpec
 from chameleon_opt.perf.model import GIB, Estimate, PerfModel
 from chameleon_opt.perf.reroute import even_reroute
+from chameleon_opt.recovery.policy import Candidate, decide
+from chameleon_opt.solve.result import Status
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan recovery of DP x PP x TP training jobs from accelerator failures.")
+
+
+class Policy(str, Enum):
+    auto = "auto"
+    reroute = "reroute"
+    reconfigure = "reconfigure"
+
+
 stdout = Console(width=None if sys.stdout.isatty() else 120)
 stderr = Console(stderr=True)
 
@@ -104,6 +115,60 @@ def estimate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
     stdout.print("breakdown: " + ", ".join(f"{k} {v:.4f} s" for k, v in b.items()))
     for line in result.memory_violations()[:5]:
         stdout.print(f"[red]memory:[/] {line}")
+
+
+def _solve_json(candidate: Candidate) -> dict[str, object]:
+    """The contract's `solve` object; rerouting is a rule, not a search, and says so."""
+    if candidate.solve is not None:
+        return candidate.solve.to_json()
+    return {"status": Status.FEASIBLE.value, "objective": candidate.iteration_time_s, "bound": None, "gap": None,
+            "wall_s": 0.0, "build_s": 0.0, "backend": "even-split", "seed": None,
+            "reason": "rerouting rule of Eq. 12/13 (even split over peers)"}
+
+
+@app.command()
+def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
+         policy: Policy = typer.Option(Policy.auto, help="auto: choose by Eq. 8; or force one candidate"),
+         time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="solver time limit, seconds"),
+         threads: int = typer.Option(1, min=1, help="solver threads"),
+         seed: int = typer.Option(0, help="solver random seed"),
+         next_fault_s: float = typer.Option(None, "--next-fault-s", min=0.0,
+                                            help="time to the next fault D (overrides the instance)"),
+         as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)")) -> None:
+    """Plan the recovery from the instance's failures: candidates, scores, the chosen plan."""
+    try:
+        instance = load_instance(file)
+        failed = instance.failed_devices
+        with stderr.status(f"planning recovery of {instance.name} ({len(failed)} failed devices)..."):
+            decision = decide(instance, failed, policy.value, time_limit, threads, seed, next_fault_s)
+        if decision.chosen is None:
+            raise InfeasibleError(decision.reason)
+    except ChameleonError as err:
+        fail(err, as_json)
+    chosen = decision.chosen
+    assert chosen.plan is not None
+    if as_json:
+        emit_json({"format": 1, "policy": decision.policy, "reason": decision.reason,
+                   "candidates": [c.to_json() for c in decision.candidates], "plan": chosen.plan.to_json(),
+                   "iteration_time_s": chosen.iteration_time_s, "solve": _solve_json(chosen),
+                   "migration": None, "allreduce_rounds": None})
+        return
+    table = Table(title=f"{instance.name}: recovery from failure of {len(failed)} devices")
+    for column in ("policy", "feasible", "step s", "transition s", "score samples/s", "why"):
+        table.add_column(column, justify="right" if column not in ("policy", "why") else "left")
+    for c in decision.candidates:
+        mark = "[bold green]" if c.policy == chosen.policy else ""
+        table.add_row(f"{mark}{c.policy}", "yes" if c.feasible else "[red]no[/]",
+                      f"{c.iteration_time_s:.4g}" if c.estimate else "-",
+                      f"{c.transition_s:.4g}" if c.feasible else "-", f"{c.score:.4g}" if c.feasible else "-",
+                      c.reason)
+    stdout.print(table)
+    stdout.print(f"decision: [bold]{decision.policy}[/]: {decision.reason}")
+    solve = _solve_json(chosen)
+    stdout.print(f"solver: {solve['backend']} {solve['status']}, objective {solve['objective']}, "
+                 f"bound {solve['bound']}, gap {solve['gap']}, {solve['wall_s']:.3f} s")
+    assert chosen.estimate is not None
+    stdout.print(_estimate_table(chosen.estimate, f"chosen plan ({decision.policy})", failed))
 
 
 @app.command()
