@@ -36,6 +36,8 @@ from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.templates import Template, build_templates
 
 TIME_SCALE = 1e6  # seconds -> integer microseconds
+LINEARIZATION = 2
+RELATIVE_GAP = 1e-4  # stop once the incumbent is proven within 0.01% of the optimum
 
 
 @dataclass(frozen=True)
@@ -90,72 +92,226 @@ def heuristic_mix(templates: list[Template], budget: dict[str, int], total: int)
     return None if best is None else best[1]
 
 
+def _cap(template: Template, makespan: float) -> int:
+    """Most micro-batches one pipeline of `template` runs within `makespan` (0 if not even one)."""
+    if makespan < template.fill_s:
+        return 0
+    return min(math.floor((makespan - template.fill_s) / template.per_micro_batch_s + 1e-12) + 1, 10 ** 9)
+
+
+KNAPSACK_CELLS = 200_000
+"""Above this many (groups x templates) DP cells the cover falls back to the greedy by rate."""
+
+
+def _best_counts(items: list[tuple[int, int, int]], groups: int) -> dict[int, int]:
+    """Pipelines per template maximising micro-batches covered with at most `groups` TP groups.
+
+    items: (template, stages, micro-batches per pipeline). Exact unbounded-knapsack DP when small,
+    else greedy by micro-batches per group (near-exact when groups are many)."""
+    counts: dict[int, int] = {}
+    if not items:
+        return counts
+    if groups * len(items) > KNAPSACK_CELLS:
+        left = groups
+        for k, stages, cap in sorted(items, key=lambda item: -item[2] / item[1]):
+            counts[k] = left // stages
+            left -= counts[k] * stages
+        return counts
+    best = [0] * (groups + 1)
+    choice = [-1] * (groups + 1)
+    for g in range(1, groups + 1):
+        best[g], choice[g] = best[g - 1], -1
+        for i, (_, stages, cap) in enumerate(items):
+            if stages <= g and best[g - stages] + cap > best[g]:
+                best[g], choice[g] = best[g - stages] + cap, i
+    g = groups
+    while g > 0:
+        if choice[g] < 0:
+            g -= 1
+            continue
+        k, stages, _ = items[choice[g]]
+        counts[k] = counts.get(k, 0) + 1
+        g -= stages
+    return counts
+
+
+def cover_mix(templates: list[Template], allowed: list[int], budget: dict[str, int], total: int,
+              makespan: float) -> Mix | None:
+    """Pipelines that finish within `makespan` and cover every micro-batch, using each device
+    type's groups as productively as possible; None when no such set exists (or it violates a
+    template's minimum pipeline count)."""
+    chosen: list[tuple[int, int]] = []  # (template, cap) per pipeline
+    for name, groups in budget.items():
+        items = [(k, templates[k].stages, _cap(templates[k], makespan)) for k in allowed
+                 if templates[k].device_type == name and _cap(templates[k], makespan) > 0]
+        for k, n in _best_counts(items, groups).items():
+            chosen += [(k, _cap(templates[k], makespan))] * n
+    chosen.sort(key=lambda item: -item[1])
+    kept, covered = [], 0
+    for k, cap in chosen:  # fewest pipelines that still cover everything
+        if covered >= total:
+            break
+        kept.append(k)
+        covered += cap
+    if covered < total or any(len(kept) < templates[k].min_pipelines for k in set(kept)):
+        return None
+    spread = allocate_greedy([templates[k].fill_s for k in kept], [templates[k].per_micro_batch_s for k in kept],
+                             total).solution or ()
+    shares: list[list[int]] = [[] for _ in templates]
+    for k, m in zip(kept, spread):
+        shares[k].append(m)
+    return Mix(tuple(len(x) for x in shares), tuple(tuple(x) for x in shares))
+
+
+def bound_guided_mix(templates: list[Template], budget: dict[str, int], total: int, incumbent: Mix) -> Mix:
+    """For every sync level, the least makespan (bisection) at which the greedy cover succeeds;
+    the best such mix, or `incumbent` when none beats it. Near-optimal when groups are many."""
+    best, best_value = incumbent, modelled_time(templates, incumbent)
+    for level in sorted({t.sync_s for t in templates}):
+        allowed = [k for k, t in enumerate(templates) if t.sync_s <= level]
+        low = min(templates[k].fill_s for k in allowed)
+        if low + level >= best_value:
+            break
+        high = best_value - level
+        if cover_mix(templates, allowed, budget, total, high) is None:
+            continue
+        for _ in range(60):
+            middle = (low + high) / 2
+            low, high = (low, middle) if cover_mix(templates, allowed, budget, total, middle) else (middle, high)
+        mix = cover_mix(templates, allowed, budget, total, high)
+        if mix is not None and modelled_time(templates, mix) < best_value:
+            best, best_value = mix, modelled_time(templates, mix)
+    return best
+
+
 def _ceil(seconds: float) -> int:
     return int(math.ceil(seconds * TIME_SCALE))
 
 
+def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int) -> float:
+    """A valid lower bound on T + Y from a relaxation that keeps micro-batches integral.
+
+    For a sync level y only templates with sync <= y may run. A pipeline of template k that
+    finishes by T runs at most cap_k(T) = floor((T - fill_k) / per_k) + 1 micro-batches on S_k
+    groups; relaxing only the number of pipelines to a fraction, each device type's groups are
+    best spent on its template with the highest cap_k(T) / S_k, and T_LB(y) is the least T at
+    which that covers all N micro-batches. It is found exactly among the breakpoints
+    fill_k + (m - 1) per_k (coverage only grows with T). Any plan has some sync level, so
+    LB = min over levels of T_LB(y) + y."""
+    best = math.inf
+    for level in sorted({t.sync_s for t in templates}):
+        allowed = [t for t in templates if t.sync_s <= level]
+
+        def covered(makespan: float) -> float:
+            rate: dict[str, float] = {}
+            for t in allowed:
+                if makespan >= t.fill_s:
+                    cap = math.floor((makespan - t.fill_s) / t.per_micro_batch_s + 1e-12) + 1
+                    rate[t.device_type] = max(rate.get(t.device_type, 0.0), cap / t.stages)
+            return sum(budget[name] * r for name, r in rate.items())
+
+        high = max(t.fill_s + total * t.per_micro_batch_s for t in allowed)
+        if covered(high) < total or min(t.fill_s for t in allowed) + level >= best:
+            continue
+        low = min(t.fill_s for t in allowed)
+        for _ in range(100):  # bisection to a breakpoint, then snap down onto it
+            middle = (low + high) / 2
+            low, high = (low, middle) if covered(middle) >= total else (middle, high)
+        snapped = max((t.fill_s + (math.floor((high - t.fill_s) / t.per_micro_batch_s + 1e-12)) * t.per_micro_batch_s
+                       for t in allowed if high >= t.fill_s), default=high)
+        best = min(best, min(snapped, high) + level)
+    return best
+
+
 def solve_mix_cpsat(templates: list[Template], budget: dict[str, int], total: int, time_limit_s: float,
-                    threads: int, seed: int, hint: Mix | None) -> tuple[int, Mix | None, float | None, float, float]:
-    """Build and solve the template-mix model. Returns (cp status, mix, bound_s, build_s, wall_s)."""
+                    threads: int, seed: int, hint: Mix, lower_bound: float = 0.0
+                    ) -> tuple[int, Mix | None, float | None, float, float]:
+    """Build and solve the template-level model. Returns (cp status, mix, bound_s, build_s, wall_s).
+
+    Pipelines of one template all run the same number m of micro-batches (the `level`): with the
+    covering constraint sum >= N this loses nothing, since raising a pipeline to its template's
+    highest level costs no time and N micro-batches are then spread exactly afterwards. Levels
+    whose time would exceed the warm start's objective cannot be optimal and are left out; and as
+    the optimum's pipeline makespan T* is at least `lower_bound` - max sync, every template can sit
+    at its highest level under T*, which is at least the level reached at that lower makespan.
+    Both cuts keep every optimal solution, and the model small and free of products."""
     build_start = time.perf_counter()
+    incumbent = modelled_time(templates, hint)
+    max_sync = max(t.sync_s for t in templates)
     model = cp_model.CpModel()
-    count_vars, share_vars, extra_vars, used_vars, extra_used = [], [], [], [], []
-    products = []
+    makespan_terms, micro_terms, sync_terms = [], [], []
+    counts: list[list[tuple[int, cp_model.IntVar, cp_model.IntVar]]] = []
+    type_use: dict[str, list] = {name: [] for name in budget}
+    pipeline_vars = []
+    used_flags = []
     for k, t in enumerate(templates):
         most = min(budget[t.device_type] // t.stages, total)
-        n = model.NewIntVar(0, most, f"n{k}")
-        m = model.NewIntVar(1, total, f"m{k}")
-        e = model.NewIntVar(0, most, f"e{k}")
-        used = model.NewBoolVar(f"used{k}")
-        has_extra = model.NewBoolVar(f"extra{k}")
-        product = model.NewIntVar(0, most * total, f"nm{k}")
-        model.AddMultiplicationEquality(product, [n, m])
-        model.Add(n >= 1).OnlyEnforceIf(used)
-        model.Add(n == 0).OnlyEnforceIf(used.Not())
-        model.Add(e <= n)
-        model.Add(e >= 1).OnlyEnforceIf(has_extra)
-        model.Add(e == 0).OnlyEnforceIf(has_extra.Not())
-        count_vars.append(n), share_vars.append(m), extra_vars.append(e)
-        used_vars.append(used), extra_used.append(has_extra), products.append(product)
-    model.Add(sum(products) + sum(extra_vars) == total)
+        top = min(total, int(math.floor((incumbent - t.sync_s - t.fill_s) / t.per_micro_batch_s + 1e-9)) + 1)
+        floor_makespan = lower_bound - max_sync
+        bottom = max(1, min(top, int(math.floor((floor_makespan - t.fill_s) / t.per_micro_batch_s - 1e-9)) + 1))
+        levels = []
+        for m in range(bottom, top + 1):
+            chosen = model.NewBoolVar(f"y{k}_{m}")
+            pipes = model.NewIntVar(0, most, f"z{k}_{m}")
+            model.Add(pipes <= most * chosen)
+            model.Add(pipes >= chosen)
+            levels.append((m, chosen, pipes))
+            makespan_terms.append((_ceil(t.pipeline_time(m)), chosen))
+            micro_terms.append(m * pipes)
+            type_use[t.device_type].append(t.stages * pipes)
+            pipeline_vars.append(pipes)
+        counts.append(levels)
+        if levels:
+            used = model.NewBoolVar(f"used{k}")
+            model.Add(sum(c for _, c, _ in levels) == used)
+            used_flags.append((k, used))
+            sync_terms.append((_ceil(t.sync_s), used))
+    model.Add(sum(micro_terms) >= total)
     for name, groups in budget.items():
-        model.Add(sum(t.stages * count_vars[k] for k, t in enumerate(templates) if t.device_type == name) <= groups)
-    horizon = max(_ceil(t.fill_s + total * t.per_micro_batch_s) for t in templates)
+        model.Add(sum(type_use[name]) <= groups)
+    horizon = _ceil(incumbent) + 1
     makespan = model.NewIntVar(0, horizon, "T")
-    sync = model.NewIntVar(0, max(_ceil(t.sync_s) for t in templates), "Y")
-    pipelines = sum(count_vars)
-    for k, t in enumerate(templates):
-        fill, per = _ceil(t.fill_s), _ceil(t.per_micro_batch_s)
-        model.Add(makespan >= fill + per * (share_vars[k] - 1)).OnlyEnforceIf(used_vars[k])
-        model.Add(makespan >= fill + per * share_vars[k]).OnlyEnforceIf(extra_used[k])
-        model.Add(sync >= _ceil(t.sync_s)).OnlyEnforceIf(used_vars[k])
-        if t.min_pipelines > 1:
-            model.Add(pipelines >= t.min_pipelines).OnlyEnforceIf(used_vars[k])
+    sync = model.NewIntVar(0, horizon, "Y")
+    for value, flag in makespan_terms:
+        model.Add(makespan >= value).OnlyEnforceIf(flag)
+    for value, flag in sync_terms:
+        model.Add(sync >= value).OnlyEnforceIf(flag)
+    for k, used in used_flags:
+        if templates[k].min_pipelines > 1:
+            model.Add(sum(pipeline_vars) >= templates[k].min_pipelines).OnlyEnforceIf(used)
+    model.Add(makespan + sync >= max(int(math.floor(lower_bound * TIME_SCALE)) - 2, 0))  # the LP bound, a valid cut
     model.Minimize(makespan + sync)
-    if hint is not None:
-        for k, shares in enumerate(hint.micro_batches):
-            model.AddHint(count_vars[k], hint.counts[k])
-            model.AddHint(share_vars[k], min(shares) if shares else 1)
-            model.AddHint(extra_vars[k], sum(1 for s in shares if s > min(shares)) if shares else 0)
+    for k, shares in enumerate(hint.micro_batches):
+        level = max(shares) if shares else 0
+        for m, chosen, pipes in counts[k]:
+            hit = m == max(level, counts[k][0][0]) if counts[k] else False
+            model.AddHint(chosen, hit)
+            model.AddHint(pipes, len(shares) if hit else 0)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(time_limit_s - (time.perf_counter() - build_start), 0.05)
     solver.parameters.num_workers = threads
     solver.parameters.random_seed = seed
+    solver.parameters.linearization_level = LINEARIZATION
+    solver.parameters.relative_gap_limit = RELATIVE_GAP
     build_s = time.perf_counter() - build_start
     start = time.perf_counter()
     status = solver.Solve(model)
     wall = time.perf_counter() - start
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return status, None, None, build_s, wall
-    counts, shares = [], []
-    for k in range(len(templates)):
-        n, m, e = (int(solver.Value(v[k])) for v in (count_vars, share_vars, extra_vars))
-        counts.append(n)
-        shares.append(tuple([m + 1] * e + [m] * (n - e)))
-    # Each coefficient was rounded up by < 1 us, a pipeline's time by < (1 + m) us in all.
-    slack = (1 + total) / TIME_SCALE * 2
-    bound = max(solver.BestObjectiveBound() / TIME_SCALE - slack, 0.0)
-    return status, Mix(tuple(counts), tuple(shares)), bound, build_s, wall
+    chosen_pipes: list[tuple[int, int]] = []  # (template, level) per pipeline
+    for k, levels in enumerate(counts):
+        for m, _, pipes in levels:
+            chosen_pipes += [(k, m)] * int(solver.Value(pipes))
+    spread = allocate_greedy([templates[k].fill_s for k, _ in chosen_pipes],
+                             [templates[k].per_micro_batch_s for k, _ in chosen_pipes], total).solution
+    shares: list[list[int]] = [[] for _ in templates]
+    for (k, _), m in zip(chosen_pipes, spread or ()):
+        shares[k].append(m)
+    mix = Mix(tuple(len(s) for s in shares), tuple(tuple(s) for s in shares))
+    # Each time was rounded up by < 1 us before summing two terms.
+    bound = max(solver.BestObjectiveBound() - 2, 0) / TIME_SCALE
+    return status, mix, bound, build_s, wall
 
 
 def infeasibility_reason(instance: Instance, model: PerfModel, groups: list[tuple[int, ...]]) -> str:
@@ -187,21 +343,32 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
         return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, "cpsat", template_s, seed,
                            infeasibility_reason(instance, model, groups))
     hint = heuristic_mix(templates, budget, total)
-    remaining = max(time_limit_s - template_s, 0.05)
-    status, mix, bound, build_s, wall = solve_mix_cpsat(templates, budget, total, remaining, threads, seed, hint)
+    if hint is None:
+        return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, "cpsat", template_s, seed,
+                           "no template can run alone on the survivors: " + infeasibility_reason(instance, model, groups))
+    relaxation = lp_lower_bound(templates, budget, total)
+    hint = bound_guided_mix(templates, budget, total, hint)
+    warm = modelled_time(templates, hint)
+    if warm - relaxation <= 1e-9 * warm:  # the constructive plan meets the bound: nothing to search
+        plan = assert_sound(instance, lower(templates, hint, groups_by_type, tp), failed, model=model)
+        return SolveResult(Status.OPTIMAL, plan, warm, relaxation, 0.0, "bound", time.perf_counter() - start, seed,
+                           f"{sum(hint.counts)} pipelines: the constructive plan meets the relaxation bound")
+    remaining = max(time_limit_s - (time.perf_counter() - start), 0.05)
+    status, mix, bound, build_s, wall = solve_mix_cpsat(templates, budget, total, remaining, threads, seed, hint,
+                                                        relaxation if math.isfinite(relaxation) else 0.0)
+    bound = max(bound if bound is not None else 0.0, relaxation if math.isfinite(relaxation) else 0.0)
     if status == cp_model.INFEASIBLE:
         return SolveResult(Status.INFEASIBLE, None, None, None, wall, "cpsat", template_s + build_s, seed,
                            "no mix of pipelines fits the survivors: " + infeasibility_reason(instance, model, groups))
     if mix is None:
-        if hint is None:
-            return SolveResult(Status.NO_SOLUTION, None, None, None, wall, "cpsat", template_s + build_s, seed,
-                               f"CP-SAT found nothing in {remaining:.2f} s and no heuristic plan exists")
         plan = assert_sound(instance, lower(templates, hint, groups_by_type, tp), failed, model=model)
-        return SolveResult(Status.HEURISTIC, plan, modelled_time(templates, hint), None, wall, "cpsat",
+        objective = modelled_time(templates, hint)
+        return SolveResult(Status.HEURISTIC, plan, objective, min(bound, objective), wall, "cpsat",
                            template_s + build_s, seed, "CP-SAT found nothing in time: best single-template plan")
-    plan = assert_sound(instance, lower(templates, mix, groups_by_type, tp), failed, model=model)
-    ours = Status.OPTIMAL if status == cp_model.OPTIMAL else Status.FEASIBLE
     objective = modelled_time(templates, mix)
-    return SolveResult(ours, plan, objective, min(bound if bound is not None else objective, objective), wall,
+    bound = min(bound, objective)
+    proven = status == cp_model.OPTIMAL or objective - bound <= 1e-9 * objective
+    plan = assert_sound(instance, lower(templates, mix, groups_by_type, tp), failed, model=model)
+    return SolveResult(Status.OPTIMAL if proven else Status.FEASIBLE, plan, objective, bound, wall,
                        "cpsat", template_s + build_s, seed,
                        f"{sum(mix.counts)} pipelines from {len(templates)} templates")
