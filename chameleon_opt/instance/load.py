@@ -2,13 +2,17 @@
 
 Parsing is pydantic's (types, ranges, unknown fields); the cross-field checks a schema cannot
 express (device ids in range and unique, layer ranges that tile the model, micro-batches that sum
-to the global batch) are here. Every failure raises InputError naming file, field and fix.
+to the global batch) are here, and so are the limits of what the model can compute with (finite
+numbers, counts it can hold in memory). Every failure raises InputError naming file, field and
+fix: the CLI prints only ChameleonError, so anything else would reach the user as a traceback.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,19 @@ from chameleon_opt.workload.schema import WorkloadSpec
 
 MODELS_DIR = Path(os.environ.get("CHAMELEON_MODELS", Path(__file__).resolve().parents[2] / "models"))
 
+MAX_COUNT = 1 << 20
+"""Most devices, layers or micro-batches per iteration an instance may have. The model builds
+per-device and per-layer tables and simulates 1F1B micro-batch by micro-batch, so a count beyond
+this (about 1000x the largest published jobs) is a typo that would exhaust memory or time."""
+
+FLOAT_RANGE = (1e-30, 1e30)
+"""Magnitudes a non-zero float may have. Every quantity of an instance (seconds, GB/s, GiB,
+TFLOP/s, bytes) lies far inside; beyond it a size divided by a bandwidth, or a time summed over
+micro-batches, overflows to inf or underflows to 0 (and then inf x 0 gives NaN)."""
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
+
 
 def read_document(path: Path) -> Any:
     """JSON or YAML (by extension) into Python objects; syntax errors name the line."""
@@ -32,60 +49,106 @@ def read_document(path: Path) -> Any:
         text = path.read_text()
     except FileNotFoundError:
         raise InputError(path, "<file>", "file not found", "check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as err:
+    except (OSError, UnicodeDecodeError) as err:
         raise InputError(path, "<file>", f"cannot be read ({type(err).__name__})", "give a readable text file") from None
-    if path.suffix in (".yaml", ".yml"):
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise InputError(path, "<file>", f"malformed YAML{where}", "fix the YAML syntax") from None
+    syntax = "YAML" if path.suffix.lower() in (".yaml", ".yml") else "JSON"
     try:
-        return json.loads(text)
+        return yaml.safe_load(text) if syntax == "YAML" else json.loads(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise InputError(path, "<file>", f"malformed YAML{where}", "fix the YAML syntax") from None
     except json.JSONDecodeError as err:
         raise InputError(path, "<file>", f"malformed JSON at line {err.lineno}, column {err.colno} ({err.msg})",
                          "fix the JSON syntax") from None
+    except ValueError as err:  # an integer of more than 4300 digits, a YAML date like 2024-13-45
+        reason = str(err).split(";")[0].splitlines()[0][:80]
+        raise InputError(path, "<file>", f"a value cannot be read ({reason})",
+                         "correct it, or quote it to make it a string") from None
+    except RecursionError:
+        raise InputError(path, "<file>", f"{syntax} nested too deeply", "flatten the document") from None
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
-    """pydantic's loc as `plan.pipelines[0].stages[1]`, without union-branch tags."""
+def _path_text(keys: list[Any]) -> str:
+    """Keys and indices as `plan.pipelines[0].stages[1]`; odd keys quoted so the line stays one line."""
     parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        elif item[:1].isupper() or "[" in item or item in ("str", "int", "float", "bool"):
-            continue
+    for key in keys:
+        if isinstance(key, int) and not isinstance(key, bool):
+            parts.append(f"[{key}]")
+        elif isinstance(key, str) and re.fullmatch(r"[A-Za-z0-9_-]+", key):
+            parts.append(("." if parts else "") + key)
         else:
-            parts.append(("." if parts else "") + item)
+            parts.append(f"[{_SHOWN.repr(key)}]")
     return "".join(parts) or "<root>"
 
 
+def _field_path(loc: tuple[Any, ...], data: Any, kind: str) -> str:
+    """pydantic's loc as a path through the document, without union-branch tags (`DeviceType`,
+    `str`): a loc item is kept when it is a key or index of the data at that point, or names the
+    missing field an error is about. Following the data, not guessing from spelling, keeps user
+    keys such as an unknown `Nodes`."""
+    keys: list[Any] = []
+    node = data
+    for i, item in enumerate(loc):
+        if isinstance(node, dict) and item in node:
+            keys.append(item)
+            node = node[item]
+        elif isinstance(node, (list, tuple)) and isinstance(item, int) and -len(node) <= item < len(node):
+            keys.append(item)
+            node = node[item]
+        elif i == len(loc) - 1 and kind in ("missing", "invalid_key"):
+            keys.append(item)
+    return _path_text(keys)
+
+
+def _check_numbers(data: Any, path: Path | str | None) -> None:
+    """NaN, infinities (JSON's `NaN`, `1e400`, YAML's `.inf`), floats beyond FLOAT_RANGE and
+    integers beyond 64 bits pass pydantic's float and int types but make the model's sums and
+    products inf or NaN, which no result and no JSON output can carry, so they are refused first.
+    Iterative with a visited set: YAML aliases can make the document share or cycle."""
+    low, high = FLOAT_RANGE
+    stack: list[tuple[Any, list[Any]]] = [(data, [])]
+    seen: set[int] = set()
+    while stack:
+        node, keys = stack.pop()
+        if isinstance(node, float) and not (node == 0 or low <= abs(node) <= high):
+            raise InputError(path, _path_text(keys), f"got {node!r}",
+                             f"use 0 or a magnitude between {low:g} and {high:g}")
+        if isinstance(node, int) and not isinstance(node, bool) and not -(1 << 63) <= node < 1 << 63:
+            raise InputError(path, _path_text(keys), "integer beyond 64 bits", "use a value below 2^63")
+        if isinstance(node, (dict, list, tuple)) and id(node) not in seen:
+            seen.add(id(node))
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            stack.extend((value, keys + [key]) for key, value in items)
+
+
 def _fix_for(error: dict[str, Any]) -> tuple[str, str]:
-    """(problem, fix) for one pydantic error, phrased for a person editing the file."""
+    """(problem, fix) for one pydantic error, phrased for a person editing the file; the input is
+    shown shortened (reprlib), so a long or nested value cannot flood the one line."""
     kind, ctx, msg = error["type"], error.get("ctx") or {}, error["msg"]
     if kind == "missing":
         return "required field is missing", "add it (see `chameleon-solve schema`)"
     if kind == "extra_forbidden":
         return "unknown field", "remove it or correct its spelling (see `chameleon-solve schema`)"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        return f"got {error.get('input')!r}", msg.lower().replace("input should be", "use a value")
+        return f"got {_SHOWN.repr(error.get('input'))}", msg.lower().replace("input should be", "use a value")
     if kind == "value_error":
         return "inconsistent values", str(ctx.get("error", msg))
     if kind == "too_short":
         return "too few items", msg.lower().replace("list should have", "give")
-    return f"got {str(error.get('input'))[:60]!r}", msg.lower().replace("input should be", "use")
+    return f"got {_SHOWN.repr(error.get('input'))}", msg.lower().replace("input should be", "use")
 
 
 def parse_model(model: type[BaseModel], data: Any, path: Path | str | None, prefix: str = "") -> Any:
     """Validate `data` against `model`; the first error becomes an InputError."""
+    _check_numbers(data, path)
     try:
         return model.model_validate(data)
     except ValidationError as err:
         errors = sorted(err.errors(), key=lambda e: e["type"] in ("string_type", "model_type", "dict_type"))
         first = errors[0]
         problem, fix = _fix_for(first)
-        field = _field_path(tuple(first["loc"]))
+        field = _field_path(tuple(first["loc"]), data, first["type"])
         raise InputError(path, f"{prefix}{field}" if field != "<root>" or not prefix else prefix.rstrip("."),
                          problem, fix) from None
 
@@ -95,7 +158,42 @@ def available_models() -> list[str]:
 
 
 def load_workload_file(path: Path) -> WorkloadSpec:
-    return parse_model(WorkloadSpec, read_document(path), path)
+    spec = parse_model(WorkloadSpec, read_document(path), path)
+    _check_workload(spec, path)
+    return spec
+
+
+def _check_workload(spec: WorkloadSpec, path: Path | str | None, prefix: str = "") -> None:
+    """What the workload schema lets through but the model cannot use: negative sizes, a profile
+    without times (the layer count is read from the first profile when nothing else gives it),
+    no layers at all, or more blocks than the per-layer tables can hold."""
+    if spec.layer_bytes is not None:
+        for name, values in dict(spec.layer_bytes).items():
+            for i, value in enumerate(values):
+                if value < 0:
+                    raise InputError(path, f"{prefix}layer_bytes.{name}[{i}]", f"got {value}", "use a size >= 0")
+    fix = 'give {"MBS": {"TP": [[fwd, bwd, update], ...]}}, one row per layer, or drop the profile'
+    for i, profile in enumerate(spec.profiles):
+        where = f"{prefix}profiles[{i}].times"
+        if not profile.times:
+            raise InputError(path, where, "no times", fix)
+        for mbs, per_tp in profile.times.items():
+            if not per_tp:
+                raise InputError(path, f"{where}[{mbs!r}]", "no TP degree", fix)
+    if spec.architecture is not None and spec.architecture.layers > MAX_COUNT:
+        raise InputError(path, f"{prefix}architecture.layers", f"{spec.architecture.layers} blocks",
+                         f"use at most {MAX_COUNT}")
+    if spec.architecture is None and Workload(spec, None, 2).num_layers == 0:
+        raise InputError(path, f"{prefix}{'profiles' if spec.layer_bytes is None else 'layer_bytes'}",
+                         "zero layers", "give one entry per layer, embedding and head included")
+
+
+def _is_file(candidate: Path) -> bool:
+    """Path.is_file that treats an impossible name (too long, a NUL byte) as absent."""
+    try:
+        return candidate.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def resolve_workload_path(reference: str, base_dir: Path | None) -> Path | None:
@@ -104,7 +202,7 @@ def resolve_workload_path(reference: str, base_dir: Path | None) -> Path | None:
     if base_dir is not None:
         candidates.insert(0, base_dir / reference)
     candidates += [MODELS_DIR / reference, MODELS_DIR / f"{reference}.json"]
-    return next((c for c in candidates if c.is_file()), None)
+    return next((c for c in candidates if _is_file(c)), None)
 
 
 @dataclass(frozen=True)
@@ -168,7 +266,7 @@ def expand_layout(layout: Layout, tp: int, num_layers: int, global_micro: int, n
     if pp > num_layers:
         raise InputError(path, "plan.layout.pipeline_parallel", f"{pp} stages for {num_layers} layers",
                          f"use at most {num_layers} stages")
-    counts = layout.layers_per_stage or _balanced_split(num_layers, pp)
+    counts = layout.layers_per_stage if layout.layers_per_stage is not None else _balanced_split(num_layers, pp)
     if len(counts) != pp or sum(counts) != num_layers:
         raise InputError(path, "plan.layout.layers_per_stage",
                          f"{len(counts)} stages holding {sum(counts)} layers",
@@ -237,21 +335,31 @@ def build_instance(data: Any, path: Path | str | None = None) -> Instance:
     base_dir = Path(path).parent if path is not None else None
     if spec.workload.inline is not None:
         workload_spec = spec.workload.inline
+        _check_workload(workload_spec, path, "workload.inline.")
     else:
         found = resolve_workload_path(spec.workload.model or "", base_dir)
         if found is None:
+            names = available_models()
             raise InputError(path, "workload.model", f"no model file {spec.workload.model!r}",
-                             f"use a path or one of: {', '.join(available_models())}")
+                             f"use one of: {', '.join(names)}, or a path" if names else
+                             f"give the path of a workload file, relative to the instance (no models in {MODELS_DIR})")
         workload_spec = load_workload_file(found)
     training = spec.training
     if training.global_batch % training.micro_batch_size:
         raise InputError(path, "training.micro_batch_size",
                          f"{training.micro_batch_size} does not divide global_batch {training.global_batch}",
                          "use a micro-batch size that divides the global batch")
+    if training.global_batch // training.micro_batch_size > MAX_COUNT:
+        raise InputError(path, "training.global_batch",
+                         f"{training.global_batch // training.micro_batch_size} micro-batches per iteration",
+                         f"use at most {MAX_COUNT} (global_batch / micro_batch_size)")
     workload = Workload(workload_spec, training.sequence_length, training.dtype_bytes)
 
     cluster = spec.cluster
     num_devices = cluster.nodes * cluster.devices_per_node
+    if num_devices > MAX_COUNT:
+        raise InputError(path, "cluster.nodes", f"{cluster.nodes} x {cluster.devices_per_node} = {num_devices} devices",
+                         f"use at most {MAX_COUNT} devices (nodes x devices_per_node)")
     default_type = _device_type(cluster.device_type, path, "cluster.device_type")
     types = [default_type] * num_devices
     for i, override in enumerate(cluster.overrides):
@@ -273,8 +381,8 @@ def build_instance(data: Any, path: Path | str | None = None) -> Instance:
     if workload_spec.architecture is None:
         for d in {d for p in pipelines for d in p.devices}:
             if workload.profile_table(types[d].name, training.micro_batch_size, tp) is None:
-                raise InputError(path, "workload", f"{workload.name} has no architecture and no profile for "
-                                 f"device type {types[d].name} at TP {tp}",
+                raise InputError(path, "workload", f"{workload.name!r} has no architecture and no profile for "
+                                 f"device type {types[d].name!r} at TP {tp}",
                                  "add a profile for that device type and TP degree, or an architecture")
 
     failed: set[int] = set()
