@@ -14,8 +14,8 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_cpsat, allocate_greedy, pipeline_time
 from chameleon_opt.solve.result import Status
-from chameleon_opt.solve.search import (Mix, heuristic_mix, lp_lower_bound, modelled_time, search_plan,
-                                        solve_mix_cpsat)
+from chameleon_opt.solve.search import (Mix, heuristic_mix, level_model, lp_lower_bound, modelled_time,
+                                        search_plan, solve_level_model)
 from chameleon_opt.solve.templates import build_templates
 from tests.helpers import tiny_instance
 
@@ -91,13 +91,15 @@ def test_search_matches_brute_force_over_its_space(seed, failed, micro, memory):
     assert result.bound <= exact + 1e-9
     assert check_plan(instance, result.solution, failed).ok
     assert not failed.intersection(result.solution.devices)
-    # The CP-SAT model on its own (the bound often proves the incumbent without it):
+    # The level model on its own, by both backends (the bound often proves the incumbent without it):
     total = instance.global_micro_batches
     assert lp_lower_bound(templates, budget, total) <= exact + 1e-9
-    status, mix, bound, _, _ = solve_mix_cpsat(templates, budget, total, 5.0, 1, 0,
-                                               heuristic_mix(templates, budget, total))
-    assert mix is not None and modelled_time(templates, mix) == pytest.approx(exact, abs=1e-4)
-    assert bound <= exact + 1e-9
+    lm = level_model(templates, budget, total, heuristic_mix(templates, budget, total), 0.0)
+    for backend in ("cpsat", "highs"):
+        status, mix, bound, _, _ = solve_level_model(lm, backend, 5.0, 1, 0)
+        assert status is Status.OPTIMAL, backend
+        assert mix is not None and modelled_time(templates, mix) == pytest.approx(exact, abs=1e-4), backend
+        assert bound <= exact + 1e-6, backend
 
 
 def test_search_reports_memory_infeasibility_with_sizes():

@@ -24,6 +24,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import pulp
 from ortools.sat.python import cp_model
 
 from chameleon_opt.check import assert_sound
@@ -223,95 +224,187 @@ def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int
     return best
 
 
-def solve_mix_cpsat(templates: list[Template], budget: dict[str, int], total: int, time_limit_s: float,
-                    threads: int, seed: int, hint: Mix, lower_bound: float = 0.0
-                    ) -> tuple[int, Mix | None, float | None, float, float]:
-    """Build and solve the template-level model. Returns (cp status, mix, bound_s, build_s, wall_s).
+@dataclass(frozen=True)
+class LevelModel:
+    """The template-level model's data, shared by the CP-SAT and the MILP builders.
 
-    Pipelines of one template all run the same number m of micro-batches (the `level`): with the
+    Pipelines of one template all run the same number m of micro-batches (their `level`): with the
     covering constraint sum >= N this loses nothing, since raising a pipeline to its template's
-    highest level costs no time and N micro-batches are then spread exactly afterwards. Levels
-    whose time would exceed the warm start's objective cannot be optimal and are left out; and as
-    the optimum's pipeline makespan T* is at least `lower_bound` - max sync, every template can sit
-    at its highest level under T*, which is at least the level reached at that lower makespan.
-    Both cuts keep every optimal solution, and the model small and free of products."""
-    build_start = time.perf_counter()
-    incumbent = modelled_time(templates, hint)
-    max_sync = max(t.sync_s for t in templates)
-    model = cp_model.CpModel()
-    makespan_terms, micro_terms, sync_terms = [], [], []
-    counts: list[list[tuple[int, cp_model.IntVar, cp_model.IntVar]]] = []
-    type_use: dict[str, list] = {name: [] for name in budget}
-    pipeline_vars = []
-    used_flags = []
-    for k, t in enumerate(templates):
-        most = min(budget[t.device_type] // t.stages, total)
-        top = min(total, int(math.floor((incumbent - t.sync_s - t.fill_s) / t.per_micro_batch_s + 1e-9)) + 1)
-        floor_makespan = lower_bound - max_sync
+    highest level costs no time and N micro-batches are spread exactly afterwards. Levels whose
+    time would exceed the incumbent's objective cannot be optimal and are left out; and as the
+    optimum's makespan T* is at least lower_bound - max sync, each template can sit at its highest
+    level under T*, which is at least the level reached at that makespan. Both cuts keep every
+    optimal solution, and the model small and free of products:
+
+        y[k,m] in {0,1}: template k runs at level m;  z[k,m] >= 0 integer: its pipelines
+        sum_m y[k,m] = u[k] <= 1;  y[k,m] <= z[k,m] <= most_k y[k,m]
+        sum m z[k,m] >= N;  sum_k S_k sum_m z[k,m] <= G_type
+        T >= t_k(m) y[k,m];  Y >= sync_k u[k];  sum z >= min_pipelines_k u[k];  T + Y >= lower bound
+        minimise T + Y
+    """
+
+    templates: list[Template]
+    budget: dict[str, int]
+    total: int
+    windows: list[range]      # candidate levels per template
+    incumbent: Mix
+    lower_bound: float
+
+    @property
+    def most(self) -> list[int]:
+        return [min(self.budget[t.device_type] // t.stages, self.total) for t in self.templates]
+
+
+def level_model(templates: list[Template], budget: dict[str, int], total: int, incumbent: Mix,
+                lower_bound: float) -> LevelModel:
+    best = modelled_time(templates, incumbent)
+    floor_makespan = lower_bound - max(t.sync_s for t in templates)
+    windows = []
+    for t in templates:
+        top = min(total, int(math.floor((best - t.sync_s - t.fill_s) / t.per_micro_batch_s + 1e-9)) + 1)
         bottom = max(1, min(top, int(math.floor((floor_makespan - t.fill_s) / t.per_micro_batch_s - 1e-9)) + 1))
-        levels = []
-        for m in range(bottom, top + 1):
+        windows.append(range(bottom, top + 1))
+    return LevelModel(templates, budget, total, windows, incumbent, lower_bound)
+
+
+def _mix_from_levels(lm: LevelModel, pipelines: list[tuple[int, int]]) -> Mix:
+    """Exact micro-batch counts (summing to N) for the chosen (template, level) pipelines."""
+    t = lm.templates
+    spread = allocate_greedy([t[k].fill_s for k, _ in pipelines], [t[k].per_micro_batch_s for k, _ in pipelines],
+                             lm.total).solution or ()
+    shares: list[list[int]] = [[] for _ in t]
+    for (k, _), m in zip(pipelines, spread):
+        shares[k].append(m)
+    return Mix(tuple(len(x) for x in shares), tuple(tuple(x) for x in shares))
+
+
+def build_level_cpsat(lm: LevelModel) -> tuple[cp_model.CpModel, dict[tuple[int, int], tuple]]:
+    """The level model for CP-SAT, times in integer microseconds rounded up."""
+    model = cp_model.CpModel()
+    cells: dict[tuple[int, int], tuple] = {}
+    makespan = model.NewIntVar(0, _ceil(modelled_time(lm.templates, lm.incumbent)) + 1, "T")
+    sync = model.NewIntVar(0, _ceil(max(t.sync_s for t in lm.templates)), "Y")
+    used_by: list[cp_model.IntVar | None] = []
+    for k, (t, most) in enumerate(zip(lm.templates, lm.most)):
+        for m in lm.windows[k]:
             chosen = model.NewBoolVar(f"y{k}_{m}")
             pipes = model.NewIntVar(0, most, f"z{k}_{m}")
             model.Add(pipes <= most * chosen)
             model.Add(pipes >= chosen)
-            levels.append((m, chosen, pipes))
-            makespan_terms.append((_ceil(t.pipeline_time(m)), chosen))
-            micro_terms.append(m * pipes)
-            type_use[t.device_type].append(t.stages * pipes)
-            pipeline_vars.append(pipes)
-        counts.append(levels)
-        if levels:
-            used = model.NewBoolVar(f"used{k}")
-            model.Add(sum(c for _, c, _ in levels) == used)
-            used_flags.append((k, used))
-            sync_terms.append((_ceil(t.sync_s), used))
-    model.Add(sum(micro_terms) >= total)
-    for name, groups in budget.items():
-        model.Add(sum(type_use[name]) <= groups)
-    horizon = _ceil(incumbent) + 1
-    makespan = model.NewIntVar(0, horizon, "T")
-    sync = model.NewIntVar(0, horizon, "Y")
-    for value, flag in makespan_terms:
-        model.Add(makespan >= value).OnlyEnforceIf(flag)
-    for value, flag in sync_terms:
-        model.Add(sync >= value).OnlyEnforceIf(flag)
-    for k, used in used_flags:
-        if templates[k].min_pipelines > 1:
-            model.Add(sum(pipeline_vars) >= templates[k].min_pipelines).OnlyEnforceIf(used)
-    model.Add(makespan + sync >= max(int(math.floor(lower_bound * TIME_SCALE)) - 2, 0))  # the LP bound, a valid cut
+            model.Add(makespan >= _ceil(t.pipeline_time(m))).OnlyEnforceIf(chosen)
+            cells[(k, m)] = (chosen, pipes)
+        if not lm.windows[k]:
+            used_by.append(None)
+            continue
+        used = model.NewBoolVar(f"u{k}")
+        model.Add(sum(cells[(k, m)][0] for m in lm.windows[k]) == used)
+        model.Add(sync >= _ceil(t.sync_s)).OnlyEnforceIf(used)
+        used_by.append(used)
+    pipelines = sum(pipes for _, pipes in cells.values())
+    model.Add(sum(m * pipes for (_, m), (_, pipes) in cells.items()) >= lm.total)
+    for name, groups in lm.budget.items():
+        model.Add(sum(lm.templates[k].stages * pipes for (k, _), (_, pipes) in cells.items()
+                      if lm.templates[k].device_type == name) <= groups)
+    for k, used in enumerate(used_by):
+        if used is not None and lm.templates[k].min_pipelines > 1:
+            model.Add(pipelines >= lm.templates[k].min_pipelines).OnlyEnforceIf(used)
+    model.Add(makespan + sync >= max(int(math.floor(lm.lower_bound * TIME_SCALE)) - 2, 0))
     model.Minimize(makespan + sync)
-    for k, shares in enumerate(hint.micro_batches):
-        level = max(shares) if shares else 0
-        for m, chosen, pipes in counts[k]:
-            hit = m == max(level, counts[k][0][0]) if counts[k] else False
-            model.AddHint(chosen, hit)
-            model.AddHint(pipes, len(shares) if hit else 0)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s - (time.perf_counter() - build_start), 0.05)
-    solver.parameters.num_workers = threads
-    solver.parameters.random_seed = seed
-    solver.parameters.linearization_level = LINEARIZATION
-    solver.parameters.relative_gap_limit = RELATIVE_GAP
+    for k, shares in enumerate(lm.incumbent.micro_batches):
+        if not lm.windows[k]:
+            continue
+        level = min(max(max(shares, default=0), lm.windows[k].start), lm.windows[k].stop - 1)
+        for m in lm.windows[k]:
+            chosen, pipes = cells[(k, m)]
+            model.AddHint(chosen, bool(shares) and m == level)
+            model.AddHint(pipes, len(shares) if shares and m == level else 0)
+    return model, cells
+
+
+def build_level_milp(lm: LevelModel) -> tuple[pulp.LpProblem, dict[tuple[int, int], tuple]]:
+    """The level model as a MILP (continuous seconds), for HiGHS or CBC and for MPS/LP export."""
+    problem = pulp.LpProblem("template_levels", pulp.LpMinimize)
+    makespan = problem.add_variable("T", 0)
+    sync = problem.add_variable("Y", 0)
+    cells: dict[tuple[int, int], tuple] = {}
+    used_by: list[pulp.LpVariable | None] = []
+    for k, (t, most) in enumerate(zip(lm.templates, lm.most)):
+        for m in lm.windows[k]:
+            chosen = problem.add_variable(f"y_{k}_{m}", 0, 1, pulp.LpBinary)
+            pipes = problem.add_variable(f"z_{k}_{m}", 0, most, pulp.LpInteger)
+            problem += pipes <= most * chosen
+            problem += pipes >= chosen
+            problem += makespan >= t.pipeline_time(m) * chosen
+            cells[(k, m)] = (chosen, pipes)
+        if not lm.windows[k]:
+            used_by.append(None)
+            continue
+        used = problem.add_variable(f"u_{k}", 0, 1, pulp.LpBinary)
+        problem += pulp.lpSum(cells[(k, m)][0] for m in lm.windows[k]) == used
+        problem += sync >= t.sync_s * used
+        used_by.append(used)
+    pipelines = pulp.lpSum(pipes for _, pipes in cells.values())
+    problem += pulp.lpSum(m * pipes for (_, m), (_, pipes) in cells.items()) >= lm.total
+    for name, groups in lm.budget.items():
+        problem += pulp.lpSum(lm.templates[k].stages * pipes for (k, _), (_, pipes) in cells.items()
+                              if lm.templates[k].device_type == name) <= groups
+    for k, used in enumerate(used_by):
+        if used is not None and lm.templates[k].min_pipelines > 1:
+            problem += pipelines >= lm.templates[k].min_pipelines * used
+    problem += makespan + sync >= lm.lower_bound
+    problem += makespan + sync
+    return problem, cells
+
+
+def solve_level_model(lm: LevelModel, backend: str, time_limit_s: float, threads: int, seed: int
+                      ) -> tuple[Status | None, Mix | None, float | None, float, float]:
+    """Solve with 'cpsat' or 'highs'. Returns (status or None when nothing was found, mix,
+    proven bound in seconds, build_s, wall_s). Statuses come from the solver itself, never from
+    PuLP's summary (which can say Optimal after a time limit)."""
+    build_start = time.perf_counter()
+    pipelines: list[tuple[int, int]] = []
+    if backend == "cpsat":
+        model, cells = build_level_cpsat(lm)
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = time_limit_s
+        solver.parameters.num_workers = threads
+        solver.parameters.random_seed = seed
+        solver.parameters.linearization_level = LINEARIZATION
+        solver.parameters.relative_gap_limit = RELATIVE_GAP
+        build_s = time.perf_counter() - build_start
+        start = time.perf_counter()
+        code = solver.Solve(model)
+        wall = time.perf_counter() - start
+        if code == cp_model.INFEASIBLE:
+            return Status.INFEASIBLE, None, None, build_s, wall
+        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return None, None, None, build_s, wall
+        for (k, m), (_, pipes) in cells.items():
+            pipelines += [(k, m)] * int(solver.Value(pipes))
+        # Each of the two terms was rounded up by < 1 us.
+        bound = max(solver.BestObjectiveBound() - 2, 0) / TIME_SCALE
+        status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
+        return status, _mix_from_levels(lm, pipelines), bound, build_s, wall
+    if backend != "highs":
+        raise ValueError(f"unknown backend {backend!r}: use 'cpsat' or 'highs'")
+    problem, cells = build_level_milp(lm)
+    solver = pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=threads, random_seed=seed,
+                        mip_rel_gap=RELATIVE_GAP)
     build_s = time.perf_counter() - build_start
     start = time.perf_counter()
-    status = solver.Solve(model)
+    problem.solve(solver)
     wall = time.perf_counter() - start
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return status, None, None, build_s, wall
-    chosen_pipes: list[tuple[int, int]] = []  # (template, level) per pipeline
-    for k, levels in enumerate(counts):
-        for m, _, pipes in levels:
-            chosen_pipes += [(k, m)] * int(solver.Value(pipes))
-    spread = allocate_greedy([templates[k].fill_s for k, _ in chosen_pipes],
-                             [templates[k].per_micro_batch_s for k, _ in chosen_pipes], total).solution
-    shares: list[list[int]] = [[] for _ in templates]
-    for (k, _), m in zip(chosen_pipes, spread or ()):
-        shares[k].append(m)
-    mix = Mix(tuple(len(s) for s in shares), tuple(tuple(s) for s in shares))
-    # Each time was rounded up by < 1 us before summing two terms.
-    bound = max(solver.BestObjectiveBound() - 2, 0) / TIME_SCALE
-    return status, mix, bound, build_s, wall
+    highs = problem.solverModel
+    model_status = highs.modelStatusToString(highs.getModelStatus())
+    info = highs.getInfo()
+    if model_status == "Infeasible":
+        return Status.INFEASIBLE, None, None, build_s, wall
+    if info.primal_solution_status != 2:  # 2 = a feasible primal solution exists
+        return None, None, None, build_s, wall
+    for (k, m), (_, pipes) in cells.items():
+        pipelines += [(k, m)] * int(round(pipes.varValue or 0))
+    status = Status.OPTIMAL if model_status == "Optimal" else Status.FEASIBLE
+    return status, _mix_from_levels(lm, pipelines), float(info.mip_dual_bound), build_s, wall
 
 
 def infeasibility_reason(instance: Instance, model: PerfModel, groups: list[tuple[int, ...]]) -> str:
@@ -326,7 +419,8 @@ def infeasibility_reason(instance: Instance, model: PerfModel, groups: list[tupl
 
 
 def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_limit_s: float = 10.0,
-                threads: int = 1, seed: int = 0, model: PerfModel | None = None) -> SolveResult[Plan]:
+                threads: int = 1, seed: int = 0, model: PerfModel | None = None,
+                backend: str = "cpsat") -> SolveResult[Plan]:
     """The best reconfigured plan over the survivors; never unchecked, never silently heuristic."""
     start = time.perf_counter()
     model = model or PerfModel(instance)
@@ -353,22 +447,22 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
         plan = assert_sound(instance, lower(templates, hint, groups_by_type, tp), failed, model=model)
         return SolveResult(Status.OPTIMAL, plan, warm, relaxation, 0.0, "bound", time.perf_counter() - start, seed,
                            f"{sum(hint.counts)} pipelines: the constructive plan meets the relaxation bound")
+    relaxation = relaxation if math.isfinite(relaxation) else 0.0
     remaining = max(time_limit_s - (time.perf_counter() - start), 0.05)
-    status, mix, bound, build_s, wall = solve_mix_cpsat(templates, budget, total, remaining, threads, seed, hint,
-                                                        relaxation if math.isfinite(relaxation) else 0.0)
-    bound = max(bound if bound is not None else 0.0, relaxation if math.isfinite(relaxation) else 0.0)
-    if status == cp_model.INFEASIBLE:
-        return SolveResult(Status.INFEASIBLE, None, None, None, wall, "cpsat", template_s + build_s, seed,
+    lm = level_model(templates, budget, total, hint, relaxation)
+    status, mix, bound, build_s, wall = solve_level_model(lm, backend, remaining, threads, seed)
+    build_s += template_s
+    bound = max(bound if bound is not None else 0.0, relaxation)
+    if status is Status.INFEASIBLE:  # cannot happen while the incumbent is feasible; kept honest
+        return SolveResult(Status.INFEASIBLE, None, None, None, wall, backend, build_s, seed,
                            "no mix of pipelines fits the survivors: " + infeasibility_reason(instance, model, groups))
-    if mix is None:
+    if mix is None or modelled_time(templates, mix) > warm:
         plan = assert_sound(instance, lower(templates, hint, groups_by_type, tp), failed, model=model)
-        objective = modelled_time(templates, hint)
-        return SolveResult(Status.HEURISTIC, plan, objective, min(bound, objective), wall, "cpsat",
-                           template_s + build_s, seed, "CP-SAT found nothing in time: best single-template plan")
+        return SolveResult(Status.HEURISTIC, plan, warm, min(bound, warm), wall, backend, build_s, seed,
+                           f"{backend} found nothing better in {remaining:.2f} s: the knapsack-guided incumbent")
     objective = modelled_time(templates, mix)
     bound = min(bound, objective)
-    proven = status == cp_model.OPTIMAL or objective - bound <= 1e-9 * objective
+    proven = status is Status.OPTIMAL or objective - bound <= 1e-9 * objective
     plan = assert_sound(instance, lower(templates, mix, groups_by_type, tp), failed, model=model)
     return SolveResult(Status.OPTIMAL if proven else Status.FEASIBLE, plan, objective, bound, wall,
-                       "cpsat", template_s + build_s, seed,
-                       f"{sum(mix.counts)} pipelines from {len(templates)} templates")
+                       backend, build_s, seed, f"{sum(mix.counts)} pipelines from {len(templates)} templates")
