@@ -17,13 +17,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from chameleon_opt.errors import ChameleonError, InfeasibleError
+from chameleon_opt.errors import ChameleonError, InfeasibleError, InputError
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.instance.schema import InstanceSpec
 from chameleon_opt.perf.model import GIB, Estimate, PerfModel
 from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.recovery.policy import Candidate, decide
 from chameleon_opt.solve.result import Status
+from chameleon_opt.solve.search import build_level_cpsat, build_level_milp, level_model_for
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan recovery of DP x PP x TP training jobs from accelerator failures.")
@@ -169,6 +170,43 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
                  f"bound {solve['bound']}, gap {solve['gap']}, {solve['wall_s']:.3f} s")
     assert chosen.estimate is not None
     stdout.print(_estimate_table(chosen.estimate, f"chosen plan ({decision.policy})", failed))
+
+
+class ExportFormat(str, Enum):
+    mps = "mps"
+    lp = "lp"
+    proto = "proto"
+
+
+@app.command()
+def export(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
+           output: Path = typer.Option(..., "--output", "-o", help="file to write (never overwritten without --force)"),
+           fmt: ExportFormat = typer.Option(ExportFormat.mps, "--format",
+                                            help="mps or lp: the MILP; proto: the CP-SAT model (.txt suffix: text)"),
+           force: bool = typer.Option(False, "--force", help="overwrite an existing output file")) -> None:
+    """Write the reconfiguration search model for the instance's failures, for any solver."""
+    try:
+        if output.exists() and not force:
+            raise InputError(output, "--output", "file exists", "choose another path or pass --force")
+        instance = load_instance(file)
+        with stderr.status("building the search model..."):
+            levels = level_model_for(instance, instance.failed_devices)
+        if fmt is ExportFormat.proto:
+            model, _ = build_level_cpsat(levels)
+            written = model.ExportToFile(str(output))
+        else:
+            problem, _ = build_level_milp(levels)
+            writer = problem.writeMPS if fmt is ExportFormat.mps else problem.writeLP
+            writer(str(output))
+            written = output.exists()
+        if not written:
+            raise InputError(output, "--output", "could not be written", "check the directory exists and is writable")
+    except ChameleonError as err:
+        fail(err)
+    cells = sum(len(w) for w in levels.windows)
+    stdout.print(f"wrote {output} ({fmt.value}): {len(levels.templates)} templates, {cells} level cells, "
+                 f"{levels.total} micro-batches; objective = modelled step time in "
+                 f"{'integer microseconds' if fmt is ExportFormat.proto else 'seconds'}")
 
 
 @app.command()

@@ -28,6 +28,7 @@ import pulp
 from ortools.sat.python import cp_model
 
 from chameleon_opt.check import assert_sound
+from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
@@ -418,51 +419,83 @@ def infeasibility_reason(instance: Instance, model: PerfModel, groups: list[tupl
             f"(plus activations)")
 
 
-def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_limit_s: float = 10.0,
-                threads: int = 1, seed: int = 0, model: PerfModel | None = None,
-                backend: str = "cpsat") -> SolveResult[Plan]:
-    """The best reconfigured plan over the survivors; never unchecked, never silently heuristic."""
-    start = time.perf_counter()
-    model = model or PerfModel(instance)
-    tp = instance.plan.tensor_parallel
-    groups = survivor_groups(instance, failed, tp)
+@dataclass(frozen=True)
+class SearchSpace:
+    """Everything the search needs about the survivors, built once (also for `export`)."""
+
+    groups: list[tuple[int, ...]]
+    groups_by_type: dict[str, list[tuple[int, ...]]]
+    budget: dict[str, int]
+    total: int
+    templates: list[Template]
+
+
+def search_space(instance: Instance, failed: frozenset[int], model: PerfModel) -> SearchSpace:
+    groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
     groups_by_type: dict[str, list[tuple[int, ...]]] = {}
     for group in groups:
         groups_by_type.setdefault(model.stage_device(group).name, []).append(group)
-    budget = {name: len(members) for name, members in groups_by_type.items()}
-    total = instance.global_micro_batches
-    templates = build_templates(model, groups)
-    template_s = time.perf_counter() - start
-    if not templates:
-        return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, "cpsat", template_s, seed,
-                           infeasibility_reason(instance, model, groups))
-    hint = heuristic_mix(templates, budget, total)
+    return SearchSpace(groups, groups_by_type, {name: len(g) for name, g in groups_by_type.items()},
+                       instance.global_micro_batches, build_templates(model, groups))
+
+
+def level_model_for(instance: Instance, failed: frozenset[int], model: PerfModel | None = None) -> LevelModel:
+    """The level model the search would solve for these failures (for export and benchmarks).
+
+    Raises InfeasibleError when no template fits."""
+    model = model or PerfModel(instance)
+    space = search_space(instance, failed, model)
+    hint = heuristic_mix(space.templates, space.budget, space.total) if space.templates else None
     if hint is None:
-        return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, "cpsat", template_s, seed,
-                           "no template can run alone on the survivors: " + infeasibility_reason(instance, model, groups))
+        raise InfeasibleError(infeasibility_reason(instance, model, space.groups))
+    bound = lp_lower_bound(space.templates, space.budget, space.total)
+    hint = bound_guided_mix(space.templates, space.budget, space.total, hint)
+    return level_model(space.templates, space.budget, space.total, hint, bound if math.isfinite(bound) else 0.0)
+
+
+def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_limit_s: float = 10.0,
+                threads: int = 1, seed: int = 0, model: PerfModel | None = None,
+                backend: str = "cpsat") -> SolveResult[Plan]:
+    """The best reconfigured plan over the survivors; never unchecked, never silently heuristic.
+
+    Order of work: templates; the relaxation bound; the knapsack-guided incumbent; when the
+    incumbent meets the bound it is returned as proven (backend 'bound'), otherwise the level
+    model is solved by `backend` within what is left of the time limit."""
+    start = time.perf_counter()
+    model = model or PerfModel(instance)
+    space = search_space(instance, failed, model)
+    templates, budget, total = space.templates, space.budget, space.total
+    hint = heuristic_mix(templates, budget, total) if templates else None
+    if hint is None:
+        return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, backend, time.perf_counter() - start, seed,
+                           infeasibility_reason(instance, model, space.groups))
     relaxation = lp_lower_bound(templates, budget, total)
+    relaxation = relaxation if math.isfinite(relaxation) else 0.0
     hint = bound_guided_mix(templates, budget, total, hint)
     warm = modelled_time(templates, hint)
-    if warm - relaxation <= 1e-9 * warm:  # the constructive plan meets the bound: nothing to search
-        plan = assert_sound(instance, lower(templates, hint, groups_by_type, tp), failed, model=model)
-        return SolveResult(Status.OPTIMAL, plan, warm, relaxation, 0.0, "bound", time.perf_counter() - start, seed,
-                           f"{sum(hint.counts)} pipelines: the constructive plan meets the relaxation bound")
-    relaxation = relaxation if math.isfinite(relaxation) else 0.0
+
+    def finish(mix: Mix, status: Status, bound: float, wall: float, used: str, build: float, why: str):
+        plan = assert_sound(instance, lower(templates, mix, space.groups_by_type, instance.plan.tensor_parallel),
+                            failed, model=model)
+        objective = modelled_time(templates, mix)
+        bound = min(bound, objective)
+        if status is not Status.HEURISTIC and objective - bound <= 1e-9 * objective:
+            status = Status.OPTIMAL
+        return SolveResult(status, plan, objective, bound, wall, used, build, seed,
+                           f"{sum(mix.counts)} pipelines from {len(templates)} templates; {why}")
+
+    if warm - relaxation <= 1e-9 * warm:
+        return finish(hint, Status.OPTIMAL, relaxation, 0.0, "bound", time.perf_counter() - start,
+                      "the constructive plan meets the relaxation bound")
     remaining = max(time_limit_s - (time.perf_counter() - start), 0.05)
     lm = level_model(templates, budget, total, hint, relaxation)
     status, mix, bound, build_s, wall = solve_level_model(lm, backend, remaining, threads, seed)
-    build_s += template_s
+    build_s = time.perf_counter() - start - wall  # templates, bounds, incumbent and model building
     bound = max(bound if bound is not None else 0.0, relaxation)
-    if status is Status.INFEASIBLE:  # cannot happen while the incumbent is feasible; kept honest
-        return SolveResult(Status.INFEASIBLE, None, None, None, wall, backend, build_s, seed,
-                           "no mix of pipelines fits the survivors: " + infeasibility_reason(instance, model, groups))
-    if mix is None or modelled_time(templates, mix) > warm:
-        plan = assert_sound(instance, lower(templates, hint, groups_by_type, tp), failed, model=model)
-        return SolveResult(Status.HEURISTIC, plan, warm, min(bound, warm), wall, backend, build_s, seed,
-                           f"{backend} found nothing better in {remaining:.2f} s: the knapsack-guided incumbent")
-    objective = modelled_time(templates, mix)
-    bound = min(bound, objective)
-    proven = status is Status.OPTIMAL or objective - bound <= 1e-9 * objective
-    plan = assert_sound(instance, lower(templates, mix, groups_by_type, tp), failed, model=model)
-    return SolveResult(Status.OPTIMAL if proven else Status.FEASIBLE, plan, objective, bound, wall,
-                       backend, build_s, seed, f"{sum(mix.counts)} pipelines from {len(templates)} templates")
+    if status is None or mix is None:
+        return finish(hint, Status.HEURISTIC, bound, wall, backend, build_s,
+                      f"{backend} found no solution in {remaining:.2f} s: the knapsack-guided incumbent")
+    if modelled_time(templates, mix) > warm:
+        return finish(hint, Status.FEASIBLE, bound, wall, backend, build_s,
+                      f"the incumbent beats {backend}'s best within {remaining:.2f} s")
+    return finish(mix, status, bound, wall, backend, build_s, f"solved by {backend}")

@@ -1,0 +1,88 @@
+"""`plan` and `export` through the CLI: the contract's keys, exit codes, and models any solver can read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pulp
+import pytest
+from typer.testing import CliRunner
+
+from chameleon_opt.cli import app
+from chameleon_opt.instance.load import load_instance
+from chameleon_opt.solve.search import search_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = str(ROOT / "instances" / "paper-example.json")
+runner = CliRunner()
+
+
+def test_plan_json_follows_the_contract():
+    result = runner.invoke(app, ["plan", EXAMPLE, "--json", "--time-limit", "5"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    for key in ("format", "policy", "reason", "candidates", "plan", "solve", "migration", "allreduce_rounds"):
+        assert key in payload
+    assert payload["policy"] in ("reroute", "reconfigure")
+    assert {c["policy"] for c in payload["candidates"]} == {"reroute", "reconfigure"}
+    for c in payload["candidates"]:
+        assert set(c) >= {"policy", "feasible", "reason", "iteration_time_s", "transition_time_s", "score"}
+    assert set(payload["solve"]) >= {"status", "objective", "bound", "gap", "wall_s", "backend"}
+    micro = sum(p["micro_batches"] for p in payload["plan"]["pipelines"])
+    assert micro == 20
+    devices = [d for p in payload["plan"]["pipelines"] for s in p["stages"] for d in s["devices"]]
+    assert 4 not in devices or payload["policy"] == "reroute"
+
+
+@pytest.mark.parametrize("policy", ["reroute", "reconfigure"])
+def test_plan_forced_policy(policy):
+    result = runner.invoke(app, ["plan", EXAMPLE, "--json", "--policy", policy])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["policy"] == policy
+
+
+def test_plan_unrecoverable_exits_5(tmp_path):
+    data = json.loads(Path(EXAMPLE).read_text())
+    data["failures"]["events"] = [{"time_s": 0, "devices": [1, 4, 7, 10]}]
+    path = tmp_path / "lost.json"
+    path.write_text(json.dumps(data))
+    result = runner.invoke(app, ["plan", str(path)])
+    assert result.exit_code == 5
+    assert "checkpoint" in result.output
+
+
+def test_plan_infeasible_exits_3_with_the_reason(tmp_path):
+    """Block 2 keeps 0.4 GiB per in-flight micro-batch: 2 in flight fit in 1 GiB, but the peers that
+    take a failed replica's work hold 2 x (5 + 5/3) / 5 of them and overflow."""
+    data = json.loads(Path(EXAMPLE).read_text())
+    data["workload"]["inline"]["layer_bytes"]["activation_bytes_per_sample"] = [0, 0, 430_000_000, 0, 0]
+    path = tmp_path / "tight.json"
+    path.write_text(json.dumps(data))
+    assert runner.invoke(app, ["estimate", str(path)]).exit_code == 0
+    result = runner.invoke(app, ["plan", str(path), "--policy", "reroute", "--json"])
+    assert result.exit_code == 3
+    assert "memory" in result.output and "GiB" in result.output
+
+
+@pytest.mark.parametrize("fmt,suffix", [("mps", ".mps"), ("lp", ".lp"), ("proto", ".pb.txt")])
+def test_export_writes_a_model_and_never_overwrites(tmp_path, fmt, suffix):
+    out = tmp_path / f"model{suffix}"
+    first = runner.invoke(app, ["export", EXAMPLE, "-o", str(out), "--format", fmt])
+    assert first.exit_code == 0, first.output
+    assert out.stat().st_size > 0
+    before = out.read_bytes()
+    again = runner.invoke(app, ["export", EXAMPLE, "-o", str(out), "--format", fmt])
+    assert again.exit_code == 2 and "--force" in again.output
+    assert out.read_bytes() == before
+
+
+def test_exported_mps_solved_by_cbc_matches_the_search(tmp_path):
+    out = tmp_path / "levels.mps"
+    assert runner.invoke(app, ["export", EXAMPLE, "-o", str(out)]).exit_code == 0
+    _, problem = pulp.LpProblem.fromMPS(str(out), sense=pulp.LpMinimize)
+    problem.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=20))
+    assert pulp.LpStatus[problem.status] == "Optimal"
+    instance = load_instance(EXAMPLE)
+    result = search_plan(instance, instance.failed_devices, time_limit_s=5)
+    assert pulp.value(problem.objective) == pytest.approx(result.objective, rel=1e-6)
