@@ -50,7 +50,7 @@ def fail(error: ChameleonError, as_json: bool = False) -> NoReturn:
 
 
 def emit_json(payload: dict[str, Any]) -> None:
-    print(json.dumps(payload, indent=None, separators=(",", ":")))
+    print(json.dumps(payload, indent=None, separators=(",", ":"), allow_nan=False))
 
 
 @app.command()

@@ -241,10 +241,9 @@ class PerfModel:
         if self.recompute:
             full = self.workload.activation_bytes_per_sample(len(devices), False) * self.micro_batch_size
             transient = float(full.max())
-        time = per_layer["fwd"] + per_layer["bwd"] + per_layer["tp_fwd"] + per_layer["tp_bwd"]
-        if len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1:
-            time = per_layer["fwd"] + per_layer["bwd"] + (per_layer["tp_fwd"] + per_layer["tp_bwd"]) * (
-                self.intra.bandwidth / self.inter.bandwidth)
+        spans_nodes = len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1
+        tp_scale = self.intra.bandwidth / self.inter.bandwidth if spans_nodes else 1.0
+        time = per_layer["fwd"] + per_layer["bwd"] + (per_layer["tp_fwd"] + per_layer["tp_bwd"]) * tp_scale
         capacity = (device.memory_gib - device.reserved_gib) * GIB
         return LayerCosts(time, static, per_layer["act"], transient, capacity)
 
@@ -324,7 +323,7 @@ class PerfModel:
             if key not in cache:  # identical pipelines are the common case: schedule them once
                 cache[key] = one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs],
                                               pipe.micro_batches)
-            rerouted_s = sum(e * (c.op_forward_s + c.op_backward_s) for e, c in zip(extras[j], costs))
+            rerouted_s = sum(e * (c.op_forward_s + c.op_backward_s) for e, c in zip(extras[j], costs) if e)
             pipelines.append(PipelineEstimate(pipe.micro_batches, cache[key] + rerouted_s, tuple(costs),
                                               tuple(extras[j])))
         dp_time = self.data_parallel_time(plan, failed)
