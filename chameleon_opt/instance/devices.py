@@ -1,7 +1,7 @@
 """Built-in device types, so instances can name a device instead of describing it.
 
 Peak: dense bf16/fp16 tensor-core TFLOP/s from the vendors' data sheets. Efficiency: the sustained
-fraction of peak a large transformer layer reaches. A100's 0.56 is calibrated on Megatron-LM's
+fraction of peak a large transformer layer reaches. A100's 0.66 is calibrated on Megatron-LM's
 published GPT-3 175B runs (bench/validate_perf.py); the others are assumptions of the same order
 until a measurement calibrates them, and an instance may override any field.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from chameleon_opt.instance.schema import DeviceType
 
 CATALOGUE: dict[str, DeviceType] = {d.name: d for d in [
-    DeviceType(name="A100-40", memory_gib=40, peak_tflops=312, efficiency=0.56, memory_bandwidth_gbps=1555),
-    DeviceType(name="A100-80", memory_gib=80, peak_tflops=312, efficiency=0.56, memory_bandwidth_gbps=2039),
+    DeviceType(name="A100-40", memory_gib=40, peak_tflops=312, efficiency=0.66, memory_bandwidth_gbps=1555),
+    DeviceType(name="A100-80", memory_gib=80, peak_tflops=312, efficiency=0.66, memory_bandwidth_gbps=2039),
     DeviceType(name="H100-80", memory_gib=80, peak_tflops=989, efficiency=0.45, memory_bandwidth_gbps=3350),
     DeviceType(name="H200-141", memory_gib=141, peak_tflops=989, efficiency=0.45, memory_bandwidth_gbps=4800),
     DeviceType(name="GH-96", memory_gib=96, peak_tflops=989, efficiency=0.45, memory_bandwidth_gbps=4000),
