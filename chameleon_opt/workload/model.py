@@ -97,8 +97,17 @@ class Workload:
         biases_and_norms = 2 * h if a.gated_mlp else (2 * h + 2 * kv_dim + h + f + h + 4 * h)
         block = attention + mlp + biases_and_norms
         embedding = a.vocab * h + (a.seq_len * h if a.learned_positions else 0)
-        head = 2 * h + (0 if a.tied_embeddings else a.vocab * h)
+        # Tied or not, the head holds a full vocab x hidden matrix: under pipeline parallelism
+        # Megatron keeps a copy of the tied word embedding (with its gradients and optimizer state)
+        # on the last stage. `unique_params` counts the shared matrix once.
+        head = 2 * h + a.vocab * h
         return np.array([embedding] + [block] * a.layers + [head], dtype=float)
+
+    @cached_property
+    def unique_params(self) -> float:
+        """The model's parameter count (a tied embedding counted once)."""
+        tied = self.architecture is not None and self.architecture.tied_embeddings
+        return float(self.params.sum()) - (self.architecture.vocab * self.architecture.hidden if tied else 0.0)
 
     @cached_property
     def forward_flops_per_sample(self) -> np.ndarray:
