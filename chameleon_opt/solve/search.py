@@ -39,6 +39,7 @@ from chameleon_opt.solve.templates import Template, build_templates
 
 TIME_SCALE = 1e6  # seconds -> integer microseconds
 LINEARIZATION = 2
+HIGHS_RESERVE_S = 0.4
 RELATIVE_GAP = 1e-4  # stop once the incumbent is proven within 0.01% of the optimum
 
 
@@ -92,6 +93,31 @@ def heuristic_mix(templates: list[Template], budget: dict[str, int], total: int)
         if best is None or value < best[0]:
             best = (value, mix)
     return None if best is None else best[1]
+
+
+def restricted_mix(plan: Plan, failed: frozenset[int], templates: list[Template], total: int,
+                   model: PerfModel) -> Mix | None:
+    """The previous plan restricted to the survivors, as a warm start: its untouched pipelines,
+    each mapped to the template of its device type and length (whose split is at least as good),
+    with the micro-batches spread over them exactly. None when no pipeline survived intact."""
+    index = {(t.device_type, t.stages): k for k, t in enumerate(templates)}
+    chosen = []
+    for pipe in plan.pipelines:
+        if failed.intersection(pipe.devices):
+            continue
+        key = (model.stage_device(pipe.stages[0].devices).name, len(pipe.stages))
+        if key not in index:
+            return None
+        chosen.append(index[key])
+    if not chosen or len(chosen) > total:
+        return None
+    spread = allocate_greedy([templates[k].fill_s for k in chosen], [templates[k].per_micro_batch_s for k in chosen],
+                             total).solution or ()
+    shares: list[list[int]] = [[] for _ in templates]
+    for k, m in zip(chosen, spread):
+        shares[k].append(m)
+    mix = Mix(tuple(len(x) for x in shares), tuple(tuple(x) for x in shares))
+    return None if any(c and sum(mix.counts) < templates[k].min_pipelines for k, c in enumerate(mix.counts)) else mix
 
 
 def _cap(template: Template, makespan: float) -> int:
@@ -389,13 +415,15 @@ def solve_level_model(lm: LevelModel, backend: str, time_limit_s: float, threads
     if backend != "highs":
         raise ValueError(f"unknown backend {backend!r}: use 'cpsat' or 'highs'")
     problem, cells = build_level_milp(lm)
-    solver = pulp.HiGHS(msg=False, timeLimit=time_limit_s, threads=threads, random_seed=seed,
-                        mip_rel_gap=RELATIVE_GAP)
-    build_s = time.perf_counter() - build_start
-    start = time.perf_counter()
+    # HiGHS reads its clock between branch-and-bound nodes and cannot stop during its start-up
+    # (presolve, root LP): measured overruns were ~0.4 s plus up to 10%, so it gets a reserve.
+    solver = pulp.HiGHS(msg=False, timeLimit=max(time_limit_s * 0.9 - HIGHS_RESERVE_S, 0.05), threads=threads,
+                        random_seed=seed, mip_rel_gap=RELATIVE_GAP,
+                        objective_bound=modelled_time(lm.templates, lm.incumbent))
     problem.solve(solver)
-    wall = time.perf_counter() - start
     highs = problem.solverModel
+    wall = highs.getRunTime()  # HiGHS's own clock: PuLP's hand-over of the model counts as building
+    build_s = time.perf_counter() - build_start - wall
     model_status = highs.modelStatusToString(highs.getModelStatus())
     info = highs.getInfo()
     if model_status == "Infeasible":
@@ -458,17 +486,20 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
                 backend: str = "cpsat") -> SolveResult[Plan]:
     """The best reconfigured plan over the survivors; never unchecked, never silently heuristic.
 
-    Order of work: templates; the relaxation bound; the knapsack-guided incumbent; when the
+    Order of work: templates; warm starts (the best single template, the previous plan restricted
+    to the survivors); the relaxation bound; the knapsack-guided incumbent; when the
     incumbent meets the bound it is returned as proven (backend 'bound'), otherwise the level
     model is solved by `backend` within what is left of the time limit."""
     start = time.perf_counter()
     model = model or PerfModel(instance)
     space = search_space(instance, failed, model)
     templates, budget, total = space.templates, space.budget, space.total
-    hint = heuristic_mix(templates, budget, total) if templates else None
-    if hint is None:
+    starts = [heuristic_mix(templates, budget, total), restricted_mix(instance.plan, failed, templates, total, model)]
+    starts = [mix for mix in starts if mix is not None] if templates else []
+    if not starts:
         return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, backend, time.perf_counter() - start, seed,
                            infeasibility_reason(instance, model, space.groups))
+    hint = min(starts, key=lambda mix: modelled_time(templates, mix))
     relaxation = lp_lower_bound(templates, budget, total)
     relaxation = relaxation if math.isfinite(relaxation) else 0.0
     hint = bound_guided_mix(templates, budget, total, hint)

@@ -1,0 +1,59 @@
+"""The search on the bundled large instances: sound plans, honest statuses, time limits kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.solver_scaling import job
+from chameleon_opt.check import check_plan
+from chameleon_opt.instance.load import build_instance, load_instance
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.solve.result import Status
+from chameleon_opt.solve.search import (heuristic_mix, level_model, lp_lower_bound, modelled_time, restricted_mix,
+                                        search_plan, search_space, solve_level_model)
+
+INSTANCES = Path(__file__).resolve().parents[1] / "instances"
+
+
+@pytest.mark.parametrize("name", ["paper-32", "gpt3-175b-1024", "llama3-405b-16k"])
+def test_bundled_instances_recover_with_a_sound_plan(name):
+    instance = load_instance(INSTANCES / f"{name}.json")
+    failed = instance.failed_devices
+    model = PerfModel(instance)
+    result = search_plan(instance, failed, time_limit_s=10, model=model)
+    assert result.status in (Status.OPTIMAL, Status.FEASIBLE)
+    assert result.gap is not None and result.gap <= 0.01
+    assert check_plan(instance, result.solution, failed).ok
+    assert not failed.intersection(result.solution.devices)
+    intact = search_plan(instance, frozenset(), time_limit_s=10, model=model)
+    assert intact.objective <= result.objective * (1 + 1e-9)  # more survivors never plan slower
+
+
+def test_previous_plan_restricted_to_survivors_is_a_warm_start():
+    instance = load_instance(INSTANCES / "gpt3-175b-1024.json")
+    model = PerfModel(instance)
+    space = search_space(instance, instance.failed_devices, model)
+    mix = restricted_mix(instance.plan, instance.failed_devices, space.templates, space.total, model)
+    assert mix is not None
+    assert sum(mix.counts) == len(instance.plan.pipelines) - 1  # one pipeline lost a device
+    assert sum(sum(shares) for shares in mix.micro_batches) == instance.global_micro_batches
+    result = search_plan(instance, instance.failed_devices, time_limit_s=10, model=model)
+    assert result.objective <= modelled_time(space.templates, mix) + 1e-9
+
+
+@pytest.mark.parametrize("backend,limit", [("cpsat", 0.5), ("highs", 2.0)])
+def test_time_limit_is_respected(backend, limit):
+    """The level model of a 1024-GPU job takes seconds to prove: the solver must stop in time.
+    (HiGHS cannot stop during its ~0.6 s start-up on this model, hence its longer limit.)"""
+    instance = build_instance(job("gpt3-175b", 1024), "<gpt3-1024>")
+    model = PerfModel(instance)
+    space = search_space(instance, instance.failed_devices, model)
+    warm = heuristic_mix(space.templates, space.budget, space.total)
+    lm = level_model(space.templates, space.budget, space.total, warm,
+                     lp_lower_bound(space.templates, space.budget, space.total))
+    status, mix, bound, build_s, wall = solve_level_model(lm, backend, limit, 1, 0)
+    assert wall <= limit * 1.1 + 0.1, (backend, wall)
+    if mix is not None:
+        assert bound <= modelled_time(space.templates, mix) + 1e-6
