@@ -52,17 +52,12 @@ def test_plan_unrecoverable_exits_5(tmp_path):
     assert "checkpoint" in result.output
 
 
-def test_plan_infeasible_exits_3_with_the_reason(tmp_path):
-    """Block 2 keeps 0.4 GiB per in-flight micro-batch: 2 in flight fit in 1 GiB, but the peers that
-    take a failed replica's work hold 2 x (5 + 5/3) / 5 of them and overflow."""
-    data = json.loads(Path(EXAMPLE).read_text())
-    data["workload"]["inline"]["layer_bytes"]["activation_bytes_per_sample"] = [0, 0, 430_000_000, 0, 0]
-    path = tmp_path / "tight.json"
-    path.write_text(json.dumps(data))
-    assert runner.invoke(app, ["estimate", str(path)]).exit_code == 0
-    result = runner.invoke(app, ["plan", str(path), "--policy", "reroute", "--json"])
+def test_plan_without_usable_candidate_exits_3_with_the_reason():
+    """Reconfiguration alone, but the next fault comes before its transition ends (Eq. 8: unusable)."""
+    result = runner.invoke(app, ["plan", EXAMPLE, "--policy", "reconfigure", "--next-fault-s", "1", "--json"])
     assert result.exit_code == 3
-    assert "memory" in result.output and "GiB" in result.output
+    payload = json.loads(result.stdout)
+    assert "outlasts D = 1.0 s" in payload["reason"]
 
 
 @pytest.mark.parametrize("fmt,suffix", [("mps", ".mps"), ("lp", ".lp"), ("proto", ".pb.txt")])

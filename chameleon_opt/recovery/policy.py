@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from chameleon_opt.errors import InfeasibleError, UnrecoverableError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate, PerfModel
-from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Plan
 from chameleon_opt.solve.result import SolveResult, Status
+from chameleon_opt.solve.reroute import reroute_plan
 from chameleon_opt.solve.search import search_plan
 
 GROUP_REBUILD_S = 5.0
@@ -115,18 +115,14 @@ class Decision:
     next_fault_s: float | None
 
 
-def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfModel) -> Candidate:
-    """Keep the layout, give the failed stages' work to their peers (transition ~ 0)."""
-    try:
-        plan = even_reroute(instance.plan, failed)
-    except InfeasibleError as err:
-        return Candidate("reroute", False, err.reason)
-    estimate = model.evaluate(plan, failed)
-    if not estimate.memory_ok:
-        return Candidate("reroute", False, "peers run out of memory: " + "; ".join(estimate.memory_violations()[:2]),
-                         plan, estimate)
-    return Candidate("reroute", True, "layout kept; failed stages' micro-batches split evenly over their peers",
-                     plan, estimate, 0.0)
+def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float = 5.0,
+                      threads: int = 1, seed: int = 0) -> Candidate:
+    """Keep the layout, give the failed stages' work to their peers in decided shares (transition ~ 0)."""
+    result = reroute_plan(instance, failed, time_limit_s, threads, seed, model)
+    if not result.status.has_solution or result.solution is None:
+        return Candidate("reroute", False, result.reason or result.status.value, solve=result)
+    estimate = model.evaluate(result.solution, failed)
+    return Candidate("reroute", True, f"layout kept; {result.reason}", result.solution, estimate, 0.0, solve=result)
 
 
 def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float,
@@ -167,7 +163,7 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
     mean = explicit if explicit is not None else mean_next_fault_s(instance, survivors)
     candidates = []
     if policy in ("auto", "reroute"):
-        candidates.append(reroute_candidate(instance, failed, model))
+        candidates.append(reroute_candidate(instance, failed, model, time_limit_s, threads, seed))
     if policy in ("auto", "reconfigure"):
         candidates.append(reconfigure_candidate(instance, failed, model, time_limit_s, threads, seed))
     batch = instance.spec.training.global_batch
@@ -185,7 +181,9 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
         scored.append(Candidate(c.policy, c.feasible, c.reason, c.plan, c.estimate, c.transition_s, score, c.solve))
     usable = [c for c in scored if c.feasible and c.score > 0]
     if not usable:
-        reasons = "; ".join(f"{c.policy}: {c.reason}" for c in scored)
+        reasons = "; ".join(f"{c.policy}: {c.reason}" if not c.feasible else
+                            f"{c.policy}: its transition of {c.transition_s:.1f} s outlasts D = {mean:.1f} s"
+                            for c in scored)
         return Decision("none", f"no usable candidate ({reasons})", None, tuple(scored), mean)
     best = max(usable, key=lambda c: c.score)
     basis = (f"D = {explicit:.0f} s (Eq. 8)" if explicit is not None else
