@@ -31,7 +31,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 class Policy(str, Enum):
-    auto = "auto"
+    auto = "auto"  # reroute, reconfigure and the hybrid of both, chosen by Eq. 8
     reroute = "reroute"
     reconfigure = "reconfigure"
 
@@ -149,10 +149,15 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
     chosen = decision.chosen
     assert chosen.plan is not None
     if as_json:
-        emit_json({"format": 1, "policy": decision.policy, "reason": decision.reason,
+        payload = {"format": 1, "policy": decision.policy, "reason": decision.reason,
                    "candidates": [c.to_json() for c in decision.candidates], "plan": chosen.plan.to_json(),
                    "iteration_time_s": chosen.iteration_time_s, "solve": _solve_json(chosen),
-                   "migration": None, "allreduce_rounds": None})
+                   "migration": None, "allreduce_rounds": None}
+        if chosen.interim is not None and chosen.interim.plan is not None:
+            payload["interim"] = {"plan": chosen.interim.plan.to_json(),
+                                  "iteration_time_s": chosen.interim.iteration_time_s,
+                                  "solve": _solve_json(chosen.interim)}
+        emit_json(payload)
         return
     table = Table(title=f"{instance.name}: recovery from failure of {len(failed)} devices")
     for column in ("policy", "feasible", "step s", "transition s", "score samples/s", "why"):

@@ -24,8 +24,8 @@ def test_plan_json_follows_the_contract():
     payload = json.loads(result.stdout)
     for key in ("format", "policy", "reason", "candidates", "plan", "solve", "migration", "allreduce_rounds"):
         assert key in payload
-    assert payload["policy"] in ("reroute", "reconfigure")
-    assert {c["policy"] for c in payload["candidates"]} == {"reroute", "reconfigure"}
+    assert payload["policy"] in ("reroute", "reconfigure", "hybrid")
+    assert {c["policy"] for c in payload["candidates"]} == {"reroute", "reconfigure", "hybrid"}
     for c in payload["candidates"]:
         assert set(c) >= {"policy", "feasible", "reason", "iteration_time_s", "transition_time_s", "score"}
     assert set(payload["solve"]) >= {"status", "objective", "bound", "gap", "wall_s", "backend"}
@@ -33,6 +33,8 @@ def test_plan_json_follows_the_contract():
     assert micro == 20
     devices = [d for p in payload["plan"]["pipelines"] for s in p["stages"] for d in s["devices"]]
     assert 4 not in devices or payload["policy"] == "reroute"
+    if payload["policy"] == "hybrid":  # the plan to switch to, and the rerouted one run meanwhile
+        assert sum(p["micro_batches"] for p in payload["interim"]["plan"]["pipelines"]) == 20
 
 
 @pytest.mark.parametrize("policy", ["reroute", "reconfigure"])

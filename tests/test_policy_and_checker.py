@@ -39,8 +39,20 @@ def test_decide_picks_by_next_fault_time():
     short = decide(instance, instance.failed_devices, next_fault_s=8.0)
     long = decide(instance, instance.failed_devices, next_fault_s=7200.0)
     assert short.policy == "reroute"
-    assert long.policy == "reconfigure"
+    assert long.policy == "hybrid"  # the reconfigured plan, reached while rerouting in the meantime
     assert all(c.feasible for c in long.candidates)
+    scores = {c.policy: c.score for c in long.candidates}
+    assert scores["hybrid"] >= scores["reconfigure"]
+
+
+def test_hybrid_rate_closed_forms():
+    from chameleon_opt.recovery.policy import hybrid_samples_per_s
+    # Point D: 10 s rerouted at 5 samples/s, 5 s pause, 25 s at 10 samples/s over D = 40 s.
+    assert hybrid_samples_per_s(10, 2.0, 1.0, 10.0, 5.0, 40.0, None) == pytest.approx((50 + 250) / 40)
+    import numpy as np
+    draws = np.random.default_rng(1).exponential(60.0, 400_000)
+    empirical = (5 * np.minimum(draws, 10) + 10 * np.maximum(draws - 15, 0)).mean() / draws.mean()
+    assert hybrid_samples_per_s(10, 2.0, 1.0, 10.0, 5.0, None, 60.0) == pytest.approx(empirical, rel=0.01)
 
 
 def test_layer_without_surviving_replica_is_unrecoverable():

@@ -9,6 +9,7 @@ so the score becomes (B / t_step) x exp(-tau / mu): the expectation over D, not 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -38,6 +39,24 @@ def expected_score(global_batch: int, step_s: float, transition_s: float, mean_n
     if step_s <= 0:
         return 0.0
     return global_batch / step_s * math.exp(-transition_s / mean_next_fault_s)
+
+
+def hybrid_samples_per_s(global_batch: int, reroute_step_s: float, final_step_s: float, background_s: float,
+                         switch_s: float, next_fault_s: float | None, mean_next_fault_s: float | None) -> float:
+    """Samples/s until the next fault when rerouting at once, reconfiguring in the background for
+    `background_s` (search and migration overlap training), then pausing `switch_s` to switch.
+
+    Point D: (B/t_r min(D, tau) + B/t_c max(D - tau - p, 0)) / D. Exponential D with mean mu:
+    E[min(D, tau)] = mu (1 - e^{-tau/mu}) and E[max(D - tau - p, 0)] = mu e^{-(tau+p)/mu}, so the
+    rate is B/t_r (1 - e^{-tau/mu}) + B/t_c e^{-(tau+p)/mu}. Without statistics: B / t_c."""
+    rate_r, rate_c = global_batch / reroute_step_s, global_batch / final_step_s
+    if next_fault_s is not None:
+        d = next_fault_s
+        return (rate_r * min(d, background_s) + rate_c * max(d - background_s - switch_s, 0.0)) / d
+    if mean_next_fault_s is not None:
+        mu = mean_next_fault_s
+        return rate_r * (1 - math.exp(-background_s / mu)) + rate_c * math.exp(-(background_s + switch_s) / mu)
+    return rate_c
 
 
 def break_even_next_fault(step_reroute_s: float, step_dynamic_s: float, transition_dynamic_s: float) -> float:
@@ -95,6 +114,7 @@ class Candidate:
     transition_s: float = 0.0
     score: float = 0.0
     solve: SolveResult[Plan] | None = None
+    interim: "Candidate | None" = None  # hybrid: the rerouted plan run until the switch
 
     @property
     def iteration_time_s(self) -> float:
@@ -178,7 +198,17 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
             score = expected_score(batch, c.iteration_time_s, c.transition_s, mean)
         else:
             score = batch / c.iteration_time_s  # no fault statistics: steady-state throughput
-        scored.append(Candidate(c.policy, c.feasible, c.reason, c.plan, c.estimate, c.transition_s, score, c.solve))
+        scored.append(dataclasses.replace(c, score=score))
+    rr = next((c for c in scored if c.policy == "reroute" and c.feasible), None)
+    rc = next((c for c in scored if c.policy == "reconfigure" and c.feasible), None)
+    if policy == "auto" and rr is not None and rc is not None:
+        background = rc.transition_s - GROUP_REBUILD_S
+        score = hybrid_samples_per_s(batch, rr.iteration_time_s, rc.iteration_time_s, background, GROUP_REBUILD_S,
+                                     explicit, mean)
+        scored.append(Candidate("hybrid", True, f"reroute now; switch to the reconfigured plan after "
+                                f"{background:.2f} s of background search and migration, pausing "
+                                f"{GROUP_REBUILD_S:.0f} s", rc.plan, rc.estimate, GROUP_REBUILD_S, score, rc.solve,
+                                interim=rr))
     usable = [c for c in scored if c.feasible and c.score > 0]
     if not usable:
         reasons = "; ".join(f"{c.policy}: {c.reason}" if not c.feasible else
@@ -191,9 +221,7 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
              "no fault statistics: steady-state throughput")
     others = ", ".join(f"{c.policy} {c.score:.3f}" for c in scored if c is not best and c.feasible)
     reason = f"{best.policy} scores {best.score:.3f} samples/s with {basis}" + (f" (vs {others})" if others else "")
-    if len(usable) == 2:
-        rr = next(c for c in usable if c.policy == "reroute")
-        rc = next(c for c in usable if c.policy == "reconfigure")
+    if rr is not None and rc is not None:
         even = break_even_next_fault(rr.iteration_time_s, rc.iteration_time_s, rc.transition_s)
         reason += f"; reconfiguration wins when D > {even:.0f} s"
     return Decision(best.policy, reason, best, tuple(scored), mean)
