@@ -61,7 +61,10 @@ def brute_force_mix(templates, budget, total):
         pipes = [(k, t) for k, t in enumerate(templates) for _ in range(counts[k])]
         if len(pipes) > total or any(c and len(pipes) < t.min_pipelines for t, c in zip(templates, counts)):
             continue
-        result = allocate_greedy([t.fill_s for _, t in pipes], [t.per_micro_batch_s for _, t in pipes], total)
+        result = allocate_greedy([t.fill_s for _, t in pipes], [t.per_micro_batch_s for _, t in pipes], total,
+                                 [t.max_level for _, t in pipes])
+        if result.solution is None:
+            continue
         shares = [[] for _ in templates]
         for (k, _), m in zip(pipes, result.solution):
             shares[k].append(m)
@@ -86,6 +89,9 @@ def test_search_matches_brute_force_over_its_space(seed, failed, micro, memory):
         return
     budget = {"toy": len(groups)}
     exact = brute_force_mix(templates, budget, instance.global_micro_batches)
+    if exact is None:
+        assert result.status is Status.INFEASIBLE and "micro-batches" in result.reason
+        return
     assert result.status is Status.OPTIMAL
     assert result.objective == pytest.approx(exact, abs=1e-4)
     assert result.bound <= exact + 1e-9

@@ -25,21 +25,25 @@ def pipeline_time(fill_s: float, per_mb_s: float, micro_batches: int) -> float:
     return fill_s + (micro_batches - 1) * per_mb_s if micro_batches > 0 else 0.0
 
 
-def allocate_greedy(fill_s: Sequence[float], per_mb_s: Sequence[float], total: int) -> SolveResult[tuple[int, ...]]:
+def allocate_greedy(fill_s: Sequence[float], per_mb_s: Sequence[float], total: int,
+                    caps: Sequence[int | None] | None = None) -> SolveResult[tuple[int, ...]]:
     """Exact water-filling: every pipeline gets one micro-batch, then each next one goes to the
-    pipeline that would finish earliest after taking it."""
+    pipeline that would finish earliest after taking it, never beyond its cap (if any)."""
     start = time.perf_counter()
     count = len(fill_s)
-    if count == 0 or total < count:
+    limits = [c if c is not None else total for c in (caps or [None] * count)]
+    if count == 0 or total < count or sum(limits) < total:
         return SolveResult(Status.INFEASIBLE, None, None, None, time.perf_counter() - start, "greedy",
-                           reason=f"{total} micro-batches cannot give each of {count} pipelines at least one")
+                           reason=f"{total} micro-batches cannot give each of {count} pipelines at least one "
+                                  "within their caps")
     shares = [1] * count
-    heap = [(pipeline_time(fill_s[j], per_mb_s[j], 2), j) for j in range(count)]
+    heap = [(pipeline_time(fill_s[j], per_mb_s[j], 2), j) for j in range(count) if limits[j] > 1]
     heapq.heapify(heap)
     for _ in range(total - count):
         _, j = heapq.heappop(heap)
         shares[j] += 1
-        heapq.heappush(heap, (pipeline_time(fill_s[j], per_mb_s[j], shares[j] + 1), j))
+        if shares[j] < limits[j]:
+            heapq.heappush(heap, (pipeline_time(fill_s[j], per_mb_s[j], shares[j] + 1), j))
     value = max(pipeline_time(f, p, m) for f, p, m in zip(fill_s, per_mb_s, shares))
     return SolveResult(Status.OPTIMAL, tuple(shares), value, value, time.perf_counter() - start, "greedy")
 

@@ -84,7 +84,8 @@ def heuristic_mix(templates: list[Template], budget: dict[str, int], total: int)
         count = min(budget[template.device_type] // template.stages, total)
         if count < max(template.min_pipelines, 1):
             continue
-        shares = allocate_greedy([template.fill_s] * count, [template.per_micro_batch_s] * count, total).solution
+        shares = allocate_greedy([template.fill_s] * count, [template.per_micro_batch_s] * count, total,
+                                 [template.max_level] * count).solution
         if shares is None:
             continue
         counts = tuple(count if i == k else 0 for i in range(len(templates)))
@@ -100,7 +101,7 @@ def restricted_mix(plan: Plan, failed: frozenset[int], templates: list[Template]
     """The previous plan restricted to the survivors, as a warm start: its untouched pipelines,
     each mapped to the template of its device type and length (whose split is at least as good),
     with the micro-batches spread over them exactly. None when no pipeline survived intact."""
-    index = {(t.device_type, t.stages): k for k, t in enumerate(templates)}
+    index = {(t.device_type, t.stages): k for k, t in enumerate(templates) if t.max_level is None}
     chosen = []
     for pipe in plan.pipelines:
         if failed.intersection(pipe.devices):
@@ -124,7 +125,8 @@ def _cap(template: Template, makespan: float) -> int:
     """Most micro-batches one pipeline of `template` runs within `makespan` (0 if not even one)."""
     if makespan < template.fill_s:
         return 0
-    return min(math.floor((makespan - template.fill_s) / template.per_micro_batch_s + 1e-12) + 1, 10 ** 9)
+    return min(math.floor((makespan - template.fill_s) / template.per_micro_batch_s + 1e-12) + 1,
+               template.max_level or 10 ** 9)
 
 
 KNAPSACK_CELLS = 200_000
@@ -184,7 +186,7 @@ def cover_mix(templates: list[Template], allowed: list[int], budget: dict[str, i
     if covered < total or any(len(kept) < templates[k].min_pipelines for k in set(kept)):
         return None
     spread = allocate_greedy([templates[k].fill_s for k in kept], [templates[k].per_micro_batch_s for k in kept],
-                             total).solution or ()
+                             total, [templates[k].max_level for k in kept]).solution or ()
     shares: list[list[int]] = [[] for _ in templates]
     for k, m in zip(kept, spread):
         shares[k].append(m)
@@ -198,7 +200,7 @@ def bound_guided_mix(templates: list[Template], budget: dict[str, int], total: i
     for level in sorted({t.sync_s for t in templates}):
         allowed = [k for k, t in enumerate(templates) if t.sync_s <= level]
         low = min(templates[k].fill_s for k in allowed)
-        if low + level >= best_value:
+        if low + level > best_value:
             break
         high = best_value - level
         if cover_mix(templates, allowed, budget, total, high) is None:
@@ -207,13 +209,52 @@ def bound_guided_mix(templates: list[Template], budget: dict[str, int], total: i
             middle = (low + high) / 2
             low, high = (low, middle) if cover_mix(templates, allowed, budget, total, middle) else (middle, high)
         mix = cover_mix(templates, allowed, budget, total, high)
-        if mix is not None and modelled_time(templates, mix) < best_value:
+        if mix is not None and _rank(templates, mix) < _rank(templates, best):
             best, best_value = mix, modelled_time(templates, mix)
     return best
 
 
+def _rank(templates: list[Template], mix: Mix) -> tuple[float, int]:
+    """Order of mixes: modelled time (to the nanosecond), then fewer pipelines (smaller gradient
+    rings, fewer sends): the same tie-break as the solvers' objective."""
+    return round(modelled_time(templates, mix), 9), sum(mix.counts)
+
+
 def _ceil(seconds: float) -> int:
     return int(math.ceil(seconds * TIME_SCALE))
+
+
+def neighbour_mixes(templates: list[Template], budget: dict[str, int], total: int, mix: Mix) -> list[Mix]:
+    """Mixes one step away: the groups of one used template re-cut into pipelines one stage
+    shorter or longer (same device type, uncapped template), micro-batches re-spread exactly."""
+    index = {(t.device_type, t.stages): k for k, t in enumerate(templates) if t.max_level is None}
+    found = []
+    for k, count in enumerate(mix.counts):
+        if not count:
+            continue
+        t = templates[k]
+        for stages in (t.stages - 1, t.stages + 1):
+            other = index.get((t.device_type, stages))
+            if other is None:
+                continue
+            counts = list(mix.counts)
+            counts[k] = 0
+            used = sum(templates[i].stages * c for i, c in enumerate(counts) if templates[i].device_type == t.device_type)
+            counts[other] += max((budget[t.device_type] - used) // stages - counts[other], 0) if other != k else 0
+            chosen = [i for i, c in enumerate(counts) for _ in range(c)]
+            if not chosen or len(chosen) > total:
+                continue
+            spread = allocate_greedy([templates[i].fill_s for i in chosen], [templates[i].per_micro_batch_s for i in chosen],
+                                     total, [templates[i].max_level for i in chosen]).solution
+            if spread is None:
+                continue
+            shares: list[list[int]] = [[] for _ in templates]
+            for i, m in zip(chosen, spread):
+                shares[i].append(m)
+            candidate = Mix(tuple(len(x) for x in shares), tuple(tuple(x) for x in shares))
+            if all(not c or len(chosen) >= templates[i].min_pipelines for i, c in enumerate(candidate.counts)):
+                found.append(candidate)
+    return found
 
 
 def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int) -> float:
@@ -233,8 +274,8 @@ def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int
         def covered(makespan: float) -> float:
             rate: dict[str, float] = {}
             for t in allowed:
-                if makespan >= t.fill_s:
-                    cap = math.floor((makespan - t.fill_s) / t.per_micro_batch_s + 1e-12) + 1
+                cap = _cap(t, makespan)
+                if cap:
                     rate[t.device_type] = max(rate.get(t.device_type, 0.0), cap / t.stages)
             return sum(budget[name] * r for name, r in rate.items())
 
@@ -288,7 +329,8 @@ def level_model(templates: list[Template], budget: dict[str, int], total: int, i
     floor_makespan = lower_bound - max(t.sync_s for t in templates)
     windows = []
     for t in templates:
-        top = min(total, int(math.floor((best - t.sync_s - t.fill_s) / t.per_micro_batch_s + 1e-9)) + 1)
+        top = min(total, t.max_level or total,
+                  int(math.floor((best - t.sync_s - t.fill_s) / t.per_micro_batch_s + 1e-9)) + 1)
         bottom = max(1, min(top, int(math.floor((floor_makespan - t.fill_s) / t.per_micro_batch_s - 1e-9)) + 1))
         windows.append(range(bottom, top + 1))
     return LevelModel(templates, budget, total, windows, incumbent, lower_bound)
@@ -298,11 +340,16 @@ def _mix_from_levels(lm: LevelModel, pipelines: list[tuple[int, int]]) -> Mix:
     """Exact micro-batch counts (summing to N) for the chosen (template, level) pipelines."""
     t = lm.templates
     spread = allocate_greedy([t[k].fill_s for k, _ in pipelines], [t[k].per_micro_batch_s for k, _ in pipelines],
-                             lm.total).solution or ()
+                             lm.total, [t[k].max_level for k, _ in pipelines]).solution or ()
     shares: list[list[int]] = [[] for _ in t]
     for (k, _), m in zip(pipelines, spread):
         shares[k].append(m)
     return Mix(tuple(len(x) for x in shares), tuple(tuple(x) for x in shares))
+
+
+def _tie_weight(lm: LevelModel) -> int:
+    """Weight of a microsecond against one pipeline in the tie-break: more than any pipeline count."""
+    return sum(lm.most) + 1
 
 
 def build_level_cpsat(lm: LevelModel) -> tuple[cp_model.CpModel, dict[tuple[int, int], tuple]]:
@@ -336,7 +383,8 @@ def build_level_cpsat(lm: LevelModel) -> tuple[cp_model.CpModel, dict[tuple[int,
         if used is not None and lm.templates[k].min_pipelines > 1:
             model.Add(pipelines >= lm.templates[k].min_pipelines).OnlyEnforceIf(used)
     model.Add(makespan + sync >= max(int(math.floor(lm.lower_bound * TIME_SCALE)) - 2, 0))
-    model.Minimize(makespan + sync)
+    # Ties (to the microsecond) go to fewer pipelines: a smaller gradient ring, fewer sends.
+    model.Minimize((makespan + sync) * _tie_weight(lm) + pipelines)
     for k, shares in enumerate(lm.incumbent.micro_batches):
         if not lm.windows[k]:
             continue
@@ -379,7 +427,7 @@ def build_level_milp(lm: LevelModel) -> tuple[pulp.LpProblem, dict[tuple[int, in
         if used is not None and lm.templates[k].min_pipelines > 1:
             problem += pipelines >= lm.templates[k].min_pipelines * used
     problem += makespan + sync >= lm.lower_bound
-    problem += makespan + sync
+    problem += makespan + sync + pipelines / (TIME_SCALE * _tie_weight(lm))  # ties go to fewer pipelines
     return problem, cells
 
 
@@ -409,7 +457,7 @@ def solve_level_model(lm: LevelModel, backend: str, time_limit_s: float, threads
         for (k, m), (_, pipes) in cells.items():
             pipelines += [(k, m)] * int(solver.Value(pipes))
         # Each of the two terms was rounded up by < 1 us.
-        bound = max(solver.BestObjectiveBound() - 2, 0) / TIME_SCALE
+        bound = max(solver.BestObjectiveBound() // _tie_weight(lm) - 2, 0) / TIME_SCALE
         status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
         return status, _mix_from_levels(lm, pipelines), bound, build_s, wall
     if backend != "highs":
@@ -417,23 +465,25 @@ def solve_level_model(lm: LevelModel, backend: str, time_limit_s: float, threads
     problem, cells = build_level_milp(lm)
     # HiGHS reads its clock between branch-and-bound nodes and cannot stop during its start-up
     # (presolve, root LP): measured overruns were ~0.4 s plus up to 10%, so it gets a reserve.
+    incumbent = modelled_time(lm.templates, lm.incumbent)
+    cutoff = incumbent * (1 + 1e-9) + sum(lm.most) / (TIME_SCALE * _tie_weight(lm))
     solver = pulp.HiGHS(msg=False, timeLimit=max(time_limit_s * 0.9 - HIGHS_RESERVE_S, 0.05), threads=threads,
-                        random_seed=seed, mip_rel_gap=RELATIVE_GAP,
-                        objective_bound=modelled_time(lm.templates, lm.incumbent))
+                        random_seed=seed, mip_rel_gap=RELATIVE_GAP, objective_bound=cutoff)
     problem.solve(solver)
     highs = problem.solverModel
     wall = highs.getRunTime()  # HiGHS's own clock: PuLP's hand-over of the model counts as building
     build_s = time.perf_counter() - build_start - wall
     model_status = highs.modelStatusToString(highs.getModelStatus())
     info = highs.getInfo()
-    if model_status == "Infeasible":
-        return Status.INFEASIBLE, None, None, build_s, wall
+    if model_status == "Infeasible":  # nothing beats the cutoff: the incumbent is optimal
+        return Status.OPTIMAL, lm.incumbent, incumbent, build_s, wall
     if info.primal_solution_status != 2:  # 2 = a feasible primal solution exists
         return None, None, None, build_s, wall
     for (k, m), (_, pipes) in cells.items():
         pipelines += [(k, m)] * int(round(pipes.varValue or 0))
     status = Status.OPTIMAL if model_status == "Optimal" else Status.FEASIBLE
-    return status, _mix_from_levels(lm, pipelines), float(info.mip_dual_bound), build_s, wall
+    tie_slack = sum(lm.most) / (TIME_SCALE * _tie_weight(lm))
+    return status, _mix_from_levels(lm, pipelines), float(info.mip_dual_bound) - tie_slack, build_s, wall
 
 
 def infeasibility_reason(instance: Instance, model: PerfModel, groups: list[tuple[int, ...]]) -> str:
@@ -494,21 +544,42 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
     model = model or PerfModel(instance)
     space = search_space(instance, failed, model)
     templates, budget, total = space.templates, space.budget, space.total
-    starts = [heuristic_mix(templates, budget, total), restricted_mix(instance.plan, failed, templates, total, model)]
+    everything = max((t.pipeline_time(total) for t in templates), default=0.0) + 1.0
+    starts = [heuristic_mix(templates, budget, total), restricted_mix(instance.plan, failed, templates, total, model),
+              cover_mix(templates, list(range(len(templates))), budget, total, everything)]
     starts = [mix for mix in starts if mix is not None] if templates else []
     if not starts:
-        return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, backend, time.perf_counter() - start, seed,
-                           infeasibility_reason(instance, model, space.groups))
-    hint = min(starts, key=lambda mix: modelled_time(templates, mix))
+        reason = infeasibility_reason(instance, model, space.groups)
+        if templates:
+            most = sum(_cap(templates[k], everything) * n for name, groups in budget.items()
+                       for k, n in _best_counts([(k, t.stages, _cap(t, everything)) for k, t in enumerate(templates)
+                                                 if t.device_type == name], groups).items())
+            reason = (f"the pipelines that fit in memory can run at most {most} of the {total} micro-batches "
+                      "(fewer micro-batches in flight is what lets them fit)")
+        return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, backend, time.perf_counter() - start, seed, reason)
+    hint = min(starts, key=lambda mix: _rank(templates, mix))
     relaxation = lp_lower_bound(templates, budget, total)
     relaxation = relaxation if math.isfinite(relaxation) else 0.0
     hint = bound_guided_mix(templates, budget, total, hint)
     warm = modelled_time(templates, hint)
 
     def finish(mix: Mix, status: Status, bound: float, wall: float, used: str, build: float, why: str):
-        plan = assert_sound(instance, lower(templates, mix, space.groups_by_type, instance.plan.tensor_parallel),
-                            failed, model=model)
-        objective = modelled_time(templates, mix)
+        tp = instance.plan.tensor_parallel
+        plan = lower(templates, mix, space.groups_by_type, tp)
+        objective = modelled_time(templates, mix)  # the model's answer; the polish below may beat it
+        # Exact polish: the model's 1F1B and sync terms are surrogates, so its neighbours are
+        # evaluated exactly and the faster plan kept (ties in the surrogate hide real differences).
+        exact = model.evaluate(plan, failed)
+        best_time = exact.iteration_time_s if exact.memory_ok else math.inf
+        for other in neighbour_mixes(templates, budget, total, mix):
+            if time.perf_counter() - start > time_limit_s:
+                break
+            candidate = lower(templates, other, space.groups_by_type, tp)
+            estimate = model.evaluate(candidate, failed)
+            if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
+                plan, best_time, mix = candidate, estimate.iteration_time_s, other
+                why += "; a neighbouring mix is faster when evaluated exactly"
+        plan = assert_sound(instance, plan, failed, model=model)
         bound = min(bound, objective)
         if status is not Status.HEURISTIC and objective - bound <= 1e-9 * objective:
             status = Status.OPTIMAL

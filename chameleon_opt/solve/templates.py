@@ -28,6 +28,10 @@ class Template:
     stage_times_s: tuple[float, ...]  # per micro-batch, blocking p2p sends included
     sync_s: float                     # gradient all-reduce + optimizer step (estimate)
     min_pipelines: int                # fewest replicas for the memory to fit (distributed optimizer)
+    max_level: int | None = None      # valid only for pipelines running at most this many micro-batches
+
+    def allows(self, micro_batches: int) -> bool:
+        return self.max_level is None or micro_batches <= self.max_level
 
     @property
     def fill_s(self) -> float:
@@ -58,11 +62,15 @@ def _stage_overheads(model: PerfModel, group: tuple[int, ...], stages: int) -> n
 
 
 def min_max_split(costs: LayerCosts, overhead: np.ndarray, optimizer_shards: int = 1,
-                  sharded_bytes: np.ndarray | None = None) -> tuple[int, ...] | None:
+                  sharded_bytes: np.ndarray | None = None,
+                  in_flight: list[int] | None = None) -> tuple[int, ...] | None:
     """Boundaries of S = len(overhead) contiguous non-empty stages minimising the slowest stage,
-    with stage s's memory static + (S - s) x activations + transient under capacity; None if no
-    split fits. `sharded_bytes` (per layer) is divided by `optimizer_shards`."""
+    with stage s's memory static + in_flight[s] x activations + transient under capacity (1F1B:
+    in_flight[s] = S - s by default); None if no split fits. `sharded_bytes` (per layer) is
+    divided by `optimizer_shards`. The greedy stays exact as long as in_flight never increases
+    with s (later stages are never tighter), which min(S - s, m) satisfies."""
     stages, n = len(overhead), len(costs.time_s)
+    in_flight = in_flight or [stages - s for s in range(stages)]
     if stages > n:
         return None
     static = costs.static_bytes if sharded_bytes is None else costs.static_bytes - sharded_bytes * (
@@ -81,7 +89,7 @@ def min_max_split(costs: LayerCosts, overhead: np.ndarray, optimizer_shards: int
             while end < last_allowed:
                 nxt = end + 1
                 t = time_prefix[nxt] - time_prefix[position] + overhead_list[s]
-                memory = static_prefix[nxt] - static_prefix[position] + (stages - s) * (
+                memory = static_prefix[nxt] - static_prefix[position] + in_flight[s] * (
                     act_prefix[nxt] - act_prefix[position])
                 if t > bottleneck or memory > budget:
                     break
@@ -107,12 +115,21 @@ def min_max_split(costs: LayerCosts, overhead: np.ndarray, optimizer_shards: int
     return greedy(high)
 
 
-def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipelines_guess: int) -> Template | None:
-    """The best `stages`-stage pipeline on groups like `group`, or None when it cannot fit."""
+MAX_LEVEL_VARIANTS = 1500
+"""Most level-capped template variants built per device type (each costs one bisection)."""
+
+
+def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipelines_guess: int,
+                   max_level: int | None = None) -> Template | None:
+    """The best `stages`-stage pipeline on groups like `group`, or None when it cannot fit.
+
+    With `max_level` = c the pipeline runs at most c micro-batches, so stage s holds only
+    min(S - s, c) in flight, which can admit a faster split under tight memory."""
     costs = model.layer_costs(group, replicas=1)
     overhead = _stage_overheads(model, group, stages)
+    in_flight = [min(stages - s, max_level) if max_level else stages - s for s in range(stages)]
     sharded = model.workload.params / len(group) * model.optimizer_bytes if model.shard_optimizer else None
-    bounds = min_max_split(costs, overhead, max(pipelines_guess, 1), sharded)
+    bounds = min_max_split(costs, overhead, max(pipelines_guess, 1), sharded, in_flight)
     if bounds is None:
         return None
     time_prefix = np.concatenate([[0.0], np.cumsum(costs.time_s)])
@@ -121,7 +138,7 @@ def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipeli
     if sharded is not None:  # fewest replicas whose optimizer shards make every stage fit
         for s in range(stages):
             a, b = bounds[s], bounds[s + 1]
-            rest = (costs.static_bytes[a:b].sum() - sharded[a:b].sum()) + (stages - s) * costs.activation_bytes[
+            rest = (costs.static_bytes[a:b].sum() - sharded[a:b].sum()) + in_flight[s] * costs.activation_bytes[
                 a:b].sum() + costs.transient_bytes
             room = costs.capacity_bytes - rest
             need = sharded[a:b].sum()
@@ -131,19 +148,42 @@ def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipeli
     largest = max(float(grad[bounds[s]:bounds[s + 1]].sum()) for s in range(stages))
     sync = ring_allreduce_time(largest, max(pipelines_guess, 1), model.inter)
     sync += max(model.optimizer_time(group, bounds[s], bounds[s + 1]) for s in range(stages))
-    return Template(model.stage_device(group).name, stages, bounds, times, sync, min_pipelines)
+    return Template(model.stage_device(group).name, stages, bounds, times, sync, min_pipelines, max_level)
 
 
 def build_templates(model: PerfModel, groups: list[tuple[int, ...]]) -> list[Template]:
-    """Every feasible template per device type present among `groups` (one group per stage)."""
+    """Every feasible template per device type present among `groups` (one group per stage), plus
+    level-capped variants (S stages running c < S micro-batches hold fewer in flight) wherever
+    memory binds and a cap buys a faster split; at most MAX_LEVEL_VARIANTS bisections per type."""
     by_type: dict[str, list[tuple[int, ...]]] = {}
     for group in groups:
         by_type.setdefault(model.stage_device(group).name, []).append(group)
     templates = []
     for members in by_type.values():
         most = min(len(members), model.workload.num_layers)
+        costs = model.layer_costs(members[0], replicas=1)
+        unbounded = LayerCosts(costs.time_s, np.zeros_like(costs.static_bytes), np.zeros_like(costs.activation_bytes),
+                               0.0, math.inf)
+        variants = 0
         for stages in range(1, most + 1):
-            template = build_template(model, members[0], stages, len(members) // stages)
-            if template is not None and template.min_pipelines <= len(members) // stages:
-                templates.append(template)
+            count = len(members) // stages
+            base = build_template(model, members[0], stages, count)
+            if base is not None and base.min_pipelines <= count:
+                templates.append(base)
+                best = base.per_micro_batch_s
+            else:
+                best = math.inf
+            overhead = _stage_overheads(model, members[0], stages)
+            free_bounds = min_max_split(unbounded, overhead)  # the split if memory never bound
+            free = math.inf if free_bounds is None else max(
+                float(costs.time_s[free_bounds[s]:free_bounds[s + 1]].sum()) + overhead[s] for s in range(stages))
+            for cap in range(stages - 1, 0, -1):
+                if variants >= MAX_LEVEL_VARIANTS or best <= free * (1 + 1e-12):
+                    break
+                variants += 1
+                capped = build_template(model, members[0], stages, count, cap)
+                if capped is not None and capped.min_pipelines <= count and capped.per_micro_batch_s < best - 1e-12:
+                    templates.append(capped)
+                    best = capped.per_micro_batch_s
     return templates
+
