@@ -31,7 +31,9 @@ from chameleon_opt.check import assert_sound
 from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_greedy
 from chameleon_opt.solve.result import SolveResult, Status
@@ -40,6 +42,8 @@ from chameleon_opt.solve.templates import Template, build_templates
 TIME_SCALE = 1e6  # seconds -> integer microseconds
 LINEARIZATION = 2
 HIGHS_RESERVE_S = 0.4
+POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
+ENUMERATION_GROUPS = 16  # up to this many TP groups the paper's enumeration takes well under a second
 RELATIVE_GAP = 1e-4  # stop once the incumbent is proven within 0.01% of the optimum
 
 
@@ -225,36 +229,124 @@ def _ceil(seconds: float) -> int:
 
 
 def neighbour_mixes(templates: list[Template], budget: dict[str, int], total: int, mix: Mix) -> list[Mix]:
-    """Mixes one step away: the groups of one used template re-cut into pipelines one stage
-    shorter or longer (same device type, uncapped template), micro-batches re-spread exactly."""
-    index = {(t.device_type, t.stages): k for k, t in enumerate(templates) if t.max_level is None}
+    """Mixes near `mix`: the groups of one used template re-cut into pipelines of any other length
+    (all of its pipelines), or one of its pipelines moved to an adjacent length; any template of
+    that length and device type (level-capped ones included); micro-batches re-spread exactly
+    within the caps. Ordered by the model's rank, so the likeliest come first."""
+    by_length: dict[tuple[str, int], list[int]] = {}
+    for k, t in enumerate(templates):
+        by_length.setdefault((t.device_type, t.stages), []).append(k)
     found = []
     for k, count in enumerate(mix.counts):
         if not count:
             continue
         t = templates[k]
-        for stages in (t.stages - 1, t.stages + 1):
-            other = index.get((t.device_type, stages))
-            if other is None:
-                continue
-            counts = list(mix.counts)
-            counts[k] = 0
-            used = sum(templates[i].stages * c for i, c in enumerate(counts) if templates[i].device_type == t.device_type)
-            counts[other] += max((budget[t.device_type] - used) // stages - counts[other], 0) if other != k else 0
-            chosen = [i for i, c in enumerate(counts) for _ in range(c)]
-            if not chosen or len(chosen) > total:
-                continue
-            spread = allocate_greedy([templates[i].fill_s for i in chosen], [templates[i].per_micro_batch_s for i in chosen],
-                                     total, [templates[i].max_level for i in chosen]).solution
-            if spread is None:
-                continue
-            shares: list[list[int]] = [[] for _ in templates]
-            for i, m in zip(chosen, spread):
-                shares[i].append(m)
-            candidate = Mix(tuple(len(x) for x in shares), tuple(tuple(x) for x in shares))
-            if all(not c or len(chosen) >= templates[i].min_pipelines for i, c in enumerate(candidate.counts)):
-                found.append(candidate)
-    return found
+        lengths = {length for (name, length) in by_length if name == t.device_type and length != t.stages}
+        for stages in sorted(lengths, key=lambda length: abs(length - t.stages)):
+            adjacent = abs(stages - t.stages) == 1  # one pipeline moved: only to adjacent lengths
+            for other, whole in ((o, w) for o in by_length[(t.device_type, stages)] for w in (True, False)
+                                 if w or adjacent):
+                counts = list(mix.counts)
+                counts[k] = 0 if whole else counts[k] - 1  # re-cut all its pipelines, or just one
+                used = sum(templates[i].stages * c for i, c in enumerate(counts)
+                           if templates[i].device_type == t.device_type)
+                room = (budget[t.device_type] - used) // stages
+                if whole:
+                    counts[other] += max(room - counts[other], 0)
+                elif room >= 1:
+                    counts[other] += 1
+                else:
+                    continue
+                chosen = [i for i, c in enumerate(counts) for _ in range(c)]
+                if not chosen or len(chosen) > total:
+                    continue
+                spread = allocate_greedy([templates[i].fill_s for i in chosen],
+                                         [templates[i].per_micro_batch_s for i in chosen], total,
+                                         [templates[i].max_level for i in chosen]).solution
+                if spread is None:
+                    continue
+                shares: list[list[int]] = [[] for _ in templates]
+                for i, m in zip(chosen, spread):
+                    shares[i].append(m)
+                candidate = Mix(tuple(len(x) for x in shares), tuple(tuple(x) for x in shares))
+                if all(not c or len(chosen) >= templates[i].min_pipelines for i, c in enumerate(candidate.counts)):
+                    found.append(candidate)
+    return sorted(found, key=lambda candidate: _rank(templates, candidate))
+
+
+def _pipeline_exact(model: PerfModel, pipe: Pipeline, tp: int) -> float:
+    """Exact 1F1B time (Eq. 11) of one pipeline, inf when a stage overflows memory."""
+    alone = Plan(tp, (pipe,))
+    costs = model.stage_costs(alone, 0, [0.0] * len(pipe.stages))
+    if any(c.memory_bytes > c.memory_capacity_bytes for c in costs):
+        return math.inf
+    return one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs], pipe.micro_batches)
+
+
+def rebalance_exact(model: PerfModel, plan: Plan, deadline: float) -> Plan:
+    """Move micro-batches one at a time from the slowest pipeline to the one that finishes
+    earliest after taking it, judged by exact 1F1B times, while the slowest pipeline speeds up.
+    (The surrogate sees pipelines of equal fill and bottleneck as equal; their exact schedules
+    are not.)"""
+    tp = plan.tensor_parallel
+    shares = [p.micro_batches for p in plan.pipelines]
+    cache: dict[tuple, float] = {}
+
+    def exact(j: int, m: int) -> float:
+        pipe = plan.pipelines[j]
+        key = (tuple((st.first, st.end) for st in pipe.stages), model.stage_device(pipe.stages[0].devices).name, m)
+        if key not in cache:
+            cache[key] = _pipeline_exact(model, Pipeline(pipe.stages, m), tp) if m > 0 else 0.0
+        return cache[key]
+
+    while time.perf_counter() < deadline:
+        times = [exact(j, m) for j, m in enumerate(shares)]
+        slow = max(range(len(shares)), key=lambda j: times[j])
+        if shares[slow] <= 1:
+            break
+        target = min((j for j in range(len(shares)) if j != slow), key=lambda j: exact(j, shares[j] + 1), default=None)
+        if target is None or max(exact(target, shares[target] + 1), exact(slow, shares[slow] - 1)) >= times[slow]:
+            break
+        shares[slow] -= 1
+        shares[target] += 1
+    return Plan(tp, tuple(Pipeline(p.stages, m) for p, m in zip(plan.pipelines, shares)), plan.rerouted)
+
+
+def polish_splits(model: PerfModel, plan: Plan, deadline: float) -> Plan:
+    """Exact split polish: the templates' min-max split ignores fill and the forward/backward
+    asymmetry that matter when a pipeline runs few micro-batches, so each distinct pipeline
+    shape (stage count, split, micro-batches) has its boundaries moved one layer at a time while
+    its exact 1F1B time falls and memory fits; all pipelines of that shape take the result."""
+    improved: dict[tuple, tuple[int, ...]] = {}
+    for pipe in plan.pipelines:
+        bounds = (pipe.stages[0].first,) + tuple(st.end for st in pipe.stages)
+        key = (bounds, pipe.micro_batches, model.stage_device(pipe.stages[0].devices).name)
+        if key in improved or len(pipe.stages) < 2:
+            continue
+        best = list(bounds)
+        best_time = _pipeline_exact(model, pipe, plan.tensor_parallel)
+        moved = True
+        while moved and time.perf_counter() < deadline:
+            moved = False
+            for i in range(1, len(best) - 1):
+                for step in (-1, 1):
+                    trial = best.copy()
+                    trial[i] += step
+                    if not trial[i - 1] < trial[i] < trial[i + 1]:
+                        continue
+                    candidate = Pipeline(tuple(Stage(st.devices, trial[s], trial[s + 1])
+                                               for s, st in enumerate(pipe.stages)), pipe.micro_batches)
+                    value = _pipeline_exact(model, candidate, plan.tensor_parallel)
+                    if value < best_time * (1 - 1e-12):
+                        best, best_time, moved = trial, value, True
+        improved[key] = tuple(best)
+    pipelines = []
+    for pipe in plan.pipelines:
+        bounds = (pipe.stages[0].first,) + tuple(st.end for st in pipe.stages)
+        new = improved.get((bounds, pipe.micro_batches, model.stage_device(pipe.stages[0].devices).name), bounds)
+        pipelines.append(Pipeline(tuple(Stage(st.devices, new[s], new[s + 1]) for s, st in enumerate(pipe.stages)),
+                                  pipe.micro_batches))
+    return Plan(plan.tensor_parallel, tuple(pipelines), plan.rerouted)
 
 
 def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int) -> float:
@@ -571,14 +663,35 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
         # evaluated exactly and the faster plan kept (ties in the surrogate hide real differences).
         exact = model.evaluate(plan, failed)
         best_time = exact.iteration_time_s if exact.memory_ok else math.inf
-        for other in neighbour_mixes(templates, budget, total, mix):
-            if time.perf_counter() - start > time_limit_s:
+        deadline = start + time_limit_s
+        balanced = rebalance_exact(model, plan, deadline)
+        if balanced != plan:
+            estimate = model.evaluate(balanced, failed)
+            if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
+                plan, best_time = balanced, estimate.iteration_time_s
+                why += "; micro-batches rebalanced on exact 1F1B times"
+        for other in neighbour_mixes(templates, budget, total, mix)[:POLISH_CANDIDATES]:
+            if time.perf_counter() > deadline:
                 break
-            candidate = lower(templates, other, space.groups_by_type, tp)
+            candidate = rebalance_exact(model, lower(templates, other, space.groups_by_type, tp), deadline)
             estimate = model.evaluate(candidate, failed)
             if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
                 plan, best_time, mix = candidate, estimate.iteration_time_s, other
                 why += "; a neighbouring mix is faster when evaluated exactly"
+        if len(space.groups) <= ENUMERATION_GROUPS:  # the paper's space is tiny: its best plan joins in
+            paper = enumerate_plans(instance, failed, time_limit_s=max(min(1.0, deadline - time.perf_counter()), 0.05),
+                                    model=model)
+            if paper.solution is not None:
+                estimate = model.evaluate(paper.solution, failed)
+                if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
+                    plan, best_time = paper.solution, estimate.iteration_time_s
+                    why += "; the paper's enumeration (cheap at this size) found a faster plan"
+        polished = rebalance_exact(model, polish_splits(model, plan, deadline), deadline)
+        if polished != plan:
+            estimate = model.evaluate(polished, failed)
+            if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
+                plan = polished
+                why += "; layer splits polished on the exact 1F1B time"
         plan = assert_sound(instance, plan, failed, model=model)
         bound = min(bound, objective)
         if status is not Status.HEURISTIC and objective - bound <= 1e-9 * objective:
