@@ -216,7 +216,7 @@ CASES = [
     pytest.param(mutated(put(*PROFILE, "times", value={})), "workload.inline.profiles[0].times",
                  id="profile-without-times"),
     pytest.param(mutated(drop("workload", "inline", "layer_bytes"), put(*PROFILE, "times", value={"1": {}})),
-                 "workload.inline.profiles[0].times['1']", id="profile-without-tp-entry"),
+                 "workload.inline.profiles[0].times", id="profile-without-tp-entry"),
     pytest.param(mutated(put("workload", "inline", "layer_bytes", value={
         "params": [], "activation_bytes_per_sample": [], "boundary_bytes_per_sample": []}),
         put(*PROFILE, "times", value={"1": {"1": []}})), "workload.inline.layer_bytes", id="zero-layers"),

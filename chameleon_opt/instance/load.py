@@ -164,22 +164,8 @@ def load_workload_file(path: Path) -> WorkloadSpec:
 
 
 def _check_workload(spec: WorkloadSpec, path: Path | str | None, prefix: str = "") -> None:
-    """What the workload schema lets through but the model cannot use: negative sizes, a profile
-    without times (the layer count is read from the first profile when nothing else gives it),
-    no layers at all, or more blocks than the per-layer tables can hold."""
-    if spec.layer_bytes is not None:
-        for name, values in dict(spec.layer_bytes).items():
-            for i, value in enumerate(values):
-                if value < 0:
-                    raise InputError(path, f"{prefix}layer_bytes.{name}[{i}]", f"got {value}", "use a size >= 0")
-    fix = 'give {"MBS": {"TP": [[fwd, bwd, update], ...]}}, one row per layer, or drop the profile'
-    for i, profile in enumerate(spec.profiles):
-        where = f"{prefix}profiles[{i}].times"
-        if not profile.times:
-            raise InputError(path, where, "no times", fix)
-        for mbs, per_tp in profile.times.items():
-            if not per_tp:
-                raise InputError(path, f"{where}[{mbs!r}]", "no TP degree", fix)
+    """What the workload schema lets through but the model cannot use: no layers at all, or more
+    blocks than the per-layer tables can hold (sizes and profile shapes are the schema's)."""
     if spec.architecture is not None and spec.architecture.layers > MAX_COUNT:
         raise InputError(path, f"{prefix}architecture.layers", f"{spec.architecture.layers} blocks",
                          f"use at most {MAX_COUNT}")

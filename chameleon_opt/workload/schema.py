@@ -6,13 +6,13 @@ blocks, L+1 the final norm and head. A profile must have exactly that many entri
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 
 class Strict(BaseModel):
     """Unknown fields are errors: a misspelt key must not be silently ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Architecture(Strict):
@@ -53,6 +53,13 @@ class Profile(Strict):
         True, description="the update column is the optimizer step of the whole model (Sailor), "
         "scaled by a stage's share of the parameters")
 
+    @field_validator("times")
+    @classmethod
+    def _not_empty(cls, times: dict[str, dict[str, list[LayerTimes]]]) -> dict[str, dict[str, list[LayerTimes]]]:
+        if not times or any(not per_tp for per_tp in times.values()):
+            raise ValueError('give {"MBS": {"TP": [[fwd, bwd, update], ...]}}, one row per layer')
+        return times
+
     @model_validator(mode="after")
     def _shape(self) -> "Profile":
         lengths = {len(per_layer) for per_tp in self.times.values() for per_layer in per_tp.values()}
@@ -70,10 +77,10 @@ class Profile(Strict):
 class LayerBytes(Strict):
     """Per-layer sizes for a workload known only by its profile (no architecture)."""
 
-    params: list[int] = Field(description="parameters per layer (elements, not bytes)")
-    activation_bytes_per_sample: list[int] = Field(
+    params: list[NonNegativeInt] = Field(description="parameters per layer (elements, not bytes)")
+    activation_bytes_per_sample: list[NonNegativeInt] = Field(
         description="activation memory one in-flight sample holds per layer, at TP 1")
-    boundary_bytes_per_sample: list[int] = Field(
+    boundary_bytes_per_sample: list[NonNegativeInt] = Field(
         description="bytes of the layer's output activation per sample (what a stage boundary sends)")
 
 
