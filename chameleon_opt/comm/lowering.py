@@ -1,0 +1,154 @@
+"""Lowering: one executable plan per rank, the future runtime's only input.
+
+Everything a rank needs without seeing the global plan: which modules it owns, which micro-batch
+(pieces) it computes and whom it receives them from and sends them to, which all-reduce rings it
+joins in which round, which state it sends or receives in which migration round, and when it may
+free its old state. Plain JSON types only, versioned by `"format"`.
+
+Micro-batch ids: global ids 0..N-1, pipeline j owning the next m_j ids in pipeline order. Rerouted
+work (plan.rerouted: pipeline j's micro-batches of stage s computed by pipeline k's stage s) is cut
+from the front of j's ids in the order of the entries; shares may be fractional (the reroute model
+cuts micro-batches into sample groups), so every work item is a piece [lo, hi) of one micro-batch
+(whole ones are [0, 1)). Its `prev` / `next` list the devices (same TP rank) that compute the same
+piece at the neighbouring stage of the owning pipeline, with the overlapping sample fractions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from chameleon_opt.comm.allreduce import allreduce_groups
+from chameleon_opt.comm.migration import Migration
+from chameleon_opt.instance.load import Instance
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.plan import Plan
+
+FORMAT = 1
+EPS = 1e-9
+
+Piece = tuple[int, float, float, tuple[int, int]]  # (micro-batch id, lo, hi, computing slot)
+
+
+def module_names(num_layers: int, first: int, end: int) -> list[str]:
+    """`embedding`, `block1`..`blockL`, `head` for layers [first, end)."""
+    return ["embedding" if layer == 0 else "head" if layer == num_layers - 1 else f"block{layer}"
+            for layer in range(first, end)]
+
+
+def _pieces(start: float, stop: float, offset: int, slot: tuple[int, int]) -> list[Piece]:
+    """Positions [start, stop) of a pipeline's micro-batches as pieces of whole ids."""
+    out: list[Piece] = []
+    for i in range(int(math.floor(start + EPS)), int(math.ceil(stop - EPS))):
+        lo, hi = max(start, i) - i, min(stop, i + 1) - i
+        if hi - lo > EPS:
+            out.append((offset + i, 0.0 if lo < EPS else lo, 1.0 if hi > 1 - EPS else hi, slot))
+    return out
+
+
+def stage_work(plan: Plan, failed: frozenset[int]) -> dict[tuple[int, int], list[Piece]]:
+    """(owning pipeline, stage) -> the pieces of its micro-batches and the slot computing each."""
+    offsets, total = [], 0
+    for pipe in plan.pipelines:
+        offsets.append(total)
+        total += pipe.micro_batches
+    work: dict[tuple[int, int], list[Piece]] = {}
+    for j, pipe in enumerate(plan.pipelines):
+        for s, stage in enumerate(pipe.stages):
+            cursor, pieces = 0.0, []
+            for r in plan.rerouted:
+                if (r.from_pipeline, r.stage) == (j, s) and r.micro_batches > EPS:
+                    stop = min(cursor + r.micro_batches, pipe.micro_batches)
+                    pieces += _pieces(cursor, stop, offsets[j], (r.to_pipeline, s))
+                    cursor = stop
+            if pipe.micro_batches - cursor > EPS:
+                if failed.intersection(stage.devices):
+                    raise ValueError(f"pipeline {j} stage {s} has failed devices and un-rerouted micro-batches")
+                pieces += _pieces(cursor, pipe.micro_batches, offsets[j], (j, s))
+            work[(j, s)] = pieces
+    return work
+
+
+def _neighbours(index: dict[tuple[int, int], dict[int, list[Piece]]], owner: int, stage: int, mb: int,
+                lo: float, hi: float) -> list[tuple[tuple[int, int], float, float]]:
+    """Slots computing the overlapping part of micro-batch `mb` at `stage` of pipeline `owner`."""
+    return [(slot, max(lo, olo), min(hi, ohi)) for _, olo, ohi, slot in index.get((owner, stage), {}).get(mb, ())
+            if min(hi, ohi) - max(lo, olo) > EPS]
+
+
+def _device(plan: Plan, slot: tuple[int, int], rank: int) -> int:
+    return plan.pipelines[slot[0]].stages[slot[1]].devices[rank]
+
+
+def lower_plan(instance: Instance, plan: Plan, migration: Migration | None, allreduce_rounds: list[list[str]],
+               failed: frozenset[int] | None = None) -> dict[int, dict[str, Any]]:
+    """Rank -> its executable plan (JSON-serialisable): every live device of `plan` and every
+    device that only sources migration transfers."""
+    failed = instance.failed_devices if failed is None else failed
+    model = PerfModel(instance)
+    groups = allreduce_groups(model, plan, failed)
+    unknown = [name for names in allreduce_rounds for name in names if name not in groups]
+    if unknown:
+        raise ValueError(f"all-reduce groups {unknown[:5]} are not groups of this plan")
+    round_of = {name: k for k, names in enumerate(allreduce_rounds) for name in names}
+    work = stage_work(plan, failed)
+    index: dict[tuple[int, int], dict[int, list[Piece]]] = {}
+    by_slot: dict[tuple[int, int], list[tuple[Piece, int]]] = {}
+    for (owner, s), pieces in work.items():
+        for piece in pieces:
+            index.setdefault((owner, s), {}).setdefault(piece[0], []).append(piece)
+            by_slot.setdefault(piece[3], []).append((piece, owner))
+    groups_of: dict[tuple[int, int], list[str]] = {}
+    for g in groups.values():
+        if g.name in round_of:
+            for slot in g.slots:
+                groups_of.setdefault(slot, []).append(g.name)
+    transfers: dict[int, list[dict[str, Any]]] = {}
+    for t in (migration.transfers if migration is not None else ()):
+        transfers.setdefault(t.src, []).append({"round": t.round, "op": "send", "peer": t.dst, "tensor": t.tensor,
+                                                "bytes": t.nbytes})
+        transfers.setdefault(t.dst, []).append({"round": t.round, "op": "recv", "peer": t.src, "tensor": t.tensor,
+                                                "bytes": t.nbytes})
+    release = migration.release_after_round if migration is not None else {}
+    num_layers = instance.workload.num_layers
+    tied = instance.workload.architecture is not None and instance.workload.architecture.tied_embeddings
+    ranks: dict[int, dict[str, Any]] = {}
+    for j, pipe in enumerate(plan.pipelines):
+        for s, stage in enumerate(pipe.stages):
+            if failed.intersection(stage.devices):
+                continue
+            # work items with peer slots, computed once per slot and instantiated per TP rank
+            mine = []
+            for (mb, lo, hi, _), owner in sorted(by_slot.get((j, s), []), key=lambda e: (e[0][0], e[0][1])):
+                mine.append((mb, lo, hi, owner, _neighbours(index, owner, s - 1, mb, lo, hi),
+                             _neighbours(index, owner, s + 1, mb, lo, hi)))
+            mine_groups = sorted(groups_of.get((j, s), []), key=lambda n: (round_of[n], n))
+            for rank, d in enumerate(stage.devices):
+                items = [{"id": mb, "lo": lo, "hi": hi, "pipeline": owner,
+                          "prev": [{"device": _device(plan, slot, rank), "lo": a, "hi": b} for slot, a, b in prev],
+                          "next": [{"device": _device(plan, slot, rank), "lo": a, "hi": b} for slot, a, b in nxt]}
+                         for mb, lo, hi, owner, prev, nxt in mine]
+                rings = [{"round": round_of[name], "group": name, "layers": list(groups[name].layers),
+                          "ring": [_device(plan, slot, rank) for slot in groups[name].slots],
+                          "bytes": groups[name].nbytes} for name in mine_groups]
+                neighbours = {"prev": _device(plan, (j, s - 1), rank) if s > 0 else None,
+                              "next": _device(plan, (j, s + 1), rank) if s + 1 < len(pipe.stages) else None}
+                ranks[d] = {
+                    "format": FORMAT, "rank": d, "node": instance.node_of(d), "role": "train",
+                    "pipeline": j, "stage": s, "num_stages": len(pipe.stages),
+                    "tensor_parallel": plan.tensor_parallel, "tp_rank": rank, "tp_group": list(stage.devices),
+                    "layers": [stage.first, stage.end], "modules": module_names(num_layers, stage.first, stage.end),
+                    "tied_embedding": bool(tied and (stage.first == 0 or stage.end == num_layers)),
+                    "p2p": neighbours,
+                    "micro_batches": items,
+                    "allreduce": rings,
+                    "transfers": sorted(transfers.get(d, []), key=lambda e: (e["round"], e["op"], e["peer"])),
+                    "release_after_round": release.get(d),
+                }
+    for d, moves in transfers.items():
+        if d not in ranks:
+            ranks[d] = {"format": FORMAT, "rank": d, "node": instance.node_of(d), "role": "source",
+                        "pipeline": None, "stage": None, "layers": None, "modules": [], "micro_batches": [],
+                        "allreduce": [], "transfers": sorted(moves, key=lambda e: (e["round"], e["op"], e["peer"])),
+                        "release_after_round": release.get(d)}
+    return dict(sorted(ranks.items()))

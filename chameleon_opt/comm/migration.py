@@ -1,0 +1,420 @@
+"""State migration: which surviving replica sends which bytes of every missing shard, and when.
+
+Fluid model (an LP, solved by HiGHS; CBC through PuLP as the fallback): x[n, s] bytes of need n
+(one receiver's missing layers of one segment) come from holder s, over the intra-node link
+(NVLink, bw_intra) when s and the receiver share a node, else over the network (bw_inter), so an
+intra-node copy costs a fraction of the time. Each device has one send port and one receive port
+(full duplex), used one transfer at a time, exactly as in the rounds the schedule is cut into, so
+the LP's makespan is a lower bound of the round-based one:
+    sum_s x[n, s] = bytes(n)                                   every shard delivered exactly
+    sum_{n, s sends} x[n, s] / bw(s, dst n) <= M               send port of every source s
+    sum_{n of d, s} x[n, s] / bw(s, d) <= M                    receive port of every receiver d
+    minimise M + eps x sum x / bw                               (eps: prefer fast links on ties)
+Bytes are in GB inside the LP (coefficients near 1 keep the simplex well conditioned) and are
+rounded back to whole bytes per need by largest remainder, so every shard sums exactly.
+
+Large instances: every need may have a hundred holders; beyond FULL_VARIABLES candidate pairs each
+need keeps its intra-node holders and the K least-loaded inter-node holders (greedy by expected
+load), and the result is no longer proven optimal for the full problem (status FEASIBLE; the bound
+is the solver-independent lower bound).
+
+The fluid schedule is then cut into rounds (rounds.py): one edge per transfer of a bipartite
+multigraph, coloured with exactly max-degree colours (Koenig), so no device sends or receives twice
+in a round; the executable makespan is the sum over rounds of the slowest transfer.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from chameleon_opt.comm.rounds import colour_bipartite_edges, release_schedule
+from chameleon_opt.comm.state import Need, missing_state, tensor_bytes, tensor_name
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.plan import Plan
+from chameleon_opt.solve.result import SolveResult, Status
+
+GB = 1e9                 # LP unit: bytes -> GB
+FULL_VARIABLES = 60_000  # candidate (need, holder) pairs solved without restriction
+INTER_CANDIDATES = 6     # inter-node holders kept per need when restricted
+DROP_FRACTION = 1e-6     # LP shares below this fraction of a need are folded into its largest share
+INTRA, INTER = 0, 1
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One point-to-point copy of (part of) one tensor in one round."""
+
+    tensor: str
+    layer: int
+    tp_rank: int
+    src: int
+    dst: int
+    nbytes: int
+    round: int = -1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "src": self.src, "dst": self.dst, "bytes": self.nbytes, "round": self.round}
+
+
+@dataclass(frozen=True)
+class Migration:
+    """The migration schedule from the old plan's state to `plan`'s.
+
+    `makespan_s` is the executable, round-based time (sum over rounds of the slowest transfer:
+    rounds separated by barriers); `async_makespan_s` the same rounds without barriers (each device
+    runs its transfers in round order and waits only for its peer); `fluid_makespan_s` the LP's
+    (each device streams its transfers back to back). `lower_bound_s` holds for all three and does
+    not depend on any solver."""
+
+    plan: Plan
+    transfers: tuple[Transfer, ...]
+    rounds: int
+    makespan_s: float
+    fluid_makespan_s: float
+    lower_bound_s: float
+    max_degree: int
+    round_times_s: tuple[float, ...]
+    release_after_round: dict[int, int]
+    solve: SolveResult[tuple[Transfer, ...]]
+    async_makespan_s: float = 0.0
+    tensor_sizes: dict[tuple[int, int], int] = field(default_factory=dict)  # (dst, layer) -> bytes needed
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.transfers)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `migration` object of the CLI contract."""
+        return {"transfers": [t.to_json() for t in self.transfers], "rounds": self.rounds,
+                "makespan_s": self.makespan_s, "lower_bound_s": self.lower_bound_s}
+
+
+class _Sides:
+    """Each need's holders split into those on the receiver's node and the rest (numpy, cached per
+    holder tuple: thousands of needs share a few hundred tuples)."""
+
+    def __init__(self, model: PerfModel, needs: list[Need]) -> None:
+        per_node = model.instance.devices_per_node  # node = device // devices per node (Instance.node_of)
+        cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.local: list[np.ndarray] = []
+        self.remote: list[np.ndarray] = []
+        for n in needs:
+            key = id(n.holders)
+            if key not in cache:
+                devices = np.array(n.holders, dtype=np.int64)
+                cache[key] = (devices, devices // per_node)
+            devices, nodes = cache[key]
+            here = nodes == n.dst // per_node
+            self.local.append(devices[here])
+            self.remote.append(devices[~here])
+
+
+def lower_bound_s(model: PerfModel, needs: list[Need], sides: _Sides | None = None) -> float:
+    """Solver-independent bound: what some device must receive, or send as the only holder.
+
+    A receiver gets its shards one after another, each at best over the fastest link any of its
+    holders offers (intra-node when one sits on its node); a sole holder must send each of its
+    shards itself, over the link to each receiver."""
+    sides = sides or _Sides(model, needs)
+    intra, inter = model.intra.bandwidth, model.inter.bandwidth
+    recv: dict[int, float] = {}
+    sole: dict[int, float] = {}
+    for i, n in enumerate(needs):
+        if n.nbytes <= 0:
+            continue
+        local, remote = len(sides.local[i]) > 0, len(sides.remote[i]) > 0
+        fastest = max(intra if local else 0.0, inter if remote else 0.0)
+        recv[n.dst] = recv.get(n.dst, 0.0) + n.nbytes / fastest
+        if len(n.holders) == 1:
+            s = n.holders[0]
+            sole[s] = sole.get(s, 0.0) + n.nbytes / fastest
+    return max(max(recv.values(), default=0.0), max(sole.values(), default=0.0))
+
+
+@dataclass
+class _Model:
+    """The LP's columns: candidate (need, source) pairs and their link kind."""
+
+    need: np.ndarray
+    source: np.ndarray
+    kind: np.ndarray
+    restricted: bool
+
+
+def _candidates(needs: list[Need], sides: _Sides) -> _Model:
+    """All holders of every need, or (when too many) its intra-node holders plus the K inter-node
+    holders with least expected load, the load spread as if each need split evenly."""
+    total = sum(len(n.holders) for n in needs)
+    restricted = total > FULL_VARIABLES
+    need_i: list[np.ndarray] = []
+    source_i: list[np.ndarray] = []
+    kind_i: list[np.ndarray] = []
+    load: dict[int, float] = {}
+    heaps: dict[int, list[tuple[float, int]]] = {}  # per holder tuple: (expected load, device)
+    order = sorted(range(len(needs)), key=lambda i: -needs[i].nbytes) if restricted else range(len(needs))
+    for i in order:
+        n = needs[i]
+        local, remote = sides.local[i], sides.remote[i]
+        if restricted and len(remote) > INTER_CANDIDATES:
+            heap = heaps.get(id(n.holders))
+            if heap is None:
+                heap = [(0.0, int(s)) for s in n.holders]
+                heapq.heapify(heap)
+                heaps[id(n.holders)] = heap
+            mine = set(local.tolist())
+            picked: list[int] = []
+            skipped: list[tuple[float, int]] = []
+            while len(picked) < INTER_CANDIDATES:
+                current, s = heapq.heappop(heap)
+                if current != load.get(s, 0.0):  # another tuple's need raised its load: re-queue
+                    heapq.heappush(heap, (load.get(s, 0.0), s))
+                elif s in mine:  # on the receiver's node: an intra-node candidate anyway
+                    skipped.append((current, s))
+                else:
+                    picked.append(s)
+            share = n.nbytes / INTER_CANDIDATES
+            for s in picked:
+                load[s] = load.get(s, 0.0) + share
+                heapq.heappush(heap, (load[s], s))
+            for entry in skipped:
+                heapq.heappush(heap, entry)
+            remote = np.array(picked, dtype=np.int64)
+        need_i.append(np.full(len(local) + len(remote), i, dtype=np.int64))
+        source_i += [local, remote]
+        kind_i += [np.full(len(local), INTRA, dtype=np.int64), np.full(len(remote), INTER, dtype=np.int64)]
+    if not need_i:
+        empty = np.zeros(0, dtype=np.int64)
+        return _Model(empty, empty, empty, restricted)
+    return _Model(np.concatenate(need_i), np.concatenate(source_i).astype(np.int64), np.concatenate(kind_i),
+                  restricted)
+
+
+def _rows(model: PerfModel, needs: list[Need], m: _Model) -> tuple[np.ndarray, np.ndarray, int, int, np.ndarray]:
+    """Capacity row of every column: (source, kind) send rows, then (receiver, kind) receive rows."""
+    dst = np.array([n.dst for n in needs], dtype=np.int64)[m.need]
+    send_key, recv_key = m.source, dst  # one port per device and direction (see the module docstring)
+    send_ids, send_row = np.unique(send_key, return_inverse=True)
+    recv_ids, recv_row = np.unique(recv_key, return_inverse=True)
+    inv_bw = np.where(m.kind == INTRA, GB / model.intra.bandwidth, GB / model.inter.bandwidth)
+    return send_row, recv_row + len(send_ids), len(send_ids), len(recv_ids), inv_bw
+
+
+def _solve_highs(model: PerfModel, needs: list[Need], m: _Model, eps: float, time_limit_s: float, threads: int,
+                 seed: int) -> tuple[Status, np.ndarray | None, float | None, float, str]:
+    """The LP by highspy's array interface (PuLP's row-by-row building is too slow at scale)."""
+    import highspy
+
+    send_row, recv_row, n_send, n_recv, inv_bw = _rows(model, needs, m)
+    n_need, n_var = len(needs), len(m.need)
+    n_rows = n_need + n_send + n_recv
+    # columns: x (n_var), then M; rows: needs (== bytes), capacities (<= 0)
+    starts = np.concatenate([np.arange(0, 3 * n_var + 1, 3), [3 * n_var + n_send + n_recv]]).astype(np.int32)
+    index = np.empty(3 * n_var + n_send + n_recv, dtype=np.int32)
+    value = np.empty_like(index, dtype=float)
+    index[0:3 * n_var:3], value[0:3 * n_var:3] = m.need, 1.0
+    index[1:3 * n_var:3], value[1:3 * n_var:3] = n_need + send_row, inv_bw
+    index[2:3 * n_var:3], value[2:3 * n_var:3] = n_need + recv_row, inv_bw
+    index[3 * n_var:] = np.arange(n_need, n_rows)
+    value[3 * n_var:] = -1.0
+    demand = np.array([n.nbytes / GB for n in needs])
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n_var + 1, n_rows
+    lp.col_cost_ = np.concatenate([eps * inv_bw, [1.0]])
+    lp.col_lower_ = np.zeros(n_var + 1)
+    lp.col_upper_ = np.full(n_var + 1, highspy.kHighsInf)
+    lp.row_lower_ = np.concatenate([demand, np.full(n_send + n_recv, -highspy.kHighsInf)])
+    lp.row_upper_ = np.concatenate([demand, np.zeros(n_send + n_recv)])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = starts, index, value
+    h = highspy.Highs()
+    for option, setting in (("output_flag", False), ("time_limit", max(time_limit_s, 0.01)), ("threads", threads),
+                            ("random_seed", seed), ("presolve", "on"), ("solver", "simplex")):
+        h.setOptionValue(option, setting)
+    start = time.perf_counter()
+    h.passModel(lp)
+    h.run()
+    wall = time.perf_counter() - start
+    status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kOptimal:
+        values = np.asarray(h.getSolution().col_value)
+        return Status.OPTIMAL, values[:n_var] * GB, float(h.getInfo().objective_function_value), wall, "highs"
+    solution = h.getSolution()
+    if solution.value_valid and h.getInfo().primal_solution_status == 2:  # feasible point at the time limit
+        values = np.asarray(solution.col_value)
+        return Status.FEASIBLE, values[:n_var] * GB, None, wall, "highs"
+    return Status.NO_SOLUTION, None, None, wall, "highs"
+
+
+def _solve_cbc(model: PerfModel, needs: list[Need], m: _Model, eps: float, time_limit_s: float, threads: int,
+               seed: int) -> tuple[Status, np.ndarray | None, float | None, float, str]:
+    """The same LP through PuLP and CBC: the fallback when HiGHS gives nothing."""
+    import pulp
+
+    send_row, recv_row, n_send, n_recv, inv_bw = _rows(model, needs, m)
+    prob = pulp.LpProblem("migration", pulp.LpMinimize)
+    makespan = prob.add_variable("M", 0)
+    x = [prob.add_variable(f"x{v}", 0) for v in range(len(m.need))]
+    prob += makespan + pulp.lpSum(eps * float(inv_bw[v]) * x[v] for v in range(len(x)))
+    by_need: list[list[int]] = [[] for _ in needs]
+    by_cap: list[list[int]] = [[] for _ in range(n_send + n_recv)]
+    for v in range(len(x)):
+        by_need[m.need[v]].append(v)
+        by_cap[send_row[v]].append(v)
+        by_cap[recv_row[v]].append(v)
+    for i, columns in enumerate(by_need):
+        prob += pulp.lpSum(x[v] for v in columns) == needs[i].nbytes / GB
+    for columns in by_cap:
+        prob += pulp.lpSum(float(inv_bw[v]) * x[v] for v in columns) <= makespan
+    limit = max(time_limit_s, 0.1)
+    with warnings.catch_warnings():  # the bundled CBC is deprecated for PuLP 4.0; it is what we have
+        warnings.simplefilter("ignore", DeprecationWarning)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=threads, timeMode="elapsed",
+                                   options=[f"randomCbcSeed {seed + 1}"])
+    start = time.perf_counter()
+    prob.solve(solver)
+    wall = time.perf_counter() - start
+    if pulp.LpStatus[prob.status] != "Optimal" or makespan.value() is None:
+        return Status.NO_SOLUTION, None, None, wall, "cbc"
+    values = np.array([(v.value() or 0.0) for v in x]) * GB
+    if wall >= 0.99 * limit:  # PuLP may call a point CBC stopped at by the clock 'Optimal'
+        return Status.FEASIBLE, values, None, wall, "cbc"
+    return Status.OPTIMAL, values, float(pulp.value(prob.objective)), wall, "cbc"
+
+
+def _even_split(needs: list[Need], m: _Model) -> np.ndarray:
+    """Heuristic when no solver answers: each need split evenly over its candidates."""
+    counts = np.bincount(m.need, minlength=len(needs))
+    return np.array([needs[i].nbytes for i in m.need], dtype=float) / counts[m.need]
+
+
+def _integer_shares(amounts: np.ndarray, total: int) -> np.ndarray:
+    """Whole bytes summing exactly to `total`, proportional to `amounts` (largest remainder);
+    shares below DROP_FRACTION of the total are folded into the others first."""
+    amounts = np.maximum(amounts, 0.0)
+    if amounts.sum() <= 0:
+        amounts = np.ones_like(amounts)
+    amounts = np.where(amounts < DROP_FRACTION * amounts.sum(), 0.0, amounts)
+    scaled = amounts / amounts.sum() * total
+    shares = np.floor(scaled).astype(np.int64)
+    short = total - int(shares.sum())
+    if short > 0:
+        shares[np.argsort(-(scaled - shares), kind="stable")[:short]] += 1
+    return shares
+
+
+def _cut(model: PerfModel, need: Need, sources: list[int], shares: np.ndarray, sizes: np.ndarray) -> list[Transfer]:
+    """A need's per-source byte shares cut along its layers (two pointers): each transfer carries
+    part of one layer's shard from one source."""
+    out: list[Transfer] = []
+    layers = [layer for layer in need.layers if sizes[layer] > 0]
+    li, left_in_layer = 0, int(sizes[layers[0]]) if layers else 0
+    for s, share in zip(sources, shares):
+        share = int(share)
+        while share > 0 and li < len(layers):
+            piece = min(share, left_in_layer)
+            out.append(Transfer(tensor_name(layers[li], need.rank), layers[li], need.rank, s, need.dst, piece))
+            share -= piece
+            left_in_layer -= piece
+            if left_in_layer == 0:
+                li += 1
+                left_in_layer = int(sizes[layers[li]]) if li < len(layers) else 0
+    return out
+
+
+def transfer_time(model: PerfModel, t: Transfer) -> float:
+    return model.link_between(t.src, t.dst).send_time(t.nbytes)
+
+
+def fluid_makespan(model: PerfModel, transfers: list[Transfer] | tuple[Transfer, ...]) -> float:
+    """Busiest port (device and direction): the time its transfers take back to back, latency
+    left out (the LP's measure)."""
+    load: dict[tuple[int, int], float] = {}
+    node = model.instance.node_of
+    for t in transfers:
+        bw = model.intra.bandwidth if node(t.src) == node(t.dst) else model.inter.bandwidth
+        for key in ((t.src, 0), (t.dst, 1)):
+            load[key] = load.get(key, 0.0) + t.nbytes / bw
+    return max(load.values(), default=0.0)
+
+
+def async_makespan(model: PerfModel, transfers: list[Transfer] | tuple[Transfer, ...]) -> float:
+    """Rounds without barriers: a transfer starts once its sender has sent and its receiver has
+    received everything of earlier rounds (send and receive ports are independent)."""
+    sent: dict[int, float] = {}
+    received: dict[int, float] = {}
+    for t in sorted(transfers, key=lambda t: t.round):
+        end = max(sent.get(t.src, 0.0), received.get(t.dst, 0.0)) + transfer_time(model, t)
+        sent[t.src] = received[t.dst] = end
+    return max(sent.values(), default=0.0)
+
+
+def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int], time_limit_s: float = 5.0,
+                       threads: int = 1, seed: int = 0, backend: str = "highs") -> Migration:
+    """Transfers, sources and rounds that bring every device of `new` the shards it lacks.
+
+    Raises UnrecoverableError when a needed shard has no surviving holder."""
+    start = time.perf_counter()
+    needs = [n for n in missing_state(model, old, new, failed) if n.nbytes > 0]  # empty layers carry no state
+    sizes = tensor_bytes(model, new.tensor_parallel)
+    sides = _Sides(model, needs)
+    bound = lower_bound_s(model, needs, sides)
+    wanted = {(n.dst, layer): int(sizes[layer]) for n in needs for layer in n.layers if sizes[layer] > 0}
+    if not needs:
+        solve = SolveResult(Status.OPTIMAL, (), 0.0, 0.0, 0.0, "none", time.perf_counter() - start,
+                            seed, "every device of the new plan already holds its state")
+        return Migration(new, (), 0, 0.0, 0.0, 0.0, 0, (), release_schedule(old, new, failed, ()), solve, 0.0, wanted)
+    m = _candidates(needs, sides)
+    total_link_s = sum(n.nbytes for n in needs) / GB * max(GB / model.intra.bandwidth, GB / model.inter.bandwidth)
+    eps = 1e-6 * bound / total_link_s if total_link_s > 0 else 0.0
+    build_s = time.perf_counter() - start
+    order = [_solve_highs, _solve_cbc] if backend == "highs" else [_solve_cbc, _solve_highs]
+    status, amounts, objective, wall, used = Status.NO_SOLUTION, None, None, 0.0, backend
+    for solver in order:
+        remaining = max(time_limit_s - (time.perf_counter() - start), 0.05)
+        status, amounts, objective, spent, used = solver(model, needs, m, eps, remaining, threads, seed)
+        wall += spent
+        if amounts is not None:
+            break
+    reason = f"{len(needs)} needs, {len(m.need)} candidate pairs" + (
+        f" (restricted to intra-node holders + {INTER_CANDIDATES} inter-node holders per need)" if m.restricted else "")
+    if amounts is None:
+        status, amounts, used = Status.HEURISTIC, _even_split(needs, m), "even-split"
+        reason += "; no solver answered: even split over the candidates"
+    transfers: list[Transfer] = []
+    cuts = np.flatnonzero(np.diff(m.need)) + 1
+    for columns in np.split(np.arange(len(m.need)), cuts):
+        need = needs[int(m.need[columns[0]])]
+        shares = _integer_shares(amounts[columns], need.nbytes)
+        transfers += _cut(model, need, [int(s) for s in m.source[columns]], shares, sizes)
+    fluid = fluid_makespan(model, transfers)
+    # proven bound: the LP optimum over all holders bounds every schedule (minus the eps term)
+    proven = bound
+    if status is Status.OPTIMAL and not m.restricted and objective is not None:
+        proven = max(bound, objective - eps * total_link_s)
+    if status is Status.OPTIMAL and (m.restricted or fluid > proven * (1 + 1e-6) + 1e-12):
+        status = Status.FEASIBLE  # optimal for the restricted model only, or rounding moved it
+    if status is Status.FEASIBLE and fluid <= bound * (1 + 1e-6):
+        status = Status.OPTIMAL  # meets the solver-independent bound
+    colours = colour_bipartite_edges([(t.src, t.dst) for t in transfers],
+                                     [transfer_time(model, t) for t in transfers])
+    rounds = max(colours, default=-1) + 1
+    transfers = [Transfer(t.tensor, t.layer, t.tp_rank, t.src, t.dst, t.nbytes, c) for t, c in zip(transfers, colours)]
+    transfers.sort(key=lambda t: (t.round, t.src, t.dst, t.layer))
+    round_times = [0.0] * rounds
+    for t in transfers:
+        round_times[t.round] = max(round_times[t.round], transfer_time(model, t))
+    degree: dict[tuple[int, int], int] = {}
+    for t in transfers:
+        degree[(0, t.src)] = degree.get((0, t.src), 0) + 1
+        degree[(1, t.dst)] = degree.get((1, t.dst), 0) + 1
+    solve = SolveResult(status, tuple(transfers), fluid, proven, wall, used, build_s, seed,
+                        reason + f"; {len(transfers)} transfers in {rounds} rounds")
+    return Migration(new, tuple(transfers), rounds, float(sum(round_times)), fluid, bound,
+                     max(degree.values(), default=0), tuple(round_times),
+                     release_schedule(old, new, failed, transfers), solve, async_makespan(model, transfers), wanted)
