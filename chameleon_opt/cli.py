@@ -7,6 +7,7 @@ torch is never imported here (start-up must stay fast).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from enum import Enum
@@ -17,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from chameleon_opt.comm import communication_plan
 from chameleon_opt.errors import ChameleonError, InfeasibleError, InputError
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.instance.schema import InstanceSpec
@@ -144,15 +146,22 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
             decision = decide(instance, failed, policy.value, time_limit, threads, seed, next_fault_s)
         if decision.chosen is None:
             raise InfeasibleError(decision.reason)
+        chosen = decision.chosen
+        assert chosen.plan is not None
+        if chosen.communication is None:  # rerouting: nothing migrates; the gradient groups shrink
+            with stderr.status("scheduling the gradient all-reduce rounds..."):
+                chosen = dataclasses.replace(chosen, communication=communication_plan(
+                    instance, instance.plan, chosen.plan, failed, time_limit_s=max(time_limit / 2, 1.0),
+                    assign=False, threads=threads, seed=seed))
     except ChameleonError as err:
         fail(err, as_json)
-    chosen = decision.chosen
-    assert chosen.plan is not None
+    migration, allreduce_rounds, comm = chosen.communication
     if as_json:
         payload = {"format": 1, "policy": decision.policy, "reason": decision.reason,
                    "candidates": [c.to_json() for c in decision.candidates], "plan": chosen.plan.to_json(),
                    "iteration_time_s": chosen.iteration_time_s, "solve": _solve_json(chosen),
-                   "migration": None, "allreduce_rounds": None}
+                   "migration": migration.to_json(), "allreduce_rounds": allreduce_rounds,
+                   "communication": comm.to_json()}
         if chosen.interim is not None and chosen.interim.plan is not None:
             payload["interim"] = {"plan": chosen.interim.plan.to_json(),
                                   "iteration_time_s": chosen.interim.iteration_time_s,
@@ -173,6 +182,9 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
     solve = _solve_json(chosen)
     stdout.print(f"solver: {solve['backend']} {solve['status']}, objective {solve['objective']}, "
                  f"bound {solve['bound']}, gap {solve['gap']}, {solve['wall_s']:.3f} s")
+    stdout.print(f"migration: {migration.total_bytes / 1e9:,.1f} GB in {migration.rounds} rounds, "
+                 f"{migration.makespan_s:.2f} s (lower bound {migration.lower_bound_s:.2f} s); gradient all-reduce "
+                 f"in {len(allreduce_rounds)} rounds of asynchronous groups")
     assert chosen.estimate is not None
     stdout.print(_estimate_table(chosen.estimate, f"chosen plan ({decision.policy})", failed))
 

@@ -33,6 +33,13 @@ def test_plan_json_follows_the_contract():
     assert micro == 20
     devices = [d for p in payload["plan"]["pipelines"] for s in p["stages"] for d in s["devices"]]
     assert 4 not in devices or payload["policy"] == "reroute"
+    migration = payload["migration"]
+    assert set(migration) == {"transfers", "rounds", "makespan_s", "lower_bound_s"}
+    assert migration["makespan_s"] >= migration["lower_bound_s"] - 1e-9
+    for transfer in migration["transfers"]:
+        assert set(transfer) == {"tensor", "src", "dst", "bytes", "round"} and transfer["src"] != 4
+    groups = [g for round_ in payload["allreduce_rounds"] for g in round_]
+    assert groups and all(isinstance(g, str) for g in groups)
     if payload["policy"] == "hybrid":  # the plan to switch to, and the rerouted one run meanwhile
         assert sum(p["micro_batches"] for p in payload["interim"]["plan"]["pipelines"]) == 20
 

@@ -14,7 +14,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from chameleon_opt.errors import InfeasibleError, UnrecoverableError
+from chameleon_opt.comm import communication_plan
+from chameleon_opt.errors import UnrecoverableError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
@@ -115,6 +116,7 @@ class Candidate:
     score: float = 0.0
     solve: SolveResult[Plan] | None = None
     interim: "Candidate | None" = None  # hybrid: the rerouted plan run until the switch
+    communication: tuple | None = None   # (Migration, allreduce rounds, CommInfo) when scheduled
 
     @property
     def iteration_time_s(self) -> float:
@@ -147,18 +149,24 @@ def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfMod
 
 def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float,
                           threads: int, seed: int) -> Candidate:
-    """Re-plan over the survivors; transition = search time + state migration + group rebuild."""
+    """Re-plan over the survivors; transition = search time + the scheduled state migration
+    (its lower bound when no schedule could be made in time) + group rebuild. The plan's TP groups
+    are re-mapped onto slots so that the state to move is least (same device types: same step)."""
     start = time.perf_counter()
     result = search_plan(instance, failed, time_limit_s, threads, seed, model)
     search_s = time.perf_counter() - start
     if not result.status.has_solution or result.solution is None:
         return Candidate("reconfigure", False, result.reason or result.status.value, solve=result)
-    estimate = model.evaluate(result.solution, failed)
-    migration = migration_lower_bound_s(model, instance.plan, result.solution, failed)
-    transition = search_s + migration + GROUP_REBUILD_S
-    why = (f"{len(result.solution.pipelines)} pipelines over the survivors; transition = search {search_s:.2f} s "
-           f"+ migration >= {migration:.2f} s + group rebuild {GROUP_REBUILD_S:.0f} s")
-    return Candidate("reconfigure", True, why, result.solution, estimate, transition, solve=result)
+    migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed,
+                                                 time_limit_s=max(time_limit_s / 2, 1.0), threads=threads,
+                                                 seed=seed, model=model)
+    estimate = model.evaluate(comm.plan, failed)
+    transition = search_s + migration.makespan_s + GROUP_REBUILD_S
+    why = (f"{len(comm.plan.pipelines)} pipelines over the survivors; transition = search {search_s:.2f} s "
+           f"+ migration {migration.makespan_s:.2f} s in {migration.rounds} rounds (bound "
+           f"{migration.lower_bound_s:.2f} s) + group rebuild {GROUP_REBUILD_S:.0f} s")
+    return Candidate("reconfigure", True, why, comm.plan, estimate, transition, solve=result,
+                     communication=(migration, rounds, comm))
 
 
 def lost_layers(instance: Instance, failed: frozenset[int]) -> list[int]:
@@ -208,7 +216,7 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
         scored.append(Candidate("hybrid", True, f"reroute now; switch to the reconfigured plan after "
                                 f"{background:.2f} s of background search and migration, pausing "
                                 f"{GROUP_REBUILD_S:.0f} s", rc.plan, rc.estimate, GROUP_REBUILD_S, score, rc.solve,
-                                interim=rr))
+                                interim=rr, communication=rc.communication))
     usable = [c for c in scored if c.feasible and c.score > 0]
     if not usable:
         reasons = "; ".join(f"{c.policy}: {c.reason}" if not c.feasible else
