@@ -33,6 +33,7 @@ from ortools.sat.python import cp_model
 from chameleon_opt.perf.comm import ring_allreduce_time
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
+from chameleon_opt.solve.backends import cpsat_solver
 from chameleon_opt.solve.result import SolveResult, Status
 
 TIED = "tied_embedding"
@@ -154,10 +155,7 @@ def cpsat_colouring(groups: dict[str, Group], upper: int, time_limit_s: float, t
             for g in names:
                 for c in range(upper):
                     m.add_hint(x[g, c], relabel[hint[g]] == c)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.05)
-    solver.parameters.num_workers = threads
-    solver.parameters.random_seed = seed
+    solver = cpsat_solver(time_limit_s, threads, seed)
     start = time.perf_counter()
     code = solver.solve(m)
     wall = time.perf_counter() - start

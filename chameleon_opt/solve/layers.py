@@ -37,6 +37,7 @@ import pulp
 from ortools.sat.python import cp_model
 
 from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.solve.backends import cpsat_solver
 from chameleon_opt.solve.result import SolveResult, Status
 
 Boundaries = tuple[int, ...]
@@ -588,10 +589,7 @@ def solve_layers_cpsat(problem: LayerProblem, time_limit_s: float = 10.0, thread
                 if not isinstance(var, int):
                     model.AddHint(var, l < warm_start[s + 1])
         model.AddHint(peak, int(round(max(problem.stage_times(warm_start)) * scale.per_second)))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = threads
-    solver.parameters.random_seed = seed
+    solver = cpsat_solver(time_limit_s, threads, seed)
     build_s = time.perf_counter() - build_start
     start = time.perf_counter()
     code = solver.Solve(model)

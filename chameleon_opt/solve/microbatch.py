@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from ortools.sat.python import cp_model
 
+from chameleon_opt.solve.backends import cpsat_solver
 from chameleon_opt.solve.result import SolveResult, Status
 
 TIME_SCALE = 1e6
@@ -69,10 +70,7 @@ def allocate_cpsat(fill_s: Sequence[float], per_mb_s: Sequence[float], total: in
     warm = allocate_greedy(fill_s, per_mb_s, total).solution
     for var, value in zip(shares, warm or ()):
         model.AddHint(var, value)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = threads
-    solver.parameters.random_seed = seed
+    solver = cpsat_solver(time_limit_s, threads, seed)
     build_s = time.perf_counter() - build_start
     start = time.perf_counter()
     status = solver.Solve(model)

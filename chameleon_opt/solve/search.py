@@ -36,6 +36,7 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_greedy
+from chameleon_opt.solve.backends import cpsat_solver
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.templates import Template, build_templates
 
@@ -532,10 +533,7 @@ def solve_level_model(lm: LevelModel, backend: str, time_limit_s: float, threads
     pipelines: list[tuple[int, int]] = []
     if backend == "cpsat":
         model, cells = build_level_cpsat(lm)
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = time_limit_s
-        solver.parameters.num_workers = threads
-        solver.parameters.random_seed = seed
+        solver = cpsat_solver(time_limit_s, threads, seed)
         solver.parameters.linearization_level = LINEARIZATION
         solver.parameters.relative_gap_limit = RELATIVE_GAP
         build_s = time.perf_counter() - build_start
