@@ -1,5 +1,8 @@
 """`chameleon-solve`: the operator's command line (contract: shared/docs/cli-contract.md).
 
+Solver, scheduling and simulation modules are imported inside the commands that use them, so
+that start-up and `--help` stay fast (ortools alone takes half a second to import).
+
 Human output is rich tables on stdout; `--json` prints exactly one JSON object on stdout. Every
 ChameleonError becomes one line on stderr and its exit code; no traceback reaches the user.
 torch is never imported here (start-up must stay fast).
@@ -12,24 +15,29 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from chameleon_opt.comm import communication_plan
 from chameleon_opt.errors import ChameleonError, InfeasibleError, InputError
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.instance.schema import InstanceSpec
 from chameleon_opt.perf.model import GIB, Estimate, PerfModel
 from chameleon_opt.perf.reroute import even_reroute
-from chameleon_opt.recovery.policy import Candidate, decide
 from chameleon_opt.solve.result import Status
-from chameleon_opt.solve.search import build_level_cpsat, build_level_milp, level_model_for
+
+if TYPE_CHECKING:
+    from chameleon_opt.recovery.policy import Candidate
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan recovery of DP x PP x TP training jobs from accelerator failures.")
+
+
+POLICY_NAMES = ("chameleon", "chameleon-paper", "hybrid", "recycle", "oobleck", "bamboo", "checkpoint",
+                "reroute-only", "reconfigure-only")
+"""Simulation policies (recovery.baselines.POLICIES), named here so that `--help` stays fast."""
 
 
 class Policy(str, Enum):
@@ -120,7 +128,7 @@ def estimate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
         stdout.print(f"[red]memory:[/] {line}")
 
 
-def _solve_json(candidate: Candidate) -> dict[str, object]:
+def _solve_json(candidate: "Candidate") -> dict[str, object]:
     """The contract's `solve` object; rerouting is a rule, not a search, and says so."""
     if candidate.solve is not None:
         return candidate.solve.to_json()
@@ -139,6 +147,9 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
                                             help="time to the next fault D (overrides the instance)"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)")) -> None:
     """Plan the recovery from the instance's failures: candidates, scores, the chosen plan."""
+    from chameleon_opt.comm import communication_plan
+    from chameleon_opt.recovery.policy import decide
+
     try:
         instance = load_instance(file)
         failed = instance.failed_devices
@@ -189,6 +200,64 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
     stdout.print(_estimate_table(chosen.estimate, f"chosen plan ({decision.policy})", failed))
 
 
+@app.command()
+def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
+             trace: str = typer.Option("instance", "--trace",
+                                       help="instance | synthetic[:mtbf_hours=H,seed=S,repair_hours=R] | llama3 | "
+                                            "opt175b | a JSON trace file"),
+             policy: list[str] = typer.Option(["chameleon", "recycle", "oobleck"], "--policy",
+                                              help="repeat to compare: " + ", ".join(POLICY_NAMES)),
+             horizon_hours: float = typer.Option(24.0, "--horizon-hours", min=0.001, help="simulated training time"),
+             time_limit: float = typer.Option(2.0, "--time-limit", min=0.01, help="plan-search limit per decision"),
+             plot: Path = typer.Option(None, "--plot", help="write throughput over time (PNG)"),
+             force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
+             as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Replay failures (and repairs) over a training run under each policy: throughput, samples,
+    time in transition."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from chameleon_opt.recovery.baselines import POLICIES
+    from chameleon_opt.recovery.simulate import parse_trace, plot_timeline, simulate_policies
+
+    try:
+        unknown = [name for name in policy if name not in POLICIES]
+        if unknown:
+            raise InputError(None, "--policy", f"unknown policy {unknown[0]!r}", f"use {', '.join(POLICIES)}")
+        if plot is not None and plot.exists() and not force:
+            raise InputError(plot, "--plot", "file exists", "choose another path or pass --force")
+        instance = load_instance(file)
+        horizon = horizon_hours * 3600.0
+        events, mtbf = parse_trace(trace, instance, horizon)
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=stderr, transient=True) as bar:
+            tasks = {name: bar.add_task(f"simulating {name}", total=None) for name in policy}
+
+            def tick(name: str, done: int, total: int) -> None:
+                bar.update(tasks[name], completed=done, total=total)
+
+            results = simulate_policies(instance, events, policy, horizon, mtbf_hours_per_device=mtbf,
+                                        time_limit_s=time_limit, progress=tick)
+    except ChameleonError as err:
+        fail(err, as_json)
+    if plot is not None:
+        plot_timeline(results, plot, title=f"{instance.name}: {trace}")
+    if as_json:
+        emit_json({"format": 1, "trace": trace, "horizon_s": horizon,
+                   "results": {name: r.to_json() for name, r in results.items()}})
+        return
+    table = Table(title=f"{instance.name}: {len(events)} trace events, {horizon_hours:g} h")
+    for column in ("policy", "samples/s", "vs failure-free", "samples", "transitions", "in transition s",
+                   "cascades", "fallbacks", "final step s"):
+        table.add_column(column, justify="right")
+    for name, r in results.items():
+        table.add_row(name, f"{r.average_throughput:.4g}", f"{r.average_throughput / r.failure_free_throughput:.3f}",
+                      f"{r.samples:,.0f}", str(r.num_transitions), f"{r.time_in_transition_s:,.0f}",
+                      str(r.cascades), str(r.fallbacks), f"{r.final_step_s:.4g}")
+    stdout.print(table)
+    if plot is not None:
+        stdout.print(f"wrote {plot}")
+
+
 class ExportFormat(str, Enum):
     mps = "mps"
     lp = "lp"
@@ -202,6 +271,8 @@ def export(file: Path = typer.Argument(..., help="instance file (JSON or YAML)")
                                             help="mps or lp: the MILP; proto: the CP-SAT model (.txt suffix: text)"),
            force: bool = typer.Option(False, "--force", help="overwrite an existing output file")) -> None:
     """Write the reconfiguration search model for the instance's failures, for any solver."""
+    from chameleon_opt.solve.search import build_level_cpsat, build_level_milp, level_model_for
+
     try:
         if output.exists() and not force:
             raise InputError(output, "--output", "file exists", "choose another path or pass --force")
