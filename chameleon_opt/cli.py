@@ -36,7 +36,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 POLICY_NAMES = ("chameleon", "chameleon-paper", "hybrid", "recycle", "oobleck", "bamboo", "checkpoint",
-                "reroute-only", "reconfigure-only")
+                "reroute-only", "reconfigure-only", "chameleon-unguarded")
 """Simulation policies (recovery.baselines.POLICIES), named here so that `--help` stays fast."""
 
 

@@ -150,17 +150,23 @@ def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfMod
 def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float,
                           threads: int, seed: int) -> Candidate:
     """Re-plan over the survivors; transition = search time + the scheduled state migration
-    (its lower bound when no schedule could be made in time) + group rebuild. The plan's TP groups
-    are re-mapped onto slots so that the state to move is least (same device types: same step)."""
+    + group rebuild. The plan's TP groups are re-mapped onto slots so that the state to move is
+    least, unless that makes the step slower (neighbouring stages pushed onto different nodes)."""
     start = time.perf_counter()
     result = search_plan(instance, failed, time_limit_s, threads, seed, model)
     search_s = time.perf_counter() - start
     if not result.status.has_solution or result.solution is None:
         return Candidate("reconfigure", False, result.reason or result.status.value, solve=result)
+    comm_limit = max(time_limit_s / 2, 1.0)
     migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed,
-                                                 time_limit_s=max(time_limit_s / 2, 1.0), threads=threads,
-                                                 seed=seed, model=model)
+                                                 time_limit_s=comm_limit, threads=threads, seed=seed, model=model)
     estimate = model.evaluate(comm.plan, failed)
+    searched = model.evaluate(result.solution, failed)
+    if searched.iteration_time_s < estimate.iteration_time_s:  # re-mapping split neighbouring stages across nodes
+        migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed,
+                                                     time_limit_s=comm_limit, assign=False, threads=threads,
+                                                     seed=seed, model=model)
+        estimate = searched
     transition = search_s + migration.makespan_s + GROUP_REBUILD_S
     why = (f"{len(comm.plan.pipelines)} pipelines over the survivors; transition = search {search_s:.2f} s "
            f"+ migration {migration.makespan_s:.2f} s in {migration.rounds} rounds (bound "

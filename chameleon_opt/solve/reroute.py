@@ -25,7 +25,7 @@ import time
 
 import pulp
 
-from chameleon_opt.check import assert_sound
+from chameleon_opt.check import assert_sound, check_plan
 from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
@@ -94,6 +94,12 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
         for s, r in load[k]:
             quota = _peer_capacity(model, plan, k, s, len(holders[pipes[k].stages[s].first]))
             problem += (len(pipes[k].stages) - s) * (own[k] + r) <= quota * own[k]
+        for s in range(len(pipes[k].stages)):  # more of its own micro-batches raise min(S - s, m) in flight
+            if (k, s) in dead:
+                continue
+            quota = _peer_capacity(model, plan, k, s, len(holders[pipes[k].stages[s].first]))
+            if quota < len(pipes[k].stages) - s:
+                problem += own[k] <= quota
     problem += makespan
     solver = pulp.HiGHS(msg=False, timeLimit=max(time_limit_s - (time.perf_counter() - start), 0.05),
                         threads=threads, random_seed=seed, mip_rel_gap=1e-6)
@@ -123,9 +129,23 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
     result = Plan(plan.tensor_parallel, tuple(kept[k] for k in live),
                   tuple(Reroute(index[r.from_pipeline], r.stage, index[r.to_pipeline], r.micro_batches)
                         for r in reroutes))
+    # The model is linear and time-limited: keep the even split when it is faster or when the
+    # model's plan fails the checker (its memory rows are conservative, but say so if not).
+    fallback_why = ""
+    report = check_plan(instance, result, failed, require_tp_in_node=False, model=model)
+    mine = model.evaluate(result, failed).iteration_time_s if report.ok else math.inf
+    even_estimate = model.evaluate(even, failed)
+    if even_estimate.memory_ok and even_estimate.iteration_time_s < mine:
+        result = even
+        fallback_why = ("; the even split is faster when evaluated exactly" if report.ok else
+                        f"; the model's plan was rejected ({report.violations[0]}), the even split is used")
+    elif not report.ok:
+        return SolveResult(Status.NO_SOLUTION, None, None, None, wall, "highs", build_s, seed,
+                           f"the model's plan was rejected ({report.violations[0]}) and the even split "
+                           "overflows memory")
     result = assert_sound(instance, result, failed, require_tp_in_node=False, model=model)
     objective = float(pulp.value(makespan))
     bound = float(info.mip_dual_bound)
     status = Status.OPTIMAL if model_status == "Optimal" else Status.FEASIBLE
     return SolveResult(status, result, objective, min(bound, objective), wall, "highs", build_s, seed,
-                       f"{len(reroutes)} peer shares for {len(dead)} failed stage slots")
+                       f"{len(result.rerouted)} peer shares for {len(dead)} failed stage slots{fallback_why}")
