@@ -1,0 +1,424 @@
+"""The controller: spawns one worker per device, drives steps, injects failures, recovers.
+
+Recovery follows the method end to end: a worker dies (SIGKILL); its peers fail their next
+communication within milliseconds and stop (the controller also sees the process exit); the
+controller asks the planner (`recovery.policy.decide`, policy auto by default) for a decision on
+the plan the surviving state is laid out in; lowers the chosen plan (`comm.lowering`), orders
+each rank's work (`runtime.schedule`) and starts a new generation: fresh process groups, state
+migrated by the transfer schedule, and the interrupted step redone whole. A failure during the
+transition aborts it (survivors keep their old state until every rank is ready) and the controller
+plans again from the same layout with one more device gone.
+
+Every committed step is checked: every sample of the global batch got exactly one loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing as mp
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from chameleon_opt.comm.allreduce import schedule_allreduce
+from chameleon_opt.comm.lowering import lower_plan
+from chameleon_opt.comm.migration import Migration
+from chameleon_opt.errors import InfeasibleError, InputError
+from chameleon_opt.instance.load import Instance
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.plan import Plan
+from chameleon_opt.recovery.policy import decide
+from chameleon_opt.runtime.gpt import GPTConfig, build_layer
+from chameleon_opt.runtime.schedule import order_operations
+from chameleon_opt.runtime.worker import WorkerSpec, worker_main
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failure to inject: `devices` die during global batch `step`.
+
+    `after_ops`: the victim SIGKILLs itself after that many of its operations of the step (exact,
+    for tests); None: the controller SIGKILLs it `delay_s` after dispatching the step.
+    `in_transition`: instead, the victim dies inside the first recovery transition that starts
+    at or after `step`, after forming the new groups and before migrating."""
+
+    step: int
+    devices: tuple[int, ...]
+    after_ops: int | None = None
+    delay_s: float = 0.0
+    in_transition: bool = False
+
+
+@dataclass
+class Recovery:
+    """One failure and what it took to get back to a completed step."""
+
+    step: int
+    dead: tuple[int, ...]
+    policy: str = ""
+    reason: str = ""
+    predicted_step_s: float = math.nan
+    detection_s: float = 0.0    # kill -> every survivor stopped the step and reported
+    planning_s: float = 0.0     # decision + communication schedule + lowering + ordering
+    group_s: float = 0.0        # slowest rank forming the new process groups
+    migration_s: float = 0.0    # slowest rank finishing its migration rounds
+    first_step_s: float = 0.0   # the redone step
+    total_s: float = 0.0        # kill -> first completed step after it
+    aborted_transitions: int = 0
+
+
+@dataclass
+class Generation:
+    index: int
+    policy: str
+    plan: Plan
+    predicted_step_s: float
+    first_step: int
+    step_times_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RunReport:
+    losses: list[float]
+    step_times_s: list[float]
+    recoveries: list[Recovery]
+    generations: list[Generation]
+    events: list[tuple[float, str, str]]        # (seconds since start, kind, detail)
+    samples_exactly_once: list[bool]
+    final_layers: dict[int, dict[str, list[float]]]
+    replica_max_diff: float                     # largest difference between replicas of a layer
+    dead: tuple[int, ...]
+
+
+def runtime_model(instance: Instance) -> GPTConfig:
+    """The runtime's GPT for an instance whose workload has a plain GPT architecture."""
+    arch = instance.workload.architecture
+    where = f"{instance.path or 'instance'}: workload.architecture"
+    if arch is None:
+        raise InputError(f"{where}: the runtime trains a GPT and needs an architecture; give one in the workload")
+    if arch.ffn != 4 * arch.hidden or arch.gated_mlp or arch.tied_embeddings or not arch.learned_positions \
+            or (arch.kv_heads not in (None, arch.heads)):
+        raise InputError(f"{where}: the runtime's GPT has ffn = 4 x hidden, no gated MLP, untied embeddings, learned "
+                         "positions and no GQA; change the workload to match")
+    if instance.plan.tensor_parallel != 1:
+        raise InputError(f"{instance.path or 'instance'}: plan.tensor_parallel: the runtime runs TP 1 only; set it to 1")
+    return GPTConfig(layers=arch.layers, hidden=arch.hidden, heads=arch.heads, vocab=arch.vocab, seq_len=arch.seq_len)
+
+
+class Controller:
+    """Runs one training job of `steps` global batches with the failures given."""
+
+    def __init__(self, instance: Instance, *, policy: str = "auto", seed: int = 0, dtype: str = "float32",
+                 time_limit_s: float = 5.0, group_timeout_s: float = 30.0,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.instance, self.policy, self.seed, self.dtype = instance, policy, seed, dtype
+        self.time_limit_s, self.group_timeout_s = time_limit_s, group_timeout_s
+        self.cfg = runtime_model(instance)
+        self.mbs = instance.micro_batch_size
+        self.batch = instance.spec.training.global_batch
+        self.model = PerfModel(instance)
+        self.progress = progress or (lambda _: None)
+        self.layout: Plan = instance.plan
+        self.failed: frozenset[int] = instance.failed_devices
+        self.state_elements = {layer: 3 * sum(p.numel() for p in build_layer(self.cfg, layer, 0).parameters())
+                               for layer in range(self.cfg.num_layers)}
+        self.events: list[tuple[float, str, str]] = []
+        self.generations: list[Generation] = []
+        self.pending_transition_kills: list[Failure] = []
+        self.kill_time: float | None = None
+        self.attempts = 0
+
+    # ---- processes --------------------------------------------------------------------------
+    def _event(self, kind: str, detail: str) -> None:
+        self.events.append((time.perf_counter() - self.t_start, kind, detail))
+        self.progress(f"[{self.events[-1][0]:7.2f} s] {kind}: {detail}")
+
+    def _spawn(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=self.group_timeout_s),
+                                   wait_for_workers=False)
+        self.procs: dict[int, Any] = {}
+        self.conns: dict[int, Connection] = {}
+        stage_of = {d: (s.first, s.end) for p in self.layout.pipelines for s in p.stages for d in s.devices}
+        for d in sorted(set(self.layout.devices) - self.failed):
+            parent, child = ctx.Pipe()
+            spec = WorkerSpec(d, "127.0.0.1", self.store.port, self.cfg, self.seed, self.batch, self.mbs,
+                              self.dtype, self.group_timeout_s, stage_of[d])
+            proc = ctx.Process(target=worker_main, args=(spec, child), daemon=True)
+            proc.start()
+            child.close()
+            self.procs[d], self.conns[d] = proc, parent
+
+    def _live(self) -> list[int]:
+        return sorted(self.procs)
+
+    def _send(self, device: int, msg: dict[str, Any]) -> None:
+        try:
+            self.conns[device].send(msg)
+        except (BrokenPipeError, OSError):
+            pass  # it died; its sentinel reports it
+
+    def _collect(self, expect: set[int]) -> tuple[dict[int, dict[str, Any]], set[int]]:
+        """Replies of `expect`, and the devices that died meanwhile (removed from the live set)."""
+        replies: dict[int, dict[str, Any]] = {}
+        dead: set[int] = set()
+        waiting = set(expect)
+        while waiting:
+            handles: dict[Any, tuple[str, int]] = {}
+            for d in waiting:
+                handles[self.conns[d]] = ("conn", d)
+            for d in self._live():
+                handles[self.procs[d].sentinel] = ("proc", d)
+            for ready in wait(list(handles), timeout=self.group_timeout_s * 2):
+                kind, d = handles[ready]
+                if kind == "conn":
+                    try:
+                        msg = self.conns[d].recv()
+                    except (EOFError, OSError):
+                        continue  # its sentinel follows
+                    if msg.get("event") == "dying":
+                        self.kill_time = self.kill_time or msg["t"] - time.time() + time.perf_counter()
+                        continue
+                    if msg.get("event") == "crashed":
+                        raise RuntimeError(f"worker {d} crashed:\n{msg['error']}")
+                    replies[d] = msg
+                    waiting.discard(d)
+                elif d in self.procs and not self.procs[d].is_alive():
+                    self._drain(d)
+                    self.procs.pop(d).join()
+                    self.conns.pop(d).close()
+                    dead.add(d)
+                    waiting.discard(d)
+                    self._event("failure detected", f"device {d} exited")
+            if not handles:
+                break
+        return replies, dead
+
+    def _drain(self, device: int) -> None:
+        """Read what a dead worker sent before dying (its kill time)."""
+        conn = self.conns[device]
+        try:
+            while conn.poll():
+                msg = conn.recv()
+                if msg.get("event") == "dying":
+                    self.kill_time = self.kill_time or msg["t"] - time.time() + time.perf_counter()
+        except (EOFError, OSError):
+            pass
+
+    def _kill(self, devices: tuple[int, ...]) -> None:
+        self.kill_time = self.kill_time or time.perf_counter()
+        for d in devices:
+            if d in self.procs:
+                os.kill(self.procs[d].pid, signal.SIGKILL)
+        self._event("kill", f"SIGKILL devices {list(devices)}")
+
+    # ---- generations --------------------------------------------------------------------------
+    def _transfers(self, migration: Migration | None) -> dict[int, list[dict[str, Any]]]:
+        """The schedule's byte shares as element ranges of each layer's flat state (params and
+        both AdamW moments), matched by a tag per transfer."""
+        out: dict[int, list[dict[str, Any]]] = {}
+        if migration is None:
+            return out
+        moves = sorted(migration.transfers, key=lambda t: (t.dst, t.layer, t.round, t.src))
+        totals: dict[tuple[int, int], int] = {}
+        for t in moves:
+            totals[(t.dst, t.layer)] = totals.get((t.dst, t.layer), 0) + t.nbytes
+        cursor: dict[tuple[int, int], int] = {}
+        for tag, t in enumerate(moves):
+            key, n = (t.dst, t.layer), self.state_elements[t.layer]
+            lo_b = cursor.get(key, 0)
+            cursor[key] = lo_b + t.nbytes
+            lo, hi = round(lo_b / totals[key] * n), round(cursor[key] / totals[key] * n)
+            if hi > lo:
+                common = {"round": t.round, "layer": t.layer, "lo": lo, "hi": hi, "tag": tag}
+                out.setdefault(t.src, []).append({**common, "op": "send", "peer": t.dst})
+                out.setdefault(t.dst, []).append({**common, "op": "recv", "peer": t.src})
+        return out
+
+    def _start_generation(self, run_plan: Plan, migration: Migration | None, rounds: list[list[str]],
+                          policy: str, predicted_s: float, step: int, recovery: Recovery | None) -> bool:
+        """Lower, order, form groups, migrate. True when every rank is ready and committed."""
+        t0 = time.perf_counter()
+        inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
+        rank_plans = lower_plan(inst, run_plan, migration, rounds, self.failed)
+        orders = order_operations(rank_plans, self.mbs)
+        transfers = self._transfers(migration)
+        if recovery is not None:
+            recovery.planning_s += time.perf_counter() - t0
+        index = len(self.generations)
+        live = self._live()
+        rank_of = {d: r for r, d in enumerate(live)}
+        victims = {d for f in self.pending_transition_kills if f.step <= step for d in f.devices}
+        self.pending_transition_kills = [f for f in self.pending_transition_kills if f.step > step]
+        name = f"{index}.{self.attempts}"  # an aborted attempt's keys must not be reused
+        self.attempts += 1
+        for d in live:
+            self._send(d, {"cmd": "generation", "generation": name, "rank_of": rank_of,
+                           "plan": rank_plans.get(d, {"role": "idle"}), "ops": orders.get(d, []),
+                           "transfers": transfers.get(d, []), "die_in_transition": d in victims})
+        replies, dead = self._collect(set(live))
+        failed_ranks = [d for d, r in replies.items() if r["event"] != "ready"]
+        if dead or failed_ranks:
+            if not self.generations:
+                raise RuntimeError(f"workers {sorted(dead) or failed_ranks} failed while the job started: "
+                                   + "; ".join(r.get("error", "") for r in replies.values() if r["event"] != "ready"))
+            for d in self._live():
+                self._send(d, {"cmd": "discard"})
+            self._event("transition aborted", f"devices {sorted(dead)} died during it")
+            self._recover(step, tuple(sorted(dead)), recovery)
+            return False
+        for d in live:
+            self._send(d, {"cmd": "go"})
+        if recovery is not None:
+            recovery.group_s = max(r["group_s"] for r in replies.values())
+            recovery.migration_s = max(r["migration_s"] for r in replies.values())
+        self.generations.append(Generation(index, policy, run_plan, predicted_s, step))
+        self._event("generation", f"{index}: {policy}, {len(run_plan.pipelines)} pipelines, predicted step "
+                                  f"{predicted_s * 1e3:.1f} ms, migration {0 if migration is None else migration.total_bytes:,} B")
+        return True
+
+    def _recover(self, step: int, dead: tuple[int, ...], recovery: Recovery | None = None) -> Recovery:
+        """Plan from the layout the surviving state is in, with every dead device, and start it."""
+        if recovery is None:
+            recovery = Recovery(step, dead)
+        else:
+            recovery.dead = tuple(sorted(set(recovery.dead) | set(dead)))
+            recovery.aborted_transitions += 1
+        self.failed = self.failed | frozenset(dead)
+        t0 = time.perf_counter()
+        inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
+        decision = decide(inst, self.failed, self.policy, self.time_limit_s)
+        if decision.chosen is None:
+            raise InfeasibleError(decision.reason)
+        chosen = decision.chosen
+        recovery.policy, recovery.reason = chosen.policy, decision.reason
+        recovery.predicted_step_s = chosen.iteration_time_s
+        recovery.planning_s += time.perf_counter() - t0
+        self._event("planned", f"{chosen.policy}: {decision.reason}")
+        if chosen.policy == "hybrid" and chosen.interim is not None:
+            # reroute at once; switch to the reconfigured plan after the next completed step
+            self.pending_switch = chosen
+            chosen = chosen.interim
+            recovery.predicted_step_s = chosen.iteration_time_s
+        if chosen.policy == "reroute":
+            assert chosen.plan is not None
+            rounds = schedule_allreduce(self.model, chosen.plan, self.failed, 1.0).rounds
+            self._start_generation(chosen.plan, None, rounds, "reroute", chosen.iteration_time_s, step, recovery)
+        else:
+            self._switch(chosen, step, recovery)
+        return recovery
+
+    def _switch(self, chosen: Any, step: int, recovery: Recovery | None) -> None:
+        """Move to a reconfigured plan: migrate by its schedule, then it becomes the layout."""
+        assert chosen.communication is not None
+        migration, rounds, info = chosen.communication
+        previous = self.layout
+        if self._start_generation(info.plan, migration, rounds, "reconfigure", chosen.iteration_time_s, step,
+                                  recovery):
+            if self.layout is previous:  # not replaced by a nested recovery
+                self.layout = info.plan
+
+    # ---- the job ------------------------------------------------------------------------------
+    def run(self, steps: int, failures: tuple[Failure, ...] = ()) -> RunReport:
+        self.t_start = time.perf_counter()
+        self.pending_switch = None
+        self.pending_transition_kills = [f for f in failures if f.in_transition]
+        step_failures = {f.step: f for f in failures if not f.in_transition}
+        self._spawn()
+        losses: list[float] = []
+        times: list[float] = []
+        once: list[bool] = []
+        recoveries: list[Recovery] = []
+        try:
+            rounds = schedule_allreduce(self.model, self.layout, self.failed, 1.0).rounds
+            predicted = self.model.evaluate(self.layout, self.failed).iteration_time_s
+            self._start_generation(self.layout, None, rounds, "initial", predicted, 0, None)
+            step, open_recovery = 0, None
+            while step < steps:
+                failure = step_failures.pop(step, None)
+                t0 = time.perf_counter()
+                for d in self._live():
+                    die = failure.after_ops if failure and failure.after_ops is not None and d in failure.devices else None
+                    self._send(d, {"cmd": "step", "step": step, "die_after_ops": die})
+                if failure is not None and failure.after_ops is None:
+                    time.sleep(failure.delay_s)
+                    self._kill(failure.devices)
+                replies, dead = self._collect(set(self._live()))
+                if dead or any(r["event"] != "ready" for r in replies.values()):
+                    if not dead:
+                        raise RuntimeError("a step failed without a dead worker: "
+                                           + "; ".join(r.get("error", "") for r in replies.values()))
+                    for d in self._live():
+                        self._send(d, {"cmd": "abort"})
+                    t_stop = time.perf_counter()
+                    kill = self.kill_time or t0
+                    recovery = self._recover(step, tuple(sorted(dead)))
+                    recovery.detection_s = t_stop - kill
+                    recoveries.append(recovery)
+                    open_recovery = (recovery, kill)
+                    self.kill_time = None
+                    continue
+                for d in self._live():
+                    self._send(d, {"cmd": "commit"})
+                elapsed = time.perf_counter() - t0
+                per_sample: dict[int, float] = {}
+                duplicates = 0
+                for r in replies.values():
+                    for sample, value in r["losses"].items():
+                        duplicates += sample in per_sample
+                        per_sample[sample] = value
+                once.append(duplicates == 0 and sorted(per_sample) == list(range(self.batch)))
+                losses.append(sum(per_sample[s] for s in sorted(per_sample)) / self.batch)
+                times.append(elapsed)
+                self.generations[-1].step_times_s.append(elapsed)
+                self._event("step", f"{step}: loss {losses[-1]:.5f}, {elapsed * 1e3:.1f} ms")
+                if open_recovery is not None:
+                    recovery, kill = open_recovery
+                    recovery.first_step_s = elapsed
+                    recovery.total_s = time.perf_counter() - kill
+                    open_recovery = None
+                step += 1
+                if self.pending_switch is not None and step < steps:
+                    chosen, self.pending_switch = self.pending_switch, None
+                    self._switch(chosen, step, None)
+            final, diff = self._final_state()
+        finally:
+            self._stop()
+        return RunReport(losses, times, recoveries, self.generations, self.events, once, final, diff,
+                         tuple(sorted(self.failed)))
+
+    def _final_state(self) -> tuple[dict[int, dict[str, list[float]]], float]:
+        for d in self._live():
+            self._send(d, {"cmd": "dump"})
+        replies, _ = self._collect(set(self._live()))
+        final: dict[int, dict[str, list[float]]] = {}
+        diff = 0.0
+        for d in sorted(replies):
+            for layer, params in replies[d]["layers"].items():
+                if layer not in final:
+                    final[layer] = params
+                    continue
+                for name, values in params.items():
+                    diff = max(diff, max((abs(a - b) for a, b in zip(values, final[layer][name])), default=0.0))
+        return final, diff
+
+    def _stop(self) -> None:
+        for d in self._live():
+            self._send(d, {"cmd": "stop"})
+        for d, proc in list(self.procs.items()):
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+        self.procs.clear()
+
+
+def run_training(instance: Instance, steps: int, failures: tuple[Failure, ...] = (), **options: Any) -> RunReport:
+    """Train `steps` global batches of the instance's plan with the runtime, injecting `failures`."""
+    return Controller(instance, **options).run(steps, failures)

@@ -1,0 +1,164 @@
+"""The order in which each rank runs its forward and backward work items (no torch).
+
+A lowered plan (`chameleon_opt.comm.lowering`) tells each rank *what* to compute: pieces of
+micro-batches, including pieces rerouted from a failed peer, with the ranks that feed them and that
+they feed. This module decides *when*, globally: it list-schedules the operation graph of all
+ranks (forward after the pieces it receives, backward after the pieces downstream and after its own
+forward) with the 1F1B rule on every rank (backward first; at most `stages - stage` forwards in
+flight, the 1F1B warm-up). Every rank then runs its operations in that order. Because the order
+comes from one simulated schedule that respects every dependency, and sends never block, no
+rank can wait on a peer that waits on it: the runtime cannot deadlock, whatever the pipeline lengths,
+micro-batch counts or rerouted pieces.
+
+Samples: a piece [lo, hi) of micro-batch `id` covers global samples
+[id x mbs + round(lo x mbs), id x mbs + round(hi x mbs)); every rank rounds the same way, so
+neighbouring pieces agree on the samples they exchange and the pieces of a micro-batch partition it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any
+
+Op = tuple[str, int]  # ("F" | "B", index into the rank plan's micro_batches)
+
+
+def sample_range(mb: int, lo: float, hi: float, mbs: int) -> tuple[int, int]:
+    """Global sample indices [start, stop) of a piece (round half up, the same on every rank)."""
+    return mb * mbs + math.floor(lo * mbs + 0.5), mb * mbs + math.floor(hi * mbs + 0.5)
+
+
+@dataclass(frozen=True)
+class Message:
+    """Activations (forward) or their gradients (backward) for samples [start, stop) with one peer."""
+
+    peer: int
+    start: int
+    stop: int
+
+    def tag(self, backward: bool) -> int:
+        """Unique per pair of ranks and step: the first sample and the direction."""
+        return 2 * self.start + int(backward)
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One piece a rank computes: its samples and the messages around it."""
+
+    start: int
+    stop: int
+    receive_from: tuple[Message, ...]  # forward inputs (and, mirrored, where input gradients go)
+    send_to: tuple[Message, ...]       # forward outputs (and, mirrored, where output gradients come from)
+
+
+def work_items(rank_plan: dict[str, Any], mbs: int) -> list[WorkItem | None]:
+    """The rank plan's pieces as sample ranges; None for a piece that rounds to no sample."""
+    items: list[WorkItem | None] = []
+    for entry in rank_plan["micro_batches"]:
+        start, stop = sample_range(entry["id"], entry["lo"], entry["hi"], mbs)
+
+        def messages(peers: list[dict[str, Any]]) -> tuple[Message, ...]:
+            out = []
+            for p in sorted(peers, key=lambda e: e["lo"]):
+                a, b = sample_range(entry["id"], p["lo"], p["hi"], mbs)
+                if b > a:
+                    out.append(Message(p["device"], a, b))
+            return tuple(out)
+
+        items.append(WorkItem(start, stop, messages(entry["prev"]), messages(entry["next"])) if stop > start else None)
+    return items
+
+
+def order_operations(rank_plans: dict[int, dict[str, Any]], mbs: int) -> dict[int, list[Op]]:
+    """Rank -> its operations in execution order (see the module docstring)."""
+    trainers = {d: p for d, p in rank_plans.items() if p.get("role") == "train"}
+    items = {d: work_items(p, mbs) for d, p in trainers.items()}
+    # who computes which samples at which rank: (device, start) -> index, to resolve dependencies
+    index = {(d, it.start): i for d, its in items.items() for i, it in enumerate(its) if it is not None}
+    producers: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for d, its in items.items():
+        for i, it in enumerate(its):
+            if it is None:
+                continue
+            producers[(d, i)] = [(m.peer, _owner(items, m.peer, m.start)) for m in it.receive_from]
+    for capped in (True, False):  # 1F1B caps first; without caps if they ever stall
+        order = _list_schedule(trainers, items, producers, capped)
+        if order is not None:
+            return order
+    raise AssertionError("the operation graph of the lowered plan has a cycle (a lowering bug)")
+
+
+def _owner(items: dict[int, list[WorkItem | None]], device: int, sample: int) -> int:
+    """Index of the piece at `device` that contains `sample`."""
+    for i, it in enumerate(items[device]):
+        if it is not None and it.start <= sample < it.stop:
+            return i
+    raise AssertionError(f"rank {device} computes no piece holding sample {sample} (a lowering bug)")
+
+
+def _list_schedule(trainers: dict[int, dict[str, Any]], items: dict[int, list[WorkItem | None]],
+                   producers: dict[tuple[int, int], list[tuple[int, int]]], capped: bool) -> dict[int, list[Op]] | None:
+    """Event simulation: each idle rank starts its highest-priority ready operation. Duration of a
+    piece = samples x layers (backward twice the forward). None when it stalls."""
+    done_f: dict[tuple[int, int], float] = {}
+    done_b: dict[tuple[int, int], float] = {}
+    busy_until = {d: 0.0 for d in trainers}
+    in_flight = {d: 0 for d in trainers}
+    order: dict[int, list[Op]] = {d: [] for d in trainers}
+    pending_f = {d: [i for i, it in enumerate(its) if it is not None] for d, its in items.items()}
+    pending_b = {d: list(pending_f[d]) for d in items}
+    total = sum(len(v) for v in pending_f.values()) * 2
+    events: list[tuple[float, int]] = [(0.0, d) for d in trainers]
+    heapq.heapify(events)
+    finished = 0
+    while events:
+        now, d = heapq.heappop(events)
+        if busy_until[d] > now:
+            continue
+        plan, its = trainers[d], items[d]
+        layers = plan["layers"][1] - plan["layers"][0]
+        last = plan["stage"] == plan["num_stages"] - 1
+        cap = plan["num_stages"] - plan["stage"] if capped else math.inf
+        op = None
+        for i in pending_b[d]:
+            it = its[i]
+            assert it is not None
+            after = [done_f.get((d, i), math.inf)]
+            if not last:
+                after += [done_b.get((m.peer, _owner(items, m.peer, m.start)), math.inf) for m in it.send_to]
+            if max(after) <= now:
+                op = ("B", i)
+                break
+        if op is None and in_flight[d] < cap:
+            for i in pending_f[d]:
+                if all(done_f.get(dep, math.inf) <= now for dep in producers[(d, i)]):
+                    op = ("F", i)
+                    break
+        if op is None:
+            continue  # woken again when a dependency finishes
+        kind, i = op
+        it = its[i]
+        assert it is not None
+        length = (it.stop - it.start) * max(layers, 1) * (2 if kind == "B" else 1)
+        end = now + length
+        busy_until[d] = end
+        order[d].append(op)
+        finished += 1
+        if kind == "F":
+            pending_f[d].remove(i)
+            in_flight[d] += 1
+            done_f[(d, i)] = end
+        else:
+            pending_b[d].remove(i)
+            in_flight[d] -= 1
+            done_b[(d, i)] = end
+        heapq.heappush(events, (end, d))
+        # wake everyone at `end`: a finished operation may make work ready anywhere
+        for other in trainers:
+            if other != d:
+                heapq.heappush(events, (max(end, busy_until[other]), other))
+        if finished == total:
+            return order
+    return order if finished == total else None
