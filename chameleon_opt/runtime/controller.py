@@ -126,7 +126,7 @@ class Controller:
         self.model = PerfModel(instance)
         self.progress = progress or (lambda _: None)
         self.layout: Plan = instance.plan
-        self.failed: frozenset[int] = instance.failed_devices
+        self.failed: frozenset[int] = frozenset()  # the job starts whole; failures are injected
         self.state_elements = {layer: 3 * sum(p.numel() for p in build_layer(self.cfg, layer, 0).parameters())
                                for layer in range(self.cfg.num_layers)}
         self.events: list[tuple[float, str, str]] = []
