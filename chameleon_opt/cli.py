@@ -258,6 +258,88 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
         stdout.print(f"wrote {plot}")
 
 
+DEMO_INSTANCE = Path(__file__).resolve().parent.parent / "instances" / "runtime-cpu-6.json"
+
+
+def _parse_kill(text: str, option: str) -> tuple[int, int]:
+    device, _, step = text.partition("@")
+    if not (device.isdigit() and step.isdigit()):
+        raise InputError(None, option, f"{text!r} is not DEVICE@STEP", "write e.g. 1@4 (device 1 dies in step 4)")
+    return int(device), int(step)
+
+
+@app.command()
+def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance with a GPT architecture and TP 1"),
+         steps: int = typer.Option(12, "--steps", min=1, max=10_000, help="global batches to train"),
+         kill: list[str] = typer.Option(["1@3", "4@7"], "--kill", help="DEVICE@STEP: SIGKILL the worker in that step "
+                                        "(repeat)"),
+         kill_in_transition: list[str] = typer.Option([], "--kill-in-transition",
+                                                      help="DEVICE@STEP: the worker dies inside the first recovery "
+                                                           "transition at or after STEP"),
+         policy: Policy = typer.Option(Policy.auto, "--policy"),
+         dtype: str = typer.Option("float32", "--dtype", help="float32 or float64"),
+         seed: int = typer.Option(0, "--seed"),
+         compare: bool = typer.Option(True, "--compare/--no-compare", help="also train failure-free and compare losses"),
+         plot: Path = typer.Option(Path("chameleon-demo.png"), "--plot",
+                                   help="timeline plot (PNG); an existing file is never overwritten: -1, -2... added"),
+         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """Train a small GPT with one CPU process per device, kill workers, recover with the planner,
+    and show the timeline (and write a plot)."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("torch") is None:
+            raise InputError(None, "demo", "torch is not installed", "pip install -e '.[runtime]'")
+        if dtype not in ("float32", "float64"):
+            raise InputError(None, "--dtype", f"unknown dtype {dtype!r}", "use float32 or float64")
+        kills = [_parse_kill(k, "--kill") for k in kill]
+        in_transition = [_parse_kill(k, "--kill-in-transition") for k in kill_in_transition]
+        instance = load_instance(file)
+        for device, _ in kills + in_transition:
+            if device not in instance.plan.devices:
+                raise InputError(None, "--kill", f"device {device} is not in the plan", "pick a device of the plan")
+        from chameleon_opt.runtime.controller import Failure, run_training, runtime_model
+        from chameleon_opt.runtime.report import free_path, loss_deviation, plot_run, report_json
+
+        runtime_model(instance)  # bad workloads fail here, before any process starts
+        failures = tuple([Failure(step, (d,), delay_s=0.005) for d, step in kills] +
+                         [Failure(step, (d,), in_transition=True) for d, step in in_transition])
+        options = {"policy": policy.value, "seed": seed, "dtype": dtype}
+        reference = None
+        if compare:
+            with stderr.status("training failure-free for comparison..."):
+                reference = run_training(instance, steps, (), **options)
+        with stderr.status("training with failures...") as status:
+            report = run_training(instance, steps, failures, **options,
+                                  progress=lambda line: status.update(line[:100]))
+    except ChameleonError as err:
+        fail(err, as_json)
+    batch = instance.spec.training.global_batch
+    path = plot_run(report, reference, batch, free_path(plot), f"{instance.name}: {len(report.dead)} workers killed")
+    if as_json:
+        emit_json({**report_json(report, reference, batch), "plot": str(path)})
+        return
+    timeline = Table(title=f"{instance.name}: timeline")
+    for column in ("t s", "event", "detail"):
+        timeline.add_column(column, justify="right" if column == "t s" else "left")
+    for t, kind, detail in report.events:
+        timeline.add_row(f"{t:.3f}", kind, detail)
+    stdout.print(timeline)
+    recoveries = Table(title="recoveries (kill to first completed step)")
+    for column in ("step", "dead", "policy", "detect ms", "plan ms", "groups ms", "migrate ms", "first step ms",
+                   "total ms", "aborted"):
+        recoveries.add_column(column, justify="right")
+    for r in report.recoveries:
+        recoveries.add_row(str(r.step), str(list(r.dead)), r.policy, f"{r.detection_s * 1e3:.1f}",
+                           f"{r.planning_s * 1e3:.1f}", f"{r.group_s * 1e3:.1f}", f"{r.migration_s * 1e3:.1f}",
+                           f"{r.first_step_s * 1e3:.1f}", f"{r.total_s * 1e3:.1f}", str(r.aborted_transitions))
+    stdout.print(recoveries)
+    deviation = loss_deviation(report, reference)
+    stdout.print(f"{len(report.losses)} steps; every sample exactly once: {all(report.samples_exactly_once)}; "
+                 + (f"largest loss difference from failure-free: {deviation:.2e} (relative); " if deviation is not None
+                    else "") + f"wrote {path}")
+
+
 class ExportFormat(str, Enum):
     mps = "mps"
     lp = "lp"

@@ -100,15 +100,16 @@ class RunReport:
 def runtime_model(instance: Instance) -> GPTConfig:
     """The runtime's GPT for an instance whose workload has a plain GPT architecture."""
     arch = instance.workload.architecture
-    where = f"{instance.path or 'instance'}: workload.architecture"
+    file = instance.path
     if arch is None:
-        raise InputError(f"{where}: the runtime trains a GPT and needs an architecture; give one in the workload")
+        raise InputError(file, "workload.architecture", "the runtime trains a GPT and needs its architecture",
+                         "give an architecture in the workload")
     if arch.ffn != 4 * arch.hidden or arch.gated_mlp or arch.tied_embeddings or not arch.learned_positions \
-            or (arch.kv_heads not in (None, arch.heads)):
-        raise InputError(f"{where}: the runtime's GPT has ffn = 4 x hidden, no gated MLP, untied embeddings, learned "
-                         "positions and no GQA; change the workload to match")
+            or arch.kv_heads not in (None, arch.heads):
+        raise InputError(file, "workload.architecture", "the runtime's GPT has ffn = 4 x hidden, no gated MLP, "
+                         "untied embeddings, learned positions and no GQA", "change the workload to match")
     if instance.plan.tensor_parallel != 1:
-        raise InputError(f"{instance.path or 'instance'}: plan.tensor_parallel: the runtime runs TP 1 only; set it to 1")
+        raise InputError(file, "plan.tensor_parallel", "the runtime runs TP 1 only", "set it to 1")
     return GPTConfig(layers=arch.layers, hidden=arch.hidden, heads=arch.heads, vocab=arch.vocab, seq_len=arch.seq_len)
 
 
