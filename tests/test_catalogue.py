@@ -27,7 +27,7 @@ EXPECTED_BLOCKS = {
     "gpt3-1.7b": 24, "gpt3-3.6b": 30, "gpt3-7.5b": 36, "gpt3-18b": 40, "gpt3-39b": 48, "gpt3-76b": 60,
     "gpt3-145b": 80, "gpt3-175b": 96, "gpt3-310b": 96, "gpt3-530b": 105, "gpt3-1t": 128,
     "llama2-7b": 32, "llama2-13b": 40, "llama2-70b": 80, "llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126,
-    "opt-350m": 24, "opt-30b": 48, "gpt-neo-2.7b": 32,
+    "opt-350m": 24, "opt-30b": 48, "gpt-neo-2.7b": 32, "tiny-gpt-cpu": 4,
 }
 
 
