@@ -1,0 +1,209 @@
+"""The planner as a library, for trainers that handle their own processes (torchrun, a scheduler).
+
+    planner = Planner("instances/paper-32.json")      # the job as it runs now
+    decision = planner.on_failure([13])               # devices that just failed
+    work = decision.for_rank(my_device)               # what this device runs next
+
+`on_failure` builds the recovery candidates (rerouting, reconfiguration and their hybrid), picks
+one by Eq. 8, schedules its communication and lowers the chosen plan to one executable plan per
+rank; every plan it returns has passed the independent checker. The planner keeps the state a
+trainer would otherwise have to carry: the devices failed so far and the layout running now, so
+a later failure is planned from the result of the earlier ones.
+
+State carried forward (as the simulator does, `recovery/simulate.py`): after a rerouting decision
+the layout stays the old one, failed devices and all, and `current_plan` is that layout with its
+`rerouted` entries; the next failure is planned from the layout (rerouting stripped) with every
+device failed so far, so the rerouting is re-derived for all of them together rather than stacked.
+After a reconfiguration (or a hybrid) the new plan over the survivors is the layout.
+
+The instance's own `failures.events` are not applied: failures come only from `on_failure`; its
+fault statistics (`next_fault_s`, `mtbf_hours_per_device`) score the candidates.
+
+This module never imports torch: trainers import it before (or without) their framework.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from numbers import Integral
+from pathlib import Path
+from typing import Any
+
+from chameleon_opt.check import assert_sound
+from chameleon_opt.comm import Migration, communication_plan, lower_plan
+from chameleon_opt.comm.lowering import FORMAT
+from chameleon_opt.errors import InfeasibleError, InputError
+from chameleon_opt.instance.load import Instance, build_instance, load_instance
+from chameleon_opt.perf.model import Estimate, PerfModel
+from chameleon_opt.plan import Plan
+from chameleon_opt.recovery.policy import Candidate, decide
+
+POLICIES = ("auto", "reroute", "reconfigure")
+
+
+@dataclass(frozen=True)
+class CandidateSummary:
+    """One candidate the decision weighed: its step, transition and Eq. 8 score (samples/s)."""
+
+    policy: str
+    feasible: bool
+    reason: str
+    iteration_time_s: float | None
+    transition_s: float
+    score: float
+
+
+@dataclass(frozen=True)
+class RecoveryDecision:
+    """The chosen recovery, ready to run.
+
+    `plan` is the checked plan to run next, `estimate` its predicted step, and `rank_plans` its
+    lowering: device -> executable plan (`comm/lowering.py` documents the format) for every live
+    device of the plan and every device that only sends migration state. `failed` holds every
+    device failed so far, `candidates` what was weighed (Eq. 8 scores), `migration` the state to
+    move before training resumes (None when rerouting: nothing moves) and `allreduce_rounds` the
+    gradient all-reduce groups per round. A hybrid's `plan` is the final, reconfigured plan, and
+    `interim` the rerouting decision to run at once while the search and migration proceed in the
+    background (its `candidates` are empty); `transition_s` is then the pause of the switch."""
+
+    policy: str
+    reason: str
+    failed: frozenset[int]
+    num_devices: int
+    plan: Plan
+    estimate: Estimate
+    transition_s: float
+    candidates: tuple[CandidateSummary, ...]
+    migration: Migration | None
+    allreduce_rounds: tuple[tuple[str, ...], ...]
+    rank_plans: Mapping[int, dict[str, Any]]
+    interim: RecoveryDecision | None = None
+
+    @property
+    def iteration_time_s(self) -> float:
+        return self.estimate.iteration_time_s
+
+    def for_rank(self, device: int) -> dict[str, Any]:
+        """The executable plan of `device`; a device with no part in the plan (failed, or a spare
+        the plan leaves out) gets one with role `failed` or `idle` and no work, so that every
+        process of a job can ask the same question."""
+        if device in self.rank_plans:
+            return self.rank_plans[device]
+        if not 0 <= device < self.num_devices:
+            raise InputError(None, "device", f"{device} is not a device of the instance",
+                             f"use 0..{self.num_devices - 1}")
+        return {"format": FORMAT, "rank": device, "role": "failed" if device in self.failed else "idle",
+                "pipeline": None, "stage": None, "layers": None, "modules": [], "micro_batches": [],
+                "allreduce": [], "transfers": [], "release_after_round": None}
+
+
+def _summary(candidate: Candidate) -> CandidateSummary:
+    return CandidateSummary(candidate.policy, candidate.feasible, candidate.reason,
+                            None if candidate.estimate is None else float(candidate.iteration_time_s),
+                            float(candidate.transition_s), float(candidate.score))
+
+
+class Planner:
+    """Recovery planning for one job across its failures (see the module docstring).
+
+    `instance` is an Instance, the path of an instance file, or a parsed instance document (a
+    trainer building the instance for its own world size). `policy` is `auto` (Eq. 8 among
+    rerouting, reconfiguration and the hybrid), `reroute` or `reconfigure`; `time_limit_s`,
+    `threads` and `seed` go to the solvers."""
+
+    def __init__(self, instance: Instance | str | Path | Mapping[str, Any], policy: str = "auto",
+                 time_limit_s: float = 10.0, threads: int = 1, seed: int = 0) -> None:
+        if policy not in POLICIES:
+            raise InputError(None, "policy", f"unknown policy {policy!r}", f"use one of {', '.join(POLICIES)}")
+        if not time_limit_s > 0:
+            raise InputError(None, "time_limit_s", f"got {time_limit_s!r}", "give a positive number of seconds")
+        if threads < 1:
+            raise InputError(None, "threads", f"got {threads!r}", "use at least 1")
+        if isinstance(instance, Instance):
+            base = instance
+        elif isinstance(instance, Mapping):
+            base = build_instance(dict(instance))
+        else:
+            base = load_instance(instance)
+        self.policy, self.time_limit_s, self.threads, self.seed = policy, time_limit_s, threads, seed
+        self._base = dataclasses.replace(base, failed_devices=frozenset())
+        self._layout = base.plan
+        self._current = base.plan
+        self._failed: frozenset[int] = frozenset()
+
+    @property
+    def instance(self) -> Instance:
+        """The instance as it stands: the layout running now and every device failed so far."""
+        return dataclasses.replace(self._base, plan=self._layout, failed_devices=self._failed)
+
+    @property
+    def current_plan(self) -> Plan:
+        """The plan running now (after a rerouting: the layout with its `rerouted` entries)."""
+        return self._current
+
+    @property
+    def failed(self) -> frozenset[int]:
+        """Every device reported failed so far."""
+        return self._failed
+
+    def estimate(self) -> Estimate:
+        """Predicted step time, throughput and memory of the current plan."""
+        return PerfModel(self._base).evaluate(self._current, self._failed)
+
+    def on_failure(self, devices: Iterable[int], next_fault_s: float | None = None) -> RecoveryDecision:
+        """Plan the recovery from `devices` failing, on top of all earlier failures, and make the
+        chosen plan the current one. `next_fault_s` (the time to the next fault, D) overrides
+        the instance's fault statistics.
+
+        Raises InputError for devices that do not exist or have already failed,
+        UnrecoverableError when some layer lost every replica (restart from a checkpoint) and
+        InfeasibleError when no candidate is usable (each one's reason is given). On an error
+        the planner's state is unchanged."""
+        given, n = list(devices), self._base.num_devices
+        if not given:
+            raise InputError(None, "devices", "no failed device given", "pass the ids of the devices that failed")
+        wrong = next((d for d in given if isinstance(d, bool) or not isinstance(d, Integral) or not 0 <= d < n), None)
+        if wrong is not None:
+            raise InputError(None, "devices", f"{wrong!r} is not a device of the instance", f"use 0..{n - 1}")
+        new = frozenset(int(d) for d in given)
+        again = sorted(new & self._failed)
+        if again:
+            raise InputError(None, "devices", f"device {again[0]} has already failed",
+                             "report each failure once (Planner.failed lists them)")
+        if next_fault_s is not None and not next_fault_s > 0:
+            raise InputError(None, "next_fault_s", f"got {next_fault_s!r}", "give a positive number of seconds")
+        failed = self._failed | new
+        state = dataclasses.replace(self._base, plan=self._layout, failed_devices=failed)
+        decision = decide(state, failed, self.policy, self.time_limit_s, self.threads, self.seed, next_fault_s)
+        if decision.chosen is None:
+            raise InfeasibleError(decision.reason)
+        chosen = decision.chosen
+        summary = tuple(_summary(c) for c in decision.candidates)
+        result = self._executable(state, chosen, failed, decision.reason, summary)
+        if chosen.interim is not None:
+            interim = self._executable(state, chosen.interim, failed, chosen.interim.reason, ())
+            result = dataclasses.replace(result, interim=interim)
+        self._failed = failed
+        self._current = result.plan
+        self._layout = dataclasses.replace(result.plan, rerouted=())
+        return result
+
+    def _executable(self, state: Instance, candidate: Candidate, failed: frozenset[int], reason: str,
+                    candidates: tuple[CandidateSummary, ...]) -> RecoveryDecision:
+        """The candidate's plan checked, its communication scheduled (rerouting: the gradient
+        rounds only, as the CLI does) and lowered to one executable plan per rank."""
+        assert candidate.plan is not None and candidate.estimate is not None
+        rerouted = candidate.communication is None
+        if rerouted:
+            _, rounds, comm = communication_plan(state, state.plan, candidate.plan, failed,
+                                                 time_limit_s=max(self.time_limit_s / 2, 1.0), assign=False,
+                                                 threads=self.threads, seed=self.seed)
+            migration = None
+        else:
+            migration, rounds, comm = candidate.communication
+        plan = assert_sound(state, comm.plan, failed, require_tp_in_node=not rerouted)
+        ranks = lower_plan(state, plan, migration, rounds, failed)
+        return RecoveryDecision(candidate.policy, reason, failed, state.num_devices, plan, candidate.estimate,
+                                candidate.transition_s, candidates, migration, tuple(tuple(r) for r in rounds), ranks)
