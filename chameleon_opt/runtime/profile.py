@@ -88,9 +88,6 @@ class NetworkFit:
     sizes: tuple[int, ...]
     one_way_s: tuple[float, ...]  # median one-way time per size (half a ping-pong round trip)
 
-    def predict(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
-
     def network(self) -> dict[str, float]:
         """The instance's `cluster.network`: one node, so both links are the loopback's."""
         gbps, latency_us = self.bandwidth_bytes_per_s / 1e9, self.latency_s * 1e6
