@@ -295,9 +295,12 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance with a GPT ar
         kills = [_parse_kill(k, "--kill") for k in kill]
         in_transition = [_parse_kill(k, "--kill-in-transition") for k in kill_in_transition]
         instance = load_instance(file)
-        for device, _ in kills + in_transition:
+        for device, step in kills + in_transition:
             if device not in instance.plan.devices:
                 raise InputError(None, "--kill", f"device {device} is not in the plan", "pick a device of the plan")
+            if step >= steps:
+                raise InputError(None, "--kill", f"step {step} is not before --steps {steps}, so it would never fire",
+                                 f"pick a step below {steps} or raise --steps")
         from chameleon_opt.runtime.controller import Failure, run_training, runtime_model
         from chameleon_opt.runtime.report import free_path, loss_deviation, plot_run, report_json
 

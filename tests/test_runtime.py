@@ -96,3 +96,13 @@ def test_three_failures_one_during_a_transition(six, reference_six: RunReport) -
     assert run.dead == (0, 1, 4)
     assert sum(r.aborted_transitions for r in run.recoveries) == 1
     assert_same_training(reference_six, run, 1e-9)
+
+
+def test_demo_rejects_a_kill_that_would_never_fire() -> None:
+    from typer.testing import CliRunner
+
+    from chameleon_opt.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--steps", "5", "--kill", "1@20", "--no-compare"])
+    assert result.exit_code == 2
+    assert "--kill" in result.output and "never fire" in result.output

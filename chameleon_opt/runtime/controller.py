@@ -35,7 +35,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.recovery.policy import decide
-from chameleon_opt.runtime.gpt import GPTConfig, build_layer
+from chameleon_opt.runtime.gpt import GPTConfig, state_elements
 from chameleon_opt.runtime.schedule import order_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
 
@@ -128,8 +128,7 @@ class Controller:
         self.progress = progress or (lambda _: None)
         self.layout: Plan = instance.plan
         self.failed: frozenset[int] = frozenset()  # the job starts whole; failures are injected
-        self.state_elements = {layer: 3 * sum(p.numel() for p in build_layer(self.cfg, layer, 0).parameters())
-                               for layer in range(self.cfg.num_layers)}
+        self.state_elements = {layer: state_elements(self.cfg, layer) for layer in range(self.cfg.num_layers)}
         self.events: list[tuple[float, str, str]] = []
         self.generations: list[Generation] = []
         self.pending_transition_kills: list[Failure] = []

@@ -87,6 +87,11 @@ def build_layer(cfg: GPTConfig, layer: int, seed: int, dtype: torch.dtype = torc
     return module.to(dtype)
 
 
+def state_elements(cfg: GPTConfig, layer: int) -> int:
+    """Elements of a layer's migrated state: its parameters and both AdamW moments."""
+    return 3 * sum(p.numel() for p in build_layer(cfg, layer, 0).parameters())
+
+
 def sample_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-sample mean token cross-entropy, shape (samples,): summed and divided by the global
     batch, it gives every sample the same weight whichever micro-batch or piece carries it."""

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from chameleon_opt.runtime.gpt import GPTConfig, batch_tokens, build_layer, sample_loss
+from chameleon_opt.runtime.gpt import GPTConfig, batch_tokens, build_layer, sample_loss, state_elements
 from chameleon_opt.runtime.schedule import WorkItem, work_items
 
 LEARNING_RATE = 3e-3
@@ -109,9 +109,6 @@ class Worker:
                 [v.reshape(-1) for _, v in moments]
         return torch.cat(parts)
 
-    def _state_size(self, layer: int) -> int:
-        return 3 * sum(p.numel() for p in build_layer(self.spec.model, layer, 0, self.dtype).parameters())
-
     def _unflatten(self, layer: int, flat: torch.Tensor) -> None:
         module = build_layer(self.spec.model, layer, self.spec.seed, self.dtype)
         params = list(module.parameters())
@@ -188,7 +185,7 @@ class Worker:
         buffers: dict[int, torch.Tensor] = {}
         for t in transfers:
             if t["op"] == "recv" and t["layer"] not in buffers:
-                buffers[t["layer"]] = torch.empty(self._state_size(t["layer"]), dtype=self.dtype)
+                buffers[t["layer"]] = torch.empty(state_elements(self.spec.model, t["layer"]), dtype=self.dtype)
         flats: dict[int, torch.Tensor] = {}
         for rnd in sorted({t["round"] for t in transfers}):
             works = []

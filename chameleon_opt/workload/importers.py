@@ -209,6 +209,16 @@ def _hf_family(config: dict[str, Any], file: str | Path | None) -> str:
                      f"use a config of one of: {', '.join(sorted(_HF_FAMILIES))}, or write the architecture by hand")
 
 
+_LEARNED_POSITION_KEYS: dict[str, dict[str, str]] = {
+    "gpt2": {"layers": "n_layer", "hidden": "n_embd", "heads": "n_head", "ffn": "n_inner", "seq_len": "n_positions"},
+    "opt": {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+            "ffn": "ffn_dim", "seq_len": "max_position_embeddings"},
+    "gpt_neo": {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "intermediate_size",
+                "seq_len": "max_position_embeddings"},
+}
+"""config.json key of each dimension for the GPT-style families (plain MLP, learned positions)."""
+
+
 def architecture_from_hf_config(config: dict[str, Any], file: str | Path | None = None,
                                 seq_len: int | None = None) -> Architecture:
     """The Architecture of a Hugging Face `config.json` (GPT-2, OPT, GPT-Neo, Llama/Mistral/Qwen2).
@@ -223,32 +233,16 @@ def architecture_from_hf_config(config: dict[str, Any], file: str | Path | None 
         raise InputError(file, "<root>", "not a JSON object", "give a Hugging Face config.json")
     family = _hf_family(config, file)
     tie = config.get("tie_word_embeddings")
-    if family == "gpt2":
-        hidden = _int_value(config, "n_embd", file, "the model width")
+    if family in _LEARNED_POSITION_KEYS:
+        keys = _LEARNED_POSITION_KEYS[family]
+        hidden = _int_value(config, keys["hidden"], file, "the model width")
         fields = dict(
-            layers=_int_value(config, "n_layer", file, "the number of transformer blocks"),
-            hidden=hidden, heads=_int_value(config, "n_head", file, "the number of attention heads"),
-            ffn=_int_value(config, "n_inner", file, "the MLP inner size", default=4 * hidden),
+            layers=_int_value(config, keys["layers"], file, "the number of transformer blocks"),
+            hidden=hidden, heads=_int_value(config, keys["heads"], file, "the number of attention heads"),
+            ffn=_int_value(config, keys["ffn"], file, "the MLP inner size",
+                           default=None if family == "opt" else 4 * hidden),
             vocab=_int_value(config, "vocab_size", file, "the vocabulary size"),
-            seq_len=_int_value(config, "n_positions", file, "the context length"),
-            gated_mlp=False, learned_positions=True, tied_embeddings=True if tie is None else bool(tie))
-    elif family == "opt":
-        fields = dict(
-            layers=_int_value(config, "num_hidden_layers", file, "the number of transformer blocks"),
-            hidden=_int_value(config, "hidden_size", file, "the model width"),
-            heads=_int_value(config, "num_attention_heads", file, "the number of attention heads"),
-            ffn=_int_value(config, "ffn_dim", file, "the MLP inner size"),
-            vocab=_int_value(config, "vocab_size", file, "the vocabulary size"),
-            seq_len=_int_value(config, "max_position_embeddings", file, "the context length"),
-            gated_mlp=False, learned_positions=True, tied_embeddings=True if tie is None else bool(tie))
-    elif family == "gpt_neo":
-        hidden = _int_value(config, "hidden_size", file, "the model width")
-        fields = dict(
-            layers=_int_value(config, "num_layers", file, "the number of transformer blocks"),
-            hidden=hidden, heads=_int_value(config, "num_heads", file, "the number of attention heads"),
-            ffn=_int_value(config, "intermediate_size", file, "the MLP inner size", default=4 * hidden),
-            vocab=_int_value(config, "vocab_size", file, "the vocabulary size"),
-            seq_len=_int_value(config, "max_position_embeddings", file, "the context length"),
+            seq_len=_int_value(config, keys["seq_len"], file, "the context length"),
             gated_mlp=False, learned_positions=True, tied_embeddings=True if tie is None else bool(tie))
     else:
         heads = _int_value(config, "num_attention_heads", file, "the number of attention heads")
