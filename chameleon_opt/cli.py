@@ -35,6 +35,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Plan recovery of DP x PP x TP training jobs from accelerator failures.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from chameleon_opt import __version__
+
+        print(f"chameleon-solve {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                          help="print the version and exit")) -> None:
+    """Plan recovery of DP x PP x TP training jobs from accelerator failures."""
+
+
 POLICY_NAMES = ("chameleon", "chameleon-paper", "hybrid", "recycle", "oobleck", "bamboo", "checkpoint",
                 "reroute-only", "reconfigure-only", "chameleon-unguarded")
 """Simulation policies (recovery.baselines.POLICIES), named here so that `--help` stays fast."""
@@ -258,7 +272,8 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
         stdout.print(f"wrote {plot}")
 
 
-DEMO_INSTANCE = Path(__file__).resolve().parent.parent / "instances" / "runtime-cpu-6.json"
+DEMO_INSTANCE = Path("runtime-cpu-6")
+"""A bundled instance, found by name (chameleon_opt.bundled) in a source tree and in a wheel alike."""
 
 
 def _parse_kill(text: str, option: str) -> tuple[int, int]:
@@ -269,7 +284,7 @@ def _parse_kill(text: str, option: str) -> tuple[int, int]:
 
 
 @app.command()
-def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance with a GPT architecture and TP 1"),
+def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundled name, with a GPT architecture and TP 1"),
          steps: int = typer.Option(12, "--steps", min=1, max=10_000, help="global batches to train"),
          kill: list[str] = typer.Option(["1@3", "4@7"], "--kill", help="DEVICE@STEP: SIGKILL the worker in that step "
                                         "(repeat)"),

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from chameleon_opt.bundled import bundled_dir, bundled_instance, bundled_instance_names
 from chameleon_opt.errors import InputError
 from chameleon_opt.instance.devices import CATALOGUE
 from chameleon_opt.instance.schema import DeviceType, InstanceSpec, Layout, PlanSpec
@@ -27,7 +28,7 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.workload.model import Workload
 from chameleon_opt.workload.schema import WorkloadSpec
 
-MODELS_DIR = Path(os.environ.get("CHAMELEON_MODELS", Path(__file__).resolve().parents[2] / "models"))
+MODELS_DIR = Path(os.environ.get("CHAMELEON_MODELS", bundled_dir("models")))
 
 MAX_COUNT = 1 << 20
 """Most devices, layers or micro-batches per iteration an instance may have. The model builds
@@ -383,6 +384,13 @@ def build_instance(data: Any, path: Path | str | None = None) -> Instance:
 
 
 def load_instance(path: str | Path) -> Instance:
-    """Read, validate and resolve an instance file (JSON or YAML)."""
+    """Read, validate and resolve an instance file (JSON or YAML), or a bundled instance by name
+    (`paper-32`) when no such file exists, so that an installed package runs its own examples."""
     path = Path(path)
+    if not _is_file(path):
+        bundled = bundled_instance(str(path))
+        if bundled is None and not path.suffix and path.name == str(path):
+            raise InputError(path, "<file>", "no such file or bundled instance",
+                             f"give a path or one of: {', '.join(bundled_instance_names())}")
+        path = bundled or path
     return build_instance(read_document(path), path)
