@@ -4,6 +4,7 @@ operation graph for non-uniform stages) and Eq. 12/13 (rerouting, closed form)."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,8 +27,24 @@ def one_f_one_b_order(stage: int, stages: int, micro_batches: int) -> list[tuple
     return order
 
 
-def one_f_one_b_time(forward_s: Sequence[float], backward_s: Sequence[float], micro_batches: int) -> float:
-    """Eq. 11: the longest path through the 1F1B operation graph of one pipeline.
+@dataclass(frozen=True)
+class OneFOneBSchedule:
+    """Start and end time of every operation of one pipeline, indexed [stage, micro_batch]."""
+
+    forward_start: np.ndarray
+    forward_end: np.ndarray
+    backward_start: np.ndarray
+    backward_end: np.ndarray
+
+    @property
+    def makespan_s(self) -> float:
+        """When the first stage's last backward ends (Eq. 11's longest path)."""
+        return float(np.max(self.backward_end[0])) if self.backward_end.size else 0.0
+
+
+def one_f_one_b_schedule(forward_s: Sequence[float], backward_s: Sequence[float],
+                         micro_batches: int) -> OneFOneBSchedule:
+    """Eq. 11: every operation's start and end on the longest paths of the 1F1B operation graph.
 
     An operation starts when the previous operation of its stage (in 1F1B order) has ended, and
     - a forward, when the forward of the same micro-batch on the previous stage has ended;
@@ -35,10 +52,8 @@ def one_f_one_b_time(forward_s: Sequence[float], backward_s: Sequence[float], mi
     Durations may include blocking sends (the performance model adds them). Exact for any stage
     times; equals Eq. 9 when stages are identical."""
     stages = len(forward_s)
-    if micro_batches <= 0:
-        return 0.0
-    f_end = np.full((stages, micro_batches), np.nan)
-    b_end = np.full((stages, micro_batches), np.nan)
+    micro_batches = max(micro_batches, 0)
+    f_start, f_end, b_start, b_end = (np.full((stages, micro_batches), np.nan) for _ in range(4))
     orders = [one_f_one_b_order(s, stages, micro_batches) for s in range(stages)]
     position = [0] * stages
     clock = [0.0] * stages
@@ -57,13 +72,21 @@ def one_f_one_b_time(forward_s: Sequence[float], backward_s: Sequence[float], mi
                     break
                 start = max(clock[s], ready)
                 clock[s] = start + (forward_s[s] if forward else backward_s[s])
+                (f_start if forward else b_start)[s, m] = start
                 (f_end if forward else b_end)[s, m] = clock[s]
                 position[s] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:  # impossible for a valid 1F1B order; guards against an infinite loop
             raise RuntimeError("1F1B dependency cycle")
-    return float(np.nanmax(b_end[0]))
+    return OneFOneBSchedule(f_start, f_end, b_start, b_end)
+
+
+def one_f_one_b_time(forward_s: Sequence[float], backward_s: Sequence[float], micro_batches: int) -> float:
+    """Eq. 11: the makespan of one_f_one_b_schedule (0 without micro-batches)."""
+    if micro_batches <= 0:
+        return 0.0
+    return one_f_one_b_schedule(forward_s, backward_s, micro_batches).makespan_s
 
 
 def reroute_eq12_time(stages: int, micro_batches: float, failed_per_stage: Sequence[int], data_parallel: int,
