@@ -15,7 +15,7 @@ from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_cpsat, allocate_greedy, pipeline_time
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import (Mix, heuristic_mix, level_model, lp_lower_bound, modelled_time,
-                                        search_plan, solve_level_model)
+                                        _template_plan, search_plan, solve_level_model)
 from chameleon_opt.solve.templates import build_templates
 from tests.helpers import tiny_instance
 
@@ -77,11 +77,13 @@ def brute_force_mix(templates, budget, total):
 @given(seed=st.integers(0, 10_000), failed=st.sets(st.integers(0, 5), max_size=3),
        micro=st.integers(2, 8), memory=st.sampled_from([100.0, 1.5, 0.9]))
 @settings(max_examples=25, deadline=None)
-def test_search_matches_brute_force_over_its_space(seed, failed, micro, memory):
+def test_template_path_matches_brute_force_over_the_template_space(seed, failed, micro, memory):
+    """The scale path's level model over its own (template) space; the search as a whole is
+    checked against the whole plan space in test_search_exact.py."""
     instance = build_instance(tiny_instance(seed, micro_batches=micro, memory_gib=memory), "<tiny>")
     failed = frozenset(failed)
     model = PerfModel(instance)
-    result = search_plan(instance, failed, time_limit_s=5, model=model)
+    result = _template_plan(instance, failed, 5, 1, 0, model, "cpsat")
     groups = survivor_groups(instance, failed, 1)
     templates = build_templates(model, groups)
     if not templates:

@@ -37,6 +37,8 @@ from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_greedy
 from chameleon_opt.solve.backends import cpsat_solver
+from chameleon_opt.solve.bounds import relaxation_bound
+from chameleon_opt.solve.exact import exact_search
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.templates import Template, build_templates
 
@@ -44,7 +46,11 @@ TIME_SCALE = 1e6  # seconds -> integer microseconds
 LINEARIZATION = 2
 HIGHS_RESERVE_S = 0.4
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
-ENUMERATION_GROUPS = 16  # up to this many TP groups the paper's enumeration takes well under a second
+ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
+OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
+SPACE = ("pipelines of TP groups formed inside nodes from any survivors (idle allowed), stages of any "
+         "device types in any order, contiguous layer splits, any micro-batch split; 1F1B; step time, "
+         "gradient all-reduce, optimizer step and memory of the performance model")
 RELATIVE_GAP = 1e-4  # stop once the incumbent is proven within 0.01% of the optimum
 
 
@@ -621,10 +627,11 @@ def level_model_for(instance: Instance, failed: frozenset[int], model: PerfModel
     return level_model(space.templates, space.budget, space.total, hint, bound if math.isfinite(bound) else 0.0)
 
 
-def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_limit_s: float = 10.0,
-                threads: int = 1, seed: int = 0, model: PerfModel | None = None,
-                backend: str = "cpsat") -> SolveResult[Plan]:
-    """The best reconfigured plan over the survivors; never unchecked, never silently heuristic.
+def _template_plan(instance: Instance, failed: frozenset[int], time_limit_s: float, threads: int, seed: int,
+                   model: PerfModel, backend: str) -> SolveResult[Plan]:
+    """The scale path's incumbent: single-type pipeline templates chosen by the level model, then
+    polished on the exact model. Its status and bound speak of the template model only;
+    `search_plan` replaces them with ones that hold for the exact model.
 
     Order of work: templates; warm starts (the best single template, the previous plan restricted
     to the survivors); the relaxation bound; the knapsack-guided incumbent; when the
@@ -676,14 +683,6 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
             if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
                 plan, best_time, mix = candidate, estimate.iteration_time_s, other
                 why += "; a neighbouring mix is faster when evaluated exactly"
-        if len(space.groups) <= ENUMERATION_GROUPS:  # the paper's space is tiny: its best plan joins in
-            paper = enumerate_plans(instance, failed, time_limit_s=max(min(1.0, deadline - time.perf_counter()), 0.05),
-                                    model=model)
-            if paper.solution is not None:
-                estimate = model.evaluate(paper.solution, failed)
-                if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
-                    plan, best_time = paper.solution, estimate.iteration_time_s
-                    why += "; the paper's enumeration (cheap at this size) found a faster plan"
         polished = rebalance_exact(model, polish_splits(model, plan, deadline), deadline)
         if polished != plan:
             estimate = model.evaluate(polished, failed)
@@ -712,3 +711,70 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
         return finish(hint, Status.FEASIBLE, bound, wall, backend, build_s,
                       f"the incumbent beats {backend}'s best within {remaining:.2f} s")
     return finish(mix, status, bound, wall, backend, build_s, f"solved by {backend}")
+
+
+def _exact_value(model: PerfModel, plan: Plan | None, failed: frozenset[int]) -> float:
+    if plan is None:
+        return math.inf
+    estimate = model.evaluate(plan, failed)
+    return estimate.iteration_time_s if estimate.memory_ok else math.inf
+
+
+def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_limit_s: float = 10.0,
+                threads: int = 1, seed: int = 0, model: PerfModel | None = None,
+                backend: str = "cpsat") -> SolveResult[Plan]:
+    """The fastest reconfigured plan over the survivors, exact for the performance model.
+
+    Incumbents: the template path (scale), the paper's enumeration (within a share of the time
+    limit). Proof: branch and bound over the whole space (`exact.py`) when it is small enough,
+    else the relaxation bound (`bounds.py`). `objective` is the returned plan's exact step,
+    `bound` a lower bound on the exact step of every plan in SPACE, OPTIMAL only when they meet
+    within OPTIMALITY_TOLERANCE; every plan passes the checker."""
+    start = time.perf_counter()
+    deadline = start + time_limit_s
+    model = model or PerfModel(instance)
+    tp = instance.plan.tensor_parallel
+    live = [d for d in range(instance.num_devices) if d not in failed]
+    template = _template_plan(instance, failed, time_limit_s * 0.5, threads, seed, model, backend)
+    plan, used = template.solution, template.backend
+    value = _exact_value(model, plan, failed)
+    notes = [f"template path ({template.backend}): {template.reason}" if plan is not None
+             else f"template path: {template.reason}"]
+    exact = None
+    if time.perf_counter() < deadline:
+        exact = exact_search(instance, model, failed, value, deadline)
+    if exact is None and time.perf_counter() < deadline:
+        share = min(time_limit_s * ENUMERATION_SHARE, deadline - time.perf_counter())
+        paper = enumerate_plans(instance, failed, time_limit_s=max(share, 0.01), model=model)
+        paper_value = _exact_value(model, paper.solution, failed)
+        if paper_value < value * (1 - 1e-12):
+            plan, value, used = paper.solution, paper_value, "enumeration"
+            notes.append(f"the paper's enumeration ({paper.status.value}) found a faster plan")
+    if exact is not None:
+        notes.append(exact.reason)
+        if exact.plan is not None and exact.objective < value * (1 - 1e-12):
+            plan, value, used = exact.plan, exact.objective, "branch-and-bound"
+    groups = survivor_groups(instance, failed, tp)
+    if exact is not None and exact.complete:
+        bound = value
+    else:
+        bound = relaxation_bound(model, groups, instance.global_micro_batches, live)
+    wall = time.perf_counter() - start
+    space = f"space: {SPACE}"
+    if plan is None or not math.isfinite(value):
+        if (exact is not None and exact.complete) or not math.isfinite(bound):
+            reason = template.reason if template.status is Status.INFEASIBLE else \
+                infeasibility_reason(instance, model, groups)
+            return SolveResult(Status.INFEASIBLE, None, None, None, wall, used, 0.0, seed, f"{reason}; {space}")
+        return SolveResult(Status.NO_SOLUTION, None, None, bound, wall, used, 0.0, seed,
+                           "no plan found in time; " + "; ".join(notes) + f"; {space}")
+    plan = assert_sound(instance, plan, failed, model=model)
+    bound = min(bound, value)
+    status = Status.OPTIMAL if value - bound <= OPTIMALITY_TOLERANCE * value else Status.FEASIBLE
+    if status is Status.OPTIMAL and exact is not None and exact.complete:
+        notes.append("proven: the branch and bound exhausted the space")
+    elif status is Status.OPTIMAL:
+        notes.append("proven: the plan meets the relaxation bound")
+    else:
+        notes.append("not proven optimal: the bound is the relaxation's (a lower bound of the exact model)")
+    return SolveResult(status, plan, value, bound, wall, used, 0.0, seed, "; ".join(notes) + f"; {space}")

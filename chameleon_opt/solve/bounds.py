@@ -1,0 +1,179 @@
+"""A lower bound on the exact step time (PerfModel.evaluate) of every plan in the search space,
+cheap enough for 16,384 devices. The scale path reports it as its bound; it never relies on the
+surrogates the templates use.
+
+Step = max_j T_j + DP + OPT, and each term is bounded from below on its own:
+
+- Pipeline j (S stages, m micro-batches, op durations f_s, b_s with blocking sends, W = sum of
+  all of them). In 1F1B order stage s runs k_s = S - s - 1 warm-up forwards, then F_k before
+  B_0; B_0 cannot start before micro-batch 0 went down and back up (the whole of W except this
+  stage's own b_s and the forwards above it), after B_0 the stage still owes m backwards and
+  m - k_s - 1 forwards, and B_{m-1} must travel back to stage 0. Hence, for every stage,
+      T_j >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s >= W + w_s (m - 1 - k_s rho),
+  with rho the largest forward share of a layer's compute, and f_s <= rho w_s + (1 - rho) x the
+  slowest send (the forward op carries it). Minimising the largest right-hand side over continuous splits
+  (sum w_s = W) gives T_j >= W + (W - sum_s e_s / c_s) / sum_s 1 / c_s with c_s = m - 1 - k_s rho and
+  e_s = k_s (1 - rho) send_max (no term when some c_s <= 0),
+  and the bottleneck gives T_j >= m W0 / S. Per-layer costs are the cheapest over the device
+  types present, sends the cheapest boundary on the faster link; S is at least what the model's
+  static state needs on the largest memory.
+- Pipelines: n_S pipelines of S stages with sum n_S = P and sum S n_S <= G groups can run at most
+  P x (concave envelope of cap_S(T) at G / P) micro-batches by T, where cap_S(T) is the largest m
+  the bound above allows (a fractional relaxation of the pipeline counts).
+- DP and OPT: the shortest pipeline has S <= G / P stages, so some stage holds at least
+  max(total / S, largest layer) gradient bytes and optimizer time; its ring over P replicas on the
+  fastest link is a floor on the all-reduce (bucket latencies only add).
+The bound is min over P of T_LB(P) + DP_LB(P) + OPT_LB(P), found on a geometric grid of T (each
+P's T_LB rounded down to a grid point) and refined by bisection for the P's that attain it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from chameleon_opt.perf.comm import Link, ring_allreduce_time
+from chameleon_opt.perf.model import PerfModel
+
+GRID_POINTS = 1500
+REFINE_STEPS = 40
+REFINED_PIPELINE_COUNTS = 12
+
+
+class RelaxationBound:
+    """The bound's tables for one set of survivors (group count, device types present)."""
+
+    def __init__(self, model: PerfModel, groups: list[tuple[int, ...]], total: int,
+                 live: list[int] | None = None) -> None:
+        """`live`: the surviving devices; every device type among them may head a TP group (a
+        group's type is its slowest member's), whatever grouping the survivor list shows."""
+        self.model, self.total, self.groups = model, total, len(groups)
+        layers = model.workload.num_layers
+        tp = len(groups[0]) if groups else 1
+        members = live if live is not None else [d for g in groups for d in g]
+        representatives = {model.stage_device((d,)).name: (d,) * tp for d in members}
+        forward = np.full(layers, np.inf)
+        backward = np.full(layers, np.inf)
+        update = np.full(layers, np.inf)
+        static = np.full(layers, np.inf)
+        budget = 0.0
+        for group in representatives.values():
+            for layer in range(layers):
+                f, b, _, _ = model.stage_times(group, layer, layer + 1)
+                forward[layer] = min(forward[layer], f)
+                backward[layer] = min(backward[layer], b)
+                update[layer] = min(update[layer], model.optimizer_time(group, layer, layer + 1))
+            costs = model.layer_costs(group, replicas=max(min(len(groups), total), 1))
+            static = np.minimum(static, costs.static_bytes)
+            budget = max(budget, costs.capacity_bytes)
+        self.layer_work = float((forward + backward).sum()) if groups else 0.0
+        per_node: dict[int, int] = {}
+        for group in groups:
+            per_node[model.instance.node_of(group[0])] = per_node.get(model.instance.node_of(group[0]), 0) + 1
+        self.most_per_node = max(per_node.values(), default=0)
+        fastest = model.intra if self.most_per_node >= 2 else model.inter  # consecutive stages share a node?
+        boundary = model.workload.boundary_bytes_per_sample[:max(layers - 1, 0)] * model.micro_batch_size
+        self.send = min((min(fastest.send_time(float(n)), model.inter.send_time(float(n))) + model.p2p_overhead_s
+                         if n > 0 else 0.0 for n in boundary), default=0.0)
+        self.send_max = max((max(model.intra.send_time(float(n)), model.inter.send_time(float(n)))
+                             + model.p2p_overhead_s if n > 0 else 0.0 for n in boundary), default=0.0)
+        ratios = forward / np.maximum(forward + backward, 1e-300)
+        self.rho = float(min(ratios.max(initial=0.0), 1.0))
+        self.longest = min(layers, len(groups))
+        self.shortest = max(1, math.ceil(float(static.sum()) / budget - 1e-12)) if budget > 0 else self.longest + 1
+        grad = model.workload.params * model.grad_bytes / tp
+        self.grad_total, self.grad_max = float(grad.sum()), float(grad.max(initial=0.0))
+        self.update_total, self.update_max = float(update.sum()), float(update.max(initial=0.0))
+        self.table = self._pipeline_table()
+
+    def ring_link(self, pipelines: int) -> Link:
+        """The fastest link a ring over `pipelines` replicas can use: NVLink only if one node holds
+        them all; the cheaper of each parameter otherwise (alpha-beta links need not be ordered)."""
+        if pipelines <= self.most_per_node:
+            intra, inter = self.model.intra, self.model.inter
+            return Link(max(intra.bandwidth, inter.bandwidth), min(intra.latency, inter.latency))
+        return self.model.inter
+
+    def _pipeline_table(self) -> np.ndarray:
+        """table[S - 1, m - 1]: the lower bound on one pipeline's 1F1B time (inf where S cannot hold
+        the model's static state). Rows are non-decreasing in m."""
+        stages = np.arange(1, self.longest + 1, dtype=float)
+        micro = np.arange(1, self.total + 1, dtype=float)
+        warmup = np.arange(self.longest, dtype=float)
+        factors = micro[:, None] - 1 - warmup[None, :] * self.rho  # c_k = m - 1 - k rho, [m, k]
+        positive = factors > 0
+        inverse = np.where(positive, 1.0 / np.where(positive, factors, 1.0), 0.0)
+        harmonic = np.cumsum(inverse, axis=1)                       # sum_k 1 / c_k, [m, S]
+        # A forward op also carries its send: f_s <= rho (w_s - sends) + send_f <= rho w_s + (1 - rho) send_max.
+        slack = np.cumsum(inverse * warmup[None, :] * (1 - self.rho) * self.send_max, axis=1)
+        usable = np.cumprod(positive, axis=1).astype(bool)          # every k < S has a positive factor
+        work = self.layer_work + 2 * (stages - 1) * self.send       # W for each S
+        share = np.maximum(work[None, :] - slack, 0.0) / np.where(usable, harmonic, 1.0)
+        order_bound = work[None, :] + np.where(usable, share, 0.0)
+        bottleneck = micro[:, None] * self.layer_work / stages[None, :]
+        table = np.maximum(order_bound, bottleneck).T               # [S, m]
+        table[: self.shortest - 1, :] = np.inf
+        return np.maximum.accumulate(table, axis=1)
+
+    def sync_floor(self, pipelines: int) -> float:
+        """DP_LB + OPT_LB for plans of `pipelines` pipelines (non-decreasing in it)."""
+        shortest = max(self.groups // pipelines, 1)
+        grad = max(self.grad_total / shortest, self.grad_max)
+        dp = ring_allreduce_time(grad, pipelines, self.ring_link(pipelines)) if pipelines > 1 else 0.0
+        return dp + max(self.update_total / shortest, self.update_max)
+
+    def _coverage(self, makespan: float, counts: np.ndarray) -> np.ndarray:
+        """Most micro-batches P pipelines (for each P in `counts`) can run by `makespan`."""
+        caps = np.array([np.searchsorted(row, makespan, side="right") for row in self.table], dtype=float)
+        points = [(0.0, 0.0)] + [(float(s + 1), float(c)) for s, c in enumerate(caps)]
+        hull: list[tuple[float, float]] = []
+        for point in points:  # upper concave envelope (monotone chain)
+            while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (point[1] - hull[-2][1])
+                                      - (hull[-1][1] - hull[-2][1]) * (point[0] - hull[-2][0])) >= 0:
+                hull.pop()
+            hull.append(point)
+        xs = np.array([p[0] for p in hull])
+        ys = np.maximum.accumulate(np.array([p[1] for p in hull]))
+        mean_length = np.minimum(self.groups / counts, self.longest)
+        return counts * np.interp(mean_length, xs, ys)
+
+    def value(self) -> float:
+        """The bound in seconds (inf when no plan can exist)."""
+        if not self.groups or self.shortest > self.longest:
+            return math.inf
+        counts = np.arange(1, min(self.groups, self.total) + 1, dtype=float)
+        floors = np.array([self.sync_floor(int(p)) for p in counts])
+        finite = self.table[np.isfinite(self.table)]
+        if finite.size == 0:
+            return math.inf
+        low, high = float(finite.min()), float(finite.max())
+        grid = np.geomspace(max(low, 1e-12), high * (1 + 1e-12), GRID_POINTS) if high > low else np.array([high])
+        reached = np.full(counts.shape, -1)
+        for i, makespan in enumerate(grid):
+            fresh = (reached < 0) & (self._coverage(makespan, counts) >= self.total - 1e-9)
+            reached[fresh] = i
+            if (reached >= 0).all():
+                break
+        ok = reached >= 0
+        if not ok.any():
+            return math.inf
+        floor_time = np.where(ok, np.where(reached > 0, grid[np.maximum(reached - 1, 0)], 0.0), np.inf)
+        coarse = floor_time + floors
+        for index in np.argsort(coarse)[:REFINED_PIPELINE_COUNTS]:
+            if not ok[index]:
+                continue
+            p = counts[index:index + 1]
+            lo = float(floor_time[index])
+            hi = float(grid[reached[index]])
+            for _ in range(REFINE_STEPS):
+                middle = (lo + hi) / 2
+                lo, hi = (lo, middle) if self._coverage(middle, p)[0] >= self.total - 1e-9 else (middle, hi)
+            coarse[index] = lo + floors[index]
+        return float(coarse.min())
+
+
+def relaxation_bound(model: PerfModel, groups: list[tuple[int, ...]], total: int,
+                     live: list[int] | None = None) -> float:
+    """min over pipeline counts of the pipeline, all-reduce and optimizer floors (see above)."""
+    return RelaxationBound(model, groups, total, live).value()
