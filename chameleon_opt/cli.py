@@ -139,8 +139,65 @@ def estimate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
     stdout.print(f"iteration {result.iteration_time_s:.4f} s, {result.throughput_samples_per_s:.2f} samples/s, "
                  f"memory {'ok' if result.memory_ok else '[red]over capacity[/]'}")
     stdout.print("breakdown: " + ", ".join(f"{k} {v:.4f} s" for k, v in b.items()))
+    stdout.print(_memory_table(result))
+    for line in result.assumptions:
+        stdout.print(f"assumed: {line}", markup=False, highlight=False)
     for line in result.memory_violations()[:5]:
         stdout.print(f"[red]memory:[/] {line}")
+
+
+def _memory_table(estimate: Estimate) -> Table:
+    """Per-stage memory by term (GiB) of the first pipeline, and of any other stage over capacity."""
+    from chameleon_opt.perf.memory import MEMORY_TERMS
+    table = Table(title="memory per device by term (GiB)")
+    for column in ("pipe", "stage", *MEMORY_TERMS, "total", "cap"):
+        table.add_column(column, justify="right")
+    for j, pipe in enumerate(estimate.pipelines):
+        for s, cost in enumerate(pipe.stages):
+            over = cost.memory_bytes > cost.memory_capacity_bytes
+            if cost.memory is None or (j > 0 and not over):
+                continue
+            terms = cost.memory.as_dict()
+            table.add_row(str(j), str(s), *(f"{terms[t] / GIB:.2f}" for t in MEMORY_TERMS),
+                          f"[red]{cost.memory_bytes / GIB:.2f}[/]" if over else f"{cost.memory_bytes / GIB:.2f}",
+                          f"{cost.memory_capacity_bytes / GIB:.2f}")
+    return table
+
+
+@app.command()
+def calibrate(sailor: Path = typer.Option(None, "--sailor", help="Sailor's data folder (measured-plans/, "
+                                          "network_coeffs_all_homo.json): fits the framework memory overhead"),
+              output: Path = typer.Option(None, "-o", "--output", help="default: models/calibration/sailor.json"),
+              withhold: list[str] = typer.Option([], "--withhold", help="MODEL@DEVICE profile to leave out"),
+              force: bool = typer.Option(False, "--force", help="overwrite an existing file")) -> None:
+    """Fit per-device time efficiencies from the catalogue's profiles and the framework's memory
+    overhead from measured plans; write them next to the catalogue, saying what each came from."""
+    from chameleon_opt.perf.calibration import calibration_path
+    from chameleon_opt.perf.sailor_fit import calibrate_sailor
+    try:
+        pairs = set()
+        for item in withhold:
+            if "@" not in item:
+                raise InputError(None, "--withhold", f"{item!r}", "give MODEL@DEVICE, e.g. opt-350m@GH-96")
+            model_name, device = item.split("@", 1)
+            pairs.add((model_name, device))
+        if sailor is not None and not (sailor / "measured-plans").is_dir():
+            raise InputError(sailor, "--sailor", "no measured-plans/ folder", "give Sailor's data folder")
+        fitted = calibrate_sailor(sailor, pairs)
+        path = output or calibration_path(fitted.name)
+        if path.exists() and not force:
+            raise InputError(path, "--output", "exists", "use --force to overwrite")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"format": 1, "framework": fitted.name, **fitted.to_json()}, indent=1) + "\n")
+    except ChameleonError as err:
+        fail(err)
+    stdout.print(f"wrote {path}: framework {fitted.name}, memory efficiency {fitted.memory_efficiency:.4f}, "
+                 f"overhead {fitted.overhead_gib if fitted.overhead_gib is not None else '-'} GiB")
+    for name, device in sorted(fitted.devices.items()):
+        stdout.print(f"  {name}: compute efficiency {device.compute_efficiency:.4f} from "
+                     f"{', '.join(device.fitted_on)}", markup=False, highlight=False)
+
+
 
 
 def _solve_json(candidate: "Candidate") -> dict[str, object]:
