@@ -543,6 +543,10 @@ def schema() -> None:
 
 def main() -> None:
     """Console-script entry: typer's own usage errors keep exit code 2; unexpected errors get one line."""
+    for stream in (sys.stdout, sys.stderr):
+        # a name in an instance may hold a lone UTF-16 surrogate (valid JSON): print it escaped
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         app()
     except KeyboardInterrupt:
