@@ -21,19 +21,20 @@ if TYPE_CHECKING:
     from chameleon_opt.perf.model import Estimate
 
 FORWARD, BACKWARD, REROUTED, FAILED, SYNC = "#4C72B0", "#DD8452", "#C44E52", "#BBBBBB", "#8C8C8C"
-MAX_GANTT_ROWS = 40
+MAX_GANTT_ROWS = 48
 """Rows (stage slots) drawn per panel; beyond it the slowest pipelines and those touched by the
 failure are kept, and the title says how many were left out (identical pipelines look alike)."""
 
 
 def _shown_pipelines(estimate: "Estimate", failed: frozenset[int]) -> list[int]:
-    """Pipeline indices to draw, at most MAX_GANTT_ROWS stage rows: those the failure touches
-    (failed slots, rerouted work) and the slowest first, then in plan order."""
+    """Pipeline indices to draw, at most MAX_GANTT_ROWS stage rows: the slowest, then those that
+    lost a device, then those taking rerouted work, then the rest in plan order."""
     plan = estimate.plan
-    touched = {r.from_pipeline for r in plan.rerouted} | {r.to_pipeline for r in plan.rerouted}
-    touched |= {j for j, p in enumerate(plan.pipelines) if failed.intersection(p.devices)}
+    hit = {j for j, p in enumerate(plan.pipelines) if failed.intersection(p.devices)}
+    hit |= {r.from_pipeline for r in plan.rerouted}
+    helping = {r.to_pipeline for r in plan.rerouted}
     slowest = max(range(len(plan.pipelines)), key=lambda j: estimate.pipelines[j].iteration_time_s)
-    order = sorted(range(len(plan.pipelines)), key=lambda j: (j != slowest, j not in touched, j))
+    order = sorted(range(len(plan.pipelines)), key=lambda j: (j != slowest, j not in hit, j not in helping, j))
     shown, rows = [], 0
     for j in order:
         if rows + len(plan.pipelines[j].stages) > MAX_GANTT_ROWS and shown:
@@ -125,6 +126,7 @@ def gantt_figure(panels: list[tuple[str, "Estimate"]], failed: frozenset[int]) -
 def migration_figure(migration: "Migration", devices_per_node: int, failed: frozenset[int], title: str) -> "Figure":
     """Transfers by round: bytes per round (intra- and inter-node) with each round's time, and
     below every transfer as a line from its source device to its destination in its round."""
+    from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -158,24 +160,30 @@ def migration_figure(migration: "Migration", devices_per_node: int, failed: froz
     involved = sorted({t.src for t in transfers} | {t.dst for t in transfers} | set(failed))
     y = {d: i for i, d in enumerate(involved)}
     largest = max(t.nbytes for t in transfers)
-    for t in transfers:
-        same_node = t.src // devices_per_node == t.dst // devices_per_node
-        bottom.plot([t.round - 0.32, t.round + 0.32], [y[t.src], y[t.dst]], color="#55A868" if same_node else "#8172B2",
-                    linewidth=0.4 + 2.6 * t.nbytes / largest, alpha=0.8, solid_capstyle="round")
-        bottom.plot([t.round - 0.32], [y[t.src]], marker="o", markersize=2.5, color="black")
-        bottom.plot([t.round + 0.32], [y[t.dst]], marker=">", markersize=3, color="black")
+    dense = len(transfers) > 400  # thousands of transfers: thin, faint lines and no end markers
+    segments = [[(t.round - 0.32, y[t.src]), (t.round + 0.32, y[t.dst])] for t in transfers]
+    colours = ["#55A868" if t.src // devices_per_node == t.dst // devices_per_node else "#8172B2" for t in transfers]
+    widths = [(0.2 if dense else 0.4) + (0.6 if dense else 2.6) * t.nbytes / largest for t in transfers]
+    bottom.add_collection(LineCollection(segments, colors=colours, linewidths=widths, alpha=0.25 if dense else 0.8,
+                                         capstyle="round"))
+    if not dense:
+        bottom.scatter([t.round - 0.32 for t in transfers], [y[t.src] for t in transfers], s=6, c="black", marker="o")
+        bottom.scatter([t.round + 0.32 for t in transfers], [y[t.dst] for t in transfers], s=9, c="black", marker=">")
+    bottom.set_xlim(-0.6, migration.rounds - 0.4)
     for d in failed:
         bottom.axhspan(y[d] - 0.5, y[d] + 0.5, color="red", alpha=0.15, linewidth=0)
-    for node_start in range(0, max(involved) + 1, devices_per_node):
-        first = next((i for d, i in y.items() if d >= node_start), None)
-        if first:
-            bottom.axhline(first - 0.5, color="grey", linewidth=0.4, linestyle=":")
+    if len(involved) <= 256:
+        for node_start in range(devices_per_node, max(involved) + 1, devices_per_node):
+            first = next((i for d, i in y.items() if d >= node_start), None)
+            if first:
+                bottom.axhline(first - 0.5, color="grey", linewidth=0.4, linestyle=":")
     if len(involved) <= 64:
         bottom.set_yticks(range(len(involved)), [f"{d}" + (" failed" if d in failed else "") for d in involved],
                           fontsize=6)
     bottom.set_ylim(len(involved) - 0.5, -0.5)
-    bottom.set_ylabel("device (dotted lines: node boundaries)")
-    bottom.set_xlabel("round (source o -> > destination; line width ~ bytes)")
+    bottom.set_ylabel("device" + (" (dotted lines: node boundaries)" if len(involved) <= 256 else ""))
+    bottom.set_xlabel("round (each line: one transfer, from its source device on the left to its destination on the "
+                      "right; width ~ bytes)")
     bottom.set_xticks(list(rounds))
     bottom.legend(handles=[Line2D([], [], color="#55A868", label="intra-node"),
                            Line2D([], [], color="#8172B2", label="inter-node")], fontsize=7, loc="upper right")
