@@ -172,6 +172,7 @@ def calibrate(sailor: Path = typer.Option(None, "--sailor", help="Sailor's data 
               force: bool = typer.Option(False, "--force", help="overwrite an existing file")) -> None:
     """Fit per-device time efficiencies from the catalogue's profiles and the framework's memory
     overhead from measured plans; write them next to the catalogue, saying what each came from."""
+    from chameleon_opt.output import write_output
     from chameleon_opt.perf.calibration import calibration_path
     from chameleon_opt.perf.sailor_fit import calibrate_sailor
     try:
@@ -185,10 +186,10 @@ def calibrate(sailor: Path = typer.Option(None, "--sailor", help="Sailor's data 
             raise InputError(sailor, "--sailor", "no measured-plans/ folder", "give Sailor's data folder")
         fitted = calibrate_sailor(sailor, pairs)
         path = output or calibration_path(fitted.name)
-        if path.exists() and not force:
-            raise InputError(path, "--output", "exists", "use --force to overwrite")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"format": 1, "framework": fitted.name, **fitted.to_json()}, indent=1) + "\n")
+        if output is None:
+            path.parent.mkdir(parents=True, exist_ok=True)  # the catalogue's calibration folder
+        text = json.dumps({"format": 1, "framework": fitted.name, **fitted.to_json()}, indent=1) + "\n"
+        write_output(path, "--output", force, lambda temporary: temporary.write_text(text))
     except ChameleonError as err:
         fail(err)
     stdout.print(f"wrote {path}: framework {fitted.name}, memory efficiency {fitted.memory_efficiency:.4f}, "
