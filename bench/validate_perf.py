@@ -1,9 +1,13 @@
-"""Validate the performance model against measured iteration times.
+"""Validate the performance model against measured iteration times and memory peaks.
 
 1. Sailor's 9 OPT-350M plans measured on GH200 nodes (../shared/data/sailor/measured-plans): the
-   model predicts each from the matching profile. The one framework parameter it cannot know
-   (the per-send cost of DeepSpeed's blocking pipeline p2p) is fitted, and every plan is also
-   predicted leave-one-out. Targets: median |error| <= 10%, worst <= 20%.
+   model predicts each from the matching profile. The one time parameter it cannot know (the
+   per-send cost of DeepSpeed's blocking pipeline p2p) is fitted, and every plan is also predicted
+   leave-one-out. Memory: every plan's measured peak (`max_mem`) against the model's largest stage,
+   with one fitted constant (the framework overhead), also leave-one-out.
+   Transfer: OPT-350M's own GH200 profile withheld, the plans predicted from its profiles on other
+   devices scaled by the device ratio calibrated on other models (and the other way round: A100-40
+   without its OPT-350M profile, compared with that profile).
 2. Megatron-LM's GPT-3 175B runs (Narayanan et al., SC'21: TP 8, PP 12, DP 4/8/16, global batch
    1536, micro-batch 1, recomputation; 153/149/141 TFLOP/s per A100), predicted from the
    architecture alone. The A100's sustained efficiency is fitted on DP 4 and the others are
@@ -23,10 +27,13 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from chameleon_opt.instance.load import build_instance
-from chameleon_opt.instance.sailor import fit_alpha_beta, sailor_plan_instance
+from chameleon_opt.instance.load import MODELS_DIR, build_instance
 from chameleon_opt.perf.calibrate import calibrate
-from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.perf.sailor_fit import (calibrate_sailor, fit_overhead, measured_plans, peak_memory,
+                                           sailor_document, sailor_network)
+from chameleon_opt.workload.model import Workload
+from chameleon_opt.workload.schema import WorkloadSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=140)
@@ -37,45 +44,98 @@ SELENE_NETWORK = {  # DGX A100: NVLink3 (NCCL all-reduce bus bandwidth ~230 GB/s
     "intra_node_gbps": 230.0, "intra_node_latency_us": 5.0, "inter_node_gbps": 25.0, "inter_node_latency_us": 10.0}
 
 
-def predict(document: dict) -> float:
+def predict(document: dict, **model_args) -> float:
     instance = build_instance(document, f"<{document['name']}>")
-    return PerfModel(instance).evaluate(instance.plan).iteration_time_s
+    return PerfModel(instance, **model_args).evaluate(instance.plan).iteration_time_s
+
+
+def without_profile(device: str) -> dict:
+    """OPT-350M's catalogue workload, inline, with its profile on `device` removed."""
+    spec = json.loads((MODELS_DIR / "opt-350m.json").read_text())
+    spec["profiles"] = [p for p in spec["profiles"] if p["device_type"] != device]
+    return spec
 
 
 def sailor_validation(sailor_dir: Path) -> dict:
-    coeffs = json.loads((sailor_dir / "network_coeffs_all_homo.json").read_text())
-    inter_latency, inter_bw = fit_alpha_beta(*coeffs["inter"]["GH-96"]["1"])
-    intra_latency, intra_bw = fit_alpha_beta(*coeffs["intra"]["GH-96"]["4"])
-    plans = sorted((sailor_dir / "measured-plans").glob("OPT-350_*.json"))
-    documents = [json.loads(p.read_text()) for p in plans]
+    base_network = sailor_network(sailor_dir)
+    plans = measured_plans(sailor_dir)
+    documents = [p for _, p in plans]
+    names = [n for n, _ in plans]
     measured = [d["real"] for d in documents]
 
-    def predictions(overhead_us: float) -> list[float]:
-        network = {"intra_node_gbps": intra_bw / 1e9, "intra_node_latency_us": intra_latency * 1e6,
-                   "inter_node_gbps": inter_bw / 1e9, "inter_node_latency_us": inter_latency * 1e6,
-                   "p2p_overhead_us": overhead_us}
-        return [predict(sailor_plan_instance(d, p.stem, "opt-350m", "GH-96", network))
-                for d, p in zip(documents, plans)]
+    def predictions(overhead_us: float, withheld: bool = False) -> list[float]:
+        network = {**base_network, "p2p_overhead_us": overhead_us}
+        out = []
+        for name, doc in plans:
+            document = sailor_document(name, doc, network)
+            args = {}
+            if withheld:
+                document["workload"] = {"inline": without_profile("GH-96")}
+                args["calibration"] = transfer_calibration
+            out.append(predict(document, **args))
+        return out
+
+    transfer_calibration = calibrate_sailor(None, {("opt-350m", "GH-96")})
 
     uncalibrated = np.array(predictions(0.0))
     fit = calibrate(predictions, measured, np.arange(0.0, 5001.0, 100.0))
+    transfer = np.array(predictions(fit.value, withheld=True))
+    overhead, loo_overhead, _ = fit_overhead(sailor_dir)
     rows = []
-    for i, (path, doc) in enumerate(zip(plans, documents)):
+    for i, (name, doc) in enumerate(plans):
         template = doc["pipeline_list"][0]
+        old_style = sailor_document(name, doc, base_network, {"attention": "flash", "framework_overhead_gib": 0.0})
+        memory = peak_memory(sailor_document(name, doc, base_network, {"framework_overhead_gib": overhead}))
+        memory_loo = peak_memory(sailor_document(name, doc, base_network,
+                                                 {"framework_overhead_gib": loo_overhead[i]}))
         rows.append({
-            "plan": path.stem.removeprefix("OPT-350_plan_config_"), "stages": template["num_stages"],
+            "plan": name, "stages": template["num_stages"],
             "dp": template["dp"][0], "mbs": doc["mbs"], "gbs": doc["gbs"], "measured_s": measured[i],
             "predicted_uncalibrated_s": float(uncalibrated[i]), "predicted_s": float(fit.predictions[i]),
             "predicted_loo_s": float(fit.loo_predictions[i]),
             "error": float(fit.predictions[i] / measured[i] - 1),
             "error_uncalibrated": float(uncalibrated[i] / measured[i] - 1),
-            "error_loo": float(fit.loo_predictions[i] / measured[i] - 1)})
+            "error_loo": float(fit.loo_predictions[i] / measured[i] - 1),
+            "predicted_transfer_s": float(transfer[i]), "error_transfer": float(transfer[i] / measured[i] - 1),
+            "measured_mem_gib": doc["max_mem"] / GIB, "predicted_mem_gib": memory / GIB,
+            "error_mem": memory / doc["max_mem"] - 1, "predicted_mem_loo_gib": memory_loo / GIB,
+            "error_mem_loo": memory_loo / doc["max_mem"] - 1,
+            "predicted_mem_flash_no_overhead_gib": peak_memory(old_style) / GIB,
+            "error_mem_flash_no_overhead": peak_memory(old_style) / doc["max_mem"] - 1})
     summary = {key: {"median_abs": float(np.median(np.abs([r[key] for r in rows]))),
                      "worst_abs": float(np.max(np.abs([r[key] for r in rows])))}
-               for key in ("error_uncalibrated", "error", "error_loo")}
-    return {"network": {"inter_latency_us": inter_latency * 1e6, "inter_gbps": inter_bw / 1e9,
-                        "intra_latency_us": intra_latency * 1e6, "intra_gbps": intra_bw / 1e9},
-            "p2p_overhead_us": fit.value, "rows": rows, "summary": summary}
+               for key in ("error_uncalibrated", "error", "error_loo", "error_transfer", "error_mem",
+                           "error_mem_loo", "error_mem_flash_no_overhead")}
+    return {"network": {"inter_latency_us": base_network["inter_node_latency_us"],
+                        "inter_gbps": base_network["inter_node_gbps"],
+                        "intra_latency_us": base_network["intra_node_latency_us"],
+                        "intra_gbps": base_network["intra_node_gbps"]},
+            "p2p_overhead_us": fit.value, "framework_overhead_gib": overhead,
+            "framework_overhead_loo_gib": loo_overhead, "rows": rows, "summary": summary,
+            "transfer_source": "opt-350m profiles on other devices x device ratio calibrated without opt-350m@GH-96",
+            "profile_transfer": profile_transfer()}
+
+
+def profile_transfer() -> list[dict]:
+    """Each direction: a device's OPT-350M profile withheld, its per-micro-batch time (all layers)
+    predicted from the other devices' OPT-350M profiles and a calibration fitted without it."""
+    spec = json.loads((MODELS_DIR / "opt-350m.json").read_text())
+    out = []
+    for device in ("GH-96", "A100-40"):
+        calibration = calibrate_sailor(None, {("opt-350m", device)})
+        reduced = Workload(WorkloadSpec.model_validate(without_profile(device)), None, 2)
+        truth = Workload(WorkloadSpec.model_validate(spec), None, 2)
+        for tp in (1, 2, 4):
+            for mbs in (1, 2, 4, 8):
+                own = truth.profile_table(device, mbs, tp)
+                moved = calibration.transfer(reduced, device, mbs, tp)
+                if own is None or moved is None:
+                    continue
+                predicted = float((moved.table.forward_s + moved.table.backward_s).sum())
+                actual = float((own.forward_s + own.backward_s).sum())
+                out.append({"device": device, "tp": tp, "mbs": mbs, "profile_s": actual, "predicted_s": predicted,
+                            "error": predicted / actual - 1})
+    return out
 
 
 def megatron_document(dp: int, efficiency: float) -> dict:
@@ -112,7 +172,8 @@ def megatron_validation() -> dict:
     best = int(np.argmin(np.abs(table[:, 0] / measured[0] - 1)))
     efficiency = float(grid[best])
     rows = [{"data_parallel": dp, "gpus": 96 * dp, "measured_tflops": m, "predicted_tflops": float(p),
-             "error": float(p / m - 1)} for (dp, m), p in zip(MEGATRON_RUNS, table[best])]
+             "error": float(p / m - 1), "predicted_mem_gib": peak_memory(megatron_document(dp, efficiency)) / GIB}
+            for (dp, m), p in zip(MEGATRON_RUNS, table[best])]
     return {"efficiency_fitted_on_dp4": efficiency, "rows": rows,
             "worst_abs_error_unseen": float(max(abs(r["error"]) for r in rows[1:]))}
 
@@ -140,22 +201,57 @@ def render(sailor: dict | None, megatron: dict, out: Path) -> None:
             lines.append("| " + " | ".join(cells) + " |")
         console.print(table)
         lines.append("")
-        for key, label in (("error_uncalibrated", "no fit"), ("error", "fitted"), ("error_loo", "leave-one-out")):
+        for key, label in (("error_uncalibrated", "no fit"), ("error", "fitted"), ("error_loo", "leave-one-out"),
+                           ("error_transfer", "transfer (own GH200 profile withheld)")):
             s = sailor["summary"][key]
-            text = f"{label}: median |error| {100 * s['median_abs']:.1f}%, worst {100 * s['worst_abs']:.1f}%"
+            text = f"time, {label}: median |error| {100 * s['median_abs']:.1f}%, worst {100 * s['worst_abs']:.1f}%"
+            console.print(text)
+            lines.append(f"- {text}")
+        lines += ["", f"### Memory (framework overhead fitted: {sailor['framework_overhead_gib']:.2f} GiB)", "",
+                  "| plan | measured GiB | predicted GiB | err | LOO GiB | err LOO | old model (flash, no overhead) | err |",
+                  "|---|---|---|---|---|---|---|---|"]
+        table = Table(title=f"Memory peaks (framework overhead fitted: {sailor['framework_overhead_gib']:.2f} GiB)")
+        for col in ("plan", "measured GiB", "pred", "err", "pred LOO", "err LOO", "transfer time s", "err"):
+            table.add_column(col, justify="right")
+        for r in sailor["rows"]:
+            cells = [r["plan"], f"{r['measured_mem_gib']:.2f}", f"{r['predicted_mem_gib']:.2f}",
+                     f"{100 * r['error_mem']:+.1f}%", f"{r['predicted_mem_loo_gib']:.2f}",
+                     f"{100 * r['error_mem_loo']:+.1f}%", f"{r['predicted_mem_flash_no_overhead_gib']:.2f}",
+                     f"{100 * r['error_mem_flash_no_overhead']:+.1f}%"]
+            lines.append("| " + " | ".join(cells) + " |")
+            table.add_row(*cells[:6], f"{r['predicted_transfer_s']:.3f}", f"{100 * r['error_transfer']:+.1f}%")
+        console.print(table)
+        lines.append("")
+        for key, label in (("error_mem", "fitted"), ("error_mem_loo", "leave-one-out"),
+                           ("error_mem_flash_no_overhead", "flash attention, no overhead (the old model's terms)")):
+            s = sailor["summary"][key]
+            text = f"memory, {label}: median |error| {100 * s['median_abs']:.1f}%, worst {100 * s['worst_abs']:.1f}%"
+            console.print(text)
+            lines.append(f"- {text}")
+        lines += ["", "### Profile transfer (a device's OPT-350M profile withheld)", "",
+                  "| device | TP | mbs | profile s | predicted s | err |", "|---|---|---|---|---|---|"]
+        for r in sailor["profile_transfer"]:
+            lines.append(f"| {r['device']} | {r['tp']} | {r['mbs']} | {r['profile_s']:.4f} | {r['predicted_s']:.4f} | "
+                         f"{100 * r['error']:+.1f}% |")
+        for device in ("GH-96", "A100-40"):
+            errors = [abs(r["error"]) for r in sailor["profile_transfer"] if r["device"] == device]
+            text = (f"profile transfer to {device}: median |error| {100 * np.median(errors):.1f}%, "
+                    f"worst {100 * max(errors):.1f}% over {len(errors)} (TP, mbs) points")
             console.print(text)
             lines.append(f"- {text}")
         lines.append("")
     table = Table(title=f"Megatron-LM GPT-3 175B, TP8 PP12 (A100 efficiency fitted on DP4: "
                         f"{megatron['efficiency_fitted_on_dp4']:.4f})")
-    for col in ("DP", "GPUs", "measured TFLOP/s", "predicted", "error"):
+    for col in ("DP", "GPUs", "measured TFLOP/s", "predicted", "error", "peak GiB (pred)"):
         table.add_column(col, justify="right")
     lines += ["## Megatron-LM GPT-3 175B (A100)", "",
               f"A100 sustained efficiency fitted on DP 4: {megatron['efficiency_fitted_on_dp4']:.4f}.", "",
-              "| DP | GPUs | measured TFLOP/s | predicted | error |", "|---|---|---|---|---|"]
+              "Memory: Megatron-LM publishes no per-GPU peak for these runs; the predicted peak (80 GiB devices, "
+              "framework overhead = the catalogue's assumed 2 GiB) must fit.", "",
+              "| DP | GPUs | measured TFLOP/s | predicted | error | predicted peak GiB |", "|---|---|---|---|---|---|"]
     for r in megatron["rows"]:
         cells = [str(r["data_parallel"]), str(r["gpus"]), f"{r['measured_tflops']:.0f}",
-                 f"{r['predicted_tflops']:.1f}", f"{100 * r['error']:+.1f}%"]
+                 f"{r['predicted_tflops']:.1f}", f"{100 * r['error']:+.1f}%", f"{r['predicted_mem_gib']:.1f}"]
         table.add_row(*cells)
         lines.append("| " + " | ".join(cells) + " |")
     console.print(table)
@@ -166,25 +262,35 @@ def render(sailor: dict | None, megatron: dict, out: Path) -> None:
 
 
 def plot(sailor: dict | None, megatron: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Predicted against measured: time and memory of Sailor's plans, Megatron's TFLOP/s. The object
+    API with its own Agg canvas, so the process-wide matplotlib backend is never touched."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig = Figure(figsize=(15, 4.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 3)
     if sailor is not None:
-        ax = axes[0]
-        measured = [r["measured_s"] for r in sailor["rows"]]
-        for key, label, marker in (("predicted_uncalibrated_s", "no fit", "x"), ("predicted_s", "fitted", "o"),
-                                   ("predicted_loo_s", "leave-one-out", "^")):
-            ax.scatter(measured, [r[key] for r in sailor["rows"]], label=label, marker=marker)
-        top = max(measured) * 1.15
-        ax.plot([0, top], [0, top], "k-", lw=0.8)
-        ax.fill_between([0, top], [0, top * 0.8], [0, top * 1.2], color="grey", alpha=0.15, label="±20%")
-        ax.set_xlabel("measured iteration time (s)")
-        ax.set_ylabel("predicted (s)")
-        ax.set_title("Sailor OPT-350M plans, GH200")
-        ax.legend()
-    ax = axes[1]
+        for ax, truth, series, unit, title in (
+                (axes[0], "measured_s", (("predicted_uncalibrated_s", "no fit", "x"), ("predicted_s", "fitted", "o"),
+                                         ("predicted_loo_s", "leave-one-out", "^"),
+                                         ("predicted_transfer_s", "transfer (GH200 profile withheld)", "s")),
+                 "iteration time (s)", "Sailor OPT-350M, GH200: time"),
+                (axes[1], "measured_mem_gib", (("predicted_mem_gib", "fitted overhead", "o"),
+                                               ("predicted_mem_loo_gib", "leave-one-out", "^"),
+                                               ("predicted_mem_flash_no_overhead_gib", "old terms", "x")),
+                 "peak memory (GiB)", "Sailor OPT-350M, GH200: memory")):
+            measured = [r[truth] for r in sailor["rows"]]
+            for key, label, marker in series:
+                ax.scatter(measured, [r[key] for r in sailor["rows"]], label=label, marker=marker)
+            top = max(measured) * 1.15
+            ax.plot([0, top], [0, top], "k-", lw=0.8)
+            ax.fill_between([0, top], [0, top * 0.8], [0, top * 1.2], color="grey", alpha=0.15, label="±20%")
+            ax.set_xlabel(f"measured {unit}")
+            ax.set_ylabel("predicted")
+            ax.set_title(title)
+            ax.legend(fontsize=8)
+    ax = axes[2]
     dps = [str(r["data_parallel"]) for r in megatron["rows"]]
     x = np.arange(len(dps))
     ax.bar(x - 0.2, [r["measured_tflops"] for r in megatron["rows"]], 0.4, label="measured (Megatron-LM)")

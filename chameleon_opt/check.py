@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chameleon_opt.instance.load import Instance
-from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.perf.model import GIB, PerfModel, memory_reason
 from chameleon_opt.plan import Plan
 
 
@@ -87,7 +87,7 @@ def check_plan(instance: Instance, plan: Plan, failed: frozenset[int] = frozense
             for s, cost in enumerate(est.stages):
                 if (j, s) not in dead_slots and cost.memory_bytes > cost.memory_capacity_bytes:
                     problems.append(f"pipeline {j} stage {s} needs {cost.memory_bytes / GIB:.2f} GiB > "
-                                    f"{cost.memory_capacity_bytes / GIB:.2f} GiB")
+                                    f"{cost.memory_capacity_bytes / GIB:.2f} GiB{memory_reason(cost)}")
     return CheckReport(tuple(problems))
 
 

@@ -26,6 +26,7 @@ from chameleon_opt.instance.load import load_instance
 from chameleon_opt.instance.schema import InstanceSpec
 from chameleon_opt.perf.model import GIB, Estimate, PerfModel
 from chameleon_opt.perf.reroute import even_reroute
+from chameleon_opt.plan import device_list
 from chameleon_opt.solve.result import Status
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def _estimate_table(estimate: Estimate, title: str, failed: frozenset[int]) -> T
     for j, (pipe, plan_pipe) in enumerate(zip(estimate.pipelines, estimate.plan.pipelines)):
         for s, (cost, stage) in enumerate(zip(pipe.stages, plan_pipe.stages)):
             devices = stage.devices
-            shown = f"{devices[0]}" if len(devices) == 1 else f"{devices[0]}..{devices[-1]}"
+            shown = device_list(devices)
             if failed.intersection(devices):
                 shown = f"[red]{shown} failed[/]"
             over = cost.memory_bytes > cost.memory_capacity_bytes
@@ -138,8 +139,66 @@ def estimate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
     stdout.print(f"iteration {result.iteration_time_s:.4f} s, {result.throughput_samples_per_s:.2f} samples/s, "
                  f"memory {'ok' if result.memory_ok else '[red]over capacity[/]'}")
     stdout.print("breakdown: " + ", ".join(f"{k} {v:.4f} s" for k, v in b.items()))
+    stdout.print(_memory_table(result))
+    for line in result.assumptions:
+        stdout.print(f"assumed: {line}", markup=False, highlight=False)
     for line in result.memory_violations()[:5]:
         stdout.print(f"[red]memory:[/] {line}")
+
+
+def _memory_table(estimate: Estimate) -> Table:
+    """Per-stage memory by term (GiB) of the first pipeline, and of any other stage over capacity."""
+    from chameleon_opt.perf.memory import MEMORY_TERMS
+    table = Table(title="memory per device by term (GiB)")
+    for column in ("pipe", "stage", *MEMORY_TERMS, "total", "cap"):
+        table.add_column(column, justify="right")
+    for j, pipe in enumerate(estimate.pipelines):
+        for s, cost in enumerate(pipe.stages):
+            over = cost.memory_bytes > cost.memory_capacity_bytes
+            if cost.memory is None or (j > 0 and not over):
+                continue
+            terms = cost.memory.as_dict()
+            table.add_row(str(j), str(s), *(f"{terms[t] / GIB:.2f}" for t in MEMORY_TERMS),
+                          f"[red]{cost.memory_bytes / GIB:.2f}[/]" if over else f"{cost.memory_bytes / GIB:.2f}",
+                          f"{cost.memory_capacity_bytes / GIB:.2f}")
+    return table
+
+
+@app.command()
+def calibrate(sailor: Path = typer.Option(None, "--sailor", help="Sailor's data folder (measured-plans/, "
+                                          "network_coeffs_all_homo.json): fits the framework memory overhead"),
+              output: Path = typer.Option(None, "-o", "--output", help="default: models/calibration/sailor.json"),
+              withhold: list[str] = typer.Option([], "--withhold", help="MODEL@DEVICE profile to leave out"),
+              force: bool = typer.Option(False, "--force", help="overwrite an existing file")) -> None:
+    """Fit per-device time efficiencies from the catalogue's profiles and the framework's memory
+    overhead from measured plans; write them next to the catalogue, saying what each came from."""
+    from chameleon_opt.output import write_output
+    from chameleon_opt.perf.calibration import calibration_path
+    from chameleon_opt.perf.sailor_fit import calibrate_sailor
+    try:
+        pairs = set()
+        for item in withhold:
+            if "@" not in item:
+                raise InputError(None, "--withhold", f"{item!r}", "give MODEL@DEVICE, e.g. opt-350m@GH-96")
+            model_name, device = item.split("@", 1)
+            pairs.add((model_name, device))
+        if sailor is not None and not (sailor / "measured-plans").is_dir():
+            raise InputError(sailor, "--sailor", "no measured-plans/ folder", "give Sailor's data folder")
+        fitted = calibrate_sailor(sailor, pairs)
+        path = output or calibration_path(fitted.name)
+        if output is None:
+            path.parent.mkdir(parents=True, exist_ok=True)  # the catalogue's calibration folder
+        text = json.dumps({"format": 1, "framework": fitted.name, **fitted.to_json()}, indent=1) + "\n"
+        write_output(path, "--output", force, lambda temporary: temporary.write_text(text))
+    except ChameleonError as err:
+        fail(err)
+    stdout.print(f"wrote {path}: framework {fitted.name}, memory efficiency {fitted.memory_efficiency:.4f}, "
+                 f"overhead {fitted.overhead_gib if fitted.overhead_gib is not None else '-'} GiB")
+    for name, device in sorted(fitted.devices.items()):
+        stdout.print(f"  {name}: compute efficiency {device.compute_efficiency:.4f} from "
+                     f"{', '.join(device.fitted_on)}", markup=False, highlight=False)
+
+
 
 
 def _solve_json(candidate: "Candidate") -> dict[str, object]:
@@ -151,6 +210,30 @@ def _solve_json(candidate: "Candidate") -> dict[str, object]:
             "reason": "rerouting rule of Eq. 12/13 (even split over peers)"}
 
 
+def _plan_pictures(name: str, policy: str, chosen: "Candidate", failed: frozenset[int], devices_per_node: int,
+                   gantt: Path | None, migration_plot: Path | None, force: bool) -> list[Path]:
+    """Draw and write the requested pictures of a decision; a hybrid's Gantt chart shows the
+    interim rerouted step above the reconfigured one."""
+    if gantt is None and migration_plot is None:
+        return []
+    from chameleon_opt.output import save_figure
+    from chameleon_opt.plots import gantt_figure, migration_figure
+
+    written = []
+    if gantt is not None:
+        assert chosen.estimate is not None
+        panels = [(f"{name}: {policy}", chosen.estimate)]
+        if chosen.interim is not None and chosen.interim.estimate is not None:
+            panels = [(f"{name}: now, rerouted (interim)", chosen.interim.estimate),
+                      (f"{name}: after the switch, reconfigured", chosen.estimate)]
+        written.append(save_figure(gantt_figure(panels, failed), gantt, "--gantt", force))
+    if migration_plot is not None:
+        assert chosen.communication is not None
+        figure = migration_figure(chosen.communication[0], devices_per_node, failed, f"{name}: {policy} migration")
+        written.append(save_figure(figure, migration_plot, "--migration-plot", force))
+    return written
+
+
 @app.command()
 def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          policy: Policy = typer.Option(Policy.auto, help="auto: choose by Eq. 8; or force one candidate"),
@@ -159,12 +242,22 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          seed: int = typer.Option(0, help="solver random seed"),
          next_fault_s: float = typer.Option(None, "--next-fault-s", min=0.0,
                                             help="time to the next fault D (overrides the instance)"),
+         gantt: Path = typer.Option(None, "--gantt", help="write the chosen plan's 1F1B step as a Gantt chart "
+                                    "(PNG, SVG or PDF)"),
+         migration_plot: Path = typer.Option(None, "--migration-plot",
+                                             help="write the migration's transfers by round (PNG, SVG or PDF)"),
+         force: bool = typer.Option(False, "--force", help="overwrite existing picture files"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)")) -> None:
     """Plan the recovery from the instance's failures: candidates, scores, the chosen plan."""
     from chameleon_opt.comm import communication_plan
+    from chameleon_opt.output import check_figure_output
     from chameleon_opt.recovery.policy import decide
 
     try:
+        if gantt is not None:
+            check_figure_output(gantt, "--gantt", force)
+        if migration_plot is not None:
+            check_figure_output(migration_plot, "--migration-plot", force)
         instance = load_instance(file)
         failed = instance.failed_devices
         with stderr.status(f"planning recovery of {instance.name} ({len(failed)} failed devices)..."):
@@ -178,9 +271,11 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
                 chosen = dataclasses.replace(chosen, communication=communication_plan(
                     instance, instance.plan, chosen.plan, failed, time_limit_s=max(time_limit / 2, 1.0),
                     assign=False, threads=threads, seed=seed))
+        migration, allreduce_rounds, comm = chosen.communication
+        written = _plan_pictures(instance.name, decision.policy, chosen, failed, instance.devices_per_node, gantt,
+                                 migration_plot, force)
     except ChameleonError as err:
         fail(err, as_json)
-    migration, allreduce_rounds, comm = chosen.communication
     if as_json:
         payload = {"format": 1, "policy": decision.policy, "reason": decision.reason,
                    "candidates": [c.to_json() for c in decision.candidates], "plan": chosen.plan.to_json(),
@@ -191,6 +286,8 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
             payload["interim"] = {"plan": chosen.interim.plan.to_json(),
                                   "iteration_time_s": chosen.interim.iteration_time_s,
                                   "solve": _solve_json(chosen.interim)}
+        if written:
+            payload["files"] = [str(path) for path in written]
         emit_json(payload)
         return
     table = Table(title=f"{instance.name}: recovery from failure of {len(failed)} devices")
@@ -212,6 +309,8 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
                  f"in {len(allreduce_rounds)} rounds of asynchronous groups")
     assert chosen.estimate is not None
     stdout.print(_estimate_table(chosen.estimate, f"chosen plan ({decision.policy})", failed))
+    for path in written:
+        stdout.print(f"wrote {path}")
 
 
 @app.command()
@@ -223,7 +322,11 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
                                               help="repeat to compare: " + ", ".join(POLICY_NAMES)),
              horizon_hours: float = typer.Option(24.0, "--horizon-hours", min=0.001, help="simulated training time"),
              time_limit: float = typer.Option(2.0, "--time-limit", min=0.01, help="plan-search limit per decision"),
-             plot: Path = typer.Option(None, "--plot", help="write throughput over time (PNG)"),
+             deterministic: bool = typer.Option(False, "--deterministic",
+                                                help="charge each plan search the --time-limit (its worst case) "
+                                                     "instead of its measured wall time, so identical runs give "
+                                                     "identical results"),
+             plot: Path = typer.Option(None, "--plot", help="write throughput over time (PNG, SVG or PDF)"),
              force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Replay failures (and repairs) over a training run under each policy: throughput, samples,
@@ -231,14 +334,15 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from chameleon_opt.recovery.baselines import POLICIES
+    from chameleon_opt.output import check_figure_output
     from chameleon_opt.recovery.simulate import parse_trace, plot_timeline, simulate_policies
 
     try:
         unknown = [name for name in policy if name not in POLICIES]
         if unknown:
             raise InputError(None, "--policy", f"unknown policy {unknown[0]!r}", f"use {', '.join(POLICIES)}")
-        if plot is not None and plot.exists() and not force:
-            raise InputError(plot, "--plot", "file exists", "choose another path or pass --force")
+        if plot is not None:
+            check_figure_output(plot, "--plot", force)
         instance = load_instance(file)
         horizon = horizon_hours * 3600.0
         events, mtbf = parse_trace(trace, instance, horizon)
@@ -250,13 +354,15 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
                 bar.update(tasks[name], completed=done, total=total)
 
             results = simulate_policies(instance, events, policy, horizon, mtbf_hours_per_device=mtbf,
-                                        time_limit_s=time_limit, progress=tick)
+                                        time_limit_s=time_limit, progress=tick,
+                                        search_charge_s=time_limit if deterministic else None)
+        if plot is not None:
+            plot_timeline(results, plot, title=f"{instance.name}: {trace}", force=force)
     except ChameleonError as err:
         fail(err, as_json)
-    if plot is not None:
-        plot_timeline(results, plot, title=f"{instance.name}: {trace}")
     if as_json:
         emit_json({"format": 1, "trace": trace, "horizon_s": horizon,
+                   "search_charge": f"{time_limit} s per search" if deterministic else "measured",
                    "results": {name: r.to_json() for name, r in results.items()}})
         return
     table = Table(title=f"{instance.name}: {len(events)} trace events, {horizon_hours:g} h")
@@ -296,11 +402,14 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
          seed: int = typer.Option(0, "--seed"),
          compare: bool = typer.Option(True, "--compare/--no-compare", help="also train failure-free and compare losses"),
          plot: Path = typer.Option(Path("chameleon-demo.png"), "--plot",
-                                   help="timeline plot (PNG); an existing file is never overwritten: -1, -2... added"),
+                                   help="timeline plot (PNG, SVG or PDF); never over an existing file without --force"),
+         force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
     """Train a small GPT with one CPU process per device, kill workers, recover with the planner,
     and show the timeline (and write a plot)."""
     import importlib.util
+
+    from chameleon_opt.output import check_figure_output, save_figure
 
     try:
         if importlib.util.find_spec("torch") is None:
@@ -316,8 +425,9 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
             if step >= steps:
                 raise InputError(None, "--kill", f"step {step} is not before --steps {steps}, so it would never fire",
                                  f"pick a step below {steps} or raise --steps")
+        check_figure_output(plot, "--plot", force)  # before training, which takes minutes
         from chameleon_opt.runtime.controller import Failure, run_training, runtime_model
-        from chameleon_opt.runtime.report import free_path, loss_deviation, plot_run, report_json
+        from chameleon_opt.runtime.report import loss_deviation, report_json, run_figure
 
         runtime_model(instance)  # bad workloads fail here, before any process starts
         failures = tuple([Failure(step, (d,), delay_s=0.005) for d, step in kills] +
@@ -330,10 +440,11 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
         with stderr.status("training with failures...") as status:
             report = run_training(instance, steps, failures, **options,
                                   progress=lambda line: status.update(line[:100]))
+        batch = instance.spec.training.global_batch
+        figure = run_figure(report, reference, batch, f"{instance.name}: {len(report.dead)} workers killed")
+        path = save_figure(figure, plot, "--plot", force, dpi=110)
     except ChameleonError as err:
         fail(err, as_json)
-    batch = instance.spec.training.global_batch
-    path = plot_run(report, reference, batch, free_path(plot), f"{instance.name}: {len(report.dead)} workers killed")
     if as_json:
         emit_json({**report_json(report, reference, batch), "plot": str(path)})
         return
@@ -371,40 +482,72 @@ def export(file: Path = typer.Argument(..., help="instance file (JSON or YAML)")
                                             help="mps or lp: the MILP; proto: the CP-SAT model (.txt suffix: text)"),
            force: bool = typer.Option(False, "--force", help="overwrite an existing output file")) -> None:
     """Write the reconfiguration search model for the instance's failures, for any solver."""
+    from chameleon_opt.output import check_output, write_output
     from chameleon_opt.solve.search import build_level_cpsat, build_level_milp, level_model_for
 
     try:
-        if output.exists() and not force:
-            raise InputError(output, "--output", "file exists", "choose another path or pass --force")
+        check_output(output, "--output", force)
         instance = load_instance(file)
         with stderr.status("building the search model..."):
             levels = level_model_for(instance, instance.failed_devices)
         if fmt is ExportFormat.proto:
             model, _ = build_level_cpsat(levels)
-            written = model.ExportToFile(str(output))
+            unit = _proto_objective_unit(model)
+
+            def write(path: Path) -> None:
+                if not model.ExportToFile(str(path)):
+                    raise InputError(output, "--output", "CP-SAT could not write the model", "check the folder")
         else:
             problem, _ = build_level_milp(levels)
-            writer = problem.writeMPS if fmt is ExportFormat.mps else problem.writeLP
-            writer(str(output))
-            written = output.exists()
-        if not written:
-            raise InputError(output, "--output", "could not be written", "check the directory exists and is writable")
+            unit = _milp_objective_unit(problem)
+
+            def write(path: Path) -> None:
+                (problem.writeMPS if fmt is ExportFormat.mps else problem.writeLP)(str(path))
+        write_output(output, "--output", force, write)
     except ChameleonError as err:
         fail(err)
     cells = sum(len(w) for w in levels.windows)
     stdout.print(f"wrote {output} ({fmt.value}): {len(levels.templates)} templates, {cells} level cells, "
-                 f"{levels.total} micro-batches; objective = modelled step time in "
-                 f"{'integer microseconds' if fmt is ExportFormat.proto else 'seconds'}")
+                 f"{levels.total} micro-batches; objective: {unit}")
+
+
+def _proto_objective_unit(model: Any) -> str:
+    """What the exported CP-SAT objective means, read from the model itself: W x (T + Y) +
+    pipelines, T + Y the step time in integer microseconds, W a tie-break weight."""
+    objective = model.Proto().objective
+    names = {i: v.name for i, v in enumerate(model.Proto().variables)}
+    weight = {names[v]: c for v, c in zip(objective.vars, objective.coeffs)}
+    w = weight.get("T", 1)
+    scale = objective.scaling_factor or 1.0
+    return (f"{w} x (T + Y) + pipelines, T + Y = modelled step time in integer microseconds (rounded up); "
+            f"step time in seconds = floor(objective{' / ' + format(scale, 'g') if scale != 1 else ''} / {w}) / 1e6; "
+            "the pipeline count only breaks ties")
+
+
+def _milp_objective_unit(problem: Any) -> str:
+    """What the exported MILP objective means: the step time in seconds plus a tie-break below a
+    microsecond per pipeline."""
+    per_pipeline = max((c for v, c in problem.objective.items() if v.name.startswith("z_")), default=0.0)
+    return (f"T + Y = modelled step time in seconds, plus {per_pipeline:.3g} per pipeline "
+            "(a tie-break, under one microsecond in total)")
 
 
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of instance files."""
-    print(json.dumps(InstanceSpec.model_json_schema(), indent=2))
+    document = InstanceSpec.model_json_schema()
+    # the loader accepts and ignores a top-level "$schema" (editors use it to find this schema)
+    document["properties"] = {"$schema": {"type": "string", "title": "JSON Schema of this file (ignored)"},
+                              **document["properties"]}
+    print(json.dumps(document, indent=2))
 
 
 def main() -> None:
     """Console-script entry: typer's own usage errors keep exit code 2; unexpected errors get one line."""
+    for stream in (sys.stdout, sys.stderr):
+        # a name in an instance may hold a lone UTF-16 surrogate (valid JSON): print it escaped
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         app()
     except KeyboardInterrupt:

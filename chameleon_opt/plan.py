@@ -72,3 +72,18 @@ class Plan:
                 {"from_pipeline": r.from_pipeline, "stage": r.stage, "to_pipeline": r.to_pipeline,
                  "micro_batches": r.micro_batches} for r in self.rerouted],
         }
+
+
+def device_list(devices: tuple[int, ...] | list[int]) -> str:
+    """A TP group as written: runs of three or more consecutive ids as `a-b`, every other id listed
+    (`12,14`, `8-10,12-16`), so that a gap (a failed device re-mapped out of the group) is never hidden."""
+    parts: list[str] = []
+    ids = list(devices)
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts += [f"{ids[i]}-{ids[j]}"] if j - i >= 2 else [str(d) for d in ids[i:j + 1]]
+        i = j + 1
+    return ",".join(parts)

@@ -425,3 +425,73 @@ def test_mutated_instances_fail_cleanly_or_estimate(data: dict[str, Any]) -> Non
         assert field.strip(), message
         return
     assert math.isfinite(estimate.iteration_time_s) and estimate.iteration_time_s >= 0, estimate
+
+
+# -- extreme but valid numbers through the planner ------------------------------------------------------
+RUNTIME4 = ROOT / "instances" / "runtime-cpu-4.json"
+EXTREME_FIELDS: dict[tuple[str, ...], list[Any]] = {
+    ("cluster", "device_type", "memory_gib"): [1e12, 1e6, 0.2],
+    ("cluster", "device_type", "reserved_gib"): [0.0, 1e-9],
+    ("cluster", "device_type", "peak_tflops"): [1e-9, 1e9],
+    ("cluster", "device_type", "efficiency"): [1e-9, 1.0],
+    ("cluster", "network", "intra_node_gbps"): [1e-9, 1e12],
+    ("cluster", "network", "inter_node_gbps"): [1e-9, 1e12],
+    ("cluster", "network", "intra_node_latency_us"): [0.0, 1e-9, 1e9],
+    ("training", "global_batch"): [20_000, 2, 16],
+    ("failures", "mtbf_hours_per_device"): [1e-9, 1e9],
+    ("failures", "next_fault_s"): [1e-9, 1e12],
+}
+"""Fields of runtime-cpu-4.json (one device failure added) and values at the edges of what they allow:
+1e12 GiB, 1e-9 s, 10,000 micro-batches. A million micro-batches plans cleanly too (exit 0), but in
+about a minute: the 1F1B longest path (perf/pipeline.py) is simulated micro-batch by micro-batch, so
+it stays out of a property run in CI."""
+
+
+@st.composite
+def extreme_documents(draw: st.DrawFn) -> dict[str, Any]:
+    data = json.loads(RUNTIME4.read_text())
+    data["failures"]["events"] = [{"time_s": 1.0, "devices": [draw(st.integers(0, 3))]}]
+    for path in draw(st.lists(st.sampled_from(sorted(EXTREME_FIELDS)), min_size=1, max_size=3, unique=True)):
+        at(data, path[:-1])[path[-1]] = draw(st.sampled_from(EXTREME_FIELDS[path]))
+    if "next_fault_s" in data["failures"]:
+        data["failures"].pop("mtbf_hours_per_device", None)
+    return data
+
+
+@settings(max_examples=30, deadline=None)
+@given(extreme_documents())
+def test_plan_survives_extreme_valid_numbers(tmp_path_factory: pytest.TempPathFactory, data: dict[str, Any]) -> None:
+    """`plan` runs the rerouting MILP and the reconfiguration search on them: a decision (exit 0)
+    or a contract exit with its reason, never a traceback (1e12 GiB once broke the rerouting MILP)."""
+    path = tmp_path_factory.mktemp("extreme") / "instance.json"
+    path.write_text(json.dumps(data))
+    result = CliRunner().invoke(app, ["plan", "--json", "--time-limit", "2", str(path)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code in (0, 2, 3, 4, 5), (result.exit_code, result.stderr)
+    payload = json.loads(result.stdout)
+    assert ("error" in payload) == (result.exit_code != 0), payload
+
+
+def test_rerouting_with_a_trillion_gib_per_device(tmp_path: Path) -> None:
+    """The fuzzer's reroute-mem.json: memory_gib 1e12 made HiGHS's solution unreadable (IndexError)."""
+    data = json.loads(RUNTIME4.read_text())
+    data["cluster"]["device_type"]["memory_gib"] = 1e12
+    path = tmp_path / "reroute-mem.json"
+    path.write_text(json.dumps(data))
+    for policy in ("reroute", "auto"):
+        result = CliRunner().invoke(app, ["plan", "--json", "--policy", policy, str(path)])
+        assert result.exit_code == 0, (result.stderr, result.exception)
+        assert json.loads(result.stdout)["policy"] in ("reroute", "hybrid", "reconfigure")
+
+
+def test_a_lone_surrogate_in_a_name_is_printed_escaped(tmp_path: Path) -> None:
+    """The fuzzer's surrogate.json: a name with a lone UTF-16 surrogate (valid JSON, not encodable
+    as UTF-8) crashed the human output of validate, estimate and plan with UnicodeEncodeError."""
+    data = example()
+    data["name"] = "bad\ud800name"
+    path = tmp_path / "surrogate.json"
+    path.write_text(json.dumps(data))
+    for command in ("validate", "estimate", "plan"):
+        done = run_cli(command, str(path))
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert "bad\\ud800name" in done.stdout

@@ -45,8 +45,11 @@ def test_previous_plan_restricted_to_survivors_is_a_warm_start():
 
 @pytest.mark.parametrize("backend,limit", [("cpsat", 0.5), ("highs", 2.0)])
 def test_time_limit_is_respected(backend, limit):
-    """The level model of a 1024-GPU job takes seconds to prove: the solver must stop in time.
-    (HiGHS cannot stop during its ~0.6 s start-up on this model, hence its longer limit.)"""
+    """The level model of a 1024-GPU job takes seconds to prove (unlimited, measured: CP-SAT 4.5 s,
+    HiGHS 13.6 s): the solver must stop in time. (HiGHS cannot stop during its ~0.6 s start-up on
+    this model, hence its longer limit.) The bound is 3x the limit, not a tight wall clock: a loaded
+    2-core CI machine stretches the solvers' own clocks (HiGHS reported 2.43 s for 2 s), and 3x
+    still fails a solver that ignores its limit."""
     instance = build_instance(job("gpt3-175b", 1024), "<gpt3-1024>")
     model = PerfModel(instance)
     space = search_space(instance, instance.failed_devices, model)
@@ -54,6 +57,6 @@ def test_time_limit_is_respected(backend, limit):
     lm = level_model(space.templates, space.budget, space.total, warm,
                      lp_lower_bound(space.templates, space.budget, space.total))
     status, mix, bound, build_s, wall = solve_level_model(lm, backend, limit, 1, 0)
-    assert wall <= limit * 1.1 + 0.1, (backend, wall)
+    assert wall <= 3 * limit, (backend, wall)
     if mix is not None:
         assert bound <= modelled_time(space.templates, mix) + 1e-6

@@ -318,6 +318,10 @@ def check_plan_shape(pipelines: list[Pipeline], tp: int, num_layers: int, num_de
 
 def build_instance(data: Any, path: Path | str | None = None) -> Instance:
     """Validate a parsed document and resolve it into an Instance (raises InputError)."""
+    if isinstance(data, dict) and "$schema" in data:  # an editor's pointer to the JSON Schema: ignored
+        if not isinstance(data["$schema"], str):
+            raise InputError(path, "$schema", "not a string", "give the schema's URL or path, or remove the key")
+        data = {key: value for key, value in data.items() if key != "$schema"}
     spec: InstanceSpec = parse_model(InstanceSpec, data, path)
     base_dir = Path(path).parent if path is not None else None
     if spec.workload.inline is not None:

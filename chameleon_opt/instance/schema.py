@@ -29,7 +29,8 @@ class DeviceType(Strict):
     efficiency: float = Field(0.5, gt=0, le=1, description="sustained fraction of peak on transformer layers")
     memory_bandwidth_gbps: PositiveFloat = Field(1500.0, description="HBM GB/s, for the optimizer step")
     reserved_gib: NonNegativeFloat = Field(
-        2.0, description="memory the framework holds outside the model (CUDA context, kernels, buffers)")
+        2.0, description="memory the framework holds outside the model (CUDA context, kernels, buffers); "
+        "used when training.framework_overhead_gib is not given. Default 2.0 is assumed, not measured")
 
 
 class Network(Strict):
@@ -77,20 +78,74 @@ class Optimizer(Strict):
         12.0, description="optimizer bytes per parameter (Adam mixed precision: fp32 master + m + v = 12)")
 
 
+Recomputation = Literal["none", "selective", "full"]
+
+
 class Training(Strict):
+    """Training settings. Memory-related defaults are assumptions, named as such in each description
+    and in `estimate`'s output; set them to what the trainer really does."""
+
     global_batch: PositiveInt = Field(description="samples per iteration")
     micro_batch_size: PositiveInt
     sequence_length: PositiveInt | None = Field(None, description="default: the workload's seq_len")
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    grad_bytes_per_param: PositiveFloat | None = Field(None, description="default: the parameter precision")
+    grad_bytes_per_param: PositiveFloat | None = Field(
+        None, description="default: the parameter precision (Megatron with fp32 gradient accumulation: 4)")
     optimizer: Optimizer = Field(default_factory=Optimizer)
-    activation_recomputation: bool = False
+    activation_recomputation: bool = Field(
+        False, description="legacy switch for full recomputation; prefer `recomputation`")
+    recomputation: Recomputation | None = Field(
+        None, description="none: keep every activation; selective: recompute the attention core "
+        "(Korthikanti et al. 2022); full: keep only each block's input. Default: full if "
+        "activation_recomputation else none")
+    attention: Literal["flash", "eager"] = Field(
+        "flash", description="flash keeps no s^2 attention tensors; eager keeps the scores, softmax and "
+        "dropout (5 a s^2 bytes per sample and layer, Korthikanti et al. Table 2). Default assumes flash")
+    sequence_parallel: bool = Field(
+        False, description="Megatron sequence parallelism: layer norms and dropouts sharded over TP")
     distributed_optimizer: bool = Field(
-        False, description="shard optimizer state over data-parallel replicas (ZeRO-1, Megatron's distributed optimizer)")
+        False, description="shard optimizer state over data-parallel replicas (ZeRO-1, Megatron's distributed "
+        "optimizer); the same as zero_stage 1")
+    zero_stage: Literal[0, 1, 2, 3] | None = Field(
+        None, description="0: replicate all state; 1: shard optimizer state; 2: also gradients; 3: also "
+        "parameters (each over the stage's data-parallel replicas). Default: 1 if distributed_optimizer else 0")
+    grad_bucket_mb: NonNegativeFloat = Field(
+        25.0, description="gradient all-reduce bucket held while reducing (assumed: PyTorch DDP's bucket_cap_mb "
+        "default 25); counted on stages with data-parallel replicas")
+    overlap_grad_reduce: bool = Field(
+        False, description="launch each gradient bucket's all-reduce as soon as the last micro-batch's backward "
+        "has produced it (DDP, Megatron overlap_grad_reduce); plans may override")
+    virtual_stages: PositiveInt = Field(
+        1, description="interleaved 1F1B: model chunks per device (Megatron virtual pipeline); plans may override")
+    framework_overhead_gib: NonNegativeFloat | None = Field(
+        None, description="per-device memory the framework holds outside the model (CUDA context, NCCL, "
+        "allocator); fitted values are in models/calibration/. Default: the device type's reserved_gib")
+    framework: str | None = Field(
+        None, description="a framework calibrated in models/calibration/<name>.json: its fitted memory overhead and "
+        "per-device time calibration are used. Default: none (catalogue values, marked assumed)")
+
+    @model_validator(mode="after")
+    def _consistent_switches(self) -> "Training":
+        if self.recomputation is not None and self.activation_recomputation and self.recomputation != "full":
+            raise ValueError(f"activation_recomputation is true but recomputation is {self.recomputation!r}: "
+                             "drop activation_recomputation")
+        if self.zero_stage == 0 and self.distributed_optimizer:
+            raise ValueError("distributed_optimizer is true but zero_stage is 0: drop distributed_optimizer")
+        return self
 
     @property
     def dtype_bytes(self) -> int:
         return 4 if self.precision == "fp32" else 2
+
+    @property
+    def recompute(self) -> Recomputation:
+        """The effective recomputation mode (the legacy boolean folded in)."""
+        return self.recomputation or ("full" if self.activation_recomputation else "none")
+
+    @property
+    def zero(self) -> int:
+        """The effective ZeRO stage (the legacy distributed_optimizer folded in)."""
+        return self.zero_stage if self.zero_stage is not None else (1 if self.distributed_optimizer else 0)
 
 
 class StageSpec(Strict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def stage_memory_eq14(stage: int, stages: int, layers: int, param_bytes: float, grad_bytes: float,
                       optimizer_bytes: float, activation_bytes: float) -> tuple[float, float]:
@@ -13,11 +15,67 @@ def stage_memory_eq14(stage: int, stages: int, layers: int, param_bytes: float, 
     return static, activations
 
 
-def in_flight_micro_batches(stage: int, stages: int, own: int, extra: float = 0.0) -> float:
+def in_flight_micro_batches(stage: int, stages: int, own: int, extra: float = 0.0, virtual: int = 1) -> float:
     """Micro-batches whose activations a stage holds at its peak under 1F1B: N_pp - s, at most
-    the micro-batches it runs. Rerouted work (`extra`) is assumed to interleave into the schedule
-    in proportion to the stage's own load, so it raises the peak by the same ratio."""
-    base = min(stages - stage, own) if own > 0 else 0
+    the micro-batches it runs. Interleaved 1F1B with v chunks per device (Megatron's schedule: stage
+    s warms up 2(N_pp - s - 1) + (v - 1) N_pp chunk micro-batches, each 1/v of its layers) holds
+    (2(N_pp - s - 1) + (v - 1) N_pp + 1) / v, i.e. N_pp (1 + (N_pp - 1)/(N_pp v)) on the first stage as
+    in Korthikanti et al. Sec. 4.2.2. Rerouted work (`extra`) is assumed to interleave into the
+    schedule in proportion to the stage's own load, so it raises the peak by the same ratio."""
+    depth = float(stages - stage)
+    if virtual > 1:
+        depth = (2.0 * (stages - stage - 1) + (virtual - 1) * stages + 1) / virtual
+    base = min(depth, own) if own > 0 else 0
     if extra <= 0 or own <= 0:
-        return float(base if own > 0 else min(stages - stage, extra))
+        return float(base if own > 0 else min(depth, extra))
     return min(base * (own + extra) / own, own + extra)
+
+
+MEMORY_TERMS = ("parameters", "gradients", "optimizer", "activations", "logits", "transient",
+                "comm_buffers", "framework")
+"""The terms of a stage's per-device memory, in the order `estimate` prints them."""
+
+TERM_MEANING = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer": "optimizer state",
+    "activations": "activations of the micro-batches in flight",
+    "logits": "fp32 logits and loss of the head",
+    "transient": "backward working set (recomputation, eager attention, ZeRO-3 gathers)",
+    "comm_buffers": "communication buffers (pipeline receives, gradient bucket)",
+    "framework": "framework overhead (CUDA context, NCCL, allocator)",
+}
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Per-device bytes of one stage slot at its peak, by term (see TERM_MEANING)."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    transient: float
+    comm_buffers: float
+    framework: float
+
+    @property
+    def total(self) -> float:
+        return sum(self.as_dict().values())
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: float(getattr(self, name)) for name in MEMORY_TERMS}
+
+    def dominant(self) -> str:
+        """The largest term's name: what an infeasibility reason points at."""
+        terms = self.as_dict()
+        return max(terms, key=terms.__getitem__)
+
+
+def zero_shards(zero_stage: int, replicas: int) -> tuple[float, float, float]:
+    """Divisors of (parameters, gradients, optimizer state) under ZeRO stage 0-3 over `replicas`
+    data-parallel copies (Rajbhandari et al., SC'20): stage 1 shards the optimizer state, 2 also the
+    gradients, 3 also the parameters."""
+    d = float(max(replicas, 1))
+    return (d if zero_stage >= 3 else 1.0, d if zero_stage >= 2 else 1.0, d if zero_stage >= 1 else 1.0)

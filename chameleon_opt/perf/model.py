@@ -8,21 +8,28 @@ What it covers: per-stage forward/backward compute (profiled, or FLOPs / (peak x
 Megatron tensor-parallel all-reduces, blocking point-to-point activation transfers, the 1F1B
 schedule (Eq. 9/10/11), the DP gradient all-reduce per group of layers that share replicas, the
 optimizer step, per-stage memory (Eq. 14 generalised), and rerouted work (Eq. 12/13 generalised).
-What it leaves out: overlap of the gradient all-reduce with backward, ZeRO sharding, interleaved
-schedules, network contention between concurrent collectives, and stragglers.
+Schedule options real trainers use (ScheduleOptions; defaults from the instance's training
+settings reproduce the plain 1F1B numbers): the gradient all-reduce overlapped with the last
+micro-batch's backward, bucket by bucket; interleaved 1F1B with v virtual stages per device;
+selective or full activation recomputation. Memory per stage is a sum of named terms
+(perf/memory.py: parameters, gradients, optimizer state under ZeRO 0-3, activations by attention
+implementation and recomputation, fp32 logits, the backward working set, communication buffers
+and the framework's own overhead).
+What it leaves out: network contention between concurrent collectives, stragglers, allocator
+fragmentation beyond the fitted framework constant, and CPU offload.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import numpy as np
 
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.instance.schema import DeviceType
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
-from chameleon_opt.perf.memory import in_flight_micro_batches
+from chameleon_opt.perf.memory import MemoryBreakdown, TERM_MEANING, in_flight_micro_batches, zero_shards
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.plan import Plan, Stage
 
@@ -30,6 +37,20 @@ GIB = float(1 << 30)
 ADAM_BYTES_TOUCHED_PER_PARAM = 28.0
 """Mixed-precision Adam reads fp32 master, m, v and the gradient and writes master, m, v and the
 half-precision copy: about 28 bytes of memory traffic per parameter (memory-bound step)."""
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """Schedule choices a plan can make; None takes the instance's training setting.
+
+    overlap_grad_reduce: each gradient bucket's all-reduce starts once the last micro-batch's backward
+    has produced it. virtual_stages: interleaved 1F1B with v model chunks per device (Narayanan et al.,
+    SC'21): bubble (p-1)/(v m), v times the point-to-point sends, more activations in flight.
+    recomputation: none / selective / full (Korthikanti et al.)."""
+
+    overlap_grad_reduce: bool | None = None
+    virtual_stages: int | None = None
+    recomputation: Literal["none", "selective", "full"] | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,7 @@ class StageCost:
     send_backward_s: float    # blocking send of the gradient to the previous stage
     memory_bytes: float
     memory_capacity_bytes: float
+    memory: MemoryBreakdown | None = None  # the terms of memory_bytes
 
     @property
     def op_forward_s(self) -> float:
@@ -58,14 +80,21 @@ class StageCost:
 class LayerCosts:
     """Per-layer coefficients for the layer-allocation models, on one TP group's device type.
 
-    A stage holding layers [a, b) costs sum(time_s[a:b]) per micro-batch and needs
-    sum(static_bytes[a:b]) + in_flight x sum(activation_bytes[a:b]) + transient_bytes."""
+    A stage holding layers [a, b) costs sum(time_s[a:b]) per micro-batch and fits when
+    sum(static_bytes[a:b]) + in_flight x sum(activation_bytes[a:b]) + transient_bytes <= capacity_bytes,
+    exactly as PerfModel.stage_memory prices it. The head's fp32 logits and loss buffers are folded
+    into the last layer's activation_bytes (the last stage holds one micro-batch in flight).
+    stage_constant_bytes (framework overhead + communication buffers, the same for every stage on
+    this device type and replica count) is already subtracted from capacity_bytes; device_bytes is
+    the device's whole memory, so capacity_bytes = device_bytes - stage_constant_bytes."""
 
     time_s: np.ndarray            # forward + backward incl. TP collectives, one micro-batch
-    static_bytes: np.ndarray      # parameters, gradients, optimizer state per device
+    static_bytes: np.ndarray      # parameters, gradients, optimizer state per device (ZeRO-sharded)
     activation_bytes: np.ndarray  # activations of one in-flight micro-batch per device
-    transient_bytes: float        # recomputation's working set (0 without recomputation)
-    capacity_bytes: float
+    transient_bytes: float        # one block's backward working set (added once per stage)
+    capacity_bytes: float         # what the layers may use: device_bytes - stage_constant_bytes
+    stage_constant_bytes: float = 0.0
+    device_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +116,7 @@ class Estimate:
     data_parallel_s: float
     optimizer_s: float
     breakdown_s: dict[str, float] = field(default_factory=dict)
+    assumptions: tuple[str, ...] = ()  # every constant used that was assumed rather than given or fitted
 
     @property
     def throughput_samples_per_s(self) -> float:
@@ -97,13 +127,14 @@ class Estimate:
         return all(s.memory_bytes <= s.memory_capacity_bytes for p in self.pipelines for s in p.stages)
 
     def memory_violations(self) -> list[str]:
-        """One line per stage over capacity, for infeasibility reasons."""
+        """One line per stage over capacity, for infeasibility reasons, naming the dominant term."""
         lines = []
         for j, (pipe, plan_pipe) in enumerate(zip(self.pipelines, self.plan.pipelines)):
             for s, (cost, stage) in enumerate(zip(pipe.stages, plan_pipe.stages)):
                 if cost.memory_bytes > cost.memory_capacity_bytes:
                     lines.append(f"pipeline {j} stage {s} (layers {stage.first}-{stage.end - 1}) needs "
-                                 f"{cost.memory_bytes / GIB:.1f} GiB > {cost.memory_capacity_bytes / GIB:.1f} GiB")
+                                 f"{cost.memory_bytes / GIB:.1f} GiB > {cost.memory_capacity_bytes / GIB:.1f} GiB"
+                                 f"{memory_reason(cost)}")
         return lines
 
     def to_json(self) -> dict[str, Any]:
@@ -117,33 +148,85 @@ class Estimate:
                  "stages": [{"devices": list(stage.devices), "layers": [stage.first, stage.end],
                              "forward_s": cost.forward_s, "backward_s": cost.backward_s,
                              "memory_bytes": int(cost.memory_bytes),
-                             "memory_capacity_bytes": int(cost.memory_capacity_bytes)}
+                             "memory_capacity_bytes": int(cost.memory_capacity_bytes),
+                             **({"memory_breakdown_bytes": {k: int(v) for k, v in cost.memory.as_dict().items()}}
+                                if cost.memory is not None else {})}
                             for stage, cost in zip(plan_pipe.stages, pipe.stages)]}
                 for pipe, plan_pipe in zip(self.pipelines, self.plan.pipelines)],
             "breakdown_s": dict(self.breakdown_s),
+            "assumptions": list(self.assumptions),
         }
 
 
-class PerfModel:
-    """Costs of any plan on one instance; cached per (device type, TP, micro-batch size)."""
+def memory_reason(cost: StageCost) -> str:
+    """`: dominant term <name> X GiB` for an over-capacity stage (empty without a breakdown)."""
+    if cost.memory is None:
+        return ""
+    name = cost.memory.dominant()
+    return f": largest term {name} ({TERM_MEANING[name]}) {getattr(cost.memory, name) / GIB:.1f} GiB"
 
-    def __init__(self, instance: Instance) -> None:
+
+class PerfModel:
+    """Costs of any plan on one instance; cached per (device type, TP, micro-batch size).
+
+    `options` overrides the instance's schedule settings (see ScheduleOptions); `calibration` is a
+    fitted per-device time calibration (perf/calibration.py) used where the workload has no profile
+    on a device: default models/calibration/<training.framework>.json."""
+
+    def __init__(self, instance: Instance, options: ScheduleOptions | None = None,
+                 calibration: Any = None) -> None:
         self.instance = instance
         self.workload = instance.workload
         training = instance.spec.training
+        options = options or ScheduleOptions()
+        self.options = ScheduleOptions(
+            overlap_grad_reduce=training.overlap_grad_reduce if options.overlap_grad_reduce is None
+            else options.overlap_grad_reduce,
+            virtual_stages=options.virtual_stages or training.virtual_stages,
+            recomputation=options.recomputation or training.recompute)
         self.micro_batch_size = training.micro_batch_size
-        self.recompute = training.activation_recomputation
+        self.recompute = self.options.recomputation
+        self.attention = training.attention
+        self.sequence_parallel = training.sequence_parallel
+        self.zero_stage = training.zero
         self.dtype_bytes = training.dtype_bytes
         self.param_bytes = float(training.dtype_bytes)
         self.grad_bytes = float(training.grad_bytes_per_param or training.dtype_bytes)
         self.optimizer_bytes = float(training.optimizer.state_bytes_per_param)
-        self.shard_optimizer = training.distributed_optimizer
+        self.grad_bucket_bytes = training.grad_bucket_mb * 2.0 ** 20
+        self.framework_overhead_gib = training.framework_overhead_gib
+        if calibration is None and training.framework is not None:
+            from chameleon_opt.perf.calibration import load_framework
+            calibration = load_framework(training.framework)
+        self.calibration = calibration
+        if self.framework_overhead_gib is None and calibration is not None:
+            self.framework_overhead_gib = calibration.overhead_gib
         network = instance.spec.cluster.network
         self.intra = Link(network.intra_node_gbps * 1e9, network.intra_node_latency_us * 1e-6)
         self.inter = Link(network.inter_node_gbps * 1e9, network.inter_node_latency_us * 1e-6)
         self.p2p_overhead_s = network.p2p_overhead_us * 1e-6
         self._prefix: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+        self._transient: dict[int, float] = {}
         self.total_params = float(self.workload.params.sum())
+        self.time_sources: dict[tuple[str, int], str] = {}  # how each (device, TP)'s times were obtained
+
+    @property
+    def shard_optimizer(self) -> bool:
+        """Whether some state is sharded over data-parallel replicas (ZeRO stage >= 1)."""
+        return self.zero_stage >= 1
+
+    @property
+    def sharded_bytes_per_param(self) -> float:
+        """Bytes per parameter (before TP) that ZeRO divides by the replicas: the optimizer state at
+        stage 1, plus gradients at 2, plus parameters at 3 (the rest of static_bytes is replicated)."""
+        return ((self.optimizer_bytes if self.zero_stage >= 1 else 0.0) + (self.grad_bytes if self.zero_stage >= 2 else 0.0)
+                + (self.param_bytes if self.zero_stage >= 3 else 0.0))
+
+    def with_options(self, options: ScheduleOptions) -> "PerfModel":
+        """The same instance under other schedule options (unset fields keep this model's)."""
+        merged = ScheduleOptions(*(getattr(options, f) if getattr(options, f) is not None else getattr(self.options, f)
+                                   for f in ("overlap_grad_reduce", "virtual_stages", "recomputation")))
+        return PerfModel(self.instance, merged, self.calibration)
 
     # -- per-layer tables as prefix sums -----------------------------------------------------
     def _tables(self, device: DeviceType, tp: int) -> dict[str, np.ndarray]:
@@ -152,19 +235,35 @@ class PerfModel:
             return self._prefix[key]
         w, mbs = self.workload, self.micro_batch_size
         profile = w.profile_table(device.name, mbs, tp)
-        if profile is not None:
-            fwd, bwd = profile.forward_s, profile.backward_s
+        transferred = None
+        if profile is None and self.calibration is not None:
+            transferred = self.calibration.transfer(w, device.name, mbs, tp)
+        update = w.params / tp * ADAM_BYTES_TOUCHED_PER_PARAM / (device.memory_bandwidth_gbps * 1e9)
+        count_f, count_b = w.tp_allreduce_counts(self.recompute)
+        one = ring_allreduce_time(w.tp_allreduce_bytes_per_sample() * mbs, tp, self.intra)
+        if profile is not None or transferred is not None:
+            table = profile if profile is not None else transferred.table
+            fwd, bwd = table.forward_s, table.backward_s
             tp_fwd = tp_bwd = np.zeros_like(fwd)  # a profile at this TP already includes its collectives
-            update = profile.update_s.max() * w.params / max(self.total_params, 1.0)
+            if table.update_s.max() > 0:
+                update = table.update_s.max() * w.params / max(self.total_params, 1.0)
+            # Profiles are measured without recomputation: add the recomputed forward work.
+            core = np.divide(w.attention_core_flops_per_sample, w.forward_flops_per_sample,
+                             out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
+            bwd = bwd + (fwd if self.recompute == "full" else fwd * core if self.recompute == "selective" else 0.0)
+            if self.recompute == "full":
+                tp_bwd = (count_b - w.tp_allreduce_counts("none")[1]) * one
+            self.time_sources[key] = "profile" if profile is not None else transferred.source
         else:
             rate = device.peak_tflops * 1e12 * device.efficiency
             fwd = w.forward_flops_per_sample * mbs / tp / rate
-            bwd = 2.0 * fwd + (fwd if self.recompute else 0.0)
-            count_f, count_b = w.tp_allreduce_counts(self.recompute)
-            one = ring_allreduce_time(w.tp_allreduce_bytes_per_sample() * mbs, tp, self.intra)
+            recomputed = (w.forward_flops_per_sample if self.recompute == "full" else
+                          w.attention_core_flops_per_sample if self.recompute == "selective" else 0.0)
+            bwd = 2.0 * fwd + recomputed * mbs / tp / rate
             tp_fwd, tp_bwd = count_f * one, count_b * one
-            update = w.params / tp * ADAM_BYTES_TOUCHED_PER_PARAM / (device.memory_bandwidth_gbps * 1e9)
-        act = w.activation_bytes_per_sample(tp, self.recompute) * mbs
+            self.time_sources[key] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
+                                      "(catalogue efficiency)")
+        act = w.activation_bytes_per_sample(tp, self.recompute, self.attention, self.sequence_parallel) * mbs
         table = {
             "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
             "params": w.params / tp, "act": act,
@@ -211,41 +310,87 @@ class PerfModel:
             return 0.0
         return self.link_between(sender[0], receiver[0]).send_time(nbytes) + self.p2p_overhead_s
 
+    def framework_bytes(self, device: DeviceType) -> float:
+        """The framework's own per-device memory: the instance's or the calibration's fitted value,
+        else the device type's reserved_gib (an assumption unless the instance says otherwise)."""
+        gib = self.framework_overhead_gib if self.framework_overhead_gib is not None else device.reserved_gib
+        return gib * GIB
+
+    def comm_buffer_bytes(self, replicas: int) -> float:
+        """Pipeline receive buffers (one activation and one gradient message of the largest boundary)
+        and, with data-parallel replicas, one gradient bucket being reduced. A workload given by
+        per-layer bytes (no architecture) states its own memory: nothing is added to it."""
+        if self.workload.architecture is None:
+            return 0.0
+        boundary = float(self.workload.boundary_bytes_per_sample.max(initial=0.0)) * self.micro_batch_size
+        return 2.0 * boundary + (self.grad_bucket_bytes if replicas > 1 else 0.0)
+
+    def transient_bytes(self, tp: int, replicas: int = 1) -> float:
+        """One block's backward working set (the same for every block), plus under ZeRO-3 the two
+        layers' full parameters gathered at a time (the one computing and the one prefetched)."""
+        if tp not in self._transient:
+            self._transient[tp] = self.workload.backward_transient_bytes_per_sample(
+                tp, self.recompute, self.attention, self.sequence_parallel) * self.micro_batch_size
+        gathered = 0.0
+        if self.zero_stage >= 3 and replicas > 1:
+            gathered = 2.0 * float(self.workload.params.max()) / tp * self.param_bytes
+        return self._transient[tp] + gathered
+
+    def stage_memory_breakdown(self, devices: tuple[int, ...], first: int, end: int, stage: int, stages: int,
+                               own_micro_batches: float, extra_micro_batches: float = 0.0,
+                               replicas: int = 1) -> MemoryBreakdown:
+        """Per-device bytes of a stage slot at its peak, by term: state sharded by TP and by ZeRO over
+        the stage's `replicas`, activations of the micro-batches 1F1B (or interleaved 1F1B) keeps in
+        flight, the head's logits, one backward working set, buffers and the framework overhead."""
+        device = self.stage_device(devices)
+        tp = len(devices)
+        table = self._tables(device, tp)
+        params = self._range(table, "params", first, end)
+        p_div, g_div, o_div = zero_shards(self.zero_stage, replicas)
+        in_flight = in_flight_micro_batches(stage, stages, int(own_micro_batches), extra_micro_batches,
+                                            self.options.virtual_stages or 1)
+        activations = in_flight * self._range(table, "act", first, end)
+        head = self.workload.num_layers - 1
+        logits = 0.0
+        if end > head >= first and self.workload.architecture is not None:
+            logits = in_flight * float(self._head_logit_bytes(tp))
+        return MemoryBreakdown(
+            parameters=params * self.param_bytes / p_div, gradients=params * self.grad_bytes / g_div,
+            optimizer=params * self.optimizer_bytes / o_div, activations=activations - logits, logits=logits,
+            transient=self.transient_bytes(tp, replicas), comm_buffers=self.comm_buffer_bytes(replicas),
+            framework=self.framework_bytes(device))
+
+    def _head_logit_bytes(self, tp: int) -> float:
+        """The fp32 logits (and their half-precision copy) of one micro-batch on one TP rank: the part
+        of the head's activations that the breakdown names `logits`."""
+        a = self.workload.architecture
+        assert a is not None
+        return (4.0 + self.dtype_bytes) * self.workload.sequence_length * a.vocab / tp * self.micro_batch_size
+
     def stage_memory(self, devices: tuple[int, ...], first: int, end: int, stage: int, stages: int,
                      own_micro_batches: float, extra_micro_batches: float = 0.0,
                      replicas: int = 1) -> tuple[float, float]:
-        """(bytes needed, bytes available) on each device of a stage slot: Eq. 14 generalised to
-        per-layer sizes, TP sharding, mixed-precision state, optimizer state sharded over the
-        `replicas` of the stage when the distributed optimizer is on, and 1F1B's in-flight count."""
-        device = self.stage_device(devices)
-        table = self._tables(device, len(devices))
-        params = self._range(table, "params", first, end)
-        optimizer = self.optimizer_bytes / max(replicas, 1) if self.shard_optimizer else self.optimizer_bytes
-        static = params * (self.param_bytes + self.grad_bytes + optimizer)
-        in_flight = in_flight_micro_batches(stage, stages, int(own_micro_batches), extra_micro_batches)
-        activations = in_flight * self._range(table, "act", first, end)
-        if self.recompute:  # the block being recomputed materialises its full activations once
-            full = self.workload.activation_bytes_per_sample(len(devices), False) * self.micro_batch_size
-            activations += float(full[first:end].max())
-        capacity = (device.memory_gib - device.reserved_gib) * GIB
-        return static + activations, capacity
+        """(bytes needed, bytes available) on each device of a stage slot (see stage_memory_breakdown;
+        available is the device's whole memory: the framework's share is a term of the need)."""
+        breakdown = self.stage_memory_breakdown(devices, first, end, stage, stages, own_micro_batches,
+                                                extra_micro_batches, replicas)
+        return breakdown.total, self.stage_device(devices).memory_gib * GIB
 
     def layer_costs(self, devices: tuple[int, ...], replicas: int = 1) -> LayerCosts:
         """Per-layer linear coefficients of time and memory, for solvers that pick layer ranges."""
         device = self.stage_device(devices)
         table = self._tables(device, len(devices))
         per_layer = {name: np.diff(values) for name, values in table.items()}
-        optimizer = self.optimizer_bytes / max(replicas, 1) if self.shard_optimizer else self.optimizer_bytes
-        static = per_layer["params"] * (self.param_bytes + self.grad_bytes + optimizer)
-        transient = 0.0
-        if self.recompute:
-            full = self.workload.activation_bytes_per_sample(len(devices), False) * self.micro_batch_size
-            transient = float(full.max())
+        p_div, g_div, o_div = zero_shards(self.zero_stage, replicas)
+        static = per_layer["params"] * (self.param_bytes / p_div + self.grad_bytes / g_div
+                                        + self.optimizer_bytes / o_div)
         spans_nodes = len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1
         tp_scale = self.intra.bandwidth / self.inter.bandwidth if spans_nodes else 1.0
         time = per_layer["fwd"] + per_layer["bwd"] + (per_layer["tp_fwd"] + per_layer["tp_bwd"]) * tp_scale
-        capacity = (device.memory_gib - device.reserved_gib) * GIB
-        return LayerCosts(time, static, per_layer["act"], transient, capacity)
+        device_bytes = device.memory_gib * GIB
+        constant = self.framework_bytes(device) + self.comm_buffer_bytes(replicas)
+        return LayerCosts(time, static, per_layer["act"], self.transient_bytes(len(devices), replicas),
+                          device_bytes - constant, constant, device_bytes)
 
     def optimizer_time(self, devices: tuple[int, ...], first: int, end: int) -> float:
         table = self._tables(self.stage_device(devices), len(devices))
@@ -266,9 +411,10 @@ class PerfModel:
             send_b = self.boundary_send_time(stage.devices, stages[s - 1].devices, stages[s - 1].end - 1) \
                 if s > 0 else 0.0
             shards = min(replicas[layer] for layer in range(stage.first, stage.end)) if replicas else 1
-            need, have = self.stage_memory(stage.devices, stage.first, stage.end, s, len(stages),
-                                           pipe.micro_batches, extra[s], shards)
-            costs.append(StageCost(fwd, bwd, compute, tp_time, send_f, send_b, need, have))
+            memory = self.stage_memory_breakdown(stage.devices, stage.first, stage.end, s, len(stages),
+                                                 pipe.micro_batches, extra[s], shards)
+            have = self.stage_device(stage.devices).memory_gib * GIB
+            costs.append(StageCost(fwd, bwd, compute, tp_time, send_f, send_b, memory.total, have, memory))
         return costs
 
     @staticmethod
@@ -283,25 +429,51 @@ class PerfModel:
                         holders.setdefault(layer, []).append((j, s))
         return holders
 
-    def data_parallel_time(self, plan: Plan, failed_slots: frozenset[tuple[int, int]] = frozenset()) -> float:
-        """Gradient all-reduce: each layer is reduced among the stage slots that hold it; layers
-        with the same replica set form one bucket (with identical pipelines: one group per stage).
-        A slot reduces its buckets one after another; slots run in parallel; the slowest counts.
-        (With the distributed optimizer it is a reduce-scatter plus an all-gather: same volume.)"""
+    def slot_reduce_times(self, plan: Plan, failed_slots: frozenset[tuple[int, int]] = frozenset()
+                          ) -> dict[tuple[int, int], tuple[float, float]]:
+        """Per live slot: (time of all its gradient all-reduces, time of its last bucket's). Each layer
+        is reduced among the slots that hold it; layers with the same replica set form one group
+        (with identical pipelines: one group per stage); a slot reduces its groups one after another."""
         holders = self.layer_holders(plan, failed_slots)
-        buckets: dict[tuple[tuple[int, int], ...], list[int]] = {}
+        groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
         for layer, slots in holders.items():
-            buckets.setdefault(tuple(slots), []).append(layer)
-        per_slot: dict[tuple[int, int], float] = {}
+            groups.setdefault(tuple(slots), []).append(layer)
+        per_slot: dict[tuple[int, int], tuple[float, float]] = {}
         grad_bytes = self.workload.params * self.grad_bytes / plan.tensor_parallel
-        for slots, layers in buckets.items():
+        for slots, layers in groups.items():
             if len(slots) < 2:
                 continue
             ring = [plan.pipelines[j].stages[s].devices[0] for j, s in slots]
-            time = ring_allreduce_time(float(grad_bytes[layers].sum()), len(slots), self.group_link(ring))
+            link = self.group_link(ring)
+            nbytes = float(grad_bytes[layers].sum())
+            time = ring_allreduce_time(nbytes, len(slots), link)
+            last = ring_allreduce_time(min(nbytes, self.grad_bucket_bytes or nbytes), len(slots), link)
             for slot in slots:
-                per_slot[slot] = per_slot.get(slot, 0.0) + time
-        return max(per_slot.values(), default=0.0)
+                total, _ = per_slot.get(slot, (0.0, 0.0))
+                per_slot[slot] = (total + time, last)
+        return per_slot
+
+    def data_parallel_time(self, plan: Plan, failed_slots: frozenset[tuple[int, int]] = frozenset()) -> float:
+        """Gradient all-reduce after the pipeline drains (no overlap): slots run in parallel, the slowest
+        counts. (With the distributed optimizer it is a reduce-scatter plus an all-gather: same volume.)"""
+        return max((total for total, _ in self.slot_reduce_times(plan, failed_slots).values()), default=0.0)
+
+    def exposed_data_parallel_time(self, plan: Plan, pipelines: list[PipelineEstimate],
+                                   failed_slots: frozenset[tuple[int, int]] = frozenset()) -> float:
+        """The all-reduce time left after the pipeline ends when each bucket is reduced as soon as the
+        last micro-batch's backward has produced it. Slot s of a pipeline finishes that backward while
+        the stages before it still run theirs (sum of their op_backward_s: its slack), and its buckets
+        fill during its own last backward, so only the last bucket must wait for it to end:
+        exposed = max over slots of max(R - B - slack, R_last - slack, 0), R its reductions, B its
+        last backward; the step ends when the slowest pipeline and every slot's reductions are done."""
+        reduce_times = self.slot_reduce_times(plan, failed_slots)
+        longest = max(p.iteration_time_s for p in pipelines)
+        exposed = 0.0
+        for (j, s), (total, last) in reduce_times.items():
+            stages = pipelines[j].stages
+            slack = sum(c.op_backward_s for c in stages[:s]) + (longest - pipelines[j].iteration_time_s)
+            exposed = max(exposed, total - stages[s].op_backward_s - slack, last - slack)
+        return exposed
 
     def failed_slots(self, plan: Plan, failed_devices: frozenset[int]) -> frozenset[tuple[int, int]]:
         return frozenset((j, s) for j, pipe in enumerate(plan.pipelines) for s, stage in enumerate(pipe.stages)
@@ -317,16 +489,19 @@ class PerfModel:
         failed = self.failed_slots(plan, failed_devices)
         replicas = {layer: len(slots) for layer, slots in self.layer_holders(plan, failed).items()}
         pipelines, cache = [], {}
+        virtual = self.options.virtual_stages or 1
         for j, pipe in enumerate(plan.pipelines):
             costs = self.stage_costs(plan, j, extras[j], replicas)
             key = (tuple((c.op_forward_s, c.op_backward_s) for c in costs), pipe.micro_batches)
             if key not in cache:  # identical pipelines are the common case: schedule them once
-                cache[key] = one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs],
-                                              pipe.micro_batches)
+                cache[key] = self.pipeline_time(costs, pipe.micro_batches, virtual)
             rerouted_s = sum(e * (c.op_forward_s + c.op_backward_s) for e, c in zip(extras[j], costs) if e)
             pipelines.append(PipelineEstimate(pipe.micro_batches, cache[key] + rerouted_s, tuple(costs),
                                               tuple(extras[j])))
-        dp_time = self.data_parallel_time(plan, failed)
+        if self.options.overlap_grad_reduce:
+            dp_time = self.exposed_data_parallel_time(plan, pipelines, failed)
+        else:
+            dp_time = self.data_parallel_time(plan, failed)
         opt_time = max((self.optimizer_time(st.devices, st.first, st.end)
                         for j, p in enumerate(plan.pipelines) for s, st in enumerate(p.stages)
                         if (j, s) not in failed), default=0.0)
@@ -334,7 +509,46 @@ class PerfModel:
         pipeline_time = pipelines[slowest].iteration_time_s
         breakdown = self._breakdown(pipelines[slowest], pipeline_time, dp_time, opt_time)
         return Estimate(plan, pipeline_time + dp_time + opt_time, self.instance.spec.training.global_batch,
-                        tuple(pipelines), dp_time, opt_time, breakdown)
+                        tuple(pipelines), dp_time, opt_time, breakdown, self.assumptions(plan))
+
+    def assumptions(self, plan: Plan) -> tuple[str, ...]:
+        """The constants behind this plan's numbers that nobody measured or gave: defaults of the
+        training settings and catalogue values, each with where it comes from."""
+        training = self.instance.spec.training
+        given = training.model_fields_set
+        lines = []
+        devices = {self.stage_device(st.devices) for p in plan.pipelines for st in p.stages}
+        if self.framework_overhead_gib is None:
+            lines += [f"framework overhead {d.reserved_gib:g} GiB on {d.name} (device reserved_gib; set "
+                      "training.framework or framework_overhead_gib)" for d in sorted(devices, key=lambda d: d.name)]
+        if "attention" not in given:
+            lines.append("attention flash (no s^2 activations); set training.attention to eager if not")
+        if "grad_bucket_mb" not in given and any(len(p.stages) and len(plan.pipelines) > 1 for p in plan.pipelines):
+            lines.append("gradient bucket 25 MiB (PyTorch DDP default)")
+        if "optimizer" not in given:
+            lines.append("optimizer state 12 bytes/parameter (mixed-precision Adam)")
+        for (name, tp), source in sorted(self.time_sources.items()):
+            if "catalogue efficiency" in source:
+                fitted = " (fitted on Megatron-LM GPT-3 175B)" if name.startswith("A100") else " (assumed)"
+                lines.append(f"{name} TP {tp} times: {source}{fitted}")
+        return tuple(lines)
+
+    @staticmethod
+    def pipeline_time(costs: list[StageCost], micro_batches: int, virtual: int = 1) -> float:
+        """One pipeline's schedule time. v = 1: the exact 1F1B longest path (Eq. 11). v > 1
+        (interleaved 1F1B): each device runs v chunks of 1/v of its layers and sends at every chunk
+        boundary, so an operation costs t/v + send; the bubble is the 1F1B longest path of the chunk
+        operations and the steady state adds (v - 1)/v of m bottleneck operations, which equals
+        Narayanan et al.'s (m + (p - 1)/v)(t_f + t_b) + v times the sends for identical stages."""
+        if virtual <= 1:
+            return one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs], micro_batches)
+        last = len(costs) - 1
+        forward = [c.forward_s / virtual + (c.send_forward_s or (costs[0].send_backward_s if s == last else 0.0))
+                   for s, c in enumerate(costs)]  # the last stage sends chunk outputs back to the first device
+        backward = [c.backward_s / virtual + c.send_backward_s for c in costs]
+        bubble = one_f_one_b_time(forward, backward, micro_batches)
+        bottleneck = max(f + b for f, b in zip(forward, backward))
+        return bubble + micro_batches * (virtual - 1) * bottleneck
 
     @staticmethod
     def _breakdown(pipe: PipelineEstimate, pipeline_time: float, dp_time: float, opt_time: float) -> dict[str, float]:

@@ -191,28 +191,56 @@ def parse_trace(spec: str, instance: Instance, horizon_s: float) -> tuple[Trace,
     mtbf_hours (per device, default the instance's), seed, repair_hours, or 'llama3' / 'opt175b'
     [:seed=..,repair_hours=..] (published rates)."""
     name, _, rest = spec.partition(":")
-    options: dict[str, str] = {}
-    for part in filter(None, rest.split(",")):
-        key, _, value = part.partition("=")
-        options[key.strip()] = value.strip()
-    seed = int(options.get("seed", 0))
-    repair = float(options["repair_hours"]) if "repair_hours" in options else None
+    if name not in TRACE_KEYS:
+        if Path(spec).is_file():
+            return load_trace(spec), instance.spec.failures.mtbf_hours_per_device
+        raise InputError(None, "--trace", f"unknown trace {spec!r}",
+                         "give instance, synthetic[:mtbf_hours=H,seed=S,repair_hours=R], llama3, opt175b or a JSON file")
+    options = _trace_options(name, rest)
     if name == "instance":
         return trace_from_instance(instance), instance.spec.failures.mtbf_hours_per_device
+    seed = int(options.get("seed", 0))
+    repair = options.get("repair_hours")
     if name == "synthetic":
-        mtbf = float(options.get("mtbf_hours", instance.spec.failures.mtbf_hours_per_device or 0) or 0)
+        mtbf = options.get("mtbf_hours", instance.spec.failures.mtbf_hours_per_device or 0)
         if mtbf <= 0:
             raise InputError(None, "--trace", "synthetic trace without an MTBF",
                              "give synthetic:mtbf_hours=H or an instance with failures.mtbf_hours_per_device")
         return synthetic_trace(instance.num_devices, mtbf, horizon_s, seed, repair), mtbf
-    if name in PUBLISHED_RATES:
-        per_node = instance.devices_per_node
-        return (published_rate_trace(name, instance.num_devices, horizon_s, seed, repair, per_node),
-                published_mtbf_hours_per_device(name, per_node))
-    if Path(spec).is_file():
-        return load_trace(spec), instance.spec.failures.mtbf_hours_per_device
-    raise InputError(None, "--trace", f"unknown trace {spec!r}",
-                     "give instance, synthetic[:mtbf_hours=H,seed=S,repair_hours=R], llama3, opt175b or a JSON file")
+    per_node = instance.devices_per_node
+    return (published_rate_trace(name, instance.num_devices, horizon_s, seed, repair, per_node),
+            published_mtbf_hours_per_device(name, per_node))
+
+
+TRACE_KEYS = {"instance": (), "synthetic": ("mtbf_hours", "seed", "repair_hours"),
+              **{name: ("seed", "repair_hours") for name in PUBLISHED_RATES}}
+"""The `key=value` options each named trace takes (a file or `instance` takes none)."""
+
+
+def _trace_options(name: str, text: str) -> dict[str, float]:
+    """`k=v,...` of a --trace string, checked: known keys only (a misspelt key must not be silently
+    ignored), seed a non-negative integer, hours positive finite numbers (repair may be 0)."""
+    valid = TRACE_KEYS[name]
+    listed = ", ".join(valid) if valid else "none"
+    options: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = (x.strip() for x in part.partition("="))
+        if key not in valid:
+            raise InputError(None, "--trace", f"unknown option {key!r} for the {name} trace", f"valid keys: {listed}")
+        if not sep or not value:
+            raise InputError(None, "--trace", f"option {key!r} has no value", f"write {key}=VALUE")
+        try:
+            number = float(int(value)) if key == "seed" else float(value)
+        except ValueError:
+            kind = "an integer" if key == "seed" else "a number"
+            raise InputError(None, "--trace", f"{key}={value!r} is not {kind}", f"write e.g. {key}="
+                             + ("0" if key == "seed" else "1000")) from None
+        lowest_ok = key in ("seed", "repair_hours")
+        if not math.isfinite(number) or number < 0 or (number == 0 and not lowest_ok):
+            raise InputError(None, "--trace", f"{key}={value} is out of range",
+                             f"give a finite {'non-negative' if lowest_ok else 'positive'} {key}")
+        options[key] = number
+    return options
 
 
 def with_failure_rate(instance: Instance, mtbf_hours_per_device: float | None) -> Instance:
@@ -486,52 +514,94 @@ def simulate_policies(instance: Instance, trace: Sequence[TraceEvent], policies:
 
 
 # -- plot -----------------------------------------------------------------------------------------
-def draw_timeline(ax, results: dict[str, SimulationResult], title: str | None = None) -> None:
-    """Draw the throughput step plot of every result on a matplotlib axes."""
+STYLES = (("-", 3.4, 0.55, "o"), ("--", 2.2, 0.9, "s"), ("-.", 1.6, 0.9, "^"), (":", 1.6, 1.0, "D"),
+          ((0, (5, 1, 1, 1, 1, 1)), 1.3, 0.9, "v"), ((0, (1, 3)), 1.3, 1.0, "x"))
+"""Per policy, in the order given: line style, width, opacity, marker. The first policy (the one
+being evaluated) is the widest, half transparent, drawn first; each later one is narrower and
+dashed differently on top of it, so where policies coincide every line still shows."""
+
+
+def _time_scale(results: dict[str, SimulationResult]) -> tuple[float, str]:
     any_result = next(iter(results.values()), None)
-    hours = (any_result.horizon_s if any_result else 0) > 6 * 3600
-    scale, unit = (3600.0, "h") if hours else (60.0, "min")
-    for name, result in results.items():
+    return (3600.0, "h") if (any_result.horizon_s if any_result else 0) > 6 * 3600 else (60.0, "min")
+
+
+def _policy_style(i: int) -> dict[str, Any]:
+    style, width, alpha, marker = STYLES[i % len(STYLES)]
+    return {"linestyle": style, "linewidth": width, "alpha": alpha, "marker": marker, "markersize": 4,
+            "zorder": 2 + i}
+
+
+def draw_timeline(ax: Any, results: dict[str, SimulationResult], title: str | None = None) -> None:
+    """Throughput step plot of every policy on a matplotlib axes: failures (red) and repairs
+    (green) marked, failure-free throughput dashed grey; a marker where a policy's rate changes."""
+    any_result = next(iter(results.values()), None)
+    scale, unit = _time_scale(results)
+    for i, (name, result) in enumerate(results.items()):
         xs, ys = [], []
         for s in result.segments:
             xs += [s.start_s / scale, s.end_s / scale]
             ys += [s.samples_per_s, s.samples_per_s]
-        ax.plot(xs, ys, label=f"{name} (avg {result.average_throughput:.1f}/s)", linewidth=1.2)
+        ax.plot(xs, ys, label=f"{name} (avg {result.average_throughput:.4g}/s)", markevery=list(range(0, len(xs), 2)),
+                **_policy_style(i))
     if any_result is not None:
         ax.axhline(any_result.failure_free_throughput, color="grey", linestyle="--", linewidth=0.8,
-                   label="failure-free")
+                   label="failure-free", zorder=1)
         marked = set()
         for e in any_result.events:
             color, style = ("red", ":") if e.kind == "fail" else ("green", "-.")
             label = None if e.kind in marked else ("failure" if e.kind == "fail" else "repair")
             marked.add(e.kind)
-            ax.axvline(e.time_s / scale, color=color, linestyle=style, linewidth=0.7, alpha=0.5, label=label)
+            ax.axvline(e.time_s / scale, color=color, linestyle=style, linewidth=0.7, alpha=0.5, label=label, zorder=1)
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("throughput (samples/s)")
     ax.set_ylim(bottom=0)
     ax.set_title(title or (f"{any_result.instance}: throughput per policy" if any_result else "throughput"),
                  fontsize=9)
-    ax.legend(fontsize=6, loc="lower left", ncol=2)
+    ax.legend(fontsize=7, loc="lower left", ncol=2)
 
 
-def plot_timeline(results: dict[str, SimulationResult], path: str | Path, title: str | None = None) -> Path:
-    """Throughput over time per policy (step plot), failures (red) and repairs (green) marked,
-    failure-free throughput dashed; written with the Agg backend."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def draw_lost_time(ax: Any, results: dict[str, SimulationResult]) -> None:
+    """Training time lost so far against failure-free training (samples not processed, divided by
+    the failure-free rate): policies whose throughput lines coincide still separate here."""
+    scale, unit = _time_scale(results)
+    for i, (name, result) in enumerate(results.items()):
+        rate = result.failure_free_throughput
+        xs, ys, lost = [0.0], [0.0], 0.0
+        for s in result.segments:
+            lost += (rate - s.samples_per_s) * (s.end_s - s.start_s) / rate
+            xs.append(s.end_s / scale)
+            ys.append(lost / 60.0)
+        ax.plot(xs, ys, label=f"{name}: {ys[-1]:.4g} min lost", markevery=list(range(1, len(xs))),
+                **_policy_style(i))
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_ylabel("training time lost (min)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper left")
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(11, 4.8))
-    draw_timeline(ax, results, title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+
+def timeline_figure(results: dict[str, SimulationResult], title: str | None = None) -> Any:
+    """Throughput over time (top) and the time lost against failure-free training (bottom)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 7))
+    top, bottom = figure.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    draw_timeline(top, results, title)
+    top.set_xlabel("")
+    draw_lost_time(bottom, results)
+    figure.tight_layout()
+    return figure
+
+
+def plot_timeline(results: dict[str, SimulationResult], path: str | Path, title: str | None = None,
+                  force: bool = False) -> Path:
+    """Write timeline_figure under the output rule (never over an existing file without `force`)."""
+    from chameleon_opt.output import save_figure
+
+    return save_figure(timeline_figure(results, title), Path(path), "--plot", force)
 
 
 __all__ = ["PUBLISHED_RATES", "Segment", "SimulationResult", "TraceEvent", "TransitionRecord", "draw_timeline",
            "fixed_trace", "load_trace", "parse_trace", "plot_timeline", "published_mtbf_hours_per_device",
            "published_rate_trace", "simulate", "simulate_policies", "synthetic_trace", "trace_from_instance",
-           "trace_to_json", "with_failure_rate"]
+           "timeline_figure", "trace_to_json", "with_failure_rate"]

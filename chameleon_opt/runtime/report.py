@@ -8,20 +8,12 @@ first completed step after it, is a shaded band.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from chameleon_opt.runtime.controller import RunReport
-
-
-def free_path(path: Path) -> Path:
-    """`path`, or `stem-1.suffix`, `stem-2.suffix`... : a default output never overwrites a file."""
-    candidate, n = path, 0
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
-    return candidate
 
 
 def step_completions(report: "RunReport") -> list[float]:
@@ -66,15 +58,15 @@ def report_json(report: "RunReport", reference: "RunReport | None", global_batch
     }
 
 
-def plot_run(report: "RunReport", reference: "RunReport | None", global_batch: int, path: Path, title: str) -> Path:
-    """Write the timeline plot (PNG, Agg backend)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def run_figure(report: "RunReport", reference: "RunReport | None", global_batch: int, title: str) -> "Figure":
+    """The timeline plot as a matplotlib Figure (object API: no pyplot, no backend switch)."""
+    from matplotlib import rcParams
+    from matplotlib.figure import Figure
 
     done = step_completions(report)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=False)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig = Figure(figsize=(11, 6.5))
+    top, bottom = fig.subplots(2, 1, sharex=False)
+    colours = rcParams["axes.prop_cycle"].by_key()["color"]
     step = 0
     for g in report.generations:
         n = len(g.step_times_s)
@@ -105,7 +97,4 @@ def plot_run(report: "RunReport", reference: "RunReport | None", global_batch: i
     bottom.set_ylabel("loss")
     bottom.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

@@ -33,16 +33,20 @@ from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Pipeline, Plan, Reroute
 from chameleon_opt.solve.result import SolveResult, Status
 
-def _peer_capacity(model: PerfModel, plan: Plan, k: int, s: int, replicas: int) -> int:
+def _peer_capacity(model: PerfModel, plan: Plan, k: int, s: int, replicas: int, cap: int) -> int:
     """Q: micro-batches in flight whose activations fit on stage s of pipeline k beside its static
-    state (optimizer sharded over `replicas` live holders when the distributed optimizer is on)."""
+    state (optimizer sharded over `replicas` live holders when the distributed optimizer is on).
+
+    Capped at `cap`, a value at which the memory rows can no longer bind: an uncapped Q of 1e15
+    (a device with 1e12 GiB) makes the MILP so ill-scaled that HiGHS returns a solution pulp
+    cannot read back."""
     stage = plan.pipelines[k].stages[s]
     costs = model.layer_costs(stage.devices, replicas)
     static = float(costs.static_bytes[stage.first:stage.end].sum()) + costs.transient_bytes
     per_micro_batch = float(costs.activation_bytes[stage.first:stage.end].sum())
     if per_micro_batch <= 0:
-        return 10 ** 9
-    return max(int(math.floor((costs.capacity_bytes - static) / per_micro_batch)), 0)
+        return cap
+    return min(max(int(math.floor((costs.capacity_bytes - static) / per_micro_batch)), 0), cap)
 
 
 def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float = 5.0, threads: int = 1,
@@ -74,6 +78,8 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
                       == (pipes[j].stages[s].first, pipes[j].stages[s].end)] for j, s in dead}
 
     holders = model.layer_holders(plan, frozenset(dead))
+    # (S - s)(m_k + r) <= S * 2N whatever the shares, and Q >= S - s keeps m_k free: no row binds
+    cap = 2 * total * max(len(p.stages) for p in pipes)
     problem = pulp.LpProblem("reroute", pulp.LpMinimize)
     makespan = problem.add_variable("T", 0)
     damaged = {j for j, _ in dead}
@@ -92,12 +98,12 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
         extra = pulp.lpSum(cost[(k, s)] * r for s, r in load[k])
         problem += makespan >= fill + bottleneck * (own[k] - 1) + extra
         for s, r in load[k]:
-            quota = _peer_capacity(model, plan, k, s, len(holders[pipes[k].stages[s].first]))
+            quota = _peer_capacity(model, plan, k, s, len(holders[pipes[k].stages[s].first]), cap)
             problem += (len(pipes[k].stages) - s) * (own[k] + r) <= quota * own[k]
         for s in range(len(pipes[k].stages)):  # more of its own micro-batches raise min(S - s, m) in flight
             if (k, s) in dead:
                 continue
-            quota = _peer_capacity(model, plan, k, s, len(holders[pipes[k].stages[s].first]))
+            quota = _peer_capacity(model, plan, k, s, len(holders[pipes[k].stages[s].first]), cap)
             if quota < len(pipes[k].stages) - s:
                 problem += own[k] <= quota
     problem += makespan

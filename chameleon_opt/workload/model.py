@@ -56,6 +56,13 @@ def fit_profile_times(profile: Profile, micro_batch_size: int, tp: int) -> Layer
     return LayerTable(fitted[:, 0], fitted[:, 1], update, fitted=True)
 
 
+def _recompute_mode(recompute: bool | str) -> str:
+    """The legacy boolean (True = full recomputation) or a mode name."""
+    if isinstance(recompute, bool):
+        return "full" if recompute else "none"
+    return recompute
+
+
 class Workload:
     """A workload with its derived per-layer quantities, for one sequence length and precision."""
 
@@ -124,29 +131,84 @@ class Workload:
         head = 2.0 * s * h * a.vocab
         return np.array([0.0] + [block] * a.layers + [head])
 
-    def activation_bytes_per_sample(self, tp: int, recompute: bool) -> np.ndarray:
-        """Activation bytes one in-flight sample keeps per layer until its backward.
+    @cached_property
+    def attention_core_flops_per_sample(self) -> np.ndarray:
+        """Forward FLOPs of the attention core (Q K^T and attention x V: 4*s^2*h per block): what
+        selective recomputation repeats in the backward."""
+        if self.architecture is None:
+            return np.zeros(self.num_layers)
+        a, s = self.architecture, self.sequence_length
+        return np.array([0.0] + [4.0 * s * s * a.hidden] * a.layers + [0.0])
 
-        Blocks: Korthikanti et al. (MLSys'23, "Reducing activation recomputation"), Table 2, without
-        sequence parallelism and with flash attention (no s^2 term): s*h*(10 + 24/t) bytes at 2-byte
-        activations, where the 24 splits into 8 for attention and 16 for an MLP of 4h (scaled here to
-        the real FFN width and the number of MLP tensors). With full recomputation only the block
-        input (2*s*h bytes) is kept. Embedding keeps its output; the head keeps the logits, sharded
-        by TP (vocab-parallel cross entropy).
+    def activation_bytes_per_sample(self, tp: int, recompute: bool | str, attention: str = "flash",
+                                    sequence_parallel: bool = False) -> np.ndarray:
+        """Activation bytes one in-flight sample keeps per layer until its backward, per TP rank.
+
+        Blocks: Korthikanti et al. ("Reducing activation recomputation in large transformer models",
+        MLSys'23, arXiv 2205.05198), Sec. 4 and Table 2, at 2-byte activations: s*h*(10 + 24/t)
+        + 5*a*s^2/t with tensor parallelism, everything divided by t with sequence parallelism.
+        The 24 is 8 for attention (Q, K, V, output-projection input) and 16 for an MLP of 4h; here K
+        and V take their grouped-query width and the MLP its real width and tensor count. `eager`
+        attention keeps the a*s^2 terms (scores' softmax 2, dropout mask 1, dropout output 2 bytes);
+        `flash` and selective recomputation keep none; full recomputation keeps the block input
+        (2*s*h). Embedding: its dropout mask (s*h bytes). Head: final-norm and projection inputs
+        (4*s*h), fp32 logits for the loss (4*s*V/t, vocab-parallel) and the half-precision logits or
+        their gradient that coexist with them at the loss (the head is on the last stage, which holds
+        one micro-batch in flight, so this transient is folded in here).
         """
+        mode = _recompute_mode(recompute)
         if self.spec.layer_bytes is not None:
             values = np.array(self.spec.layer_bytes.activation_bytes_per_sample, dtype=float)
-            return values / tp if not recompute else np.minimum(values, self.boundary_bytes_per_sample)
+            return values / tp if mode != "full" else np.minimum(values, self.boundary_bytes_per_sample)
         if self.architecture is None:
             return np.zeros(self.num_layers)
         a, s = self.architecture, self.sequence_length
         h, scale = a.hidden, self.dtype_bytes / 2.0
-        mlp_tensors = 3 if a.gated_mlp else 2
-        parallel = 8.0 + 2.0 * (a.ffn / h) * mlp_tensors
-        block = (2.0 * s * h if recompute else s * h * (10.0 + parallel / tp)) * scale
-        embedding = s * h * self.dtype_bytes
-        head = s * a.vocab * self.dtype_bytes / tp
+        shard = tp if sequence_parallel else 1
+        if mode == "full":
+            block = 2.0 * s * h / shard * scale
+        else:
+            block = s * h * (10.0 / shard + self._parallel_sbh_terms() / tp) * scale
+            if attention == "eager" and mode == "none":
+                block += 5.0 * a.heads * s * s / tp * scale
+        embedding = s * h / shard
+        head = 4.0 * s * h / shard * scale + (4.0 + self.dtype_bytes) * s * a.vocab / tp
         return np.array([embedding] + [block] * a.layers + [head])
+
+    def _parallel_sbh_terms(self) -> float:
+        """Korthikanti's TP-sharded s*h*b coefficients of a block (24 for MHA and a 4h GeLU MLP):
+        Q and the attention output-projection input (2 each), K and V (2 each at their KV width),
+        the MLP's inner tensors (2 bytes x width/h each: two for GeLU, three for SwiGLU)."""
+        a = self.architecture
+        assert a is not None
+        kv = (a.kv_heads or a.heads) / a.heads
+        mlp_tensors = 3 if a.gated_mlp else 2
+        return 4.0 + 4.0 * kv + 2.0 * (a.ffn / a.hidden) * mlp_tensors
+
+    def backward_transient_bytes_per_sample(self, tp: int, recompute: bool | str, attention: str = "flash",
+                                            sequence_parallel: bool = False) -> float:
+        """Working set of one block's backward beyond its stored activations, per sample and TP rank:
+        only one block is in backward at a time, so a stage adds this once.
+
+        The largest op's input and output gradients are alive together (2 bytes each): the softmax
+        backward under eager attention (4*a*s^2/t) or the MLP activation's (4*s*f/t). Selective
+        recomputation first rematerialises the attention core (5*a*s^2/t under eager attention, a
+        flash kernel's working set otherwise); full recomputation rematerialises the whole block."""
+        mode = _recompute_mode(recompute)
+        if self.architecture is None:
+            if mode != "full":
+                return 0.0
+            return float(self.activation_bytes_per_sample(tp, False).max())
+        a, s = self.architecture, self.sequence_length
+        scale = self.dtype_bytes / 2.0
+        scores = a.heads * s * s / tp * scale
+        working = max(4.0 * scores if attention == "eager" else 0.0, 4.0 * s * a.ffn / tp * scale)
+        if mode == "selective" and attention == "eager":
+            working += 5.0 * scores
+        if mode == "full":
+            working += float(self.activation_bytes_per_sample(tp, "none", attention, sequence_parallel)[1:-1].max(
+                initial=0.0))
+        return working
 
     @cached_property
     def boundary_bytes_per_sample(self) -> np.ndarray:
@@ -160,10 +222,11 @@ class Workload:
         values[-1] = 0.0
         return values
 
-    def tp_allreduce_counts(self, recompute: bool) -> tuple[np.ndarray, np.ndarray]:
+    def tp_allreduce_counts(self, recompute: bool | str) -> tuple[np.ndarray, np.ndarray]:
         """All-reduces of one s*h activation per layer in forward and in backward under Megatron TP:
         two per block each way (attention and MLP outputs), one for the vocab-parallel embedding;
-        recomputation repeats the forward's during backward."""
+        full recomputation repeats the forward's during backward (selective recomputes only the
+        attention core, inside the TP region: no extra collective)."""
         forward = np.zeros(self.num_layers)
         if self.architecture is None:
             return forward, forward.copy()
@@ -171,7 +234,7 @@ class Workload:
         forward[0] = 1.0
         backward = forward.copy()
         backward[0] = 0.0
-        if recompute:
+        if _recompute_mode(recompute) == "full":
             backward += forward
         return forward, backward
 

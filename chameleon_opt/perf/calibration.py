@@ -1,0 +1,236 @@
+"""Per-device time calibration that transfers across models, and the framework's memory constant.
+
+Why: a model profiled on one device but run on another used to fall back to FLOPs / (peak x an
+assumed efficiency). Measured profiles show a block's per-sample time is not FLOP-bound alone: on
+the same device, OPT-350M (h = 1024, eager attention, s = 2048) reaches 5% of peak and OPT-30B 16%,
+because the elementwise work over the a*s^2 attention tensors and the s*h activations is bound by
+memory bandwidth, and narrow GEMMs are. So a block's per-sample time on device D is modelled as
+
+    c_D = F / (peak_D * e_D) + A / (bandwidth_D * e_mem)
+
+with F its FLOPs (forward + backward) per TP rank and A its activation bytes (Korthikanti et al.'s
+per-layer count, a proxy for the elementwise traffic), e_D a per-device compute efficiency and e_mem
+one memory efficiency shared by every device (it is the framework's kernels, not the chip, that set
+how many times activations are touched). Both are fitted by weighted least squares (relative error)
+on the per-sample slopes of every usable profile. A model without a profile on D is then predicted
+either from its profile on another device S, keeping S's per-micro-batch intercept (launch and
+hook overhead, a property of the model and framework) and scaling S's per-sample slope by c_D / c_S
+(the fitted device ratio at this model's GEMM and activation sizes), or, with no profile at all,
+from c_D alone.
+
+The files models/calibration/<framework>.json hold one framework stack each (the efficiencies of one
+stack say nothing about another's); `chameleon-solve calibrate` writes it and records which
+profiles and measurements every number came from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chameleon_opt.workload.model import LayerTable, Workload, fit_profile_times
+
+CALIBRATION_DIR = "calibration"
+"""models/calibration/<framework>.json: one file per framework stack (not *.json in models/, which are workloads)."""
+
+
+@dataclass(frozen=True)
+class DeviceFit:
+    """One device type's fitted compute efficiency, and the data it came from."""
+
+    peak_tflops: float
+    memory_bandwidth_gbps: float
+    compute_efficiency: float
+    fitted_on: tuple[str, ...]  # "model@device tpN" slopes used
+
+
+@dataclass(frozen=True)
+class Transferred:
+    table: LayerTable
+    source: str  # how the times were obtained, for `estimate`
+
+
+@dataclass(frozen=True)
+class FrameworkCalibration:
+    """A framework stack's calibration: device efficiencies, the shared memory efficiency, the
+    attention implementation its profiles were measured with, and its fitted memory overhead."""
+
+    name: str
+    attention: str
+    memory_efficiency: float
+    devices: dict[str, DeviceFit]
+    overhead_gib: float | None = None
+    overhead_fitted_on: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    # -- the model ---------------------------------------------------------------------------
+    def layer_work(self, workload: Workload, tp: int) -> tuple[np.ndarray, np.ndarray]:
+        """(FLOPs of forward + backward, activation bytes) per sample and layer on one TP rank."""
+        flops = 3.0 * workload.forward_flops_per_sample / tp
+        traffic = workload.activation_bytes_per_sample(tp, "none", self.attention)
+        return flops, traffic
+
+    def slope(self, workload: Workload, device: str, tp: int) -> np.ndarray | None:
+        """Predicted seconds per sample of every layer on `device` (None if not calibrated)."""
+        fit = self.devices.get(device)
+        if fit is None:
+            return None
+        flops, traffic = self.layer_work(workload, tp)
+        return (flops / (fit.peak_tflops * 1e12 * fit.compute_efficiency)
+                + traffic / (fit.memory_bandwidth_gbps * 1e9 * self.memory_efficiency))
+
+    def transfer(self, workload: Workload, device: str, micro_batch_size: int, tp: int,
+                 withheld: frozenset[str] = frozenset()) -> Transferred | None:
+        """Per-layer times of `workload` on `device` without its own profile there: from its profiles
+        on other calibrated devices (intercept kept, slope scaled by the fitted ratio; the median over
+        source devices), else from the fitted efficiencies alone. None when `device` is not calibrated."""
+        target = self.slope(workload, device, tp)
+        if target is None or workload.architecture is None:
+            return None
+        predictions, sources = [], []
+        for profile in workload.spec.profiles:
+            source = profile.device_type
+            if source == device or source in withheld or source not in self.devices:
+                continue
+            intercept, per_sample = affine_layers(profile.times, tp)
+            if per_sample is None:
+                continue
+            ratio = np.divide(target, self.slope(workload, source, tp), out=np.ones_like(target),
+                              where=target > 0)
+            predictions.append(intercept + micro_batch_size * per_sample * ratio)
+            sources.append(source)
+        if predictions:
+            times = np.median(np.array(predictions), axis=0)
+            label = (f"{workload.name}'s profiles on {', '.join(sorted(sources))} scaled by the fitted "
+                     f"device ratio ({self.name} calibration)")
+        else:
+            times = micro_batch_size * target
+            label = f"FLOPs and activation traffic at {device}'s fitted efficiencies ({self.name} calibration)"
+        forward_share = 1.0 / 3.0  # forward is a third of forward + backward FLOPs
+        zeros = np.zeros_like(times)
+        return Transferred(LayerTable(times * forward_share, times * (1 - forward_share), zeros, True), label)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attention": self.attention,
+            "memory_efficiency": self.memory_efficiency,
+            "overhead_gib": self.overhead_gib,
+            "overhead_fitted_on": list(self.overhead_fitted_on),
+            "devices": {name: {"peak_tflops": d.peak_tflops, "memory_bandwidth_gbps": d.memory_bandwidth_gbps,
+                               "compute_efficiency": d.compute_efficiency, "fitted_on": list(d.fitted_on)}
+                        for name, d in sorted(self.devices.items())},
+            "excluded": list(self.excluded),
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, name: str, data: dict[str, Any]) -> "FrameworkCalibration":
+        devices = {k: DeviceFit(v["peak_tflops"], v["memory_bandwidth_gbps"], v["compute_efficiency"],
+                                tuple(v.get("fitted_on", ()))) for k, v in data["devices"].items()}
+        return cls(name, data.get("attention", "flash"), data["memory_efficiency"], devices,
+                   data.get("overhead_gib"), tuple(data.get("overhead_fitted_on", ())),
+                   tuple(data.get("excluded", ())), tuple(data.get("notes", ())))
+
+
+def affine_layers(times: dict[str, dict[str, list]], tp: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-layer (intercept, per-sample slope) of forward + backward over a profile's micro-batch
+    sizes at `tp` (fit_profile_times' weighted line, evaluated at 0 and 1 sample apart)."""
+    from chameleon_opt.workload.schema import Profile
+    profile = Profile(device_type="-", times=times)
+    at0 = fit_profile_times(profile, 0, tp)
+    at1 = fit_profile_times(profile, 1, tp)
+    if at0 is None or at1 is None:
+        return np.zeros(0), None
+    if not at0.fitted:  # a single measured size: no intercept can be told apart
+        return np.zeros_like(at1.forward_s), at1.forward_s + at1.backward_s
+    intercept = at0.forward_s + at0.backward_s
+    return intercept, (at1.forward_s + at1.backward_s) - intercept
+
+
+def fit_calibration(name: str, workloads: list[Workload], peaks: dict[str, tuple[float, float]],
+                    attention: str, exclude: set[tuple[str, str]] | None = None,
+                    exclude_tp: dict[str, int] | None = None, excluded_notes: tuple[str, ...] = ()
+                    ) -> FrameworkCalibration:
+    """Fit per-device compute efficiencies and the shared memory efficiency on the block layers of
+    every profile: `exclude` drops (workload, device) pairs, `exclude_tp[workload]` drops TP degrees
+    at or above it. `peaks[device]` = (peak TFLOP/s, memory GB/s) from the data sheets."""
+    exclude = exclude or set()
+    exclude_tp = exclude_tp or {}
+    rows: list[tuple[str, float, float, float, str]] = []  # device, F/peak, A/bandwidth, slope, label
+    for w in workloads:
+        if w.architecture is None:
+            continue
+        for profile in w.spec.profiles:
+            device = profile.device_type
+            if (w.name, device) in exclude or device not in peaks:
+                continue
+            tps = sorted({int(tp) for per_tp in profile.times.values() for tp in per_tp})
+            for tp in tps:
+                if tp >= exclude_tp.get(w.name, 1 << 30):
+                    continue
+                _, per_sample = affine_layers(profile.times, tp)
+                if per_sample is None:
+                    continue
+                flops = 3.0 * w.forward_flops_per_sample[1:-1].mean() / tp
+                traffic = float(w.activation_bytes_per_sample(tp, "none", attention)[1:-1].mean())
+                slope = float(np.median(per_sample[1:-1]))
+                if slope <= 0:
+                    continue
+                peak, bandwidth = peaks[device]
+                rows.append((device, flops / (peak * 1e12), traffic / (bandwidth * 1e9), slope,
+                             f"{w.name}@{device} tp{tp}"))
+    devices = sorted({r[0] for r in rows})
+    design = np.zeros((len(rows), len(devices) + 1))
+    for i, (device, f, a, slope, _) in enumerate(rows):
+        design[i, devices.index(device)] = f / slope
+        design[i, -1] = a / slope
+    coef = _nonnegative_lstsq(design, np.ones(len(rows)))
+    inverse_memory = coef[-1]
+    fits = {}
+    for k, device in enumerate(devices):
+        inverse = coef[k]
+        labels = tuple(r[4] for r in rows if r[0] == device)
+        fits[device] = DeviceFit(peaks[device][0], peaks[device][1],
+                                 float(1.0 / inverse) if inverse > 0 else 1.0, labels)
+    memory_efficiency = float(1.0 / inverse_memory) if inverse_memory > 0 else 1.0
+    return FrameworkCalibration(name, attention, memory_efficiency, fits, excluded=excluded_notes)
+
+
+def _nonnegative_lstsq(design: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients (active-set: drop negative ones and refit)."""
+    active = np.ones(design.shape[1], dtype=bool)
+    while True:
+        coef = np.zeros(design.shape[1])
+        solution, *_ = np.linalg.lstsq(design[:, active], target, rcond=None)
+        coef[active] = solution
+        if (coef >= 0).all() or active.sum() == 1:
+            return np.maximum(coef, 0.0)
+        active &= coef > 0
+
+
+def calibration_path(framework: str) -> Path:
+    from chameleon_opt.instance.load import MODELS_DIR
+    return MODELS_DIR / CALIBRATION_DIR / f"{framework}.json"
+
+
+@lru_cache(maxsize=8)
+def _load_file(path: str) -> dict[str, Any]:
+    return json.loads(Path(path).read_text())
+
+
+def load_framework(name: str, path: Path | None = None) -> FrameworkCalibration:
+    """The named framework's calibration from models/calibration/<name>.json (InputError if absent)."""
+    from chameleon_opt.errors import InputError
+    path = path or calibration_path(name)
+    try:
+        data = _load_file(str(path))
+    except (OSError, ValueError):
+        raise InputError(None, "training.framework", f"no calibration for framework {name!r} ({path})",
+                         "run `chameleon-solve calibrate`, or drop training.framework") from None
+    return FrameworkCalibration.from_json(name, data)
