@@ -85,6 +85,8 @@ class RelaxationBound:
         grad = model.workload.params * model.grad_bytes / tp
         self.grad_total, self.grad_max = float(grad.sum()), float(grad.max(initial=0.0))
         self.update_total, self.update_max = float(update.sum()), float(update.max(initial=0.0))
+        self.interleaved = (model.options.virtual_stages or 1) > 1
+        self.overlapped = bool(model.options.overlap_grad_reduce)
         self.table = self._pipeline_table()
 
     def ring_link(self, pipelines: int) -> Link:
@@ -112,7 +114,8 @@ class RelaxationBound:
         share = np.maximum(work[None, :] - slack, 0.0) / np.where(usable, harmonic, 1.0)
         order_bound = work[None, :] + np.where(usable, share, 0.0)
         bottleneck = micro[:, None] * self.layer_work / stages[None, :]
-        table = np.maximum(order_bound, bottleneck).T               # [S, m]
+        # Interleaved 1F1B runs another operation order: only the busiest device's work holds.
+        table = (bottleneck if self.interleaved else np.maximum(order_bound, bottleneck)).T  # [S, m]
         table[: self.shortest - 1, :] = np.inf
         return np.maximum.accumulate(table, axis=1)
 
@@ -120,7 +123,8 @@ class RelaxationBound:
         """DP_LB + OPT_LB for plans of `pipelines` pipelines (non-decreasing in it)."""
         shortest = max(self.groups // pipelines, 1)
         grad = max(self.grad_total / shortest, self.grad_max)
-        dp = ring_allreduce_time(grad, pipelines, self.ring_link(pipelines)) if pipelines > 1 else 0.0
+        dp = ring_allreduce_time(grad, pipelines, self.ring_link(pipelines)) if pipelines > 1 and not self.overlapped \
+            else 0.0  # overlapped with the backward, only an exposed part (>= 0) is left
         return dp + max(self.update_total / shortest, self.update_max)
 
     def _coverage(self, makespan: float, counts: np.ndarray) -> np.ndarray:

@@ -9,8 +9,9 @@ optimizer step), memory checked at the exact replica count.
 
 Decomposition (a master over exact columns):
 - column: (sequence of group classes, layer split, micro-batch count m) priced exactly:
-  t = the 1F1B longest path of that pipeline alone (Eq. 11, blocking sends included; it does
-  not depend on the other pipelines), u = its slowest optimizer step, g = its largest per-stage
+  t = the pipeline's schedule time alone (PerfModel.pipeline_time: the 1F1B longest path,
+  Eq. 11, blocking sends included, or interleaved 1F1B; it does not depend on the other
+  pipelines), u = its slowest optimizer step, g = its largest per-stage
   gradient bytes; memory checked with the most replicas any plan could give it;
 - master: a multiset of columns with sum m = N within each class's group count, minimising
   max t + DP + max u, where DP is the exact gradient all-reduce of the assembled plan. Branch and
@@ -34,7 +35,6 @@ from dataclasses import dataclass
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
 from chameleon_opt.perf.model import PerfModel
-from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.plan import Pipeline, Plan, Stage
 
 COLUMN_BUDGET = 40_000
@@ -142,6 +142,8 @@ class ExactSearch:
         links = (model.intra, model.inter)
         self.best_link = Link(max(link.bandwidth for link in links), min(link.latency for link in links))
         self.most_pipelines = min(self.groups, self.total)
+        self.virtual = model.options.virtual_stages or 1
+        self.overlapped = bool(model.options.overlap_grad_reduce)
 
     # -- columns ---------------------------------------------------------------------------------
     def sequences(self) -> list[tuple[int, ...]]:
@@ -184,8 +186,6 @@ class ExactSearch:
                     return None
                 pipe = self._pipeline(seq, bounds, 1)
                 costs = model.stage_costs(Plan(self.tp, (pipe,)), 0, [0.0] * len(seq))
-                forward = [c.op_forward_s for c in costs]
-                backward = [c.op_backward_s for c in costs]
                 optimizer = max(model.optimizer_time(st.devices, st.first, st.end) for st in pipe.stages)
                 grad_bytes = max(float(grad[st.first:st.end].sum()) for st in pipe.stages)
                 for m in range(1, self.total + 1):
@@ -193,7 +193,7 @@ class ExactSearch:
                             model.stage_memory(st.devices, st.first, st.end, s, len(seq), m, 0.0, self.most_pipelines)
                             for s, st in enumerate(pipe.stages))):
                         break  # more micro-batches only hold more in flight
-                    columns.append(Column(seq, bounds, m, one_f_one_b_time(forward, backward, m), optimizer,
+                    columns.append(Column(seq, bounds, m, model.pipeline_time(costs, m, self.virtual), optimizer,
                                           grad_bytes))
         return columns
 
@@ -201,7 +201,9 @@ class ExactSearch:
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines whose largest stage holds
         `grad_bytes` (buckets only add latency; the fastest link)."""
-        return ring_allreduce_time(grad_bytes, pipelines, self.best_link) if pipelines > 1 else 0.0
+        if pipelines <= 1 or self.overlapped:  # overlapped: only the exposed part counts, at least 0
+            return 0.0
+        return ring_allreduce_time(grad_bytes, pipelines, self.best_link)
 
     def cover_table(self, columns: list[Column]) -> list[list[float]]:
         """cover[g][n]: least makespan of pipelines running n micro-batches on at most g groups,
