@@ -10,10 +10,10 @@ Step = max_j T_j + DP + OPT, and each term is bounded from below on its own:
   stage's own b_s and the forwards above it), after B_0 the stage still owes m backwards and
   m - k_s - 1 forwards, and B_{m-1} must travel back to stage 0. Hence, for every stage,
       T_j >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s >= W + w_s (m - 1 - k_s rho),
-  with rho the largest forward share of a layer's compute, and f_s <= rho w_s + (1 - rho) x the
-  slowest send (the forward op carries it). Minimising the largest right-hand side over continuous splits
+  with rho a forward share of the layers' compute and f_s <= rho w_s + (1 - rho) x the slowest
+  send (the forward op carries it) + the forward time of layers whose share exceeds rho. Minimising the largest right-hand side over continuous splits
   (sum w_s = W) gives T_j >= W + (W - sum_s e_s / c_s) / sum_s 1 / c_s with c_s = m - 1 - k_s rho and
-  e_s = k_s (1 - rho) send_max (no term when some c_s <= 0),
+  e_s = k_s ((1 - rho) send_max + excess) (no term when some c_s <= 0),
   and the bottleneck gives T_j >= m W0 / S. Per-layer costs are the cheapest over the device
   types present, sends the cheapest boundary on the faster link; S is at least what the model's
   static state needs on the largest memory.
@@ -79,7 +79,11 @@ class RelaxationBound:
         self.send_max = max((max(model.intra.send_time(float(n)), model.inter.send_time(float(n)))
                              + model.p2p_overhead_s if n > 0 else 0.0 for n in boundary), default=0.0)
         ratios = forward / np.maximum(forward + backward, 1e-300)
-        self.rho = float(min(ratios.max(initial=0.0), 1.0))
+        # Two valid (rho, excess) pairs, the better table is kept: the largest forward share of any
+        # layer; or the blocks' largest share with the other layers' forward above it as excess.
+        typical = float(ratios[1:-1].max(initial=0.0)) if layers > 2 else float(ratios.max(initial=0.0))
+        self.shares = [(float(min(ratios.max(initial=0.0), 1.0)), 0.0),
+                       (typical, float(np.maximum(forward - typical * (forward + backward), 0.0).sum()))]
         self.longest = min(layers, len(groups))
         self.shortest = max(1, math.ceil(float(static.sum()) / budget - 1e-12)) if budget > 0 else self.longest + 1
         grad = model.workload.params * model.grad_bytes / tp
@@ -98,17 +102,21 @@ class RelaxationBound:
         return self.model.inter
 
     def _pipeline_table(self) -> np.ndarray:
+        table = np.maximum(*(self._pipeline_table_for(rho, excess) for rho, excess in self.shares))
+        return np.maximum.accumulate(table, axis=1)
+
+    def _pipeline_table_for(self, rho: float, excess: float) -> np.ndarray:
         """table[S - 1, m - 1]: the lower bound on one pipeline's 1F1B time (inf where S cannot hold
         the model's static state). Rows are non-decreasing in m."""
         stages = np.arange(1, self.longest + 1, dtype=float)
         micro = np.arange(1, self.total + 1, dtype=float)
         warmup = np.arange(self.longest, dtype=float)
-        factors = micro[:, None] - 1 - warmup[None, :] * self.rho  # c_k = m - 1 - k rho, [m, k]
+        factors = micro[:, None] - 1 - warmup[None, :] * rho  # c_k = m - 1 - k rho, [m, k]
         positive = factors > 0
         inverse = np.where(positive, 1.0 / np.where(positive, factors, 1.0), 0.0)
         harmonic = np.cumsum(inverse, axis=1)                       # sum_k 1 / c_k, [m, S]
         # A forward op also carries its send: f_s <= rho (w_s - sends) + send_f <= rho w_s + (1 - rho) send_max.
-        slack = np.cumsum(inverse * warmup[None, :] * (1 - self.rho) * self.send_max, axis=1)
+        slack = np.cumsum(inverse * warmup[None, :] * ((1 - rho) * self.send_max + excess), axis=1)
         usable = np.cumprod(positive, axis=1).astype(bool)          # every k < S has a positive factor
         work = self.layer_work + 2 * (stages - 1) * self.send       # W for each S
         share = np.maximum(work[None, :] - slack, 0.0) / np.where(usable, harmonic, 1.0)
@@ -117,7 +125,7 @@ class RelaxationBound:
         # Interleaved 1F1B runs another operation order: only the busiest device's work holds.
         table = (bottleneck if self.interleaved else np.maximum(order_bound, bottleneck)).T  # [S, m]
         table[: self.shortest - 1, :] = np.inf
-        return np.maximum.accumulate(table, axis=1)
+        return table
 
     def sync_floor(self, pipelines: int) -> float:
         """DP_LB + OPT_LB for plans of `pipelines` pipelines (non-decreasing in it)."""

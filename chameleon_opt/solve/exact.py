@@ -156,16 +156,19 @@ class ExactSearch:
         return found
 
     def column_count(self) -> int:
-        """Columns the space has (before memory pruning), to decide whether exactness is affordable:
-        sequences of each length counted by the exponential generating function of the pools."""
-        poly = [1.0]
-        for count in self.counts:
-            term = [1.0 / math.factorial(k) for k in range(count + 1)]
-            poly = [sum(poly[i] * term[j - i] for i in range(len(poly)) if 0 <= j - i < len(term))
-                    for j in range(len(poly) + len(term) - 1)]
+        """Columns the space has (before memory pruning), to decide whether exactness is affordable.
+        Sequences of each length: interleavings of the classes' uses, counted exactly with integers."""
         longest = min(self.layers, self.groups)
-        return sum(round(poly[s] * math.factorial(s)) * math.comb(self.layers - 1, s - 1) * self.total
-                   for s in range(1, longest + 1))
+        if self.groups * self.total > COLUMN_BUDGET:  # already more single-stage-per-group choices
+            return COLUMN_BUDGET + 1
+        ways = [1] + [0] * longest  # ways[s]: sequences of length s over the classes seen so far
+        for count in self.counts:
+            new = [0] * (longest + 1)
+            for length, n in enumerate(ways):
+                for extra in range(min(count, longest - length) + 1):
+                    new[length + extra] += n * math.comb(length + extra, extra)
+            ways = new
+        return sum(ways[s] * math.comb(self.layers - 1, s - 1) * self.total for s in range(1, longest + 1))
 
     def _pipeline(self, seq: tuple[int, ...], bounds: tuple[int, ...], micro_batches: int) -> Pipeline:
         """Concrete groups for a class sequence: each class's pool in order."""

@@ -47,6 +47,7 @@ LINEARIZATION = 2
 HIGHS_RESERVE_S = 0.4
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
 ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
+ENUMERATION_GROUPS = 64  # beyond this many TP groups it cannot finish in seconds (bench/solver_scaling.py)
 OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
 SPACE = ("pipelines of TP groups formed inside nodes from any survivors (idle allowed), stages of any "
          "device types in any order, contiguous layer splits, any micro-batch split; 1F1B; step time, "
@@ -743,7 +744,8 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
     exact = None
     if time.perf_counter() < deadline:
         exact = exact_search(instance, model, failed, value, deadline)
-    if exact is None and time.perf_counter() < deadline:
+    if exact is None and len(survivor_groups(instance, failed, tp)) <= ENUMERATION_GROUPS \
+            and time.perf_counter() < deadline:
         share = min(time_limit_s * ENUMERATION_SHARE, deadline - time.perf_counter())
         paper = enumerate_plans(instance, failed, time_limit_s=max(share, 0.01), model=model)
         paper_value = _exact_value(model, paper.solution, failed)
