@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=160)
 
 WORKLOADS = {
+    "gpt3-1.7b": {"device": "A100-40", "global_batch": 16, "sequence_length": 2048, "tp": 2, "per_node": 4},
     "gpt3-175b": {"device": "A100-80", "global_batch": 1536, "sequence_length": 2048},
     "llama3-405b": {"device": "H100-80", "global_batch": 2048, "sequence_length": 8192},
 }
@@ -37,17 +38,19 @@ WORKLOADS = {
 def job(workload: str, devices: int) -> dict:
     """TP 8 inside 8-GPU nodes, up to 16 stages, the rest data parallel; one GPU fails."""
     spec = WORKLOADS[workload]
-    nodes = devices // 8
-    pp = min(16, nodes)
+    tp, per_node = spec.get("tp", 8), spec.get("per_node", 8)
+    nodes = devices // per_node
+    pp = min(16 if tp == 8 else 2, nodes * per_node // tp)
     return {
         "format": 1, "name": f"{workload}-{devices}",
-        "cluster": {"nodes": nodes, "devices_per_node": 8, "device_type": spec["device"],
+        "cluster": {"nodes": nodes, "devices_per_node": per_node, "device_type": spec["device"],
                     "network": {"intra_node_gbps": 230, "inter_node_gbps": 25, "inter_node_latency_us": 10}},
         "workload": {"model": workload},
         "training": {"global_batch": spec["global_batch"], "micro_batch_size": 1,
                      "sequence_length": spec["sequence_length"], "activation_recomputation": True,
                      "distributed_optimizer": True},
-        "plan": {"tensor_parallel": 8, "layout": {"pipeline_parallel": pp, "data_parallel": max(nodes // pp, 1)}},
+        "plan": {"tensor_parallel": tp, "layout": {"pipeline_parallel": pp,
+                                                   "data_parallel": max(nodes * per_node // (tp * pp), 1)}},
         "failures": {"events": [{"time_s": 0, "devices": [3]}]},
     }
 
@@ -73,7 +76,9 @@ def run_one(workload: str, devices: int, limit: float, enumerator_limit: float) 
     total = time.perf_counter() - start
     row = {"workload": workload, "devices": devices, "status": result.status.value, "backend": result.backend,
            "total_s": total, "solve_s": result.wall_s, "build_s": result.build_s, "gap": result.gap,
-           "objective_s": result.objective, "reason": result.reason}
+           "objective_s": result.objective, "bound_s": result.bound, "reason": result.reason,
+           "proof": ("branch and bound" if "exhausted the space" in result.reason else
+                     "relaxation" if result.status.value in ("OPTIMAL", "FEASIBLE") else "-")}
     if result.solution is not None:
         row["step_s"] = model.evaluate(result.solution, failed).iteration_time_s
         row["pipelines"] = len(result.solution.pipelines)
@@ -92,7 +97,7 @@ def run_one(workload: str, devices: int, limit: float, enumerator_limit: float) 
 def render(rows: list[dict], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     table = Table(title="Reconfiguration search after one GPU failure")
-    columns = ["workload", "devices", "status", "backend", "total s", "gap", "step s", "pipelines",
+    columns = ["workload", "devices", "status", "proof", "backend", "total s", "step s", "bound s", "gap", "pipelines",
                "CP-SAT level s", "HiGHS level s", "enum status", "enum s", "enum step s"]
     for c in columns:
         table.add_column(c, justify="right")
@@ -103,8 +108,8 @@ def render(rows: list[dict], out: Path) -> None:
         def fmt(value, pattern="{:.3f}"):
             return "-" if value is None else pattern.format(value)
 
-        cells = [r["workload"], str(r["devices"]), r["status"], r["backend"], fmt(r["total_s"], "{:.2f}"),
-                 fmt(r["gap"], "{:.2e}"), fmt(r.get("step_s")), str(r.get("pipelines", "-")),
+        cells = [r["workload"], str(r["devices"]), r["status"], r["proof"], r["backend"], fmt(r["total_s"], "{:.2f}"),
+                 fmt(r.get("step_s")), fmt(r.get("bound_s")), fmt(r["gap"], "{:.2e}"), str(r.get("pipelines", "-")),
                  fmt(r.get("cpsat_level_s"), "{:.2f}") + (f" {r['cpsat_level_status']}" if "cpsat_level_status" in r else ""),
                  fmt(r.get("highs_level_s"), "{:.2f}") + (f" {r['highs_level_status']}" if "highs_level_status" in r else ""),
                  e.get("status", "-"), fmt(e.get("wall_s"), "{:.2f}"), fmt(e.get("step_s"))]
@@ -122,11 +127,12 @@ def render(rows: list[dict], out: Path) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     for workload in WORKLOADS:
         mine = [r for r in rows if r["workload"] == workload and r["status"] != "INFEASIBLE"]
         if not mine:
@@ -152,12 +158,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--enumerator-limit", type=float, default=10.0)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[32, 256, 1024, 4096, 16384])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64, 256, 1024, 4096, 16384])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     args = parser.parse_args()
     rows = []
     for workload in WORKLOADS:
         for devices in args.sizes:
+            if (workload == "gpt3-1.7b") != (devices <= 64):  # the small model at small sizes only
+                continue
             console.print(f"[dim]{workload} on {devices} devices...[/]")
             rows.append(run_one(workload, devices, args.time_limit, args.enumerator_limit))
     render(rows, args.out)
