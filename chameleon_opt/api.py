@@ -34,11 +34,11 @@ from typing import Any
 from chameleon_opt.check import assert_sound
 from chameleon_opt.comm import Migration, communication_plan, lower_plan
 from chameleon_opt.comm.lowering import FORMAT
-from chameleon_opt.errors import InfeasibleError, InputError
+from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance, build_instance, load_instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.recovery.policy import Candidate, decide
+from chameleon_opt.recovery.policy import Candidate, decide, with_stale_copies
 
 POLICIES = ("auto", "reroute", "reconfigure")
 
@@ -130,6 +130,7 @@ class Planner:
         self.policy, self.time_limit_s, self.threads, self.seed = policy, time_limit_s, threads, seed
         self._base = dataclasses.replace(base, failed_devices=frozenset())
         self._layout = base.plan
+        self._layouts = [base.plan]   # every layout so far: who held what, to explain stale copies
         self._current = base.plan
         self._failed: frozenset[int] = frozenset()
 
@@ -158,7 +159,10 @@ class Planner:
         the instance's fault statistics.
 
         Raises InputError for devices that do not exist or have already failed,
-        UnrecoverableError when some layer lost every replica (restart from a checkpoint) and
+        UnrecoverableError when some layer lost every replica (restart from a checkpoint; the
+        error names live devices whose copy is stale because an earlier decision took them off
+        those layers, which is why failures reported one at a time can end the job where the
+        same failures reported together do not) and
         InfeasibleError when no candidate is usable (each one's reason is given). On an error
         the planner's state is unchanged."""
         given, n = list(devices), self._base.num_devices
@@ -176,7 +180,10 @@ class Planner:
             raise InputError(None, "next_fault_s", f"got {next_fault_s!r}", "give a positive number of seconds")
         failed = self._failed | new
         state = dataclasses.replace(self._base, plan=self._layout, failed_devices=failed)
-        decision = decide(state, failed, self.policy, self.time_limit_s, self.threads, self.seed, next_fault_s)
+        try:
+            decision = decide(state, failed, self.policy, self.time_limit_s, self.threads, self.seed, next_fault_s)
+        except UnrecoverableError as error:
+            raise with_stale_copies(error, self._layouts, state, failed) from None
         if decision.chosen is None:
             raise InfeasibleError(decision.reason)
         chosen = decision.chosen
@@ -188,6 +195,7 @@ class Planner:
         self._failed = failed
         self._current = result.plan
         self._layout = dataclasses.replace(result.plan, rerouted=())
+        self._layouts.append(self._layout)
         return result
 
     def _executable(self, state: Instance, candidate: Candidate, failed: frozenset[int], reason: str,

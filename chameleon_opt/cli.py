@@ -395,8 +395,9 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
          kill: list[str] = typer.Option(["1@3", "4@7"], "--kill", help="DEVICE@STEP: SIGKILL the worker in that step "
                                         "(repeat)"),
          kill_in_transition: list[str] = typer.Option([], "--kill-in-transition",
-                                                      help="DEVICE@STEP: the worker dies inside the first recovery "
-                                                           "transition at or after STEP"),
+                                                      help="DEVICE@STEP: the worker dies inside the first "
+                                                           "transition (a recovery or a hybrid's switch) at or "
+                                                           "after STEP"),
          policy: Policy = typer.Option(Policy.auto, "--policy"),
          dtype: str = typer.Option("float32", "--dtype", help="float32 or float64"),
          seed: int = typer.Option(0, "--seed"),
@@ -419,15 +420,16 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
         kills = [_parse_kill(k, "--kill") for k in kill]
         in_transition = [_parse_kill(k, "--kill-in-transition") for k in kill_in_transition]
         instance = load_instance(file)
-        for device, step in kills + in_transition:
-            if device not in instance.plan.devices:
-                raise InputError(None, "--kill", f"device {device} is not in the plan", "pick a device of the plan")
-            if step >= steps:
-                raise InputError(None, "--kill", f"step {step} is not before --steps {steps}, so it would never fire",
-                                 f"pick a step below {steps} or raise --steps")
+        for option, pairs in (("--kill", kills), ("--kill-in-transition", in_transition)):
+            for device, step in pairs:
+                if device not in instance.plan.devices:
+                    raise InputError(None, option, f"device {device} is not in the plan", "pick a device of the plan")
+                if step >= steps:
+                    raise InputError(None, option, f"step {step} is not before --steps {steps}, so it would never "
+                                     "fire", f"pick a step below {steps} or raise --steps")
         check_figure_output(plot, "--plot", force)  # before training, which takes minutes
         from chameleon_opt.runtime.controller import Failure, run_training, runtime_model
-        from chameleon_opt.runtime.report import loss_deviation, report_json, run_figure
+        from chameleon_opt.runtime.report import loss_deviation, parameter_deviation, report_json, run_figure
 
         runtime_model(instance)  # bad workloads fail here, before any process starts
         failures = tuple([Failure(step, (d,), delay_s=0.005) for d, step in kills] +
@@ -464,9 +466,12 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
                            f"{r.first_step_s * 1e3:.1f}", f"{r.total_s * 1e3:.1f}", str(r.aborted_transitions))
     stdout.print(recoveries)
     deviation = loss_deviation(report, reference)
-    stdout.print(f"{len(report.losses)} steps; every sample exactly once: {all(report.samples_exactly_once)}; "
-                 + (f"largest loss difference from failure-free: {deviation:.2e} (relative); " if deviation is not None
-                    else "") + f"wrote {path}")
+    params = parameter_deviation(report, reference)
+    stdout.print(f"{len(report.losses)} steps; every sample exactly once in every step: "
+                 f"{all(report.samples_exactly_once)}; "
+                 + (f"largest loss difference from failure-free: {deviation:.2e} (relative), final parameters "
+                    f"{params:.2e} (absolute); " if deviation is not None and params is not None else "")
+                 + f"wrote {path}")
 
 
 class ExportFormat(str, Enum):

@@ -137,3 +137,18 @@ def test_a_parsed_document_is_accepted():
     planner = Planner(json.loads(EXAMPLE.read_text()))
     instance = load_instance(EXAMPLE)
     assert planner.estimate().iteration_time_s == PerfModel(instance).evaluate(instance.plan).iteration_time_s
+
+
+def test_one_at_a_time_differs_from_together_only_by_stale_state_and_says_so():
+    """runtime-cpu-4 (PP2 x DP2, pipelines 0-1 and 2-3): rerouting around device 3 gives pipeline 1
+    no micro-batch, so device 2 stops training layers 0-2. Device 0 failing next loses them (device
+    2's copy is stale) and the error says so; both failures at once reroute through device 2."""
+    runtime4 = ROOT / "instances" / "runtime-cpu-4.json"
+    planner = Planner(runtime4, policy="reroute", time_limit_s=5.0)
+    first = planner.on_failure([3])
+    assert 2 not in first.plan.devices                  # its pipeline dropped: device 2 idles
+    with pytest.raises(UnrecoverableError, match=r"layers 0-2 .*devices \[2\] held them .*stale"):
+        planner.on_failure([0])
+    assert planner.failed == {3}                        # unchanged by the error
+    together = Planner(runtime4, policy="reroute", time_limit_s=5.0).on_failure([3, 0])
+    assert together.policy == "reroute" and 2 in together.plan.devices

@@ -106,3 +106,54 @@ def test_demo_rejects_a_kill_that_would_never_fire() -> None:
     result = CliRunner().invoke(app, ["demo", "--steps", "5", "--kill", "1@20", "--no-compare"])
     assert result.exit_code == 2
     assert "--kill" in result.output and "never fire" in result.output
+
+
+# -- regressions from the kill campaign (issue 12) ---------------------------------------------------------
+def test_hybrid_switch_after_an_interim_that_idles_a_device(four, reference_four: RunReport) -> None:
+    """Losing device 3 makes the interim rerouting drop pipeline 1, so device 2 idles and drops its
+    layers; the switch must migrate from the layout the state is in then, not count on device 2
+    (it crashed with 'device 2 lacks layers [0, 1, 2] after migration')."""
+    run = run_training(four, STEPS, (Failure(step=3, devices=(3,), delay_s=0.005),), policy="auto")
+    assert [r.policy for r in run.recoveries] == ["hybrid"]
+    assert [g.policy for g in run.generations] == ["initial", "reroute", "reconfigure"]
+    assert 2 not in run.generations[1].plan.devices and 2 in run.generations[2].plan.devices
+    assert_same_training(reference_four, run, 1e-4)
+
+
+@pytest.mark.parametrize("name, failures, lost, stale", [
+    # reroute idles device 2 (pipeline 1 dropped): its copy of layers 0-2 is stale when device 0 dies
+    ("four", (Failure(1, (3,), delay_s=0.005), Failure(3, (0,), delay_s=0.005)), "layers 0-2", "devices [2]"),
+    # two kills in one step: both fire (only the last did), and together they take stage 2's every replica
+    ("six", (Failure(1, (2,), delay_s=0.005), Failure(1, (5,), delay_s=0.005)), "layers 4-5", None),
+])
+def test_lost_layers_end_the_job_cleanly(request: pytest.FixtureRequest, name: str, failures: tuple[Failure, ...],
+                                         lost: str, stale: str | None) -> None:
+    from chameleon_opt.errors import UnrecoverableError
+
+    with pytest.raises(UnrecoverableError) as error:
+        run_training(request.getfixturevalue(name), 4, failures, policy="reroute")
+    assert str(error.value).startswith(f"{lost} ") and "lost every replica" in str(error.value)
+    assert (stale is not None) == ("stale" in str(error.value)) and (stale is None or stale in str(error.value))
+
+
+def test_kill_in_transition_from_step_0_waits_for_a_transition(four, reference_four: RunReport) -> None:
+    """--kill-in-transition D@0 fired while the job started ('failed while the job started')."""
+    failures = (Failure(1, (3,), delay_s=0.005), Failure(0, (2,), in_transition=True))
+    run = run_training(four, STEPS, failures, policy="reroute")
+    assert run.dead == (2, 3)
+    [recovery] = run.recoveries
+    assert recovery.dead == (2, 3) and recovery.aborted_transitions == 1
+    assert_same_training(reference_four, run, 1e-4)
+
+
+def test_a_kill_during_the_hybrid_switch_is_its_own_recovery(four, reference_four: RunReport) -> None:
+    """Device 3 dies inside the switch after the first hybrid decision: that failure is reported
+    as a recovery of its own, and each recovery's detection is measured from its own kill."""
+    failures = (Failure(1, (0,), delay_s=0.005), Failure(2, (3,), in_transition=True),
+                Failure(3, (1,), delay_s=0.005))
+    run = run_training(four, STEPS, failures, policy="auto")
+    assert [(r.step, r.dead) for r in run.recoveries] == [(1, (0,)), (2, (3,)), (3, (1,))]
+    assert run.generations[2].policy == "reroute"          # the aborted switch's recovery
+    for r in run.recoveries:
+        assert 0 < r.detection_s < 1.0 and r.total_s >= r.first_step_s > 0, r
+    assert_same_training(reference_four, run, 1e-4)

@@ -182,6 +182,23 @@ def lost_layers(instance: Instance, failed: frozenset[int]) -> list[int]:
     return [layer for layer in range(instance.workload.num_layers) if layer not in alive]
 
 
+def with_stale_copies(error: UnrecoverableError, earlier: list[Plan], instance: Instance,
+                      failed: frozenset[int]) -> UnrecoverableError:
+    """`error`, naming the live devices that held the lost layers in an earlier layout.
+
+    A later plan took them off those layers (a rerouting that gives their pipeline no micro-batch,
+    or a reconfiguration), so any copy they kept missed every update since and cannot restore the
+    layers. This is why failures reported one by one can be unrecoverable where the same failures
+    reported together are not: the first decision already moved those devices off the layers."""
+    lost = set(lost_layers(instance, failed))
+    held = {d for plan in earlier for pipe in plan.pipelines for stage in pipe.stages for d in stage.devices
+            if d not in failed and lost.intersection(range(stage.first, stage.end))}
+    if not held:
+        return error
+    return UnrecoverableError(f"{error}; devices {sorted(held)} held them before a later plan took them off, so "
+                              "any copy left there is stale (it missed every update since)")
+
+
 def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", time_limit_s: float = 10.0,
            threads: int = 1, seed: int = 0, next_fault_s: float | None = None) -> Decision:
     """Build the candidates the policy asks for, score them (Eq. 8) and pick the best.

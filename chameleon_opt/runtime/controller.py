@@ -9,6 +9,11 @@ migrated by the transfer schedule, and the interrupted step redone whole. A fail
 transition aborts it (survivors keep their old state until every rank is ready) and the controller
 plans again from the same layout with one more device gone.
 
+The layout the controller plans from is always the one the surviving state is in: after a
+rerouting it is the rerouted plan (a pipeline left without micro-batches is dropped, and its
+devices drop their layers), so a later failure never counts on a device that stopped training.
+A hybrid's switch is scheduled from the layout at the switch, not at the decision.
+
 Every committed step is checked: every sample of the global batch got exactly one loss.
 """
 
@@ -27,14 +32,15 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from chameleon_opt.comm import communication_plan
 from chameleon_opt.comm.allreduce import schedule_allreduce
 from chameleon_opt.comm.lowering import lower_plan
 from chameleon_opt.comm.migration import Migration
-from chameleon_opt.errors import InfeasibleError, InputError
+from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.recovery.policy import decide
+from chameleon_opt.recovery.policy import Candidate, decide, with_stale_copies
 from chameleon_opt.runtime.gpt import GPTConfig, state_elements
 from chameleon_opt.runtime.schedule import order_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
@@ -46,8 +52,9 @@ class Failure:
 
     `after_ops`: the victim SIGKILLs itself after that many of its operations of the step (exact,
     for tests); None: the controller SIGKILLs it `delay_s` after dispatching the step.
-    `in_transition`: instead, the victim dies inside the first recovery transition that starts
-    at or after `step`, after forming the new groups and before migrating."""
+    `in_transition`: instead, the victim dies inside the first transition (a recovery, or a
+    hybrid's switch) that starts at or after `step`, after forming the new groups and before
+    migrating; the job's start is not a transition. Several failures may share a step."""
 
     step: int
     devices: tuple[int, ...]
@@ -131,6 +138,10 @@ class Controller:
         self.state_elements = {layer: state_elements(self.cfg, layer) for layer in range(self.cfg.num_layers)}
         self.events: list[tuple[float, str, str]] = []
         self.generations: list[Generation] = []
+        self.layouts: list[Plan] = [self.layout]       # every layout so far, to explain stale copies
+        self.recoveries: list[Recovery] = []
+        self.open_recoveries: list[tuple[Recovery, float]] = []  # (recovery, kill time) awaiting a step
+        self.pending_switch: tuple[Candidate, Plan] | None = None  # hybrid: (decision, layout it planned from)
         self.pending_transition_kills: list[Failure] = []
         self.kill_time: float | None = None
         self.attempts = 0
@@ -243,8 +254,10 @@ class Controller:
         return out
 
     def _start_generation(self, run_plan: Plan, migration: Migration | None, rounds: list[list[str]],
-                          policy: str, predicted_s: float, step: int, recovery: Recovery | None) -> bool:
-        """Lower, order, form groups, migrate. True when every rank is ready and committed."""
+                          policy: str, predicted_s: float, step: int, recovery: Recovery | None,
+                          transition: bool = True) -> bool:
+        """Lower, order, form groups, migrate. True when every rank is ready and committed; the
+        plan (rerouting stripped) is then the layout the state is in."""
         t0 = time.perf_counter()
         inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
         rank_plans = lower_plan(inst, run_plan, migration, rounds, self.failed)
@@ -255,8 +268,10 @@ class Controller:
         index = len(self.generations)
         live = self._live()
         rank_of = {d: r for r, d in enumerate(live)}
-        victims = {d for f in self.pending_transition_kills if f.step <= step for d in f.devices}
-        self.pending_transition_kills = [f for f in self.pending_transition_kills if f.step > step]
+        victims: set[int] = set()
+        if transition:
+            victims = {d for f in self.pending_transition_kills if f.step <= step for d in f.devices}
+            self.pending_transition_kills = [f for f in self.pending_transition_kills if f.step > step]
         name = f"{index}.{self.attempts}"  # an aborted attempt's keys must not be reused
         self.attempts += 1
         for d in live:
@@ -266,8 +281,8 @@ class Controller:
         replies, dead = self._collect(set(live))
         failed_ranks = [d for d, r in replies.items() if r["event"] != "ready"]
         if dead or failed_ranks:
-            if not self.generations:
-                raise RuntimeError(f"workers {sorted(dead) or failed_ranks} failed while the job started: "
+            if not self.generations or not dead:
+                raise RuntimeError(f"workers {sorted(dead) or failed_ranks} failed to start generation {name}: "
                                    + "; ".join(r.get("error", "") for r in replies.values() if r["event"] != "ready"))
             for d in self._live():
                 self._send(d, {"cmd": "discard"})
@@ -280,21 +295,35 @@ class Controller:
             recovery.group_s = max(r["group_s"] for r in replies.values())
             recovery.migration_s = max(r["migration_s"] for r in replies.values())
         self.generations.append(Generation(index, policy, run_plan, predicted_s, step))
+        self.layout = dataclasses.replace(run_plan, rerouted=())
+        self.layouts.append(self.layout)
         self._event("generation", f"{index}: {policy}, {len(run_plan.pipelines)} pipelines, predicted step "
                                   f"{predicted_s * 1e3:.1f} ms, migration {0 if migration is None else migration.total_bytes:,} B")
         return True
 
-    def _recover(self, step: int, dead: tuple[int, ...], recovery: Recovery | None = None) -> Recovery:
-        """Plan from the layout the surviving state is in, with every dead device, and start it."""
+    def _recover(self, step: int, dead: tuple[int, ...], recovery: Recovery | None = None) -> None:
+        """Plan from the layout the surviving state is in, with every dead device, and start it.
+
+        A new failure opens a Recovery (kill -> first committed step); one during that
+        recovery's own transition extends it. A hybrid switch still pending was planned before
+        this failure: it is dropped, the new decision replaces it."""
+        now = time.perf_counter()
+        kill, self.kill_time = self.kill_time or now, None
         if recovery is None:
-            recovery = Recovery(step, dead)
+            recovery = Recovery(step, dead, detection_s=now - kill)
+            self.recoveries.append(recovery)
+            self.open_recoveries.append((recovery, kill))
         else:
             recovery.dead = tuple(sorted(set(recovery.dead) | set(dead)))
             recovery.aborted_transitions += 1
+        self.pending_switch = None
         self.failed = self.failed | frozenset(dead)
         t0 = time.perf_counter()
         inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
-        decision = decide(inst, self.failed, self.policy, self.time_limit_s)
+        try:
+            decision = decide(inst, self.failed, self.policy, self.time_limit_s)
+        except UnrecoverableError as error:
+            raise with_stale_copies(error, self.layouts, inst, self.failed) from None
         if decision.chosen is None:
             raise InfeasibleError(decision.reason)
         chosen = decision.chosen
@@ -304,52 +333,59 @@ class Controller:
         self._event("planned", f"{chosen.policy}: {decision.reason}")
         if chosen.policy == "hybrid" and chosen.interim is not None:
             # reroute at once; switch to the reconfigured plan after the next completed step
-            self.pending_switch = chosen
+            switch = (chosen, self.layout)
             chosen = chosen.interim
             recovery.predicted_step_s = chosen.iteration_time_s
-        if chosen.policy == "reroute":
+            assert chosen.plan is not None
+            rounds = schedule_allreduce(self.model, chosen.plan, self.failed, 1.0).rounds
+            if self._start_generation(chosen.plan, None, rounds, "reroute", chosen.iteration_time_s, step, recovery):
+                self.pending_switch = switch
+        elif chosen.policy == "reroute":
             assert chosen.plan is not None
             rounds = schedule_allreduce(self.model, chosen.plan, self.failed, 1.0).rounds
             self._start_generation(chosen.plan, None, rounds, "reroute", chosen.iteration_time_s, step, recovery)
         else:
-            self._switch(chosen, step, recovery)
-        return recovery
+            self._switch(chosen, self.layout, step, recovery)
 
-    def _switch(self, chosen: Any, step: int, recovery: Recovery | None) -> None:
-        """Move to a reconfigured plan: migrate by its schedule, then it becomes the layout."""
+    def _switch(self, chosen: Candidate, planned_from: Plan, step: int, recovery: Recovery | None) -> None:
+        """Move to a reconfigured plan by its migration schedule. When the state has moved since
+        the decision (a hybrid's interim rerouting takes devices off their layers), the
+        migration is scheduled again from the layout the state is in now."""
         assert chosen.communication is not None
         migration, rounds, info = chosen.communication
-        previous = self.layout
-        if self._start_generation(info.plan, migration, rounds, "reconfigure", chosen.iteration_time_s, step,
-                                  recovery):
-            if self.layout is previous:  # not replaced by a nested recovery
-                self.layout = info.plan
+        if self.layout is not planned_from:
+            inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
+            migration, rounds, _ = communication_plan(inst, self.layout, info.plan, self.failed,
+                                                      time_limit_s=max(self.time_limit_s / 2, 1.0), assign=False,
+                                                      model=self.model)
+        self._start_generation(info.plan, migration, rounds, "reconfigure", chosen.iteration_time_s, step, recovery)
 
     # ---- the job ------------------------------------------------------------------------------
     def run(self, steps: int, failures: tuple[Failure, ...] = ()) -> RunReport:
         self.t_start = time.perf_counter()
-        self.pending_switch = None
         self.pending_transition_kills = [f for f in failures if f.in_transition]
-        step_failures = {f.step: f for f in failures if not f.in_transition}
+        step_failures: dict[int, list[Failure]] = {}
+        for f in failures:
+            if not f.in_transition:
+                step_failures.setdefault(f.step, []).append(f)
         self._spawn()
         losses: list[float] = []
         times: list[float] = []
         once: list[bool] = []
-        recoveries: list[Recovery] = []
         try:
             rounds = schedule_allreduce(self.model, self.layout, self.failed, 1.0).rounds
             predicted = self.model.evaluate(self.layout, self.failed).iteration_time_s
-            self._start_generation(self.layout, None, rounds, "initial", predicted, 0, None)
-            step, open_recovery = 0, None
+            self._start_generation(self.layout, None, rounds, "initial", predicted, 0, None, transition=False)
+            step = 0
             while step < steps:
-                failure = step_failures.pop(step, None)
+                now = step_failures.pop(step, [])
+                die_after = {d: f.after_ops for f in now if f.after_ops is not None for d in f.devices}
                 t0 = time.perf_counter()
                 for d in self._live():
-                    die = failure.after_ops if failure and failure.after_ops is not None and d in failure.devices else None
-                    self._send(d, {"cmd": "step", "step": step, "die_after_ops": die})
-                if failure is not None and failure.after_ops is None:
-                    time.sleep(failure.delay_s)
-                    self._kill(failure.devices)
+                    self._send(d, {"cmd": "step", "step": step, "die_after_ops": die_after.get(d)})
+                for f in sorted((f for f in now if f.after_ops is None), key=lambda f: f.delay_s):
+                    time.sleep(max(t0 + f.delay_s - time.perf_counter(), 0.0))
+                    self._kill(f.devices)
                 replies, dead = self._collect(set(self._live()))
                 if dead or any(r["event"] != "ready" for r in replies.values()):
                     if not dead:
@@ -357,13 +393,7 @@ class Controller:
                                            + "; ".join(r.get("error", "") for r in replies.values()))
                     for d in self._live():
                         self._send(d, {"cmd": "abort"})
-                    t_stop = time.perf_counter()
-                    kill = self.kill_time or t0
-                    recovery = self._recover(step, tuple(sorted(dead)))
-                    recovery.detection_s = t_stop - kill
-                    recoveries.append(recovery)
-                    open_recovery = (recovery, kill)
-                    self.kill_time = None
+                    self._recover(step, tuple(sorted(dead)))
                     continue
                 for d in self._live():
                     self._send(d, {"cmd": "commit"})
@@ -379,19 +409,18 @@ class Controller:
                 times.append(elapsed)
                 self.generations[-1].step_times_s.append(elapsed)
                 self._event("step", f"{step}: loss {losses[-1]:.5f}, {elapsed * 1e3:.1f} ms")
-                if open_recovery is not None:
-                    recovery, kill = open_recovery
+                for recovery, kill in self.open_recoveries:
                     recovery.first_step_s = elapsed
                     recovery.total_s = time.perf_counter() - kill
-                    open_recovery = None
+                self.open_recoveries.clear()
                 step += 1
                 if self.pending_switch is not None and step < steps:
-                    chosen, self.pending_switch = self.pending_switch, None
-                    self._switch(chosen, step, None)
+                    (chosen, planned_from), self.pending_switch = self.pending_switch, None
+                    self._switch(chosen, planned_from, step, None)
             final, diff = self._final_state()
         finally:
             self._stop()
-        return RunReport(losses, times, recoveries, self.generations, self.events, once, final, diff,
+        return RunReport(losses, times, self.recoveries, self.generations, self.events, once, final, diff,
                          tuple(sorted(self.failed)))
 
     def _final_state(self) -> tuple[dict[int, dict[str, list[float]]], float]:

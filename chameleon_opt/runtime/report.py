@@ -28,6 +28,18 @@ def loss_deviation(report: "RunReport", reference: "RunReport | None") -> float 
     return max(abs(a - b) / abs(a) for a, b in zip(reference.losses, report.losses))
 
 
+def parameter_deviation(report: "RunReport", reference: "RunReport | None") -> float | None:
+    """Largest absolute difference of a final parameter from the failure-free run's: recovery
+    must leave the model where training without failures would have."""
+    if reference is None:
+        return None
+    missing = set(reference.final_layers) ^ set(report.final_layers)
+    if missing:
+        raise AssertionError(f"layers {sorted(missing)} are missing from one run's final state (a bug)")
+    return max((abs(a - b) for layer, params in reference.final_layers.items() for name, values in params.items()
+                for a, b in zip(values, report.final_layers[layer][name])), default=0.0)
+
+
 def report_json(report: "RunReport", reference: "RunReport | None", global_batch: int) -> dict[str, Any]:
     """The job as one JSON object: steps, generations (predicted vs measured), recoveries."""
     gens = []
@@ -43,7 +55,8 @@ def report_json(report: "RunReport", reference: "RunReport | None", global_batch
         "losses": report.losses,
         "failure_free_losses": reference.losses if reference else None,
         "max_relative_loss_difference": loss_deviation(report, reference),
-        "samples_exactly_once": all(report.samples_exactly_once),
+        "samples_exactly_once": report.samples_exactly_once,
+        "final_parameters_max_difference": parameter_deviation(report, reference),
         "replica_max_difference": report.replica_max_diff,
         "step_times_s": report.step_times_s,
         "samples_per_s": [global_batch / t for t in report.step_times_s],

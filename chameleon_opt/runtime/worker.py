@@ -225,6 +225,8 @@ class Worker:
         step = msg["step"]
         t0 = time.perf_counter()
         if self.plan.get("role") != "train":
+            if msg.get("die_after_ops") is not None:  # an idle device has no operations to count
+                self._die()
             return {"event": "ready", "device": self.spec.device, "step": step, "losses": {}, "compute_s": 0.0}
         try:
             losses, compute_s = self._run_operations(step, msg.get("die_after_ops"))
