@@ -15,6 +15,8 @@ the layout stays the old one, failed devices and all, and `current_plan` is that
 `rerouted` entries; the next failure is planned from the layout (rerouting stripped) with every
 device failed so far, so the rerouting is re-derived for all of them together rather than stacked.
 After a reconfiguration (or a hybrid) the new plan over the survivors is the layout.
+`on_join` brings failed devices back (a restarted process, a repaired accelerator) without any
+model state: the job is reconfigured over every live device and they receive state by migration.
 
 The instance's own `failures.events` are not applied: failures come only from `on_failure`; its
 fault statistics (`next_fault_s`, `mtbf_hours_per_device`) score the candidates.
@@ -25,6 +27,7 @@ This module never imports torch: trainers import it before (or without) their fr
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from numbers import Integral
@@ -38,7 +41,8 @@ from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance, build_instance, load_instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.recovery.policy import Candidate, decide, with_stale_copies
+from chameleon_opt.recovery.policy import GROUP_REBUILD_S, Candidate, decide, with_stale_copies
+from chameleon_opt.solve.search import search_plan
 
 POLICIES = ("auto", "reroute", "reconfigure")
 
@@ -197,6 +201,52 @@ class Planner:
         self._layout = dataclasses.replace(result.plan, rerouted=())
         self._layouts.append(self._layout)
         return result
+
+    def on_join(self, devices: Iterable[int]) -> RecoveryDecision:
+        """Failed `devices` are back in service, holding no model state (a restarted process, a
+        repaired or replaced accelerator): they stop counting as failed, and the job is
+        reconfigured over every live device, the state they need migrated to them from its live
+        holders (rerouting cannot give work to a device that holds nothing).
+
+        Raises InputError for a device that has not failed and InfeasibleError when no plan over
+        the live devices exists. On an error the planner's state is unchanged."""
+        given = list(devices)
+        if not given:
+            raise InputError(None, "devices", "no joining device given", "pass the ids of the devices that came back")
+        wrong = next((d for d in given if isinstance(d, bool) or not isinstance(d, Integral) or d not in self._failed),
+                     None)
+        if wrong is not None:
+            raise InputError(None, "devices", f"{wrong!r} has not failed", f"pass failed devices ({sorted(self._failed)})")
+        joined = frozenset(int(d) for d in given)
+        failed = self._failed - joined
+        state = dataclasses.replace(self._base, plan=self._layout, failed_devices=failed)
+        model = PerfModel(state)
+        start = time.perf_counter()
+        result = search_plan(state, failed, self.time_limit_s, self.threads, self.seed, model)
+        if not result.status.has_solution or result.solution is None:
+            raise InfeasibleError(f"no plan over the live devices: {result.reason or result.status.value}")
+        search_s = time.perf_counter() - start
+        # After a rerouting the layout still lists a joining device in its old stage: it stands in
+        # there for a device that holds nothing (a negative id, failed), so nothing is sent from it.
+        stand_in = {d: -1 - d for d in joined}
+        old = dataclasses.replace(self._layout, pipelines=tuple(
+            dataclasses.replace(pipe, stages=tuple(
+                dataclasses.replace(stage, devices=tuple(stand_in.get(d, d) for d in stage.devices))
+                for stage in pipe.stages)) for pipe in self._layout.pipelines))
+        communication = communication_plan(state, old, result.solution, failed | frozenset(stand_in.values()),
+                                           time_limit_s=max(self.time_limit_s / 2, 1.0), threads=self.threads,
+                                           seed=self.seed, model=model)
+        migration, _, comm = communication
+        transition = search_s + migration.makespan_s + GROUP_REBUILD_S
+        why = (f"devices {sorted(joined)} rejoined without state: {len(comm.plan.pipelines)} pipelines over the "
+               f"live devices, migration {migration.total_bytes:,} B in {migration.rounds} rounds")
+        candidate = Candidate("reconfigure", True, why, comm.plan, model.evaluate(comm.plan, failed), transition,
+                              solve=result, communication=communication)
+        decision = self._executable(state, candidate, failed, why, (_summary(candidate),))
+        self._failed = failed
+        self._current = self._layout = decision.plan
+        self._layouts.append(self._layout)
+        return decision
 
     def _executable(self, state: Instance, candidate: Candidate, failed: frozenset[int], reason: str,
                     candidates: tuple[CandidateSummary, ...]) -> RecoveryDecision:

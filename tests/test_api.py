@@ -3,6 +3,7 @@ live ones, failures that accumulate, errors with reasons, and no torch import.""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +153,34 @@ def test_one_at_a_time_differs_from_together_only_by_stale_state_and_says_so():
     assert planner.failed == {3}                        # unchanged by the error
     together = Planner(runtime4, policy="reroute", time_limit_s=5.0).on_failure([3, 0])
     assert together.policy == "reroute" and 2 in together.plan.devices
+
+
+def test_a_failed_device_rejoins_without_state_and_receives_it():
+    """runtime-cpu-4 under auto: device 3 fails (the layout becomes a plan over 0-2), then comes back
+    holding nothing: the job is reconfigured over all four and device 3 is sent its layers."""
+    planner = Planner(ROOT / "instances" / "runtime-cpu-4.json", time_limit_s=5.0)
+    planner.on_failure([3])
+    assert 3 not in planner.current_plan.devices
+    back = planner.on_join([3])
+    assert planner.failed == frozenset() == back.failed and back.policy == "reconfigure"
+    assert 3 in back.plan.devices and back.for_rank(3)["role"] == "train"
+    assert back.migration is not None and any(t.dst == 3 for t in back.migration.transfers)
+    assert_executable(planner, back)
+    with pytest.raises(InputError, match="has not failed"):
+        planner.on_join([3])
+
+
+def test_a_device_rerouted_around_rejoins_from_its_peers():
+    """After a rerouting the layout still lists the failed device in its stage; back, it holds
+    nothing, so the layers it trains again are sent to it by a live holder, never by itself
+    (examples/mlp-dp.json with three data-parallel devices: device 0's work is rerouted)."""
+    spec = json.loads((ROOT / "examples" / "mlp-dp.json").read_text())
+    spec["cluster"]["devices_per_node"] = spec["plan"]["layout"]["data_parallel"] = 3
+    planner = Planner(spec, policy="reroute", time_limit_s=5.0)
+    planner.on_failure([0])
+    assert 0 in planner.instance.plan.devices          # the layout keeps device 0's stage, rerouted
+    back = planner.on_join([0])
+    assert planner.failed == frozenset() and 0 in back.plan.devices
+    assert back.migration is not None and back.migration.transfers
+    assert {t.dst for t in back.migration.transfers} == {0} and all(t.src != 0 for t in back.migration.transfers)
+    assert_executable(planner, back)
