@@ -24,7 +24,10 @@ def test_bundled_instances_recover_with_a_sound_plan(name):
     model = PerfModel(instance)
     result = search_plan(instance, failed, time_limit_s=10, model=model)
     assert result.status in (Status.OPTIMAL, Status.FEASIBLE)
-    assert result.gap is not None and result.gap <= 0.01
+    # The gap the relaxation proves for the exact model (measured 2-8%; see bench/solver_scaling.py).
+    assert result.gap is not None and result.gap <= 0.10
+    assert result.bound <= result.objective
+    assert result.objective == pytest.approx(model.evaluate(result.solution, failed).iteration_time_s, rel=1e-12)
     assert check_plan(instance, result.solution, failed).ok
     assert not failed.intersection(result.solution.devices)
     intact = search_plan(instance, frozenset(), time_limit_s=10, model=model)
