@@ -224,11 +224,15 @@ class Controller:
             pass
 
     def _kill(self, devices: tuple[int, ...]) -> None:
+        """SIGKILL the live ones among `devices`; a kill of a device already dead starts no clock
+        (it would be read as the next recovery's kill time)."""
+        live = [d for d in devices if d in self.procs]
+        if not live:
+            return
         self.kill_time = self.kill_time or time.perf_counter()
-        for d in devices:
-            if d in self.procs:
-                os.kill(self.procs[d].pid, signal.SIGKILL)
-        self._event("kill", f"SIGKILL devices {list(devices)}")
+        for d in live:
+            os.kill(self.procs[d].pid, signal.SIGKILL)
+        self._event("kill", f"SIGKILL devices {live}")
 
     # ---- generations --------------------------------------------------------------------------
     def _transfers(self, migration: Migration | None) -> dict[int, list[dict[str, Any]]]:
