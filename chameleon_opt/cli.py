@@ -199,8 +199,6 @@ def calibrate(sailor: Path = typer.Option(None, "--sailor", help="Sailor's data 
                      f"{', '.join(device.fitted_on)}", markup=False, highlight=False)
 
 
-
-
 def _solve_json(candidate: "Candidate") -> dict[str, object]:
     """The contract's `solve` object; rerouting is a rule, not a search, and says so."""
     if candidate.solve is not None:
