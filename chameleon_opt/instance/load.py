@@ -243,9 +243,27 @@ def _balanced_split(total: int, parts: int) -> list[int]:
     return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
 
 
+def rank_of(order: str, sizes: dict[str, int], index: dict[str, int]) -> int:
+    """The global rank of grid position `index` (per dimension "tp", "pp", "dp") under `order`
+    (innermost dimension first, e.g. "tp-dp-pp"): a mixed-radix number, innermost digit first."""
+    rank, stride = 0, 1
+    for dim in order.split("-"):
+        rank += index[dim] * stride
+        stride *= sizes[dim]
+    return rank
+
+
+def grid_position(order: str, sizes: dict[str, int], rank: int) -> dict[str, int]:
+    """Inverse of rank_of: the (tp, pp, dp) position of a global rank."""
+    position = {}
+    for dim in order.split("-"):
+        rank, position[dim] = divmod(rank, sizes[dim])
+    return position
+
+
 def expand_layout(layout: Layout, tp: int, num_layers: int, global_micro: int, num_devices: int,
                   path: Path | str | None) -> list[Pipeline]:
-    """The explicit pipelines of a regular layout (TP innermost, then stages, then pipelines)."""
+    """The explicit pipelines of a regular layout, device ids numbered by `layout.order`."""
     pp, dp = layout.pipeline_parallel, layout.data_parallel
     if pp * dp * tp > num_devices:
         raise InputError(path, "plan.layout", f"needs {pp}x{dp}x{tp} = {pp * dp * tp} devices, the cluster has {num_devices}",
@@ -262,14 +280,15 @@ def expand_layout(layout: Layout, tp: int, num_layers: int, global_micro: int, n
         raise InputError(path, "plan.layout.data_parallel", f"{dp} pipelines for {global_micro} micro-batches",
                          "use at most as many pipelines as micro-batches")
     shares = [global_micro // dp + (1 if i < global_micro % dp else 0) for i in range(dp)]
-    pipelines, device, bounds = [], 0, [0]
+    pipelines, bounds = [], [0]
     for c in counts:
         bounds.append(bounds[-1] + c)
+    sizes = {"tp": tp, "pp": pp, "dp": dp}
     for j in range(dp):
         stages = []
         for s in range(pp):
-            stages.append(Stage(tuple(range(device, device + tp)), bounds[s], bounds[s + 1]))
-            device += tp
+            group = tuple(rank_of(layout.order, sizes, {"tp": t, "pp": s, "dp": j}) for t in range(tp))
+            stages.append(Stage(group, bounds[s], bounds[s + 1]))
         pipelines.append(Pipeline(tuple(stages), shares[j]))
     return pipelines
 

@@ -158,11 +158,21 @@ class PipelineSpec(Strict):
     stages: list[StageSpec] = Field(min_length=1)
 
 
+RankOrder = Literal["tp-pp-dp", "tp-dp-pp", "pp-tp-dp", "pp-dp-tp", "dp-tp-pp", "dp-pp-tp"]
+"""Dimensions from the fastest-varying (innermost) to the outermost, Megatron-LM's notation."""
+
+
 class Layout(Strict):
-    """A compact regular plan: devices are taken in order, TP innermost, then stages, then pipelines."""
+    """A compact regular plan: device ids are numbered by `order` (default: TP innermost, then
+    stages, then pipelines), so that a device id can be the trainer's own global rank."""
 
     pipeline_parallel: PositiveInt
     data_parallel: PositiveInt
+    order: RankOrder = Field(
+        "tp-pp-dp", description="how device ids (global ranks) walk the grid, innermost dimension first: "
+        "tp-pp-dp (the default: TP, then stages, then pipelines; Megatron-LM with --use-tp-pp-dp-mapping); "
+        "tp-dp-pp (Megatron-LM's default order tp-cp-ep-dp-pp with CP = EP = 1, and torchtitan's device mesh "
+        "[pp, dp_replicate, dp_shard, cp, tp]: rank = (pp x DP + dp) x TP + tp)")
     layers_per_stage: list[PositiveInt] | None = Field(
         None, description="layers of each stage (sum = all layers); default: as even as possible")
 
