@@ -545,6 +545,11 @@ def schema() -> None:
     print(json.dumps(document, indent=2))
 
 
+from chameleon_opt.interop.commands import register as _register_interop  # noqa: E402 (listed after the above)
+
+_register_interop(app)  # `import torchtitan|megatron`, `export-plan`
+
+
 def main() -> None:
     """Console-script entry: typer's own usage errors keep exit code 2; unexpected errors get one line."""
     for stream in (sys.stdout, sys.stderr):
