@@ -498,7 +498,7 @@ def export(file: Path = typer.Argument(..., help="instance file (JSON or YAML)")
             unit = _proto_objective_unit(model)
 
             def write(path: Path) -> None:
-                if not model.ExportToFile(str(path)):
+                if not model.export_to_file(str(path)):
                     raise InputError(output, "--output", "CP-SAT could not write the model", "check the folder")
         else:
             problem, _ = build_level_milp(levels)
@@ -517,8 +517,8 @@ def export(file: Path = typer.Argument(..., help="instance file (JSON or YAML)")
 def _proto_objective_unit(model: Any) -> str:
     """What the exported CP-SAT objective means, read from the model itself: W x (T + Y) +
     pipelines, T + Y the step time in integer microseconds, W a tie-break weight."""
-    objective = model.Proto().objective
-    names = {i: v.name for i, v in enumerate(model.Proto().variables)}
+    objective = model.proto.objective
+    names = {i: v.name for i, v in enumerate(model.proto.variables)}
     weight = {names[v]: c for v, c in zip(objective.vars, objective.coeffs)}
     w = weight.get("T", 1)
     scale = objective.scaling_factor or 1.0

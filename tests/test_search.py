@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from chameleon_opt.check import check_plan
 from chameleon_opt.instance.load import build_instance
 from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.solve.backends import SolverOptions
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_cpsat, allocate_greedy, pipeline_time
 from chameleon_opt.solve.result import Status
@@ -83,7 +85,7 @@ def test_template_path_matches_brute_force_over_the_template_space(seed, failed,
     instance = build_instance(tiny_instance(seed, micro_batches=micro, memory_gib=memory), "<tiny>")
     failed = frozenset(failed)
     model = PerfModel(instance)
-    result = _template_plan(instance, failed, 5, 1, 0, model, "cpsat")
+    result = _template_plan(instance, failed, Deadline.after(5), SolverOptions("cpsat"), model)
     groups = survivor_groups(instance, failed, 1)
     templates = build_templates(model, groups)
     if not templates:

@@ -33,10 +33,12 @@ from ortools.sat.python import cp_model
 from chameleon_opt.perf.comm import ring_allreduce_time
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.solve.backends import cpsat_solver
+from chameleon_opt.solve.backends import SolverOptions, solve_cpsat
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult, Status
 
 TIED = "tied_embedding"
+MIN_SOLVE_S = 0.02  # less time left than this: DSATUR's colouring stands
 
 
 @dataclass(frozen=True)
@@ -155,21 +157,20 @@ def cpsat_colouring(groups: dict[str, Group], upper: int, time_limit_s: float, t
             for g in names:
                 for c in range(upper):
                     m.add_hint(x[g, c], relabel[hint[g]] == c)
-    solver = cpsat_solver(time_limit_s, threads, seed)
-    start = time.perf_counter()
-    code = solver.solve(m)
-    wall = time.perf_counter() - start
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Status.NO_SOLUTION, None, float(len(largest)), wall
+    solver, outcome = solve_cpsat(m, time_limit_s, SolverOptions("cpsat", threads, seed))
+    if not outcome.has_solution or outcome.bound is None:
+        return Status.NO_SOLUTION, None, float(len(largest)), outcome.wall_s
     colouring = {g: next(c for c in range(upper) if solver.boolean_value(x[g, c])) for g in names}
-    status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
-    return status, colouring, max(float(solver.best_objective_bound), float(len(largest))), wall
+    return outcome.status, colouring, max(outcome.bound, float(len(largest))), outcome.wall_s
 
 
 def schedule_allreduce(model: PerfModel, plan: Plan, failed: frozenset[int] = frozenset(), time_limit_s: float = 1.0,
-                       threads: int = 1, seed: int = 0) -> AllreduceSchedule:
-    """Rounds of concurrent all-reduce groups with no device in two groups of a round."""
+                       threads: int = 1, seed: int = 0, *, deadline: Deadline | None = None) -> AllreduceSchedule:
+    """Rounds of concurrent all-reduce groups with no device in two groups of a round: DSATUR,
+    then CP-SAT while the clique bound is not met and time is left before `deadline` (else
+    `time_limit_s` from now)."""
     start = time.perf_counter()
+    deadline = deadline or Deadline.after(time_limit_s, start)
     groups = allreduce_groups(model, plan, failed)
     cliques = _conflict_cliques(groups)
     bound = max((len(c) for c in cliques), default=0)
@@ -178,13 +179,18 @@ def schedule_allreduce(model: PerfModel, plan: Plan, failed: frozenset[int] = fr
     build_s = time.perf_counter() - start
     colouring, status, backend, wall, proven = greedy, Status.OPTIMAL, "bound", 0.0, float(bound)
     reason = f"{len(groups)} groups; DSATUR {greedy_count} colours, clique bound {bound}"
-    if greedy_count > bound:
-        status, found, proven, wall = cpsat_colouring(groups, greedy_count, time_limit_s, threads, seed, greedy)
+    stopped = False
+    if greedy_count > bound and deadline.left() < MIN_SOLVE_S:
+        status, backend, stopped = Status.HEURISTIC, "dsatur", True
+        reason += "; no time left for CP-SAT: DSATUR's colouring"
+    elif greedy_count > bound:
+        status, found, proven, wall = cpsat_colouring(groups, greedy_count, deadline.left(), threads, seed, greedy)
         backend = "cpsat"
         if found is not None and max(found.values()) + 1 <= greedy_count:
             colouring = found
+            stopped = status is Status.FEASIBLE and deadline.expired()
         else:
-            status = Status.HEURISTIC
+            status, stopped = Status.HEURISTIC, deadline.expired()
             reason += "; CP-SAT found nothing in time: DSATUR's colouring"
     colours = max(colouring.values(), default=-1) + 1
     classes: list[list[str]] = [[] for _ in range(colours)]
@@ -196,5 +202,5 @@ def schedule_allreduce(model: PerfModel, plan: Plan, failed: frozenset[int] = fr
     if status is not Status.HEURISTIC and colours <= proven:
         status = Status.OPTIMAL
     solve = SolveResult(status, classes, float(colours), proven, wall, backend, build_s, seed,
-                        reason + f"; {colours} rounds")
+                        reason + f"; {colours} rounds", stopped_early=stopped)
     return AllreduceSchedule(groups, classes, estimated, colours, greedy_count, bound, solve)

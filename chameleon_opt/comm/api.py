@@ -1,8 +1,8 @@
-"""The one entry the CLI calls: slot assignment, migration schedule and all-reduce rounds.
+"""The one entry the planner calls: slot assignment, migration schedule and all-reduce rounds.
 
-The time limit is split: the assignment (an exact LSA, no limit) runs first, the migration LP
-gets 3/4 of the limit, and the colouring what is left (at least 0.2 s; it is often proven optimal
-by the clique bound without any solve).
+One deadline for all of it: the assignment (an exact LSA, no limit) runs first, the migration LP
+gets 3/4 of what is left, and the colouring the rest (it is often proven optimal by the clique
+bound without any solve; DSATUR's colouring stands when no time is left).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from chameleon_opt.comm.rounds import check_release_safety
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
+from chameleon_opt.solve.backends import SolverOptions
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult
 
 
@@ -31,6 +33,10 @@ class CommInfo:
     allreduce: AllreduceSchedule
     wall_s: float
 
+    @property
+    def stopped_early(self) -> bool:
+        return self.migration.solve.stopped_early or self.allreduce.solve.stopped_early
+
     def to_json(self) -> dict[str, Any]:
         m = self.migration
         return {"assignment": self.assignment.to_json() if self.assignment else None,
@@ -40,26 +46,29 @@ class CommInfo:
                 "fluid_makespan_s": m.fluid_makespan_s,
                 "lower_bound_s": m.lower_bound_s, "bytes": m.total_bytes,
                 "release_after_round": {str(d): r for d, r in sorted(m.release_after_round.items())},
-                "allreduce": self.allreduce.to_json(), "wall_s": self.wall_s}
+                "allreduce": self.allreduce.to_json(), "wall_s": self.wall_s, "stopped_early": self.stopped_early}
 
 
 def communication_plan(instance: Instance, old_plan: Plan, new_plan: Plan, failed: frozenset[int],
                        time_limit_s: float = 5.0, *, assign: bool = True, threads: int = 1, seed: int = 0,
-                       model: PerfModel | None = None) -> tuple[Migration, list[list[str]], CommInfo]:
+                       model: PerfModel | None = None, deadline: Deadline | None = None,
+                       options: SolverOptions | None = None) -> tuple[Migration, list[list[str]], CommInfo]:
     """(migration, allreduce_rounds, info) for moving from `old_plan` to `new_plan` after `failed`.
 
     `migration.to_json()` is the contract's `migration`, `allreduce_rounds` its `allreduce_rounds`;
     with `assign` the new plan's TP groups are re-mapped first and `info.plan` (== migration.plan)
-    is the plan to report and run. A rerouted plan (same layout) migrates nothing.
+    is the plan to report and run. A rerouted plan (same layout) migrates nothing. `deadline`
+    (else `time_limit_s` from now) bounds the solves.
     Raises UnrecoverableError when some needed shard has no surviving copy."""
     start = time.perf_counter()
+    deadline = deadline or Deadline.after(time_limit_s, start)
+    options = options or SolverOptions("highs", threads, seed)
     model = model or PerfModel(instance)
     plan, assignment = assign_slots(model, old_plan, new_plan, failed) if assign else (new_plan, None)
-    migration = schedule_migration(model, old_plan, plan, failed, 0.75 * time_limit_s, threads, seed)
+    migration = schedule_migration(model, old_plan, plan, failed, deadline=deadline.share(0.75), options=options)
     problems = check_release_safety(old_plan, plan, failed, migration)
     if problems:
         raise AssertionError("unsafe migration schedule (a bug): " + "; ".join(problems[:5]))
-    left = max(time_limit_s - (time.perf_counter() - start), 0.2)
-    allreduce = schedule_allreduce(model, plan, failed, left, threads, seed)
+    allreduce = schedule_allreduce(model, plan, failed, threads=options.threads, seed=options.seed, deadline=deadline)
     info = CommInfo(plan, assignment, migration, allreduce, time.perf_counter() - start)
     return migration, allreduce.rounds, info

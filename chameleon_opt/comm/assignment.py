@@ -29,6 +29,7 @@ from chameleon_opt.comm.state import live_slots, old_holdings, tensor_bytes
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.groups import survivor_groups
+from chameleon_opt.solve.backends import require_optimal
 from chameleon_opt.solve.result import SolveResult, Status
 
 COST_LIMIT = 1 << 60
@@ -45,8 +46,7 @@ def min_cost_assignment(cost: np.ndarray | list[list[int]]) -> tuple[list[int], 
     solver = linear_sum_assignment.SimpleLinearSumAssignment()
     rows, cols = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
     solver.add_arcs_with_cost(rows.ravel(), cols.ravel(), matrix.ravel())
-    if solver.solve() != solver.OPTIMAL:
-        raise RuntimeError("linear sum assignment failed on a complete cost matrix")
+    require_optimal(solver, solver.solve(), "linear sum assignment on a complete cost matrix")
     return [solver.right_mate(i) for i in range(n)], int(solver.optimal_cost())
 
 
@@ -75,9 +75,7 @@ def _transport(cost: np.ndarray, supply: np.ndarray, demand: np.ndarray) -> tupl
         g_idx, n_g + s_idx, np.minimum(supply[g_idx], demand[s_idx]), -(-cost[g_idx, s_idx] // unit))
     flow.add_arcs_with_capacity_and_unit_cost(np.arange(n_g), np.full(n_g, nodes - 1), supply, np.zeros(n_g, np.int64))
     flow.set_nodes_supplies(np.arange(nodes), np.concatenate([supply, -demand, [demand.sum() - supply.sum()]]))
-    status = flow.solve()
-    if status != flow.OPTIMAL:
-        raise RuntimeError(f"min-cost flow failed on a balanced transportation problem (a bug): {status}")
+    require_optimal(flow, flow.solve(), "min-cost flow on a balanced transportation problem")
     return flow.flows(pairs).reshape(n_g, n_s), exact
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import heapq
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,12 +36,16 @@ from chameleon_opt.comm.rounds import colour_bipartite_edges, release_schedule
 from chameleon_opt.comm.state import Need, missing_state, tensor_bytes, tensor_name
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
+from chameleon_opt.solve.backends import SolverOptions, run_highs, solve_pulp
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult, Status
 
 GB = 1e9                 # LP unit: bytes -> GB
 FULL_VARIABLES = 60_000  # candidate (need, holder) pairs solved without restriction
 INTER_CANDIDATES = 6     # inter-node holders kept per need when restricted
 DROP_FRACTION = 1e-6     # LP shares below this fraction of a need are folded into its largest share
+MIN_SOLVE_S = 0.02       # less time left than this: no LP is started
+CBC_MIN_S = 0.5          # PuLP's CBC writes the model to a file and starts a process: not for less
 INTRA, INTER = 0, 1
 
 
@@ -205,8 +208,8 @@ def _rows(model: PerfModel, needs: list[Need], m: _Model) -> tuple[np.ndarray, n
     return send_row, recv_row + len(send_ids), len(send_ids), len(recv_ids), inv_bw
 
 
-def _solve_highs(model: PerfModel, needs: list[Need], m: _Model, eps: float, time_limit_s: float, threads: int,
-                 seed: int) -> tuple[Status, np.ndarray | None, float | None, float, str]:
+def _solve_highs(model: PerfModel, needs: list[Need], m: _Model, eps: float, time_limit_s: float,
+                 options: SolverOptions) -> tuple[Status, np.ndarray | None, float | None, float, str]:
     """The LP by highspy's array interface (PuLP's row-by-row building is too slow at scale)."""
     import highspy
 
@@ -233,26 +236,16 @@ def _solve_highs(model: PerfModel, needs: list[Need], m: _Model, eps: float, tim
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = starts, index, value
     h = highspy.Highs()
-    for option, setting in (("output_flag", False), ("time_limit", max(time_limit_s, 0.01)), ("threads", threads),
-                            ("random_seed", seed), ("presolve", "on"), ("solver", "simplex")):
-        h.setOptionValue(option, setting)
-    start = time.perf_counter()
     h.passModel(lp)
-    h.run()
-    wall = time.perf_counter() - start
-    status = h.getModelStatus()
-    if status == highspy.HighsModelStatus.kOptimal:
-        values = np.asarray(h.getSolution().col_value)
-        return Status.OPTIMAL, values[:n_var] * GB, float(h.getInfo().objective_function_value), wall, "highs"
-    solution = h.getSolution()
-    if solution.value_valid and h.getInfo().primal_solution_status == 2:  # feasible point at the time limit
-        values = np.asarray(solution.col_value)
-        return Status.FEASIBLE, values[:n_var] * GB, None, wall, "highs"
-    return Status.NO_SOLUTION, None, None, wall, "highs"
+    outcome = run_highs(h, time_limit_s, options, presolve="on", solver="simplex")
+    if not outcome.has_solution:
+        return Status.NO_SOLUTION, None, None, outcome.wall_s, "highs"
+    values = np.asarray(h.getSolution().col_value)
+    return outcome.status, values[:n_var] * GB, outcome.bound, outcome.wall_s, "highs"
 
 
-def _solve_cbc(model: PerfModel, needs: list[Need], m: _Model, eps: float, time_limit_s: float, threads: int,
-               seed: int) -> tuple[Status, np.ndarray | None, float | None, float, str]:
+def _solve_cbc(model: PerfModel, needs: list[Need], m: _Model, eps: float, time_limit_s: float,
+               options: SolverOptions) -> tuple[Status, np.ndarray | None, float | None, float, str]:
     """The same LP through PuLP and CBC: the fallback when HiGHS gives nothing."""
     import pulp
 
@@ -271,20 +264,11 @@ def _solve_cbc(model: PerfModel, needs: list[Need], m: _Model, eps: float, time_
         prob += pulp.lpSum(x[v] for v in columns) == needs[i].nbytes / GB
     for columns in by_cap:
         prob += pulp.lpSum(float(inv_bw[v]) * x[v] for v in columns) <= makespan
-    limit = max(time_limit_s, 0.1)
-    with warnings.catch_warnings():  # the bundled CBC is deprecated for PuLP 4.0; it is what we have
-        warnings.simplefilter("ignore", DeprecationWarning)
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, threads=threads, timeMode="elapsed",
-                                   options=[f"randomCbcSeed {seed + 1}"])
-    start = time.perf_counter()
-    prob.solve(solver)
-    wall = time.perf_counter() - start
-    if pulp.LpStatus[prob.status] != "Optimal" or makespan.value() is None:
-        return Status.NO_SOLUTION, None, None, wall, "cbc"
+    outcome = solve_pulp(prob, time_limit_s, options, "cbc")
+    if not outcome.has_solution:
+        return Status.NO_SOLUTION, None, None, outcome.wall_s, "cbc"
     values = np.array([(v.value() or 0.0) for v in x]) * GB
-    if wall >= 0.99 * limit:  # PuLP may call a point CBC stopped at by the clock 'Optimal'
-        return Status.FEASIBLE, values, None, wall, "cbc"
-    return Status.OPTIMAL, values, float(pulp.value(prob.objective)), wall, "cbc"
+    return outcome.status, values, outcome.bound, outcome.wall_s, "cbc"
 
 
 def _even_split(needs: list[Need], m: _Model) -> np.ndarray:
@@ -355,11 +339,18 @@ def async_makespan(model: PerfModel, transfers: list[Transfer] | tuple[Transfer,
 
 
 def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int], time_limit_s: float = 5.0,
-                       threads: int = 1, seed: int = 0, backend: str = "highs") -> Migration:
+                       threads: int = 1, seed: int = 0, backend: str = "highs", *, deadline: Deadline | None = None,
+                       options: SolverOptions | None = None) -> Migration:
     """Transfers, sources and rounds that bring every device of `new` the shards it lacks.
 
+    `deadline` (else `time_limit_s` from now) bounds the LP: CBC is tried after HiGHS only while
+    at least CBC_MIN_S is left (PuLP's CBC writes and reads files: seconds at scale), else the
+    even split over the candidates is used (HEURISTIC, `stopped_early`).
     Raises UnrecoverableError when a needed shard has no surviving holder."""
     start = time.perf_counter()
+    deadline = deadline or Deadline.after(time_limit_s, start)
+    options = options or SolverOptions("highs", threads, seed)
+    seed = options.seed
     needs = [n for n in missing_state(model, old, new, failed) if n.nbytes > 0]  # empty layers carry no state
     sizes = tensor_bytes(model, new.tensor_parallel)
     sides = _Sides(model, needs)
@@ -376,16 +367,18 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     order = [_solve_highs, _solve_cbc] if backend == "highs" else [_solve_cbc, _solve_highs]
     status, amounts, objective, wall, used = Status.NO_SOLUTION, None, None, 0.0, backend
     for solver in order:
-        remaining = max(time_limit_s - (time.perf_counter() - start), 0.05)
-        status, amounts, objective, spent, used = solver(model, needs, m, eps, remaining, threads, seed)
+        if deadline.left() < (CBC_MIN_S if solver is _solve_cbc else MIN_SOLVE_S):
+            continue
+        status, amounts, objective, spent, used = solver(model, needs, m, eps, deadline.left(), options)
         wall += spent
         if amounts is not None:
             break
     reason = f"{len(needs)} needs, {len(m.need)} candidate pairs" + (
         f" (restricted to intra-node holders + {INTER_CANDIDATES} inter-node holders per need)" if m.restricted else "")
+    stopped = False
     if amounts is None:
-        status, amounts, used = Status.HEURISTIC, _even_split(needs, m), "even-split"
-        reason += "; no solver answered: even split over the candidates"
+        status, amounts, used, stopped = Status.HEURISTIC, _even_split(needs, m), "even-split", deadline.expired()
+        reason += "; no solver answered" + (" by the deadline" if stopped else "") + ": even split over the candidates"
     transfers: list[Transfer] = []
     cuts = np.flatnonzero(np.diff(m.need)) + 1
     for columns in np.split(np.arange(len(m.need)), cuts):
@@ -414,7 +407,8 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
         degree[(0, t.src)] = degree.get((0, t.src), 0) + 1
         degree[(1, t.dst)] = degree.get((1, t.dst), 0) + 1
     solve = SolveResult(status, tuple(transfers), fluid, proven, wall, used, build_s, seed,
-                        reason + f"; {len(transfers)} transfers in {rounds} rounds")
+                        reason + f"; {len(transfers)} transfers in {rounds} rounds",
+                        stopped_early=stopped or (status is Status.FEASIBLE and deadline.expired()))
     return Migration(new, tuple(transfers), rounds, float(sum(round_times)), fluid, bound,
                      max(degree.values(), default=0), tuple(round_times),
                      release_schedule(old, new, failed, transfers), solve, async_makespan(model, transfers), wanted)

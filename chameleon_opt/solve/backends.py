@@ -1,15 +1,282 @@
-"""Solver set-up shared by every CP-SAT model: explicit limits, never the library's defaults."""
+"""The solver layer: the only module that reads a backend's own status codes, bounds and clocks.
+
+Like cvxpy's per-backend STATUS_MAP, each backend's statuses map onto `Status` here, and every
+call returns an `Outcome` (status, objective, proven bound, the backend's own run time, its own
+status name); callers build `SolveResult`s from it and never see a backend code. Backends:
+
+- CP-SAT (OR-Tools' snake_case API, >= 9.8): `cpsat_solver` / `solve_cpsat`.
+- HiGHS through PuLP (`solve_pulp(..., "highs")`): PuLP builds the model, highspy reports the
+  model status, the primal solution status (a time-limited MIP may hold an incumbent or not),
+  the MIP dual bound and its run time. PuLP's own summary is not used: it calls a point HiGHS
+  stopped at by the clock "Optimal".
+- HiGHS on arrays (`run_highs`): the migration LP, too large for PuLP's row-by-row building.
+- CBC through PuLP (`solve_pulp(..., "cbc")`): PuLP's solution status (`sol_status`, read from
+  CBC's solution file: optimal, integer feasible after a limit, infeasible, none) - never CBC's
+  log. PuLP exposes no dual bound from CBC, so CBC's bound is None.
+- Heuristics: `heuristic` wraps a rule's answer (the even split, a greedy) as HEURISTIC.
+
+`SolverOptions` carries what the operator sets on the command line (`--backend`, `--threads`,
+`--seed`, `--solver-log`, `--params KEY=VALUE`); `params` go to the backend by its own option
+names (CP-SAT's SatParameters fields, HiGHS's options, CBC's command-line options).
+"""
 
 from __future__ import annotations
 
-from ortools.sat.python import cp_model
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from chameleon_opt.errors import InputError
+from chameleon_opt.solve.result import SolveResult, Status, T
+
+BACKENDS = ("cpsat", "highs", "cbc")
+"""Backends of the plan search's level model (`--backend`); rerouting and the migration LP are
+HiGHS models (CBC as the migration's fallback)."""
 
 
-def cpsat_solver(time_limit_s: float, threads: int, seed: int) -> cp_model.CpSolver:
-    """A CP-SAT solver with the time limit, worker count and seed set explicitly (reproducible runs
-    need the seed, and CP-SAT otherwise uses every core and no time limit)."""
+@dataclass(frozen=True)
+class SolverOptions:
+    """What the operator sets for every solver call. `params` are passed to the backend by name
+    and apply to the calls of that backend only (`--params` names one backend's options)."""
+
+    backend: str = "cpsat"
+    threads: int = 1
+    seed: int = 0
+    log: bool = False
+    params: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise InputError(None, "--backend", f"unknown backend {self.backend!r}", f"use one of {', '.join(BACKENDS)}")
+        if self.threads < 1:
+            raise InputError(None, "--threads", f"got {self.threads}", "use at least 1")
+
+
+DEFAULT = SolverOptions()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One backend call as the rest of the toolkit sees it. `objective` and `bound` are in the
+    model's own units; `wall_s` is the backend's own clock where it has one."""
+
+    status: Status
+    objective: float | None
+    bound: float | None
+    wall_s: float
+    detail: str  # the backend's own status name, for reasons and logs
+
+    @property
+    def has_solution(self) -> bool:
+        return self.status in (Status.OPTIMAL, Status.FEASIBLE)
+
+
+def heuristic(solution: T, objective: float, backend: str, reason: str, wall_s: float = 0.0,
+              build_s: float = 0.0, seed: int | None = None) -> SolveResult[T]:
+    """A rule's answer (no search, no proof): HEURISTIC, no bound."""
+    return SolveResult(Status.HEURISTIC, solution, objective, None, wall_s, backend, build_s, seed, reason)
+
+
+def _log(text: str) -> None:
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+
+
+def _copy_log(path: str) -> None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            _log(handle.read())
+    finally:
+        os.unlink(path)
+
+
+def _temporary_log() -> str:
+    handle, path = tempfile.mkstemp(prefix="chameleon-solver-", suffix=".log")
+    os.close(handle)
+    return path
+
+
+# -- CP-SAT -----------------------------------------------------------------------------------------
+
+def _cpsat_map() -> dict[Any, Status]:
+    from ortools.sat.python import cp_model
+
+    return {cp_model.OPTIMAL: Status.OPTIMAL, cp_model.FEASIBLE: Status.FEASIBLE,
+            cp_model.INFEASIBLE: Status.INFEASIBLE, cp_model.UNKNOWN: Status.NO_SOLUTION}
+
+
+def cpsat_solver(time_limit_s: float, options: SolverOptions = DEFAULT, **fixed: Any) -> Any:
+    """A CP-SAT solver with the time limit, worker count and seed set explicitly (reproducible
+    runs need the seed; CP-SAT otherwise uses every core and no time limit), then the model's own
+    `fixed` parameters, then the operator's `--params` (which win)."""
+    from ortools.sat.python import cp_model
+
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
-    solver.parameters.num_workers = threads
-    solver.parameters.random_seed = seed
+    parameters = solver.parameters
+    parameters.max_time_in_seconds = max(time_limit_s, 0.01)
+    parameters.num_workers = options.threads
+    parameters.random_seed = options.seed
+    for name, value in fixed.items():
+        setattr(parameters, name, value)
+    if options.backend == "cpsat":
+        for name, text in options.params.items():
+            described = parameters.DESCRIPTOR.fields_by_name.get(name)
+            if described is None:
+                raise InputError(None, "--params", f"CP-SAT has no parameter {name!r}",
+                                 "use a SatParameters field name, e.g. linearization_level=2")
+            setattr(parameters, name, _convert(name, text, type(getattr(parameters, name))))
+    if options.log:
+        parameters.log_search_progress = True
+        parameters.log_to_stdout = False
+        solver.log_callback = _log
     return solver
+
+
+def _convert(name: str, text: str, kind: type) -> Any:
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1")
+        return kind(text)
+    except ValueError:
+        raise InputError(None, "--params", f"{name}={text!r} is not a {kind.__name__}",
+                         f"give {name} a {kind.__name__} value") from None
+
+
+def solve_cpsat(model: Any, time_limit_s: float, options: SolverOptions = DEFAULT, **fixed: Any) -> tuple[Any, Outcome]:
+    """Solve a CP-SAT model; the solver is returned to read values from when the outcome has a
+    solution (reading values without one gives zeros, not an error)."""
+    from ortools.sat.python import cp_model
+
+    solver = cpsat_solver(time_limit_s, options, **fixed)
+    code = solver.solve(model)
+    if code == cp_model.MODEL_INVALID:
+        raise AssertionError(f"invalid CP-SAT model (a bug): {model.validate()}")
+    status = _cpsat_map()[code]
+    solved = status in (Status.OPTIMAL, Status.FEASIBLE)
+    return solver, Outcome(status, float(solver.objective_value) if solved else None,
+                           float(solver.best_objective_bound) if solved else None, float(solver.wall_time),
+                           solver.status_name(code))
+
+
+# -- HiGHS ------------------------------------------------------------------------------------------
+
+def _highs_map() -> dict[Any, Status | None]:
+    """HiGHS model status -> Status; None: decided by the primal solution status (a limit was hit,
+    with or without an incumbent)."""
+    import highspy
+
+    m = highspy.HighsModelStatus
+    return {m.kOptimal: Status.OPTIMAL, m.kInfeasible: Status.INFEASIBLE,
+            m.kUnboundedOrInfeasible: Status.INFEASIBLE, m.kTimeLimit: None, m.kIterationLimit: None,
+            m.kSolutionLimit: None, m.kInterrupt: None, m.kObjectiveBound: None, m.kObjectiveTarget: None,
+            m.kMemoryLimit: None, m.kUnknown: None, m.kNotset: Status.NO_SOLUTION, m.kModelEmpty: Status.NO_SOLUTION}
+
+
+def _highs_options(h: Any, time_limit_s: float, options: SolverOptions, fixed: Mapping[str, Any]) -> str | None:
+    """Set limits, seed, threads, the model's `fixed` options and the operator's `--params`;
+    returns the log file to copy to stderr afterwards (None without --solver-log)."""
+    settings: dict[str, Any] = {"output_flag": options.log, "log_to_console": False,
+                                "time_limit": max(time_limit_s, 0.01), "threads": options.threads,
+                                "random_seed": options.seed, **fixed}
+    if options.backend == "highs":
+        settings.update(options.params)
+    log = None
+    if options.log:
+        log = settings["log_file"] = _temporary_log()
+    for name, value in settings.items():
+        if h.setOptionValue(name, value) != _highs_ok():
+            raise InputError(None, "--params", f"HiGHS rejects option {name}={value!r}",
+                             "use a HiGHS option name and a value of its type (e.g. mip_rel_gap=1e-4)")
+    return log
+
+
+def _highs_ok() -> Any:
+    import highspy
+
+    return highspy.HighsStatus.kOk
+
+
+def highs_outcome(h: Any, mip: bool) -> Outcome:
+    """Status, objective, bound and run time of a HiGHS object that has run."""
+    import highspy
+
+    model_status = h.getModelStatus()
+    info = h.getInfo()
+    status = _highs_map().get(model_status, Status.NO_SOLUTION)
+    feasible = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+    if status is None:
+        status = Status.FEASIBLE if feasible else Status.NO_SOLUTION
+    if status is Status.OPTIMAL and not feasible:
+        status = Status.NO_SOLUTION
+    objective = float(info.objective_function_value) if status.has_solution else None
+    if not mip:
+        bound = objective if status is Status.OPTIMAL else None
+    else:
+        bound = float(info.mip_dual_bound) if status.has_solution else None
+    return Outcome(status, objective, bound, float(h.getRunTime()), h.modelStatusToString(model_status))
+
+
+def run_highs(h: Any, time_limit_s: float, options: SolverOptions = DEFAULT, mip: bool = False,
+              **fixed: Any) -> Outcome:
+    """Run a HiGHS object whose model is passed in already (the array interface)."""
+    log = _highs_options(h, time_limit_s, options, fixed)
+    h.run()
+    if log is not None:
+        _copy_log(log)
+    return highs_outcome(h, mip)
+
+
+def solve_pulp(problem: Any, time_limit_s: float, options: SolverOptions = DEFAULT, backend: str = "highs",
+               **fixed: Any) -> Outcome:
+    """Solve a PuLP problem with HiGHS (highspy) or CBC; variables' values are set when the
+    outcome has a solution. `fixed`: the model's own options in the backend's names."""
+    import pulp
+
+    if backend == "highs":
+        solver = pulp.HiGHS(msg=False)
+        solver.createAndConfigureSolver(problem)
+        log = _highs_options(problem.solverModel, time_limit_s, options, fixed)
+        solver.buildSolverModel(problem)
+        solver.callSolver(problem)
+        if log is not None:
+            _copy_log(log)
+        outcome = highs_outcome(problem.solverModel, mip=problem.isMIP())
+        if outcome.has_solution:
+            solver.findSolutionValues(problem)
+        return outcome
+    if backend != "cbc":
+        raise ValueError(f"solve_pulp: unknown backend {backend!r}")
+    extra = [f"{k} {v}" for k, v in {**fixed, **(options.params if options.backend == "cbc" else {})}.items()]
+    log = _temporary_log() if options.log else None
+    with warnings.catch_warnings():  # PuLP's bundled CBC is deprecated for PuLP 4.0; it is what we have
+        warnings.simplefilter("ignore", DeprecationWarning)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(time_limit_s, 0.1), threads=options.threads,
+                                   timeMode="elapsed", options=[f"randomCbcSeed {options.seed + 1}", *extra],
+                                   logPath=log)
+    start = time.perf_counter()
+    problem.solve(solver)
+    wall = time.perf_counter() - start
+    if log is not None:
+        _copy_log(log)
+    cbc = {pulp.LpSolutionOptimal: Status.OPTIMAL, pulp.LpSolutionIntegerFeasible: Status.FEASIBLE,
+           pulp.LpSolutionInfeasible: Status.INFEASIBLE, pulp.LpSolutionNoSolutionFound: Status.NO_SOLUTION,
+           pulp.LpSolutionUnbounded: Status.NO_SOLUTION}
+    status = cbc.get(problem.sol_status, Status.NO_SOLUTION)
+    objective = pulp.value(problem.objective) if status.has_solution else None
+    return Outcome(status, None if objective is None else float(objective),
+                   float(objective) if status is Status.OPTIMAL and objective is not None else None, wall,
+                   pulp.LpSolution.get(problem.sol_status, str(problem.sol_status)))
+
+
+# -- OR-Tools' graph solvers (exact; they fail only on malformed input) -----------------------------
+
+def require_optimal(solver: Any, code: Any, what: str) -> None:
+    """OR-Tools' assignment and min-cost-flow solvers report OPTIMAL or a malformed input."""
+    if code != solver.OPTIMAL:
+        raise RuntimeError(f"{what} failed (a bug): status {code}")

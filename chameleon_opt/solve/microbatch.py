@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from ortools.sat.python import cp_model
 
-from chameleon_opt.solve.backends import cpsat_solver
+from chameleon_opt.solve.backends import SolverOptions, solve_cpsat
 from chameleon_opt.solve.result import SolveResult, Status
 
 TIME_SCALE = 1e6
@@ -60,28 +60,24 @@ def allocate_cpsat(fill_s: Sequence[float], per_mb_s: Sequence[float], total: in
                            reason=f"{total} micro-batches cannot give each of {count} pipelines at least one")
     fill = [int(-(-f * TIME_SCALE // 1)) for f in fill_s]
     per = [int(-(-p * TIME_SCALE // 1)) for p in per_mb_s]
-    shares = [model.NewIntVar(1, total, f"m{j}") for j in range(count)]
+    shares = [model.new_int_var(1, total, f"m{j}") for j in range(count)]
     horizon = max(f + (total - 1) * p for f, p in zip(fill, per))
-    makespan = model.NewIntVar(0, horizon, "T")
+    makespan = model.new_int_var(0, horizon, "T")
     for j in range(count):
-        model.Add(makespan >= fill[j] + per[j] * (shares[j] - 1))
-    model.Add(sum(shares) == total)
-    model.Minimize(makespan)
+        model.add(makespan >= fill[j] + per[j] * (shares[j] - 1))
+    model.add(sum(shares) == total)
+    model.minimize(makespan)
     warm = allocate_greedy(fill_s, per_mb_s, total).solution
     for var, value in zip(shares, warm or ()):
-        model.AddHint(var, value)
-    solver = cpsat_solver(time_limit_s, threads, seed)
+        model.add_hint(var, value)
     build_s = time.perf_counter() - build_start
-    start = time.perf_counter()
-    status = solver.Solve(model)
-    wall = time.perf_counter() - start
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return SolveResult(Status.NO_SOLUTION, None, None, None, wall, "cpsat", build_s, seed,
-                           reason=f"CP-SAT returned {solver.StatusName(status)}")
-    solution = tuple(int(solver.Value(v)) for v in shares)
+    solver, outcome = solve_cpsat(model, time_limit_s, SolverOptions("cpsat", threads, seed))
+    if not outcome.has_solution or outcome.bound is None:
+        return SolveResult(Status.NO_SOLUTION, None, None, None, outcome.wall_s, "cpsat", build_s, seed,
+                           reason=f"CP-SAT returned {outcome.detail}")
+    solution = tuple(int(solver.value(v)) for v in shares)
     value = max(pipeline_time(f, p, m) for f, p, m in zip(fill_s, per_mb_s, solution))
-    ours = Status.OPTIMAL if status == cp_model.OPTIMAL else Status.FEASIBLE
     # Rounding each coefficient up adds at most `total` microseconds to any pipeline's time, so the
     # scaled bound minus that slack is a valid lower bound on the true optimum.
-    bound = max(solver.BestObjectiveBound() - total, 0) / TIME_SCALE
-    return SolveResult(ours, solution, value, min(bound, value), wall, "cpsat", build_s, seed)
+    bound = max(outcome.bound - total, 0) / TIME_SCALE
+    return SolveResult(outcome.status, solution, value, min(bound, value), outcome.wall_s, "cpsat", build_s, seed)

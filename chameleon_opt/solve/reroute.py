@@ -20,6 +20,7 @@ whole-micro-batch split), own counts integral; a MILP with few integers, which H
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -31,7 +32,13 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Pipeline, Plan, Reroute
+from chameleon_opt.solve.backends import SolverOptions, heuristic, solve_pulp
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult, Status
+
+MIN_SOLVE_S = 0.02
+"""Below this much time left after building, HiGHS is not started (its start-up alone is longer)."""
+
 
 def _peer_capacity(model: PerfModel, plan: Plan, k: int, s: int, replicas: int, cap: int) -> int:
     """Q: micro-batches in flight whose activations fit on stage s of pipeline k beside its static
@@ -50,10 +57,19 @@ def _peer_capacity(model: PerfModel, plan: Plan, k: int, s: int, replicas: int, 
 
 
 def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float = 5.0, threads: int = 1,
-                 seed: int = 0, model: PerfModel | None = None) -> SolveResult[Plan]:
+                 seed: int = 0, model: PerfModel | None = None, *, deadline: Deadline | None = None,
+                 options: SolverOptions | None = None) -> SolveResult[Plan]:
     """The best rerouting of the instance's plan after `failed`, checked; INFEASIBLE with the
-    reason when some failed stage has no live peer holding its layers, or memory forbids."""
+    reason when some failed stage has no live peer holding its layers, or memory forbids.
+
+    `objective` and `bound` are the MILP's (the surrogate makespan above). When the even split is
+    returned instead (HiGHS found nothing by the deadline, or the even split runs faster when
+    evaluated exactly) the result is HEURISTIC with the even split's exact step and no bound.
+    `deadline` (else `time_limit_s` from now) bounds building and solving."""
     start = time.perf_counter()
+    deadline = deadline or Deadline.after(time_limit_s, start)
+    options = options or SolverOptions("highs", threads, seed)
+    seed = options.seed
     model = model or PerfModel(instance)
     plan = instance.plan
     total = instance.global_micro_batches
@@ -64,10 +80,24 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
     except InfeasibleError as err:
         return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, "highs", time.perf_counter() - start, seed,
                            err.reason)
+
+    def even_split(why: str, wall: float = 0.0) -> SolveResult[Plan]:
+        estimate = model.evaluate(even, failed)
+        build_s = time.perf_counter() - start - wall
+        if not estimate.memory_ok:
+            return SolveResult(Status.NO_SOLUTION, None, None, None, wall, "highs", build_s, seed,
+                               f"{why}; the even split overflows memory", stopped_early=deadline.expired())
+        checked = assert_sound(instance, even, failed, require_tp_in_node=False, model=model)
+        result = heuristic(checked, estimate.iteration_time_s, "even-split", f"{why}: the even split (Eq. 12/13)",
+                           wall, build_s, seed)
+        return dataclasses.replace(result, stopped_early=deadline.expired())
+
     pipes = plan.pipelines
     cost = {}  # (k, s) -> per micro-batch seconds (blocking sends included)
     shape = []  # (fill, bottleneck) per pipeline
     for k in range(len(pipes)):
+        if deadline.expired():
+            return even_split("the deadline passed while pricing the peers for the rerouting MILP")
         costs = model.stage_costs(plan, k, [0.0] * len(pipes[k].stages))
         times = [c.op_forward_s + c.op_backward_s for c in costs]
         shape.append((sum(times), max(times)))
@@ -107,25 +137,16 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
             if quota < len(pipes[k].stages) - s:
                 problem += own[k] <= quota
     problem += makespan
-    solver = pulp.HiGHS(msg=False, timeLimit=max(time_limit_s - (time.perf_counter() - start), 0.05),
-                        threads=threads, random_seed=seed, mip_rel_gap=1e-6)
-    problem.solve(solver)
-    highs = problem.solverModel
-    wall = highs.getRunTime()
+    if deadline.left() < MIN_SOLVE_S:
+        return even_split(f"no time left for the rerouting MILP after building it ({deadline.left():.2f} s)")
+    outcome = solve_pulp(problem, deadline.left(), options, "highs", mip_rel_gap=1e-6)
+    wall = outcome.wall_s
     build_s = time.perf_counter() - start - wall
-    model_status = highs.modelStatusToString(highs.getModelStatus())
-    info = highs.getInfo()
-    if model_status == "Infeasible":
+    if outcome.status is Status.INFEASIBLE:
         return SolveResult(Status.INFEASIBLE, None, None, None, wall, "highs", build_s, seed,
                            "no share of the failed stages' work fits the peers' memory")
-    if info.primal_solution_status != 2:
-        fallback = even if model.evaluate(even, failed).memory_ok else None
-        status = Status.HEURISTIC if fallback else Status.NO_SOLUTION
-        return SolveResult(status, fallback and assert_sound(instance, fallback, failed, require_tp_in_node=False,
-                                                              model=model),
-                           None, None, wall, "highs", build_s, seed,
-                           f"HiGHS found nothing in time ({model_status}); "
-                           + ("the even split (Eq. 12/13)" if fallback else "the even split overflows memory"))
+    if not outcome.has_solution:
+        return even_split(f"HiGHS found nothing in time ({outcome.detail})", wall)
     counts = [int(round(v.varValue or 0)) for v in own]
     reroutes = tuple(Reroute(j, s, k, float(r.varValue)) for (j, s, k), r in shares.items() if (r.varValue or 0) > 1e-9)
     kept = tuple(Pipeline(p.stages, m) for p, m in zip(pipes, counts))
@@ -137,21 +158,19 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
                         for r in reroutes))
     # The model is linear and time-limited: keep the even split when it is faster or when the
     # model's plan fails the checker (its memory rows are conservative, but say so if not).
-    fallback_why = ""
     report = check_plan(instance, result, failed, require_tp_in_node=False, model=model)
     mine = model.evaluate(result, failed).iteration_time_s if report.ok else math.inf
     even_estimate = model.evaluate(even, failed)
     if even_estimate.memory_ok and even_estimate.iteration_time_s < mine:
-        result = even
-        fallback_why = ("; the even split is faster when evaluated exactly" if report.ok else
-                        f"; the model's plan was rejected ({report.violations[0]}), the even split is used")
-    elif not report.ok:
+        return even_split("the MILP's shares are slower when evaluated exactly" if report.ok else
+                          f"the model's plan was rejected ({report.violations[0]})", wall)
+    if not report.ok:
         return SolveResult(Status.NO_SOLUTION, None, None, None, wall, "highs", build_s, seed,
                            f"the model's plan was rejected ({report.violations[0]}) and the even split "
                            "overflows memory")
     result = assert_sound(instance, result, failed, require_tp_in_node=False, model=model)
     objective = float(pulp.value(makespan))
-    bound = float(info.mip_dual_bound)
-    status = Status.OPTIMAL if model_status == "Optimal" else Status.FEASIBLE
-    return SolveResult(status, result, objective, min(bound, objective), wall, "highs", build_s, seed,
-                       f"{len(result.rerouted)} peer shares for {len(dead)} failed stage slots{fallback_why}")
+    bound = None if outcome.bound is None else min(outcome.bound, objective)
+    return SolveResult(outcome.status, result, objective, bound, wall,
+                       "highs", build_s, seed, f"{len(result.rerouted)} peer shares for {len(dead)} failed stage slots",
+                       stopped_early=outcome.status is Status.FEASIBLE and deadline.expired())

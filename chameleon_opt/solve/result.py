@@ -49,6 +49,7 @@ class SolveResult(Generic[T]):
     build_s: float = 0.0          # time to build the model, reported apart from the solve
     seed: int | None = None
     reason: str = ""              # why infeasible, or which fallback was used
+    stopped_early: bool = False   # the deadline cut it before it could prove (or find) an answer
 
     @property
     def gap(self) -> float | None:
@@ -58,4 +59,4 @@ class SolveResult(Generic[T]):
         """The `solve` object of the CLI contract."""
         return {"status": self.status.value, "objective": self.objective, "bound": self.bound,
                 "gap": self.gap, "wall_s": self.wall_s, "build_s": self.build_s, "backend": self.backend,
-                "seed": self.seed, "reason": self.reason}
+                "seed": self.seed, "reason": self.reason, "stopped_early": self.stopped_early}

@@ -36,8 +36,9 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_greedy
-from chameleon_opt.solve.backends import cpsat_solver
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions, solve_cpsat, solve_pulp
 from chameleon_opt.solve.bounds import relaxation_bound
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.exact import exact_search
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.templates import Template, build_templates
@@ -45,6 +46,7 @@ from chameleon_opt.solve.templates import Template, build_templates
 TIME_SCALE = 1e6  # seconds -> integer microseconds
 LINEARIZATION = 2
 HIGHS_RESERVE_S = 0.4
+TEMPLATE_SHARE = 0.5  # of the search's time, for the template path (the rest: exact search, bound)
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
 ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
 ENUMERATION_GROUPS = 64  # beyond this many TP groups it cannot finish in seconds (bench/solver_scaling.py)
@@ -205,11 +207,15 @@ def cover_mix(templates: list[Template], allowed: list[int], budget: dict[str, i
     return Mix(tuple(len(x) for x in shares), tuple(tuple(x) for x in shares))
 
 
-def bound_guided_mix(templates: list[Template], budget: dict[str, int], total: int, incumbent: Mix) -> Mix:
+def bound_guided_mix(templates: list[Template], budget: dict[str, int], total: int, incumbent: Mix,
+                     deadline: float = math.inf) -> Mix:
     """For every sync level, the least makespan (bisection) at which the greedy cover succeeds;
-    the best such mix, or `incumbent` when none beats it. Near-optimal when groups are many."""
+    the best such mix, or `incumbent` when none beats it. Near-optimal when groups are many.
+    Past `deadline` the best mix so far is returned."""
     best, best_value = incumbent, modelled_time(templates, incumbent)
     for level in sorted({t.sync_s for t in templates}):
+        if time.perf_counter() > deadline:
+            break
         allowed = [k for k, t in enumerate(templates) if t.sync_s <= level]
         low = min(templates[k].fill_s for k in allowed)
         if low + level > best_value:
@@ -357,7 +363,8 @@ def polish_splits(model: PerfModel, plan: Plan, deadline: float) -> Plan:
     return Plan(plan.tensor_parallel, tuple(pipelines), plan.rerouted)
 
 
-def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int) -> float:
+def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int,
+                   deadline: float = math.inf) -> float:
     """A valid lower bound on T + Y from a relaxation that keeps micro-batches integral.
 
     For a sync level y only templates with sync <= y may run. A pipeline of template k that
@@ -366,9 +373,12 @@ def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int
     best spent on its template with the highest cap_k(T) / S_k, and T_LB(y) is the least T at
     which that covers all N micro-batches. It is found exactly among the breakpoints
     fill_k + (m - 1) per_k (coverage only grows with T). Any plan has some sync level, so
-    LB = min over levels of T_LB(y) + y."""
+    LB = min over levels of T_LB(y) + y. Past `deadline` it returns 0 (a minimum over only some
+    levels would not be a bound)."""
     best = math.inf
     for level in sorted({t.sync_s for t in templates}):
+        if time.perf_counter() > deadline:
+            return 0.0
         allowed = [t for t in templates if t.sync_s <= level]
 
         def covered(makespan: float) -> float:
@@ -456,48 +466,50 @@ def build_level_cpsat(lm: LevelModel) -> tuple[cp_model.CpModel, dict[tuple[int,
     """The level model for CP-SAT, times in integer microseconds rounded up."""
     model = cp_model.CpModel()
     cells: dict[tuple[int, int], tuple] = {}
-    makespan = model.NewIntVar(0, _ceil(modelled_time(lm.templates, lm.incumbent)) + 1, "T")
-    sync = model.NewIntVar(0, _ceil(max(t.sync_s for t in lm.templates)), "Y")
+    makespan = model.new_int_var(0, _ceil(modelled_time(lm.templates, lm.incumbent)) + 1, "T")
+    sync = model.new_int_var(0, _ceil(max(t.sync_s for t in lm.templates)), "Y")
     used_by: list[cp_model.IntVar | None] = []
     for k, (t, most) in enumerate(zip(lm.templates, lm.most)):
         for m in lm.windows[k]:
-            chosen = model.NewBoolVar(f"y{k}_{m}")
-            pipes = model.NewIntVar(0, most, f"z{k}_{m}")
-            model.Add(pipes <= most * chosen)
-            model.Add(pipes >= chosen)
-            model.Add(makespan >= _ceil(t.pipeline_time(m))).OnlyEnforceIf(chosen)
+            chosen = model.new_bool_var(f"y{k}_{m}")
+            pipes = model.new_int_var(0, most, f"z{k}_{m}")
+            model.add(pipes <= most * chosen)
+            model.add(pipes >= chosen)
+            model.add(makespan >= _ceil(t.pipeline_time(m))).only_enforce_if(chosen)
             cells[(k, m)] = (chosen, pipes)
         if not lm.windows[k]:
             used_by.append(None)
             continue
-        used = model.NewBoolVar(f"u{k}")
-        model.Add(sum(cells[(k, m)][0] for m in lm.windows[k]) == used)
-        model.Add(sync >= _ceil(t.sync_s)).OnlyEnforceIf(used)
+        used = model.new_bool_var(f"u{k}")
+        model.add(sum(cells[(k, m)][0] for m in lm.windows[k]) == used)
+        model.add(sync >= _ceil(t.sync_s)).only_enforce_if(used)
         used_by.append(used)
     pipelines = sum(pipes for _, pipes in cells.values())
-    model.Add(sum(m * pipes for (_, m), (_, pipes) in cells.items()) >= lm.total)
+    model.add(sum(m * pipes for (_, m), (_, pipes) in cells.items()) >= lm.total)
     for name, groups in lm.budget.items():
-        model.Add(sum(lm.templates[k].stages * pipes for (k, _), (_, pipes) in cells.items()
+        model.add(sum(lm.templates[k].stages * pipes for (k, _), (_, pipes) in cells.items()
                       if lm.templates[k].device_type == name) <= groups)
     for k, used in enumerate(used_by):
         if used is not None and lm.templates[k].min_pipelines > 1:
-            model.Add(pipelines >= lm.templates[k].min_pipelines).OnlyEnforceIf(used)
-    model.Add(makespan + sync >= max(int(math.floor(lm.lower_bound * TIME_SCALE)) - 2, 0))
+            model.add(pipelines >= lm.templates[k].min_pipelines).only_enforce_if(used)
+    model.add(makespan + sync >= max(int(math.floor(lm.lower_bound * TIME_SCALE)) - 2, 0))
     # Ties (to the microsecond) go to fewer pipelines: a smaller gradient ring, fewer sends.
-    model.Minimize((makespan + sync) * _tie_weight(lm) + pipelines)
+    model.minimize((makespan + sync) * _tie_weight(lm) + pipelines)
     for k, shares in enumerate(lm.incumbent.micro_batches):
         if not lm.windows[k]:
             continue
         level = min(max(max(shares, default=0), lm.windows[k].start), lm.windows[k].stop - 1)
         for m in lm.windows[k]:
             chosen, pipes = cells[(k, m)]
-            model.AddHint(chosen, bool(shares) and m == level)
-            model.AddHint(pipes, len(shares) if shares and m == level else 0)
+            model.add_hint(chosen, bool(shares) and m == level)
+            model.add_hint(pipes, len(shares) if shares and m == level else 0)
     return model, cells
 
 
 def build_level_milp(lm: LevelModel) -> tuple[pulp.LpProblem, dict[tuple[int, int], tuple]]:
-    """The level model as a MILP (continuous seconds), for HiGHS or CBC and for MPS/LP export."""
+    """The level model as a MILP (continuous seconds), for HiGHS or CBC and for MPS/LP export.
+    Every row is named after what it states (template k, level m, device type), so an exported
+    MPS file reads like the model above."""
     problem = pulp.LpProblem("template_levels", pulp.LpMinimize)
     makespan = problem.add_variable("T", 0)
     sync = problem.add_variable("Y", 0)
@@ -507,80 +519,79 @@ def build_level_milp(lm: LevelModel) -> tuple[pulp.LpProblem, dict[tuple[int, in
         for m in lm.windows[k]:
             chosen = problem.add_variable(f"y_{k}_{m}", 0, 1, pulp.LpBinary)
             pipes = problem.add_variable(f"z_{k}_{m}", 0, most, pulp.LpInteger)
-            problem += pipes <= most * chosen
-            problem += pipes >= chosen
-            problem += makespan >= t.pipeline_time(m) * chosen
+            problem += (pipes <= most * chosen, f"pipelines_only_at_chosen_level_{k}_{m}")
+            problem += (pipes >= chosen, f"chosen_level_has_a_pipeline_{k}_{m}")
+            problem += (makespan >= t.pipeline_time(m) * chosen, f"makespan_{k}_{m}")
             cells[(k, m)] = (chosen, pipes)
         if not lm.windows[k]:
             used_by.append(None)
             continue
         used = problem.add_variable(f"u_{k}", 0, 1, pulp.LpBinary)
-        problem += pulp.lpSum(cells[(k, m)][0] for m in lm.windows[k]) == used
-        problem += sync >= t.sync_s * used
+        problem += (pulp.lpSum(cells[(k, m)][0] for m in lm.windows[k]) == used, f"one_level_{k}")
+        problem += (sync >= t.sync_s * used, f"sync_{k}")
         used_by.append(used)
     pipelines = pulp.lpSum(pipes for _, pipes in cells.values())
-    problem += pulp.lpSum(m * pipes for (_, m), (_, pipes) in cells.items()) >= lm.total
-    for name, groups in lm.budget.items():
-        problem += pulp.lpSum(lm.templates[k].stages * pipes for (k, _), (_, pipes) in cells.items()
-                              if lm.templates[k].device_type == name) <= groups
+    problem += (pulp.lpSum(m * pipes for (_, m), (_, pipes) in cells.items()) >= lm.total, "cover_micro_batches")
+    for i, (name, groups) in enumerate(lm.budget.items()):
+        problem += (pulp.lpSum(lm.templates[k].stages * pipes for (k, _), (_, pipes) in cells.items()
+                               if lm.templates[k].device_type == name) <= groups, f"tp_groups_type{i}")
     for k, used in enumerate(used_by):
         if used is not None and lm.templates[k].min_pipelines > 1:
-            problem += pipelines >= lm.templates[k].min_pipelines * used
-    problem += makespan + sync >= lm.lower_bound
+            problem += (pipelines >= lm.templates[k].min_pipelines * used, f"min_pipelines_{k}")
+    problem += (makespan + sync >= lm.lower_bound, "relaxation_bound")
     problem += makespan + sync + pipelines / (TIME_SCALE * _tie_weight(lm))  # ties go to fewer pipelines
     return problem, cells
 
 
-def solve_level_model(lm: LevelModel, backend: str, time_limit_s: float, threads: int, seed: int
+def solve_level_model(lm: LevelModel, backend: str, time_limit_s: float, threads: int = 1, seed: int = 0,
+                      options: SolverOptions | None = None
                       ) -> tuple[Status | None, Mix | None, float | None, float, float]:
-    """Solve with 'cpsat' or 'highs'. Returns (status or None when nothing was found, mix,
-    proven bound in seconds, build_s, wall_s). Statuses come from the solver itself, never from
-    PuLP's summary (which can say Optimal after a time limit)."""
+    """Solve with 'cpsat', 'highs' or 'cbc'. Returns (status or None when nothing was found, mix,
+    proven bound in seconds, build_s, wall_s). Statuses come from the solver layer
+    (`backends.py`), never from PuLP's summary (which can say Optimal after a time limit)."""
+    options = options or SolverOptions(backend, threads, seed)
     build_start = time.perf_counter()
     pipelines: list[tuple[int, int]] = []
     if backend == "cpsat":
         model, cells = build_level_cpsat(lm)
-        solver = cpsat_solver(time_limit_s, threads, seed)
-        solver.parameters.linearization_level = LINEARIZATION
-        solver.parameters.relative_gap_limit = RELATIVE_GAP
         build_s = time.perf_counter() - build_start
-        start = time.perf_counter()
-        code = solver.Solve(model)
-        wall = time.perf_counter() - start
-        if code == cp_model.INFEASIBLE:
-            return Status.INFEASIBLE, None, None, build_s, wall
-        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return None, None, None, build_s, wall
+        solver, outcome = solve_cpsat(model, time_limit_s, options, linearization_level=LINEARIZATION,
+                                      relative_gap_limit=RELATIVE_GAP)
+        if outcome.status is Status.INFEASIBLE:
+            return Status.INFEASIBLE, None, None, build_s, outcome.wall_s
+        if not outcome.has_solution or outcome.bound is None:
+            return None, None, None, build_s, outcome.wall_s
         for (k, m), (_, pipes) in cells.items():
-            pipelines += [(k, m)] * int(solver.Value(pipes))
+            pipelines += [(k, m)] * int(solver.value(pipes))
         # Each of the two terms was rounded up by < 1 us.
-        bound = max(solver.BestObjectiveBound() // _tie_weight(lm) - 2, 0) / TIME_SCALE
-        status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
-        return status, _mix_from_levels(lm, pipelines), bound, build_s, wall
-    if backend != "highs":
-        raise ValueError(f"unknown backend {backend!r}: use 'cpsat' or 'highs'")
+        bound = max(outcome.bound // _tie_weight(lm) - 2, 0) / TIME_SCALE
+        return outcome.status, _mix_from_levels(lm, pipelines), bound, build_s, outcome.wall_s
+    if backend not in ("highs", "cbc"):
+        raise ValueError(f"unknown backend {backend!r}: use 'cpsat', 'highs' or 'cbc'")
     problem, cells = build_level_milp(lm)
-    # HiGHS reads its clock between branch-and-bound nodes and cannot stop during its start-up
-    # (presolve, root LP): measured overruns were ~0.4 s plus up to 10%, so it gets a reserve.
     incumbent = modelled_time(lm.templates, lm.incumbent)
-    cutoff = incumbent * (1 + 1e-9) + sum(lm.most) / (TIME_SCALE * _tie_weight(lm))
-    solver = pulp.HiGHS(msg=False, timeLimit=max(time_limit_s * 0.9 - HIGHS_RESERVE_S, 0.05), threads=threads,
-                        random_seed=seed, mip_rel_gap=RELATIVE_GAP, objective_bound=cutoff)
-    problem.solve(solver)
-    highs = problem.solverModel
-    wall = highs.getRunTime()  # HiGHS's own clock: PuLP's hand-over of the model counts as building
-    build_s = time.perf_counter() - build_start - wall
-    model_status = highs.modelStatusToString(highs.getModelStatus())
-    info = highs.getInfo()
-    if model_status == "Infeasible":  # nothing beats the cutoff: the incumbent is optimal
-        return Status.OPTIMAL, lm.incumbent, incumbent, build_s, wall
-    if info.primal_solution_status != 2:  # 2 = a feasible primal solution exists
+    tie_slack = sum(lm.most) / (TIME_SCALE * _tie_weight(lm))
+    if backend == "highs":
+        # HiGHS reads its clock between branch-and-bound nodes and cannot stop during its start-up
+        # (presolve, root LP): measured overruns were ~0.4 s plus up to 10%, so it gets a reserve.
+        # The cutoff: only solutions better than the incumbent are of interest.
+        cutoff = incumbent * (1 + 1e-9) + tie_slack
+        outcome = solve_pulp(problem, max(time_limit_s * 0.9 - HIGHS_RESERVE_S, 0.05), options, "highs",
+                             mip_rel_gap=RELATIVE_GAP, objective_bound=cutoff)
+    else:
+        outcome = solve_pulp(problem, time_limit_s, options, "cbc", ratioGap=RELATIVE_GAP)
+    wall = outcome.wall_s
+    build_s = max(time.perf_counter() - build_start - wall, 0.0)
+    if outcome.status is Status.INFEASIBLE:
+        if backend == "highs":  # nothing beats the cutoff: the incumbent is optimal
+            return Status.OPTIMAL, lm.incumbent, incumbent, build_s, wall
+        return Status.INFEASIBLE, None, None, build_s, wall
+    if not outcome.has_solution:
         return None, None, None, build_s, wall
     for (k, m), (_, pipes) in cells.items():
         pipelines += [(k, m)] * int(round(pipes.varValue or 0))
-    status = Status.OPTIMAL if model_status == "Optimal" else Status.FEASIBLE
-    tie_slack = sum(lm.most) / (TIME_SCALE * _tie_weight(lm))
-    return status, _mix_from_levels(lm, pipelines), float(info.mip_dual_bound) - tie_slack, build_s, wall
+    bound = None if outcome.bound is None else outcome.bound - tie_slack
+    return outcome.status, _mix_from_levels(lm, pipelines), bound, build_s, wall
 
 
 def infeasibility_reason(instance: Instance, model: PerfModel, groups: list[tuple[int, ...]]) -> str:
@@ -605,13 +616,14 @@ class SearchSpace:
     templates: list[Template]
 
 
-def search_space(instance: Instance, failed: frozenset[int], model: PerfModel) -> SearchSpace:
+def search_space(instance: Instance, failed: frozenset[int], model: PerfModel,
+                 deadline: float = math.inf) -> SearchSpace:
     groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
     groups_by_type: dict[str, list[tuple[int, ...]]] = {}
     for group in groups:
         groups_by_type.setdefault(model.stage_device(group).name, []).append(group)
     return SearchSpace(groups, groups_by_type, {name: len(g) for name, g in groups_by_type.items()},
-                       instance.global_micro_batches, build_templates(model, groups))
+                       instance.global_micro_batches, build_templates(model, groups, deadline))
 
 
 def level_model_for(instance: Instance, failed: frozenset[int], model: PerfModel | None = None) -> LevelModel:
@@ -628,8 +640,8 @@ def level_model_for(instance: Instance, failed: frozenset[int], model: PerfModel
     return level_model(space.templates, space.budget, space.total, hint, bound if math.isfinite(bound) else 0.0)
 
 
-def _template_plan(instance: Instance, failed: frozenset[int], time_limit_s: float, threads: int, seed: int,
-                   model: PerfModel, backend: str) -> SolveResult[Plan]:
+def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, options: SolverOptions,
+                   model: PerfModel) -> SolveResult[Plan]:
     """The scale path's incumbent: single-type pipeline templates chosen by the level model, then
     polished on the exact model. Its status and bound speak of the template model only;
     `search_plan` replaces them with ones that hold for the exact model.
@@ -637,10 +649,11 @@ def _template_plan(instance: Instance, failed: frozenset[int], time_limit_s: flo
     Order of work: templates; warm starts (the best single template, the previous plan restricted
     to the survivors); the relaxation bound; the knapsack-guided incumbent; when the
     incumbent meets the bound it is returned as proven (backend 'bound'), otherwise the level
-    model is solved by `backend` within what is left of the time limit."""
+    model is solved by `options.backend` within what is left before `deadline`. Each step past
+    the deadline is skipped (a skipped bound is 0), and the answer is then HEURISTIC."""
     start = time.perf_counter()
-    model = model or PerfModel(instance)
-    space = search_space(instance, failed, model)
+    backend, seed = options.backend, options.seed
+    space = search_space(instance, failed, model, deadline.end)
     templates, budget, total = space.templates, space.budget, space.total
     everything = max((t.pipeline_time(total) for t in templates), default=0.0) + 1.0
     starts = [heuristic_mix(templates, budget, total), restricted_mix(instance.plan, failed, templates, total, model),
@@ -656,9 +669,9 @@ def _template_plan(instance: Instance, failed: frozenset[int], time_limit_s: flo
                       "(fewer micro-batches in flight is what lets them fit)")
         return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, backend, time.perf_counter() - start, seed, reason)
     hint = min(starts, key=lambda mix: _rank(templates, mix))
-    relaxation = lp_lower_bound(templates, budget, total)
+    relaxation = lp_lower_bound(templates, budget, total, deadline.end)
     relaxation = relaxation if math.isfinite(relaxation) else 0.0
-    hint = bound_guided_mix(templates, budget, total, hint)
+    hint = bound_guided_mix(templates, budget, total, hint, deadline.end)
     warm = modelled_time(templates, hint)
 
     def finish(mix: Mix, status: Status, bound: float, wall: float, used: str, build: float, why: str):
@@ -669,22 +682,22 @@ def _template_plan(instance: Instance, failed: frozenset[int], time_limit_s: flo
         # evaluated exactly and the faster plan kept (ties in the surrogate hide real differences).
         exact = model.evaluate(plan, failed)
         best_time = exact.iteration_time_s if exact.memory_ok else math.inf
-        deadline = start + time_limit_s
-        balanced = rebalance_exact(model, plan, deadline)
+        balanced = rebalance_exact(model, plan, deadline.end)
         if balanced != plan:
             estimate = model.evaluate(balanced, failed)
             if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
                 plan, best_time = balanced, estimate.iteration_time_s
                 why += "; micro-batches rebalanced on exact 1F1B times"
         for other in neighbour_mixes(templates, budget, total, mix)[:POLISH_CANDIDATES]:
-            if time.perf_counter() > deadline:
+            if deadline.expired():
                 break
-            candidate = rebalance_exact(model, lower(templates, other, space.groups_by_type, tp), deadline)
+            candidate = rebalance_exact(model, lower(templates, other, space.groups_by_type, tp), deadline.end)
             estimate = model.evaluate(candidate, failed)
             if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
                 plan, best_time, mix = candidate, estimate.iteration_time_s, other
                 why += "; a neighbouring mix is faster when evaluated exactly"
-        polished = rebalance_exact(model, polish_splits(model, plan, deadline), deadline)
+        polished = rebalance_exact(model, polish_splits(model, plan, deadline.end), deadline.end) \
+            if not deadline.expired() else plan
         if polished != plan:
             estimate = model.evaluate(polished, failed)
             if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
@@ -700,9 +713,12 @@ def _template_plan(instance: Instance, failed: frozenset[int], time_limit_s: flo
     if warm - relaxation <= 1e-9 * warm:
         return finish(hint, Status.OPTIMAL, relaxation, 0.0, "bound", time.perf_counter() - start,
                       "the constructive plan meets the relaxation bound")
-    remaining = max(time_limit_s - (time.perf_counter() - start), 0.05)
+    remaining = deadline.left()
+    if remaining < 0.05:
+        return finish(hint, Status.HEURISTIC, relaxation, 0.0, "knapsack", time.perf_counter() - start,
+                      "no time left for the level model: the knapsack-guided incumbent")
     lm = level_model(templates, budget, total, hint, relaxation)
-    status, mix, bound, build_s, wall = solve_level_model(lm, backend, remaining, threads, seed)
+    status, mix, bound, build_s, wall = solve_level_model(lm, backend, deadline.left(), options=options)
     build_s = time.perf_counter() - start - wall  # templates, bounds, incumbent and model building
     bound = max(bound if bound is not None else 0.0, relaxation)
     if status is None or mix is None:
@@ -723,30 +739,35 @@ def _exact_value(model: PerfModel, plan: Plan | None, failed: frozenset[int]) ->
 
 def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_limit_s: float = 10.0,
                 threads: int = 1, seed: int = 0, model: PerfModel | None = None,
-                backend: str = "cpsat") -> SolveResult[Plan]:
+                backend: str = "cpsat", *, deadline: Deadline | None = None,
+                options: SolverOptions | None = None) -> SolveResult[Plan]:
     """The fastest reconfigured plan over the survivors, exact for the performance model.
 
-    Incumbents: the template path (scale), the paper's enumeration (within a share of the time
-    limit). Proof: branch and bound over the whole space (`exact.py`) when it is small enough,
-    else the relaxation bound (`bounds.py`). `objective` is the returned plan's exact step,
-    `bound` a lower bound on the exact step of every plan in SPACE, OPTIMAL only when they meet
-    within OPTIMALITY_TOLERANCE; every plan passes the checker."""
+    Incumbents: the template path (scale, TEMPLATE_SHARE of the time), the paper's enumeration
+    (within a share of the time limit). Proof: branch and bound over the whole space (`exact.py`)
+    when it is small enough, else the relaxation bound (`bounds.py`). `objective` is the returned
+    plan's exact step, `bound` a lower bound on the exact step of every plan in SPACE, OPTIMAL
+    only when they meet within OPTIMALITY_TOLERANCE; every plan passes the checker. `deadline`
+    (else `time_limit_s` from now) bounds the whole search; `stopped_early` says it ran out
+    before proving its answer."""
     start = time.perf_counter()
-    deadline = start + time_limit_s
+    deadline = deadline or Deadline.after(time_limit_s, start)
+    options = options or SolverOptions(backend, threads, seed)
+    seed = options.seed
+    budget_s = max(deadline.end - start, 0.0)
     model = model or PerfModel(instance)
     tp = instance.plan.tensor_parallel
     live = [d for d in range(instance.num_devices) if d not in failed]
-    template = _template_plan(instance, failed, time_limit_s * 0.5, threads, seed, model, backend)
+    template = _template_plan(instance, failed, deadline.share(TEMPLATE_SHARE), options, model)
     plan, used = template.solution, template.backend
     value = _exact_value(model, plan, failed)
     notes = [f"template path ({template.backend}): {template.reason}" if plan is not None
              else f"template path: {template.reason}"]
     exact = None
-    if time.perf_counter() < deadline:
-        exact = exact_search(instance, model, failed, value, deadline)
-    if exact is None and len(survivor_groups(instance, failed, tp)) <= ENUMERATION_GROUPS \
-            and time.perf_counter() < deadline:
-        share = min(time_limit_s * ENUMERATION_SHARE, deadline - time.perf_counter())
+    if not deadline.expired():
+        exact = exact_search(instance, model, failed, value, deadline.end)
+    if exact is None and len(survivor_groups(instance, failed, tp)) <= ENUMERATION_GROUPS and not deadline.expired():
+        share = min(budget_s * ENUMERATION_SHARE, deadline.left())
         paper = enumerate_plans(instance, failed, time_limit_s=max(share, 0.01), model=model)
         paper_value = _exact_value(model, paper.solution, failed)
         if paper_value < value * (1 - 1e-12):
@@ -769,7 +790,7 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
                 infeasibility_reason(instance, model, groups)
             return SolveResult(Status.INFEASIBLE, None, None, None, wall, used, 0.0, seed, f"{reason}; {space}")
         return SolveResult(Status.NO_SOLUTION, None, None, bound, wall, used, 0.0, seed,
-                           "no plan found in time; " + "; ".join(notes) + f"; {space}")
+                           "no plan found in time; " + "; ".join(notes) + f"; {space}", stopped_early=True)
     plan = assert_sound(instance, plan, failed, model=model)
     bound = min(bound, value)
     status = Status.OPTIMAL if value - bound <= OPTIMALITY_TOLERANCE * value else Status.FEASIBLE
@@ -779,4 +800,8 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
         notes.append("proven: the plan meets the relaxation bound")
     else:
         notes.append("not proven optimal: the bound is the relaxation's (a lower bound of the exact model)")
-    return SolveResult(status, plan, value, bound, wall, used, 0.0, seed, "; ".join(notes) + f"; {space}")
+    stopped = status is not Status.OPTIMAL and deadline.expired()
+    if stopped:
+        notes.append(f"stopped at the deadline ({budget_s:.2f} s)")
+    return SolveResult(status, plan, value, bound, wall, used, 0.0, seed, "; ".join(notes) + f"; {space}",
+                       stopped_early=stopped)

@@ -12,6 +12,7 @@ later stages keep fewer micro-batches in flight, so they are never tighter than 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,10 +152,12 @@ def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipeli
     return Template(model.stage_device(group).name, stages, bounds, times, sync, min_pipelines, max_level)
 
 
-def build_templates(model: PerfModel, groups: list[tuple[int, ...]]) -> list[Template]:
+def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: float = math.inf) -> list[Template]:
     """Every feasible template per device type present among `groups` (one group per stage), plus
     level-capped variants (S stages running c < S micro-batches hold fewer in flight) wherever
-    memory binds and a cap buys a faster split; at most MAX_LEVEL_VARIANTS bisections per type."""
+    memory binds and a cap buys a faster split; at most MAX_LEVEL_VARIANTS bisections per type.
+    Past `deadline` (perf_counter) no further stage count is tried: the templates are incumbents'
+    building blocks, so fewer of them weaken the incumbent, never the search's bound."""
     by_type: dict[str, list[tuple[int, ...]]] = {}
     for group in groups:
         by_type.setdefault(model.stage_device(group).name, []).append(group)
@@ -166,6 +169,8 @@ def build_templates(model: PerfModel, groups: list[tuple[int, ...]]) -> list[Tem
                                0.0, math.inf)
         variants = 0
         for stages in range(1, most + 1):
+            if templates and time.perf_counter() > deadline:
+                break
             count = len(members) // stages
             base = build_template(model, members[0], stages, count)
             if base is not None and base.min_pipelines <= count:

@@ -1,0 +1,62 @@
+"""One deadline for a whole decision, passed down through every stage that may run long.
+
+An operator in a failure has a budget for the decision, not per solver call: `--time-limit T`
+becomes one `Deadline`, and each stage (rerouting, plan search, communication) takes a share of
+what is left when it starts (`share`), so time one stage does not use passes on to the next.
+Every stage reports what it was given and whether it stopped early (`StageTime`), so the JSON
+says which answer is a time-limited one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """An absolute end on the `time.perf_counter` clock."""
+
+    end: float
+
+    @classmethod
+    def after(cls, seconds: float, start: float | None = None) -> Deadline:
+        return cls((time.perf_counter() if start is None else start) + seconds)
+
+    @classmethod
+    def never(cls) -> Deadline:
+        return cls(float("inf"))
+
+    def left(self) -> float:
+        """Seconds left (0 once passed)."""
+        return max(self.end - time.perf_counter(), 0.0)
+
+    def expired(self) -> bool:
+        return time.perf_counter() >= self.end
+
+    def share(self, fraction: float, at_least: float = 0.0) -> Deadline:
+        """A stage's deadline: `fraction` of what is left now (at least `at_least` seconds, never
+        past this deadline)."""
+        now = time.perf_counter()
+        left = max(self.end - now, 0.0)
+        return Deadline(min(now + max(left * fraction, min(at_least, left)), self.end))
+
+    def sooner(self, seconds: float) -> Deadline:
+        """This deadline or `seconds` from now, whichever comes first."""
+        return Deadline(min(self.end, time.perf_counter() + seconds))
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """What one stage of a decision was given and used; `stopped_early` when it returned a
+    time-limited answer (an incumbent without proof, a fallback, or nothing)."""
+
+    stage: str
+    limit_s: float
+    wall_s: float
+    stopped_early: bool
+    note: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"stage": self.stage, "limit_s": round(self.limit_s, 6), "wall_s": round(self.wall_s, 6),
+                "stopped_early": self.stopped_early, "note": self.note}
