@@ -29,84 +29,22 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
 from typing import Any
 
-from chameleon_opt.check import assert_sound
-from chameleon_opt.comm import Migration, communication_plan, lower_plan
-from chameleon_opt.comm.lowering import FORMAT
+from chameleon_opt.comm import communication_plan
 from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance, build_instance, load_instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.recovery.policy import GROUP_REBUILD_S, Candidate, decide, with_stale_copies
+from chameleon_opt.planning import POLICIES, PlanningOptions, RecoveryDecision, executable, plan_recovery
+from chameleon_opt.recovery.policy import GROUP_REBUILD_S, RecoveryOption, with_stale_copies
+from chameleon_opt.solve.backends import SolverOptions
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.search import search_plan
 
-POLICIES = ("auto", "reroute", "reconfigure")
-
-
-@dataclass(frozen=True)
-class CandidateSummary:
-    """One candidate the decision weighed: its step, transition and Eq. 8 score (samples/s)."""
-
-    policy: str
-    feasible: bool
-    reason: str
-    iteration_time_s: float | None
-    transition_s: float
-    score: float
-
-
-@dataclass(frozen=True)
-class RecoveryDecision:
-    """The chosen recovery, ready to run.
-
-    `plan` is the checked plan to run next, `estimate` its predicted step, and `rank_plans` its
-    lowering: device -> executable plan (`comm/lowering.py` documents the format) for every live
-    device of the plan and every device that only sends migration state. `failed` holds every
-    device failed so far, `candidates` what was weighed (Eq. 8 scores), `migration` the state to
-    move before training resumes (None when rerouting: nothing moves) and `allreduce_rounds` the
-    gradient all-reduce groups per round. A hybrid's `plan` is the final, reconfigured plan, and
-    `interim` the rerouting decision to run at once while the search and migration proceed in the
-    background (its `candidates` are empty); `transition_s` is then the pause of the switch."""
-
-    policy: str
-    reason: str
-    failed: frozenset[int]
-    num_devices: int
-    plan: Plan
-    estimate: Estimate
-    transition_s: float
-    candidates: tuple[CandidateSummary, ...]
-    migration: Migration | None
-    allreduce_rounds: tuple[tuple[str, ...], ...]
-    rank_plans: Mapping[int, dict[str, Any]]
-    interim: RecoveryDecision | None = None
-
-    @property
-    def iteration_time_s(self) -> float:
-        return self.estimate.iteration_time_s
-
-    def for_rank(self, device: int) -> dict[str, Any]:
-        """The executable plan of `device`; a device with no part in the plan (failed, or a spare
-        the plan leaves out) gets one with role `failed` or `idle` and no work, so that every
-        process of a job can ask the same question."""
-        if device in self.rank_plans:
-            return self.rank_plans[device]
-        if not 0 <= device < self.num_devices:
-            raise InputError(None, "device", f"{device} is not a device of the instance",
-                             f"use 0..{self.num_devices - 1}")
-        return {"format": FORMAT, "rank": device, "role": "failed" if device in self.failed else "idle",
-                "pipeline": None, "stage": None, "layers": None, "modules": [], "micro_batches": [],
-                "allreduce": [], "transfers": [], "release_after_round": None}
-
-
-def _summary(candidate: Candidate) -> CandidateSummary:
-    return CandidateSummary(candidate.policy, candidate.feasible, candidate.reason,
-                            None if candidate.estimate is None else float(candidate.iteration_time_s),
-                            float(candidate.transition_s), float(candidate.score))
+__all__ = ["POLICIES", "Planner", "PlanningOptions", "RecoveryDecision", "RecoveryOption"]
 
 
 class Planner:
@@ -132,6 +70,7 @@ class Planner:
         else:
             base = load_instance(instance)
         self.policy, self.time_limit_s, self.threads, self.seed = policy, time_limit_s, threads, seed
+        self.options = PlanningOptions(policy, time_limit_s, SolverOptions(threads=threads, seed=seed))
         self._base = dataclasses.replace(base, failed_devices=frozenset())
         self._layout = base.plan
         self._layouts = [base.plan]   # every layout so far: who held what, to explain stale copies
@@ -185,17 +124,9 @@ class Planner:
         failed = self._failed | new
         state = dataclasses.replace(self._base, plan=self._layout, failed_devices=failed)
         try:
-            decision = decide(state, failed, self.policy, self.time_limit_s, self.threads, self.seed, next_fault_s)
+            result = plan_recovery(state, failed, dataclasses.replace(self.options, next_fault_s=next_fault_s))
         except UnrecoverableError as error:
             raise with_stale_copies(error, self._layouts, state, failed) from None
-        if decision.chosen is None:
-            raise InfeasibleError(decision.reason)
-        chosen = decision.chosen
-        summary = tuple(_summary(c) for c in decision.candidates)
-        result = self._executable(state, chosen, failed, decision.reason, summary)
-        if chosen.interim is not None:
-            interim = self._executable(state, chosen.interim, failed, chosen.interim.reason, ())
-            result = dataclasses.replace(result, interim=interim)
         self._failed = failed
         self._current = result.plan
         self._layout = dataclasses.replace(result.plan, rerouted=())
@@ -221,8 +152,9 @@ class Planner:
         failed = self._failed - joined
         state = dataclasses.replace(self._base, plan=self._layout, failed_devices=failed)
         model = PerfModel(state)
+        deadline = Deadline.after(self.time_limit_s)
         start = time.perf_counter()
-        result = search_plan(state, failed, self.time_limit_s, self.threads, self.seed, model)
+        result = search_plan(state, failed, model=model, deadline=deadline.share(0.6), options=self.options.solver)
         if not result.status.has_solution or result.solution is None:
             raise InfeasibleError(f"no plan over the live devices: {result.reason or result.status.value}")
         search_s = time.perf_counter() - start
@@ -234,34 +166,15 @@ class Planner:
                 dataclasses.replace(stage, devices=tuple(stand_in.get(d, d) for d in stage.devices))
                 for stage in pipe.stages)) for pipe in self._layout.pipelines))
         communication = communication_plan(state, old, result.solution, failed | frozenset(stand_in.values()),
-                                           time_limit_s=max(self.time_limit_s / 2, 1.0), threads=self.threads,
-                                           seed=self.seed, model=model)
+                                           model=model, deadline=deadline, options=self.options.solver)
         migration, _, comm = communication
         transition = search_s + migration.makespan_s + GROUP_REBUILD_S
         why = (f"devices {sorted(joined)} rejoined without state: {len(comm.plan.pipelines)} pipelines over the "
                f"live devices, migration {migration.total_bytes:,} B in {migration.rounds} rounds")
-        candidate = Candidate("reconfigure", True, why, comm.plan, model.evaluate(comm.plan, failed), transition,
-                              solve=result, communication=communication)
-        decision = self._executable(state, candidate, failed, why, (_summary(candidate),))
+        option = RecoveryOption("reconfigure", True, why, comm.plan, model.evaluate(comm.plan, failed), transition,
+                                solve=result, communication=communication)
+        decision = executable(state, option, failed, why, (option,), deadline, self.options.solver)
         self._failed = failed
         self._current = self._layout = decision.plan
         self._layouts.append(self._layout)
         return decision
-
-    def _executable(self, state: Instance, candidate: Candidate, failed: frozenset[int], reason: str,
-                    candidates: tuple[CandidateSummary, ...]) -> RecoveryDecision:
-        """The candidate's plan checked, its communication scheduled (rerouting: the gradient
-        rounds only, as the CLI does) and lowered to one executable plan per rank."""
-        assert candidate.plan is not None and candidate.estimate is not None
-        rerouted = candidate.communication is None
-        if rerouted:
-            _, rounds, comm = communication_plan(state, state.plan, candidate.plan, failed,
-                                                 time_limit_s=max(self.time_limit_s / 2, 1.0), assign=False,
-                                                 threads=self.threads, seed=self.seed)
-            migration = None
-        else:
-            migration, rounds, comm = candidate.communication
-        plan = assert_sound(state, comm.plan, failed, require_tp_in_node=not rerouted)
-        ranks = lower_plan(state, plan, migration, rounds, failed)
-        return RecoveryDecision(candidate.policy, reason, failed, state.num_devices, plan, candidate.estimate,
-                                candidate.transition_s, candidates, migration, tuple(tuple(r) for r in rounds), ranks)

@@ -10,7 +10,6 @@ torch is never imported here (start-up must stay fast).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from enum import Enum
@@ -21,16 +20,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from chameleon_opt.errors import ChameleonError, InfeasibleError, InputError
+from chameleon_opt.errors import ChameleonError, InputError
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.instance.schema import InstanceSpec
 from chameleon_opt.perf.model import GIB, Estimate, PerfModel
 from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import device_list
-from chameleon_opt.solve.result import Status
 
 if TYPE_CHECKING:
-    from chameleon_opt.recovery.policy import Candidate
+    from chameleon_opt.planning import RecoveryDecision
+    from chameleon_opt.solve.backends import SolverOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan recovery of DP x PP x TP training jobs from accelerator failures.")
@@ -44,10 +43,24 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+class LogLevel(str, Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 @app.callback()
 def _options(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                          help="print the version and exit")) -> None:
+                                          help="print the version and exit"),
+             log_level: LogLevel = typer.Option(LogLevel.warning, "--log-level",
+                                                help="Python logging on stderr (the toolkit's and its libraries')")
+             ) -> None:
     """Plan recovery of DP x PP x TP training jobs from accelerator failures."""
+    import logging
+
+    logging.basicConfig(level=log_level.value.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 POLICY_NAMES = ("chameleon", "chameleon-paper", "hybrid", "recycle", "oobleck", "bamboo", "checkpoint",
@@ -199,16 +212,20 @@ def calibrate(sailor: Path = typer.Option(None, "--sailor", help="Sailor's data 
                      f"{', '.join(device.fitted_on)}", markup=False, highlight=False)
 
 
-def _solve_json(candidate: "Candidate") -> dict[str, object]:
-    """The contract's `solve` object; rerouting is a rule, not a search, and says so."""
-    if candidate.solve is not None:
-        return candidate.solve.to_json()
-    return {"status": Status.FEASIBLE.value, "objective": candidate.iteration_time_s, "bound": None, "gap": None,
-            "wall_s": 0.0, "build_s": 0.0, "backend": "even-split", "seed": None,
-            "reason": "rerouting rule of Eq. 12/13 (even split over peers)"}
+def _solver_options(backend: str, threads: int, seed: int, solver_log: bool, params: list[str]) -> "SolverOptions":
+    """--backend, --threads, --seed, --solver-log and --params KEY=VALUE as one SolverOptions."""
+    from chameleon_opt.solve.backends import SolverOptions
+
+    pairs = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(None, "--params", f"{item!r} is not KEY=VALUE", "write e.g. --params mip_rel_gap=1e-4")
+        pairs[key] = value
+    return SolverOptions(backend, threads, seed, solver_log, pairs)
 
 
-def _plan_pictures(name: str, policy: str, chosen: "Candidate", failed: frozenset[int], devices_per_node: int,
+def _plan_pictures(name: str, decision: "RecoveryDecision", failed: frozenset[int], devices_per_node: int,
                    gantt: Path | None, migration_plot: Path | None, force: bool) -> list[Path]:
     """Draw and write the requested pictures of a decision; a hybrid's Gantt chart shows the
     interim rerouted step above the reconfigured one."""
@@ -219,15 +236,15 @@ def _plan_pictures(name: str, policy: str, chosen: "Candidate", failed: frozense
 
     written = []
     if gantt is not None:
-        assert chosen.estimate is not None
-        panels = [(f"{name}: {policy}", chosen.estimate)]
-        if chosen.interim is not None and chosen.interim.estimate is not None:
-            panels = [(f"{name}: now, rerouted (interim)", chosen.interim.estimate),
-                      (f"{name}: after the switch, reconfigured", chosen.estimate)]
+        panels = [(f"{name}: {decision.policy}", decision.estimate)]
+        if decision.interim is not None:
+            panels = [(f"{name}: now, rerouted (interim)", decision.interim.estimate),
+                      (f"{name}: after the switch, reconfigured", decision.estimate)]
         written.append(save_figure(gantt_figure(panels, failed), gantt, "--gantt", force))
     if migration_plot is not None:
-        assert chosen.communication is not None
-        figure = migration_figure(chosen.communication[0], devices_per_node, failed, f"{name}: {policy} migration")
+        assert decision.communication is not None
+        figure = migration_figure(decision.communication.migration, devices_per_node, failed,
+                                  f"{name}: {decision.policy} migration")
         written.append(save_figure(figure, migration_plot, "--migration-plot", force))
     return written
 
@@ -235,9 +252,15 @@ def _plan_pictures(name: str, policy: str, chosen: "Candidate", failed: frozense
 @app.command()
 def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          policy: Policy = typer.Option(Policy.auto, help="auto: choose by Eq. 8; or force one candidate"),
-         time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="solver time limit, seconds"),
+         time_limit: float = typer.Option(10.0, "--time-limit", min=0.01,
+                                          help="seconds for the whole decision (search, rerouting, communication); "
+                                               "what runs out of time says so in `stages`"),
+         backend: str = typer.Option("cpsat", "--backend", help="plan search's level model: cpsat, highs or cbc"),
          threads: int = typer.Option(1, min=1, help="solver threads"),
          seed: int = typer.Option(0, help="solver random seed"),
+         solver_log: bool = typer.Option(False, "--solver-log", help="every solver's own log on stderr"),
+         params: list[str] = typer.Option([], "--params", help="KEY=VALUE passed to the --backend solver by its own "
+                                          "option name (repeat), e.g. linearization_level=1 or mip_rel_gap=1e-3"),
          next_fault_s: float = typer.Option(None, "--next-fault-s", min=0.0,
                                             help="time to the next fault D (overrides the instance)"),
          gantt: Path = typer.Option(None, "--gantt", help="write the chosen plan's 1F1B step as a Gantt chart "
@@ -247,43 +270,46 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          force: bool = typer.Option(False, "--force", help="overwrite existing picture files"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)")) -> None:
     """Plan the recovery from the instance's failures: candidates, scores, the chosen plan."""
-    from chameleon_opt.comm import communication_plan
+    import time
+
+    begun = time.perf_counter()  # the deadline counts from here: imports and loading are inside it
     from chameleon_opt.output import check_figure_output
-    from chameleon_opt.recovery.policy import decide
+    from chameleon_opt.planning import PlanningOptions, plan_recovery
+    from chameleon_opt.solve.deadline import Deadline
 
     try:
         if gantt is not None:
             check_figure_output(gantt, "--gantt", force)
         if migration_plot is not None:
             check_figure_output(migration_plot, "--migration-plot", force)
+        options = PlanningOptions(policy.value, time_limit, _solver_options(backend, threads, seed, solver_log, params),
+                                  next_fault_s)
         instance = load_instance(file)
         failed = instance.failed_devices
         with stderr.status(f"planning recovery of {instance.name} ({len(failed)} failed devices)..."):
-            decision = decide(instance, failed, policy.value, time_limit, threads, seed, next_fault_s)
-        if decision.chosen is None:
-            raise InfeasibleError(decision.reason)
-        chosen = decision.chosen
-        assert chosen.plan is not None
-        if chosen.communication is None:  # rerouting: nothing migrates; the gradient groups shrink
-            with stderr.status("scheduling the gradient all-reduce rounds..."):
-                chosen = dataclasses.replace(chosen, communication=communication_plan(
-                    instance, instance.plan, chosen.plan, failed, time_limit_s=max(time_limit / 2, 1.0),
-                    assign=False, threads=threads, seed=seed))
-        migration, allreduce_rounds, comm = chosen.communication
-        written = _plan_pictures(instance.name, decision.policy, chosen, failed, instance.devices_per_node, gantt,
-                                 migration_plot, force)
+            decision = plan_recovery(instance, failed, options, Deadline.after(time_limit, begun))
+        planned_s = time.perf_counter() - begun
+        written = _plan_pictures(instance.name, decision, failed, instance.devices_per_node, gantt, migration_plot,
+                                 force)
     except ChameleonError as err:
         fail(err, as_json)
+    chosen = next(c for c in decision.candidates if c.policy == decision.policy)
+    migration, allreduce_rounds = decision.communication.migration, [list(r) for r in decision.allreduce_rounds]
+    assert decision.solve is not None and decision.communication is not None  # every option has both
+    solve = decision.solve.to_json()
     if as_json:
         payload = {"format": 1, "policy": decision.policy, "reason": decision.reason,
-                   "candidates": [c.to_json() for c in decision.candidates], "plan": chosen.plan.to_json(),
-                   "iteration_time_s": chosen.iteration_time_s, "solve": _solve_json(chosen),
+                   "candidates": [c.to_json() for c in decision.candidates], "plan": decision.plan.to_json(),
+                   "iteration_time_s": decision.iteration_time_s, "solve": solve,
                    "migration": migration.to_json(), "allreduce_rounds": allreduce_rounds,
-                   "communication": comm.to_json()}
-        if chosen.interim is not None and chosen.interim.plan is not None:
-            payload["interim"] = {"plan": chosen.interim.plan.to_json(),
-                                  "iteration_time_s": chosen.interim.iteration_time_s,
-                                  "solve": _solve_json(chosen.interim)}
+                   "communication": decision.communication.to_json(),
+                   "time_limit_s": time_limit, "wall_s": planned_s,
+                   "stages": [stage.to_json() for stage in decision.stages],
+                   "stopped_early": decision.stopped_early}
+        if decision.interim is not None:
+            payload["interim"] = {"plan": decision.interim.plan.to_json(),
+                                  "iteration_time_s": decision.interim.iteration_time_s,
+                                  "solve": decision.interim.solve.to_json() if decision.interim.solve else None}
         if written:
             payload["files"] = [str(path) for path in written]
         emit_json(payload)
@@ -292,21 +318,22 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
     for column in ("policy", "feasible", "step s", "transition s", "score samples/s", "why"):
         table.add_column(column, justify="right" if column not in ("policy", "why") else "left")
     for c in decision.candidates:
-        mark = "[bold green]" if c.policy == chosen.policy else ""
+        mark = "[bold green]" if c is chosen else ""
         table.add_row(f"{mark}{c.policy}", "yes" if c.feasible else "[red]no[/]",
                       f"{c.iteration_time_s:.4g}" if c.estimate else "-",
                       f"{c.transition_s:.4g}" if c.feasible else "-", f"{c.score:.4g}" if c.feasible else "-",
                       c.reason)
     stdout.print(table)
     stdout.print(f"decision: [bold]{decision.policy}[/]: {decision.reason}")
-    solve = _solve_json(chosen)
     stdout.print(f"solver: {solve['backend']} {solve['status']}, objective {solve['objective']}, "
                  f"bound {solve['bound']}, gap {solve['gap']}, {solve['wall_s']:.3f} s")
+    stdout.print(f"time: {planned_s:.2f} s of {time_limit:g} s; " + ", ".join(
+        f"{st.stage} {st.wall_s:.2f}/{st.limit_s:.2f} s" + (" [yellow](stopped early)[/]" if st.stopped_early else "")
+        for st in decision.stages))
     stdout.print(f"migration: {migration.total_bytes / 1e9:,.1f} GB in {migration.rounds} rounds, "
                  f"{migration.makespan_s:.2f} s (lower bound {migration.lower_bound_s:.2f} s); gradient all-reduce "
                  f"in {len(allreduce_rounds)} rounds of asynchronous groups")
-    assert chosen.estimate is not None
-    stdout.print(_estimate_table(chosen.estimate, f"chosen plan ({decision.policy})", failed))
+    stdout.print(_estimate_table(decision.estimate, f"chosen plan ({decision.policy})", failed))
     for path in written:
         stdout.print(f"wrote {path}")
 

@@ -16,6 +16,7 @@ piece at the neighbouring stage of the owning pipeline, with the overlapping sam
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from chameleon_opt.comm.allreduce import allreduce_groups
@@ -80,75 +81,125 @@ def _device(plan: Plan, slot: tuple[int, int], rank: int) -> int:
     return plan.pipelines[slot[0]].stages[slot[1]].devices[rank]
 
 
+class LoweredPlan(Mapping[int, dict[str, Any]]):
+    """Rank -> its executable plan, built per rank on first access (JSON-serialisable).
+
+    The shared indexes (pieces per slot, all-reduce groups and rounds, transfers per device) are
+    built once, on the first access; a rank's plan only when asked for. A trainer process asks
+    for its own rank only, and a decision at 16,384 devices need not lower every rank."""
+
+    def __init__(self, instance: Instance, plan: Plan, migration: Migration | None,
+                 allreduce_rounds: list[list[str]], failed: frozenset[int] | None = None) -> None:
+        self.instance, self.plan, self.migration, self.rounds = instance, plan, migration, allreduce_rounds
+        self.failed = instance.failed_devices if failed is None else failed
+        self.slot_of = {d: (j, s) for j, pipe in enumerate(plan.pipelines) for s, stage in enumerate(pipe.stages)
+                        if not self.failed.intersection(stage.devices) for d in stage.devices}
+        self.sources = sorted({t.src for t in migration.transfers} - self.slot_of.keys()) if migration else []
+        self._index: dict[str, Any] | None = None
+        self._cache: dict[int, dict[str, Any]] = {}
+        self._slot_items: dict[tuple[int, int], tuple[list, list]] = {}
+
+    def __len__(self) -> int:
+        return len(self.slot_of) + len(self.sources)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted([*self.slot_of, *self.sources]))
+
+    def __contains__(self, device: object) -> bool:
+        return device in self.slot_of or device in self.sources
+
+    def _shared(self) -> dict[str, Any]:
+        if self._index is not None:
+            return self._index
+        plan, failed = self.plan, self.failed
+        groups = allreduce_groups(PerfModel(self.instance), plan, failed)
+        unknown = [name for names in self.rounds for name in names if name not in groups]
+        if unknown:
+            raise ValueError(f"all-reduce groups {unknown[:5]} are not groups of this plan")
+        round_of = {name: k for k, names in enumerate(self.rounds) for name in names}
+        index: dict[tuple[int, int], dict[int, list[Piece]]] = {}
+        by_slot: dict[tuple[int, int], list[tuple[Piece, int]]] = {}
+        for (owner, s), pieces in stage_work(plan, failed).items():
+            for piece in pieces:
+                index.setdefault((owner, s), {}).setdefault(piece[0], []).append(piece)
+                by_slot.setdefault(piece[3], []).append((piece, owner))
+        groups_of: dict[tuple[int, int], list[str]] = {}
+        for g in groups.values():
+            if g.name in round_of:
+                for slot in g.slots:
+                    groups_of.setdefault(slot, []).append(g.name)
+        transfers: dict[int, list[dict[str, Any]]] = {}
+        for t in (self.migration.transfers if self.migration is not None else ()):
+            transfers.setdefault(t.src, []).append({"round": t.round, "op": "send", "peer": t.dst,
+                                                    "tensor": t.tensor, "bytes": t.nbytes})
+            transfers.setdefault(t.dst, []).append({"round": t.round, "op": "recv", "peer": t.src,
+                                                    "tensor": t.tensor, "bytes": t.nbytes})
+        self._index = {"groups": groups, "round_of": round_of, "index": index, "by_slot": by_slot,
+                       "groups_of": groups_of, "transfers": transfers,
+                       "release": self.migration.release_after_round if self.migration is not None else {}}
+        return self._index
+
+    def _slot(self, slot: tuple[int, int]) -> tuple[list, list]:
+        """The slot's work items with their neighbours' slots, and its all-reduce groups (once per
+        slot, instantiated per TP rank)."""
+        if slot not in self._slot_items:
+            shared = self._shared()
+            j, s = slot
+            mine = []
+            for (mb, lo, hi, _), owner in sorted(shared["by_slot"].get(slot, []), key=lambda e: (e[0][0], e[0][1])):
+                mine.append((mb, lo, hi, owner, _neighbours(shared["index"], owner, s - 1, mb, lo, hi),
+                             _neighbours(shared["index"], owner, s + 1, mb, lo, hi)))
+            names = sorted(shared["groups_of"].get(slot, []), key=lambda n: (shared["round_of"][n], n))
+            self._slot_items[slot] = (mine, names)
+        return self._slot_items[slot]
+
+    def __getitem__(self, d: int) -> dict[str, Any]:
+        if d in self._cache:
+            return self._cache[d]
+        if d not in self:
+            raise KeyError(d)
+        shared, plan, instance = self._shared(), self.plan, self.instance
+        moves = sorted(shared["transfers"].get(d, []), key=lambda e: (e["round"], e["op"], e["peer"]))
+        release = shared["release"].get(d)
+        if d not in self.slot_of:
+            self._cache[d] = {"format": FORMAT, "rank": d, "node": instance.node_of(d), "role": "source",
+                              "pipeline": None, "stage": None, "layers": None, "modules": [], "micro_batches": [],
+                              "allreduce": [], "transfers": moves, "release_after_round": release}
+            return self._cache[d]
+        j, s = self.slot_of[d]
+        pipe, stage = plan.pipelines[j], plan.pipelines[j].stages[s]
+        rank = stage.devices.index(d)
+        mine, names = self._slot((j, s))
+        groups, round_of = shared["groups"], shared["round_of"]
+        num_layers = instance.workload.num_layers
+        tied = instance.workload.architecture is not None and instance.workload.architecture.tied_embeddings
+        items = [{"id": mb, "lo": lo, "hi": hi, "pipeline": owner,
+                  "prev": [{"device": _device(plan, slot, rank), "lo": a, "hi": b} for slot, a, b in prev],
+                  "next": [{"device": _device(plan, slot, rank), "lo": a, "hi": b} for slot, a, b in nxt]}
+                 for mb, lo, hi, owner, prev, nxt in mine]
+        rings = [{"round": round_of[name], "group": name, "layers": list(groups[name].layers),
+                  "ring": [_device(plan, slot, rank) for slot in groups[name].slots],
+                  "bytes": groups[name].nbytes} for name in names]
+        neighbours = {"prev": _device(plan, (j, s - 1), rank) if s > 0 else None,
+                      "next": _device(plan, (j, s + 1), rank) if s + 1 < len(pipe.stages) else None}
+        self._cache[d] = {
+            "format": FORMAT, "rank": d, "node": instance.node_of(d), "role": "train",
+            "pipeline": j, "stage": s, "num_stages": len(pipe.stages),
+            "tensor_parallel": plan.tensor_parallel, "tp_rank": rank, "tp_group": list(stage.devices),
+            "layers": [stage.first, stage.end], "modules": module_names(num_layers, stage.first, stage.end),
+            "tied_embedding": bool(tied and (stage.first == 0 or stage.end == num_layers)),
+            "p2p": neighbours,
+            "micro_batches": items,
+            "allreduce": rings,
+            "transfers": moves,
+            "release_after_round": release,
+        }
+        return self._cache[d]
+
+
 def lower_plan(instance: Instance, plan: Plan, migration: Migration | None, allreduce_rounds: list[list[str]],
                failed: frozenset[int] | None = None) -> dict[int, dict[str, Any]]:
-    """Rank -> its executable plan (JSON-serialisable): every live device of `plan` and every
-    device that only sources migration transfers."""
-    failed = instance.failed_devices if failed is None else failed
-    model = PerfModel(instance)
-    groups = allreduce_groups(model, plan, failed)
-    unknown = [name for names in allreduce_rounds for name in names if name not in groups]
-    if unknown:
-        raise ValueError(f"all-reduce groups {unknown[:5]} are not groups of this plan")
-    round_of = {name: k for k, names in enumerate(allreduce_rounds) for name in names}
-    work = stage_work(plan, failed)
-    index: dict[tuple[int, int], dict[int, list[Piece]]] = {}
-    by_slot: dict[tuple[int, int], list[tuple[Piece, int]]] = {}
-    for (owner, s), pieces in work.items():
-        for piece in pieces:
-            index.setdefault((owner, s), {}).setdefault(piece[0], []).append(piece)
-            by_slot.setdefault(piece[3], []).append((piece, owner))
-    groups_of: dict[tuple[int, int], list[str]] = {}
-    for g in groups.values():
-        if g.name in round_of:
-            for slot in g.slots:
-                groups_of.setdefault(slot, []).append(g.name)
-    transfers: dict[int, list[dict[str, Any]]] = {}
-    for t in (migration.transfers if migration is not None else ()):
-        transfers.setdefault(t.src, []).append({"round": t.round, "op": "send", "peer": t.dst, "tensor": t.tensor,
-                                                "bytes": t.nbytes})
-        transfers.setdefault(t.dst, []).append({"round": t.round, "op": "recv", "peer": t.src, "tensor": t.tensor,
-                                                "bytes": t.nbytes})
-    release = migration.release_after_round if migration is not None else {}
-    num_layers = instance.workload.num_layers
-    tied = instance.workload.architecture is not None and instance.workload.architecture.tied_embeddings
-    ranks: dict[int, dict[str, Any]] = {}
-    for j, pipe in enumerate(plan.pipelines):
-        for s, stage in enumerate(pipe.stages):
-            if failed.intersection(stage.devices):
-                continue
-            # work items with peer slots, computed once per slot and instantiated per TP rank
-            mine = []
-            for (mb, lo, hi, _), owner in sorted(by_slot.get((j, s), []), key=lambda e: (e[0][0], e[0][1])):
-                mine.append((mb, lo, hi, owner, _neighbours(index, owner, s - 1, mb, lo, hi),
-                             _neighbours(index, owner, s + 1, mb, lo, hi)))
-            mine_groups = sorted(groups_of.get((j, s), []), key=lambda n: (round_of[n], n))
-            for rank, d in enumerate(stage.devices):
-                items = [{"id": mb, "lo": lo, "hi": hi, "pipeline": owner,
-                          "prev": [{"device": _device(plan, slot, rank), "lo": a, "hi": b} for slot, a, b in prev],
-                          "next": [{"device": _device(plan, slot, rank), "lo": a, "hi": b} for slot, a, b in nxt]}
-                         for mb, lo, hi, owner, prev, nxt in mine]
-                rings = [{"round": round_of[name], "group": name, "layers": list(groups[name].layers),
-                          "ring": [_device(plan, slot, rank) for slot in groups[name].slots],
-                          "bytes": groups[name].nbytes} for name in mine_groups]
-                neighbours = {"prev": _device(plan, (j, s - 1), rank) if s > 0 else None,
-                              "next": _device(plan, (j, s + 1), rank) if s + 1 < len(pipe.stages) else None}
-                ranks[d] = {
-                    "format": FORMAT, "rank": d, "node": instance.node_of(d), "role": "train",
-                    "pipeline": j, "stage": s, "num_stages": len(pipe.stages),
-                    "tensor_parallel": plan.tensor_parallel, "tp_rank": rank, "tp_group": list(stage.devices),
-                    "layers": [stage.first, stage.end], "modules": module_names(num_layers, stage.first, stage.end),
-                    "tied_embedding": bool(tied and (stage.first == 0 or stage.end == num_layers)),
-                    "p2p": neighbours,
-                    "micro_batches": items,
-                    "allreduce": rings,
-                    "transfers": sorted(transfers.get(d, []), key=lambda e: (e["round"], e["op"], e["peer"])),
-                    "release_after_round": release.get(d),
-                }
-    for d, moves in transfers.items():
-        if d not in ranks:
-            ranks[d] = {"format": FORMAT, "rank": d, "node": instance.node_of(d), "role": "source",
-                        "pipeline": None, "stage": None, "layers": None, "modules": [], "micro_batches": [],
-                        "allreduce": [], "transfers": sorted(moves, key=lambda e: (e["round"], e["op"], e["peer"])),
-                        "release_after_round": release.get(d)}
-    return dict(sorted(ranks.items()))
+    """Rank -> its executable plan (JSON-serialisable), every rank at once: every live device of
+    `plan` and every device that only sources migration transfers (see `LoweredPlan`)."""
+    lowered = LoweredPlan(instance, plan, migration, allreduce_rounds, failed)
+    return {d: lowered[d] for d in lowered}

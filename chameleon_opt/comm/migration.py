@@ -36,7 +36,7 @@ from chameleon_opt.comm.rounds import colour_bipartite_edges, release_schedule
 from chameleon_opt.comm.state import Need, missing_state, tensor_bytes, tensor_name
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.solve.backends import SolverOptions, run_highs, solve_pulp
+from chameleon_opt.solve.backends import SolverOptions, new_highs, run_highs, solve_pulp
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult, Status
 
@@ -235,9 +235,9 @@ def _solve_highs(model: PerfModel, needs: list[Need], m: _Model, eps: float, tim
     lp.row_upper_ = np.concatenate([demand, np.zeros(n_send + n_recv)])
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = starts, index, value
-    h = highspy.Highs()
+    h, log = new_highs(time_limit_s, options, presolve="on", solver="simplex")
     h.passModel(lp)
-    outcome = run_highs(h, time_limit_s, options, presolve="on", solver="simplex")
+    outcome = run_highs(h, log)
     if not outcome.has_solution:
         return Status.NO_SOLUTION, None, None, outcome.wall_s, "highs"
     values = np.asarray(h.getSolution().col_value)

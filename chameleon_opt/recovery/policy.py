@@ -5,6 +5,13 @@ Eq. 8: score = (B / t_step) x (D - t_transition) / D; a candidate with D <= t_tr
 unusable. With D unknown but exponential with mean mu (per-device MTBF / survivors), the
 expected fraction of the interval spent training is E[max(D - tau, 0)] / E[D] = exp(-tau / mu),
 so the score becomes (B / t_step) x exp(-tau / mu): the expectation over D, not a point.
+`score_option` is the one scorer every decision uses (point D, its expectation, the hybrid's
+rate, or steady throughput without statistics).
+
+Every candidate is one typed record, `RecoveryOption`; `decide` builds them within one
+`Deadline` (rerouting first, then the search and its communication, each a share of what is left)
+and records each stage's time in `Decision.stages`. `chameleon_opt.planning.plan_recovery` is the
+entry everyone calls; it adds the chosen option's communication and lowering.
 """
 
 from __future__ import annotations
@@ -15,11 +22,15 @@ import time
 from dataclasses import dataclass
 
 from chameleon_opt.comm import communication_plan
+from chameleon_opt.comm.api import CommInfo
+from chameleon_opt.comm.migration import Migration
 from chameleon_opt.errors import UnrecoverableError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.solve.result import SolveResult, Status
+from chameleon_opt.solve.backends import SolverOptions
+from chameleon_opt.solve.deadline import Deadline, StageTime
+from chameleon_opt.solve.result import SolveResult
 from chameleon_opt.solve.reroute import reroute_plan
 from chameleon_opt.solve.search import search_plan
 
@@ -58,6 +69,24 @@ def hybrid_samples_per_s(global_batch: int, reroute_step_s: float, final_step_s:
         mu = mean_next_fault_s
         return rate_r * (1 - math.exp(-background_s / mu)) + rate_c * math.exp(-(background_s + switch_s) / mu)
     return rate_c
+
+
+def score_option(global_batch: int, step_s: float, transition_s: float, next_fault_s: float | None,
+                 mean_next_fault_s: float | None, interim_step_s: float | None = None,
+                 background_s: float = 0.0) -> float:
+    """The one Eq. 8 scorer: a hybrid (trains at `interim_step_s` for `background_s`, then pauses
+    `transition_s`) by its rate until the next fault; otherwise Eq. 8 with a point D, in
+    expectation over an exponential D, or steady throughput when neither is known."""
+    if step_s <= 0:
+        return 0.0
+    if interim_step_s is not None:
+        return hybrid_samples_per_s(global_batch, interim_step_s, step_s, background_s, transition_s, next_fault_s,
+                                    mean_next_fault_s)
+    if next_fault_s is not None:
+        return eq8_score(global_batch, step_s, transition_s, next_fault_s)
+    if mean_next_fault_s is not None:
+        return expected_score(global_batch, step_s, transition_s, mean_next_fault_s)
+    return global_batch / step_s
 
 
 def break_even_next_fault(step_reroute_s: float, step_dynamic_s: float, transition_dynamic_s: float) -> float:
@@ -105,8 +134,20 @@ def migration_lower_bound_s(model: PerfModel, old: Plan, new: Plan, failed: froz
     return max(worst_receive, worst_send) / model.inter.bandwidth
 
 
+Communication = tuple[Migration, list[list[str]], CommInfo]
+"""(migration, all-reduce rounds, info) of a scheduled plan change (`comm.communication_plan`)."""
+
+REROUTE_SHARE = 0.3   # of the time left, for the rerouting MILP (ms at small scale: the rest passes on)
+SEARCH_SHARE = 0.6    # of the time left after rerouting, for the plan search
+COMM_SHARE = 0.75     # of the time left after the search, for the reconfiguration's communication
+
+
 @dataclass(frozen=True)
-class Candidate:
+class RecoveryOption:
+    """One way to recover, as the decision weighs it: its plan and predicted step, its
+    transition (time with no training), its Eq. 8 score, the solve behind it and, once
+    scheduled, its communication. A hybrid carries the rerouting it runs first (`interim`)."""
+
     policy: str
     feasible: bool
     reason: str
@@ -115,64 +156,93 @@ class Candidate:
     transition_s: float = 0.0
     score: float = 0.0
     solve: SolveResult[Plan] | None = None
-    interim: "Candidate | None" = None  # hybrid: the rerouted plan run until the switch
-    communication: tuple | None = None   # (Migration, allreduce rounds, CommInfo) when scheduled
+    interim: RecoveryOption | None = None
+    communication: Communication | None = None
 
     @property
     def iteration_time_s(self) -> float:
         return self.estimate.iteration_time_s if self.estimate else math.inf
 
+    @property
+    def step_s(self) -> float | None:
+        return None if self.estimate is None else self.iteration_time_s
+
     def to_json(self) -> dict[str, object]:
         return {"policy": self.policy, "feasible": self.feasible, "reason": self.reason,
-                "iteration_time_s": None if self.estimate is None else self.iteration_time_s,
-                "transition_time_s": self.transition_s, "score": self.score}
+                "iteration_time_s": self.step_s, "transition_time_s": self.transition_s, "score": self.score,
+                "solve": None if self.solve is None else self.solve.to_json()}
+
+
+Candidate = RecoveryOption
+"""The former name, kept for the simulator's policies (recovery/baselines.py)."""
 
 
 @dataclass(frozen=True)
 class Decision:
     policy: str
     reason: str
-    chosen: Candidate | None
-    candidates: tuple[Candidate, ...]
+    chosen: RecoveryOption | None
+    candidates: tuple[RecoveryOption, ...]
     next_fault_s: float | None
+    stages: tuple[StageTime, ...] = ()
+
+
+def _stage(name: str, deadline: Deadline, started: float, result: SolveResult | None) -> StageTime:
+    wall = time.perf_counter() - started
+    stopped = result is not None and result.stopped_early
+    note = "" if result is None else f"{result.backend} {result.status.value}"
+    return StageTime(name, max(deadline.end - started, 0.0), wall, stopped, note)
 
 
 def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float = 5.0,
-                      threads: int = 1, seed: int = 0) -> Candidate:
+                      threads: int = 1, seed: int = 0, *, deadline: Deadline | None = None,
+                      options: SolverOptions | None = None) -> RecoveryOption:
     """Keep the layout, give the failed stages' work to their peers in decided shares (transition ~ 0)."""
-    result = reroute_plan(instance, failed, time_limit_s, threads, seed, model)
+    options = options or SolverOptions("highs", threads, seed)
+    result = reroute_plan(instance, failed, time_limit_s, model=model, deadline=deadline, options=options)
     if not result.status.has_solution or result.solution is None:
-        return Candidate("reroute", False, result.reason or result.status.value, solve=result)
+        return RecoveryOption("reroute", False, result.reason or result.status.value, solve=result)
     estimate = model.evaluate(result.solution, failed)
-    return Candidate("reroute", True, f"layout kept; {result.reason}", result.solution, estimate, 0.0, solve=result)
+    return RecoveryOption("reroute", True, f"layout kept; {result.reason}", result.solution, estimate, 0.0,
+                          solve=result)
 
 
-def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float,
-                          threads: int, seed: int) -> Candidate:
+def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float = 10.0,
+                          threads: int = 1, seed: int = 0, *, deadline: Deadline | None = None,
+                          options: SolverOptions | None = None) -> tuple[RecoveryOption, tuple[StageTime, ...]]:
     """Re-plan over the survivors; transition = search time + the scheduled state migration
     + group rebuild. The plan's TP groups are re-mapped onto slots so that the state to move is
-    least, unless that makes the step slower (neighbouring stages pushed onto different nodes)."""
+    least, unless that makes the step slower (neighbouring stages pushed onto different nodes).
+    The search takes SEARCH_SHARE of `deadline`, the communication COMM_SHARE of what is left."""
+    deadline = deadline or Deadline.after(time_limit_s)
+    options = options or SolverOptions("cpsat", threads, seed)
     start = time.perf_counter()
-    result = search_plan(instance, failed, time_limit_s, threads, seed, model)
+    searching = deadline.share(SEARCH_SHARE)
+    result = search_plan(instance, failed, model=model, deadline=searching, options=options)
     search_s = time.perf_counter() - start
+    stages = [_stage("search", searching, start, result)]
     if not result.status.has_solution or result.solution is None:
-        return Candidate("reconfigure", False, result.reason or result.status.value, solve=result)
-    comm_limit = max(time_limit_s / 2, 1.0)
-    migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed,
-                                                 time_limit_s=comm_limit, threads=threads, seed=seed, model=model)
+        return RecoveryOption("reconfigure", False, result.reason or result.status.value, solve=result), tuple(stages)
+    started = time.perf_counter()
+    comm_deadline = deadline.share(COMM_SHARE)
+    migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed, model=model,
+                                                 deadline=comm_deadline, options=options)
     estimate = model.evaluate(comm.plan, failed)
     searched = model.evaluate(result.solution, failed)
     if searched.iteration_time_s < estimate.iteration_time_s:  # re-mapping split neighbouring stages across nodes
         migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed,
-                                                     time_limit_s=comm_limit, assign=False, threads=threads,
-                                                     seed=seed, model=model)
+                                                     assign=False, model=model, deadline=comm_deadline,
+                                                     options=options)
         estimate = searched
+    stages.append(StageTime("communication", max(comm_deadline.end - started, 0.0), time.perf_counter() - started,
+                            comm.stopped_early, f"migration {migration.solve.backend} "
+                            f"{migration.solve.status.value}, all-reduce {comm.allreduce.solve.status.value}"))
     transition = search_s + migration.makespan_s + GROUP_REBUILD_S
     why = (f"{len(comm.plan.pipelines)} pipelines over the survivors; transition = search {search_s:.2f} s "
            f"+ migration {migration.makespan_s:.2f} s in {migration.rounds} rounds (bound "
            f"{migration.lower_bound_s:.2f} s) + group rebuild {GROUP_REBUILD_S:.0f} s")
-    return Candidate("reconfigure", True, why, comm.plan, estimate, transition, solve=result,
-                     communication=(migration, rounds, comm))
+    return (RecoveryOption("reconfigure", True, why, comm.plan, estimate, transition, solve=result,
+                           communication=(migration, rounds, comm)), tuple(stages))
 
 
 def lost_layers(instance: Instance, failed: frozenset[int]) -> list[int]:
@@ -200,10 +270,14 @@ def with_stale_copies(error: UnrecoverableError, earlier: list[Plan], instance: 
 
 
 def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", time_limit_s: float = 10.0,
-           threads: int = 1, seed: int = 0, next_fault_s: float | None = None) -> Decision:
-    """Build the candidates the policy asks for, score them (Eq. 8) and pick the best.
+           threads: int = 1, seed: int = 0, next_fault_s: float | None = None, *, deadline: Deadline | None = None,
+           options: SolverOptions | None = None) -> Decision:
+    """Build the candidates the policy asks for within `deadline` (else `time_limit_s` from now),
+    score them (Eq. 8, `score_option`) and pick the best.
 
     Raises UnrecoverableError when some layer lost every replica (only a checkpoint has it)."""
+    deadline = deadline or Deadline.after(time_limit_s)
+    options = options or SolverOptions("cpsat", threads, seed)
     gone = lost_layers(instance, failed)
     if gone:
         raise UnrecoverableError(f"layers {gone[0]}-{gone[-1]} ({len(gone)} layers) lost every replica: no surviving "
@@ -212,40 +286,38 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
     survivors = instance.num_devices - len(failed)
     explicit = next_fault_s if next_fault_s is not None else instance.spec.failures.next_fault_s
     mean = explicit if explicit is not None else mean_next_fault_s(instance, survivors)
-    candidates = []
+    candidates: list[RecoveryOption] = []
+    stages: list[StageTime] = []
     if policy in ("auto", "reroute"):
-        candidates.append(reroute_candidate(instance, failed, model, time_limit_s, threads, seed))
+        started = time.perf_counter()
+        rerouting = deadline.share(REROUTE_SHARE) if policy == "auto" else deadline
+        candidate = reroute_candidate(instance, failed, model, deadline=rerouting, options=options)
+        candidates.append(candidate)
+        stages.append(_stage("reroute", rerouting, started, candidate.solve))
     if policy in ("auto", "reconfigure"):
-        candidates.append(reconfigure_candidate(instance, failed, model, time_limit_s, threads, seed))
+        candidate, searched = reconfigure_candidate(instance, failed, model, deadline=deadline, options=options)
+        candidates.append(candidate)
+        stages += searched
     batch = instance.spec.training.global_batch
-    scored = []
-    for c in candidates:
-        if not c.feasible or c.estimate is None:
-            scored.append(c)
-            continue
-        if explicit is not None:
-            score = eq8_score(batch, c.iteration_time_s, c.transition_s, explicit)
-        elif mean is not None:
-            score = expected_score(batch, c.iteration_time_s, c.transition_s, mean)
-        else:
-            score = batch / c.iteration_time_s  # no fault statistics: steady-state throughput
-        scored.append(dataclasses.replace(c, score=score))
+    scored = [c if not c.feasible or c.estimate is None else
+              dataclasses.replace(c, score=score_option(batch, c.iteration_time_s, c.transition_s, explicit, mean))
+              for c in candidates]
     rr = next((c for c in scored if c.policy == "reroute" and c.feasible), None)
     rc = next((c for c in scored if c.policy == "reconfigure" and c.feasible), None)
     if policy == "auto" and rr is not None and rc is not None:
         background = rc.transition_s - GROUP_REBUILD_S
-        score = hybrid_samples_per_s(batch, rr.iteration_time_s, rc.iteration_time_s, background, GROUP_REBUILD_S,
-                                     explicit, mean)
-        scored.append(Candidate("hybrid", True, f"reroute now; switch to the reconfigured plan after "
-                                f"{background:.2f} s of background search and migration, pausing "
-                                f"{GROUP_REBUILD_S:.0f} s", rc.plan, rc.estimate, GROUP_REBUILD_S, score, rc.solve,
-                                interim=rr, communication=rc.communication))
+        score = score_option(batch, rc.iteration_time_s, GROUP_REBUILD_S, explicit, mean,
+                             interim_step_s=rr.iteration_time_s, background_s=background)
+        scored.append(RecoveryOption("hybrid", True, f"reroute now; switch to the reconfigured plan after "
+                                     f"{background:.2f} s of background search and migration, pausing "
+                                     f"{GROUP_REBUILD_S:.0f} s", rc.plan, rc.estimate, GROUP_REBUILD_S, score,
+                                     rc.solve, interim=rr, communication=rc.communication))
     usable = [c for c in scored if c.feasible and c.score > 0]
     if not usable:
         reasons = "; ".join(f"{c.policy}: {c.reason}" if not c.feasible else
                             f"{c.policy}: its transition of {c.transition_s:.1f} s outlasts D = {mean:.1f} s"
                             for c in scored)
-        return Decision("none", f"no usable candidate ({reasons})", None, tuple(scored), mean)
+        return Decision("none", f"no usable candidate ({reasons})", None, tuple(scored), mean, tuple(stages))
     best = max(usable, key=lambda c: c.score)
     basis = (f"D = {explicit:.0f} s (Eq. 8)" if explicit is not None else
              f"expected D = {mean:.0f} s from MTBF, exponential (Eq. 8 in expectation)" if mean is not None else
@@ -255,4 +327,4 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
     if rr is not None and rc is not None:
         even = break_even_next_fault(rr.iteration_time_s, rc.iteration_time_s, rc.transition_s)
         reason += f"; reconfiguration wins when D > {even:.0f} s"
-    return Decision(best.policy, reason, best, tuple(scored), mean)
+    return Decision(best.policy, reason, best, tuple(scored), mean, tuple(stages))

@@ -2,7 +2,7 @@
 
 Recovery follows the method end to end: a worker dies (SIGKILL); its peers fail their next
 communication within milliseconds and stop (the controller also sees the process exit); the
-controller asks the planner (`recovery.policy.decide`, policy auto by default) for a decision on
+controller asks the planner (`planning.plan_recovery`, policy auto by default) for a decision on
 the plan the surviving state is laid out in; lowers the chosen plan (`comm.lowering`), orders
 each rank's work (`runtime.schedule`) and starts a new generation: fresh process groups, state
 migrated by the transfer schedule, and the interrupted step redone whole. A failure during the
@@ -36,11 +36,12 @@ from chameleon_opt.comm import communication_plan
 from chameleon_opt.comm.allreduce import schedule_allreduce
 from chameleon_opt.comm.lowering import lower_plan
 from chameleon_opt.comm.migration import Migration
-from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
+from chameleon_opt.errors import InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.recovery.policy import Candidate, decide, with_stale_copies
+from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recovery
+from chameleon_opt.recovery.policy import with_stale_copies
 from chameleon_opt.runtime.gpt import GPTConfig, state_elements
 from chameleon_opt.runtime.schedule import order_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
@@ -141,7 +142,7 @@ class Controller:
         self.layouts: list[Plan] = [self.layout]       # every layout so far, to explain stale copies
         self.recoveries: list[Recovery] = []
         self.open_recoveries: list[tuple[Recovery, float]] = []  # (recovery, kill time) awaiting a step
-        self.pending_switch: tuple[Candidate, Plan] | None = None  # hybrid: (decision, layout it planned from)
+        self.pending_switch: tuple[RecoveryDecision, Plan] | None = None  # hybrid: (decision, layout it planned from)
         self.pending_transition_kills: list[Failure] = []
         self.kill_time: float | None = None
         self.attempts = 0
@@ -325,44 +326,40 @@ class Controller:
         t0 = time.perf_counter()
         inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
         try:
-            decision = decide(inst, self.failed, self.policy, self.time_limit_s)
+            decision = plan_recovery(inst, self.failed, PlanningOptions(self.policy, self.time_limit_s))
         except UnrecoverableError as error:
             raise with_stale_copies(error, self.layouts, inst, self.failed) from None
-        if decision.chosen is None:
-            raise InfeasibleError(decision.reason)
-        chosen = decision.chosen
-        recovery.policy, recovery.reason = chosen.policy, decision.reason
-        recovery.predicted_step_s = chosen.iteration_time_s
+        recovery.policy, recovery.reason = decision.policy, decision.reason
+        recovery.predicted_step_s = decision.iteration_time_s
         recovery.planning_s += time.perf_counter() - t0
-        self._event("planned", f"{chosen.policy}: {decision.reason}")
-        if chosen.policy == "hybrid" and chosen.interim is not None:
+        self._event("planned", f"{decision.policy}: {decision.reason}")
+        if decision.interim is not None:
             # reroute at once; switch to the reconfigured plan after the next completed step
-            switch = (chosen, self.layout)
-            chosen = chosen.interim
-            recovery.predicted_step_s = chosen.iteration_time_s
-            assert chosen.plan is not None
-            rounds = schedule_allreduce(self.model, chosen.plan, self.failed, 1.0).rounds
-            if self._start_generation(chosen.plan, None, rounds, "reroute", chosen.iteration_time_s, step, recovery):
+            switch = (decision, self.layout)
+            interim = decision.interim
+            recovery.predicted_step_s = interim.iteration_time_s
+            rounds = [list(r) for r in interim.allreduce_rounds]
+            if self._start_generation(interim.plan, None, rounds, "reroute", interim.iteration_time_s, step, recovery):
                 self.pending_switch = switch
-        elif chosen.policy == "reroute":
-            assert chosen.plan is not None
-            rounds = schedule_allreduce(self.model, chosen.plan, self.failed, 1.0).rounds
-            self._start_generation(chosen.plan, None, rounds, "reroute", chosen.iteration_time_s, step, recovery)
+        elif decision.migration is None:  # a rerouting: nothing migrates
+            self._start_generation(decision.plan, None, [list(r) for r in decision.allreduce_rounds], "reroute",
+                                   decision.iteration_time_s, step, recovery)
         else:
-            self._switch(chosen, self.layout, step, recovery)
+            self._switch(decision, self.layout, step, recovery)
 
-    def _switch(self, chosen: Candidate, planned_from: Plan, step: int, recovery: Recovery | None) -> None:
+    def _switch(self, decision: RecoveryDecision, planned_from: Plan, step: int, recovery: Recovery | None) -> None:
         """Move to a reconfigured plan by its migration schedule. When the state has moved since
         the decision (a hybrid's interim rerouting takes devices off their layers), the
         migration is scheduled again from the layout the state is in now."""
-        assert chosen.communication is not None
-        migration, rounds, info = chosen.communication
+        assert decision.migration is not None
+        migration, rounds = decision.migration, [list(r) for r in decision.allreduce_rounds]
         if self.layout is not planned_from:
             inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
-            migration, rounds, _ = communication_plan(inst, self.layout, info.plan, self.failed,
+            migration, rounds, _ = communication_plan(inst, self.layout, decision.plan, self.failed,
                                                       time_limit_s=max(self.time_limit_s / 2, 1.0), assign=False,
                                                       model=self.model)
-        self._start_generation(info.plan, migration, rounds, "reconfigure", chosen.iteration_time_s, step, recovery)
+        self._start_generation(decision.plan, migration, rounds, "reconfigure", decision.iteration_time_s, step,
+                               recovery)
 
     # ---- the job ------------------------------------------------------------------------------
     def run(self, steps: int, failures: tuple[Failure, ...] = ()) -> RunReport:

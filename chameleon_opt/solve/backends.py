@@ -181,7 +181,7 @@ def _highs_map() -> dict[Any, Status | None]:
 def _highs_options(h: Any, time_limit_s: float, options: SolverOptions, fixed: Mapping[str, Any]) -> str | None:
     """Set limits, seed, threads, the model's `fixed` options and the operator's `--params`;
     returns the log file to copy to stderr afterwards (None without --solver-log)."""
-    settings: dict[str, Any] = {"output_flag": options.log, "log_to_console": False,
+    settings: dict[str, Any] = {"output_flag": options.log, "log_to_console": False,  # stdout is for --json
                                 "time_limit": max(time_limit_s, 0.01), "threads": options.threads,
                                 "random_seed": options.seed, **fixed}
     if options.backend == "highs":
@@ -222,10 +222,17 @@ def highs_outcome(h: Any, mip: bool) -> Outcome:
     return Outcome(status, objective, bound, float(h.getRunTime()), h.modelStatusToString(model_status))
 
 
-def run_highs(h: Any, time_limit_s: float, options: SolverOptions = DEFAULT, mip: bool = False,
-              **fixed: Any) -> Outcome:
-    """Run a HiGHS object whose model is passed in already (the array interface)."""
-    log = _highs_options(h, time_limit_s, options, fixed)
+def new_highs(time_limit_s: float, options: SolverOptions = DEFAULT, **fixed: Any) -> tuple[Any, str | None]:
+    """A configured HiGHS object (options set before any model is passed: HiGHS prints its banner
+    on the first call otherwise) and the log file to hand to `run_highs`."""
+    import highspy
+
+    h = highspy.Highs()
+    return h, _highs_options(h, time_limit_s, options, fixed)
+
+
+def run_highs(h: Any, log: str | None, mip: bool = False) -> Outcome:
+    """Run a HiGHS object from `new_highs` whose model has been passed (the array interface)."""
     h.run()
     if log is not None:
         _copy_log(log)

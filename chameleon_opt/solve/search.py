@@ -47,6 +47,7 @@ TIME_SCALE = 1e6  # seconds -> integer microseconds
 LINEARIZATION = 2
 HIGHS_RESERVE_S = 0.4
 TEMPLATE_SHARE = 0.5  # of the search's time, for the template path (the rest: exact search, bound)
+MIN_SEARCH_S = 0.02  # less time left than this: the search does not start (NO_SOLUTION, stopped early)
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
 ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
 ENUMERATION_GROUPS = 64  # beyond this many TP groups it cannot finish in seconds (bench/solver_scaling.py)
@@ -659,6 +660,9 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
     starts = [heuristic_mix(templates, budget, total), restricted_mix(instance.plan, failed, templates, total, model),
               cover_mix(templates, list(range(len(templates))), budget, total, everything)]
     starts = [mix for mix in starts if mix is not None] if templates else []
+    if not starts and deadline.expired():
+        return SolveResult(Status.NO_SOLUTION, None, None, None, 0.0, backend, time.perf_counter() - start, seed,
+                           "the deadline passed while the templates were built", stopped_early=True)
     if not starts:
         reason = infeasibility_reason(instance, model, space.groups)
         if templates:
@@ -756,6 +760,10 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
     seed = options.seed
     budget_s = max(deadline.end - start, 0.0)
     model = model or PerfModel(instance)
+    if deadline.left() < MIN_SEARCH_S:
+        return SolveResult(Status.NO_SOLUTION, None, None, None, 0.0, options.backend, 0.0, seed,
+                           f"not started: {deadline.left():.3f} s left of the decision's time limit",
+                           stopped_early=True)
     tp = instance.plan.tensor_parallel
     live = [d for d in range(instance.num_devices) if d not in failed]
     template = _template_plan(instance, failed, deadline.share(TEMPLATE_SHARE), options, model)
@@ -779,26 +787,29 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
             plan, value, used = exact.plan, exact.objective, "branch-and-bound"
     groups = survivor_groups(instance, failed, tp)
     if exact is not None and exact.complete:
-        bound = value
+        bound: float | None = value
+    elif plan is not None and deadline.expired():
+        bound = None  # no time for the relaxation: the gap is unknown, and said so
+        notes.append("no time left for the relaxation bound")
     else:
         bound = relaxation_bound(model, groups, instance.global_micro_batches, live)
     wall = time.perf_counter() - start
     space = f"space: {SPACE}"
     if plan is None or not math.isfinite(value):
-        if (exact is not None and exact.complete) or not math.isfinite(bound):
+        if (exact is not None and exact.complete) or (bound is not None and not math.isfinite(bound)):
             reason = template.reason if template.status is Status.INFEASIBLE else \
                 infeasibility_reason(instance, model, groups)
             return SolveResult(Status.INFEASIBLE, None, None, None, wall, used, 0.0, seed, f"{reason}; {space}")
         return SolveResult(Status.NO_SOLUTION, None, None, bound, wall, used, 0.0, seed,
                            "no plan found in time; " + "; ".join(notes) + f"; {space}", stopped_early=True)
     plan = assert_sound(instance, plan, failed, model=model)
-    bound = min(bound, value)
-    status = Status.OPTIMAL if value - bound <= OPTIMALITY_TOLERANCE * value else Status.FEASIBLE
+    bound = None if bound is None else min(bound, value)
+    status = Status.OPTIMAL if bound is not None and value - bound <= OPTIMALITY_TOLERANCE * value else Status.FEASIBLE
     if status is Status.OPTIMAL and exact is not None and exact.complete:
         notes.append("proven: the branch and bound exhausted the space")
     elif status is Status.OPTIMAL:
         notes.append("proven: the plan meets the relaxation bound")
-    else:
+    elif bound is not None:
         notes.append("not proven optimal: the bound is the relaxation's (a lower bound of the exact model)")
     stopped = status is not Status.OPTIMAL and deadline.expired()
     if stopped:
