@@ -225,6 +225,11 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
         return RecoveryOption("reconfigure", False, result.reason or result.status.value, solve=result), tuple(stages)
     started = time.perf_counter()
     comm_deadline = deadline.share(COMM_SHARE)
+    if deadline.expired():  # no schedule, no transition time: the option cannot be weighed or run
+        stages.append(StageTime("communication", 0.0, 0.0, True, "not started"))
+        return (RecoveryOption("reconfigure", False, "stopped early: the deadline passed before the migration of "
+                               "the searched plan could be scheduled (raise --time-limit)", solve=result),
+                tuple(stages))
     migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed, model=model,
                                                  deadline=comm_deadline, options=options)
     estimate = model.evaluate(comm.plan, failed)

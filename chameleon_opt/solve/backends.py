@@ -55,6 +55,19 @@ class SolverOptions:
             raise InputError(None, "--backend", f"unknown backend {self.backend!r}", f"use one of {', '.join(BACKENDS)}")
         if self.threads < 1:
             raise InputError(None, "--threads", f"got {self.threads}", "use at least 1")
+        self.check_params()
+
+    def check_params(self) -> None:
+        """Refuse unknown or ill-typed `--params` before any work (a search that happens not to
+        start the backend would otherwise accept them silently). CBC's options are command-line
+        words that only CBC itself can judge."""
+        if self.backend == "cpsat" and self.params:
+            cpsat_solver(1.0, self)
+        elif self.backend == "highs" and self.params:
+            import highspy
+
+            h = highspy.Highs()
+            _highs_options(h, 1.0, self, {})
 
 
 DEFAULT = SolverOptions()
@@ -124,11 +137,14 @@ def cpsat_solver(time_limit_s: float, options: SolverOptions = DEFAULT, **fixed:
         setattr(parameters, name, value)
     if options.backend == "cpsat":
         for name, text in options.params.items():
-            described = parameters.DESCRIPTOR.fields_by_name.get(name)
-            if described is None:
+            if name.startswith("_") or not hasattr(parameters, name) or callable(getattr(parameters, name)):
                 raise InputError(None, "--params", f"CP-SAT has no parameter {name!r}",
                                  "use a SatParameters field name, e.g. linearization_level=2")
-            setattr(parameters, name, _convert(name, text, type(getattr(parameters, name))))
+            value = _convert(name, text, type(getattr(parameters, name)))
+            try:
+                setattr(parameters, name, value)
+            except (TypeError, ValueError) as error:
+                raise InputError(None, "--params", f"{name}={text!r}: {error}", f"give {name} a valid value") from None
     if options.log:
         parameters.log_search_progress = True
         parameters.log_to_stdout = False

@@ -1,0 +1,119 @@
+"""The one deadline, the solver layer's status maps and the plan command's solver flags.
+
+No wall-clock assertion here is tighter than 3x: timing targets live in bench/time_limit.py."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pulp
+import pytest
+from ortools.sat.python import cp_model
+from typer.testing import CliRunner
+
+from chameleon_opt.cli import app
+from chameleon_opt.instance.load import load_instance
+from chameleon_opt.planning import PlanningOptions, plan_recovery
+from chameleon_opt.solve.backends import SolverOptions, solve_cpsat, solve_pulp
+from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.result import Status
+from chameleon_opt.solve.reroute import reroute_plan
+from chameleon_opt.solve.search import search_plan
+
+runner = CliRunner()
+
+
+def test_cpsat_statuses_map_onto_ours():
+    model = cp_model.CpModel()
+    x = model.new_int_var(0, 5, "x")
+    model.minimize(x)
+    solver, outcome = solve_cpsat(model, 5.0)
+    assert outcome.status is Status.OPTIMAL and outcome.objective == 0 and outcome.bound == 0
+    assert solver.value(x) == 0
+    model.add(x >= 6)
+    _, outcome = solve_cpsat(model, 5.0)
+    assert outcome.status is Status.INFEASIBLE and not outcome.has_solution
+
+
+@pytest.mark.parametrize("backend", ["highs", "cbc"])
+def test_milp_statuses_map_onto_ours(backend):
+    problem = pulp.LpProblem("p", pulp.LpMinimize)
+    x = problem.add_variable("x", 0, 10, pulp.LpInteger)
+    problem += (x >= 2.5, "at_least")
+    problem += x
+    outcome = solve_pulp(problem, 5.0, SolverOptions(backend), backend)
+    assert outcome.status is Status.OPTIMAL and outcome.objective == pytest.approx(3)
+    problem += (x <= 2, "at_most")
+    assert solve_pulp(problem, 5.0, SolverOptions(backend), backend).status is Status.INFEASIBLE
+
+
+def test_passed_deadline_stops_the_search_and_says_so():
+    instance = load_instance("paper-32")
+    result = search_plan(instance, instance.failed_devices, deadline=Deadline.after(0.0))
+    assert result.status is Status.NO_SOLUTION and result.stopped_early and result.solution is None
+
+
+def test_rerouting_without_time_is_the_even_split_labelled_heuristic():
+    instance = load_instance("paper-32")
+    result = reroute_plan(instance, instance.failed_devices, deadline=Deadline.after(0.0))
+    assert result.status is Status.HEURISTIC and result.backend == "even-split" and result.bound is None
+    assert result.stopped_early and result.solution is not None
+
+
+def test_plan_recovery_reports_every_stage_within_a_generous_bound():
+    instance = load_instance("paper-32")
+    start = time.perf_counter()
+    decision = plan_recovery(instance, instance.failed_devices, PlanningOptions(time_limit_s=2.0))
+    assert time.perf_counter() - start < 3 * 2.0 + 3.0  # 3x and slack for a loaded machine
+    assert [s.stage for s in decision.stages][:2] == ["reroute", "search"]
+    assert all(s.wall_s >= 0 and s.limit_s >= 0 for s in decision.stages)
+    assert set(decision.stopped_early) <= {s.stage for s in decision.stages}
+    assert decision.solve is not None and decision.communication is not None
+    rank = next(iter(decision.rank_plans))  # lowered on access
+    assert decision.for_rank(rank)["rank"] == rank
+
+
+def test_plan_json_has_stages_and_honest_status(tmp_path):
+    done = runner.invoke(app, ["plan", "paper-32", "--time-limit", "0.05", "--json"])
+    assert done.exit_code == 0, done.output
+    payload = json.loads(done.stdout)
+    assert payload["time_limit_s"] == 0.05 and payload["stages"]
+    assert payload["stopped_early"], "a 50 ms budget cannot prove a 32-GPU recovery"
+    solve = payload["solve"]
+    assert solve["status"] in ("FEASIBLE", "HEURISTIC", "OPTIMAL")
+    if solve["status"] == "OPTIMAL":
+        assert solve["gap"] is not None and solve["gap"] <= 1e-6
+
+
+@pytest.mark.parametrize("backend", ["cpsat", "highs", "cbc"])
+def test_plan_backend_flag(backend):
+    done = runner.invoke(app, ["plan", "paper-example", "--backend", backend, "--threads", "1", "--seed", "3",
+                               "--json"])
+    assert done.exit_code == 0, done.output
+    payload = json.loads(done.stdout)
+    assert payload["solve"]["seed"] == 3
+
+
+def test_plan_params_reach_the_backend_and_bad_ones_are_refused():
+    ok = runner.invoke(app, ["plan", "paper-example", "--backend", "cpsat", "--params", "linearization_level=1",
+                             "--json"])
+    assert ok.exit_code == 0, ok.output
+    bad = runner.invoke(app, ["plan", "paper-example", "--params", "no_such_parameter=1"])
+    assert bad.exit_code == 2 and "no_such_parameter" in bad.output
+    malformed = runner.invoke(app, ["plan", "paper-example", "--params", "novalue"])
+    assert malformed.exit_code == 2 and "KEY=VALUE" in malformed.output
+    backend = runner.invoke(app, ["plan", "paper-example", "--backend", "gurobi"])
+    assert backend.exit_code == 2 and "gurobi" in backend.output
+
+
+def test_solver_log_goes_to_stderr_and_json_stays_clean():
+    done = runner.invoke(app, ["plan", "paper-32", "--solver-log", "--json"])
+    assert done.exit_code == 0, done.output
+    json.loads(done.stdout)  # exactly one JSON object on stdout
+
+
+def test_log_level_is_a_global_flag():
+    done = runner.invoke(app, ["--log-level", "info", "plan", "paper-example", "--json"])
+    assert done.exit_code == 0, done.output
+    json.loads(done.stdout)
