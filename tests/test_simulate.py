@@ -23,7 +23,7 @@ from chameleon_opt.recovery.simulate import (PUBLISHED_RATES, fixed_trace, load_
                                              trace_to_json, with_failure_rate)
 
 ROOT = Path(__file__).resolve().parents[1]
-LIMIT = 0.2      # plan-search limit inside the tests
+LIMIT = 1.0      # limit of each whole decision inside the tests (reroute, search, communication)
 CHARGE = 0.5     # fixed search charge: makes runs reproducible (the measured time varies)
 
 
