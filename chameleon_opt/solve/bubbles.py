@@ -1,0 +1,290 @@
+"""Bubble-filling rerouting: a failed stage's micro-batches run on its peers inside the idle time
+of their pipeline schedules, as ReCycle (SOSP'24) does, posed as a CP-SAT scheduling model.
+
+Why a schedule model: Eq. 12/13 charges rerouted work serially after the peer's own 1F1B
+schedule, but a 1F1B stage idles during fill and drain, and with the backward split into its
+input-gradient part B (which the previous stage waits for) and its weight-gradient part W (which
+nobody waits for; Zero Bubble pipeline parallelism, Qi et al. 2024), W can be deferred into
+those idle periods. ReCycle's adaptive pipelining routes each rerouted micro-batch from the
+failed pipeline's previous stage to a peer and back to the failed pipeline's next stage.
+
+Model (one data-parallel group of identical pipelines; times in integer ticks, CP-SAT takes
+integers only: every duration is rounded up to ticks of `makespan / TICKS`, so the returned
+makespan (re-timed in seconds from the solver's orders) is exact, and the solver's bound, less
+one tick per operation, is a valid bound in seconds):
+    ops F[j,k,s], B[j,k,s], W[j,k,s] for pipeline j, micro-batch k, stage s, on device (j,s),
+    or, when (j,s) failed, on the device (h,s) of one live peer h (x[j,k,h] = 1, optional
+    intervals, whole micro-batches);
+    F[s] -> F[s+1];  F[S-1] -> B[S-1];  B[s+1] -> B[s];  B[s] -> W[s]  (end before start);
+    no two ops overlap on a device;
+    a device holds a micro-batch's activations from its F start to its W end (B's end when the
+    backward is not split), at most
+    `in_flight[j][s]` at once (its memory: cumulative);
+    minimise the makespan (the step's pipeline part; the all-reduce and optimizer follow).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from chameleon_opt.solve.result import SolveResult, Status
+
+TICKS = 200_000
+"""Ticks in the serial schedule's makespan: rounding adds at most one tick per operation."""
+
+Op = tuple[str, int, int, int]  # (kind F/B/W, pipeline, micro-batch, stage)
+Slot = tuple[int, int]           # (pipeline, stage): one device (TP group)
+
+
+@dataclass(frozen=True)
+class BubbleProblem:
+    """One DP group: identical pipelines, per-stage op times (blocking sends included)."""
+
+    forward_s: tuple[float, ...]
+    backward_input_s: tuple[float, ...]
+    backward_weight_s: tuple[float, ...]
+    micro_batches: tuple[int, ...]                 # per pipeline
+    failed: frozenset[Slot]
+    in_flight: tuple[tuple[int, ...], ...] | None = None  # per pipeline, per stage; None: unbounded
+
+    @property
+    def stages(self) -> int:
+        return len(self.forward_s)
+
+    def limit(self, slot: Slot) -> int:
+        if self.in_flight is None:
+            return sum(self.micro_batches)
+        return self.in_flight[slot[0]][slot[1]]
+
+    def duration(self, op: Op) -> float:
+        kind, _, _, s = op
+        return {"F": self.forward_s, "B": self.backward_input_s, "W": self.backward_weight_s}[kind][s]
+
+    @property
+    def kinds(self) -> str:
+        """"FBW" with a split backward, "FB" when the weight-gradient part is not separate."""
+        return "FBW" if any(t > 0 for t in self.backward_weight_s) else "FB"
+
+    @property
+    def release(self) -> str:
+        """The op whose end frees a micro-batch's activations."""
+        return self.kinds[-1]
+
+    def ops(self) -> list[Op]:
+        return [(kind, j, k, s) for j, m in enumerate(self.micro_batches) for k in range(m)
+                for s in range(self.stages) for kind in self.kinds]
+
+    def peers(self, stage: int) -> list[int]:
+        return [h for h in range(len(self.micro_batches)) if (h, stage) not in self.failed]
+
+
+@dataclass(frozen=True)
+class BubbleSchedule:
+    """Every device's operation order, where each rerouted micro-batch ran, and the makespan."""
+
+    makespan_s: float
+    orders: dict[Slot, tuple[Op, ...]]
+    hosts: dict[tuple[int, int, int], int]  # (pipeline, micro-batch, stage) -> peer pipeline
+
+    def action_lists(self) -> dict[Slot, list[str]]:
+        """Per device, torch pipelining's notation: `{stage}{F|B|W}{micro-batch}`, with the
+        owning pipeline prefixed for rerouted work (`p1:2F0`)."""
+        return {slot: [(f"p{j}:" if j != slot[0] else "") + f"{s}{kind}{k}" for kind, j, k, s in ops]
+                for slot, ops in self.orders.items()}
+
+
+def _predecessors(problem: BubbleProblem, op: Op) -> list[Op]:
+    kind, j, k, s = op
+    if kind == "F":
+        return [("F", j, k, s - 1)] if s > 0 else []
+    if kind == "B":
+        return [("F", j, k, s)] + ([("B", j, k, s + 1)] if s + 1 < problem.stages else [])
+    return [("B", j, k, s)]
+
+
+def device_of(op: Op, hosts: dict[tuple[int, int, int], int]) -> Slot:
+    _, j, k, s = op
+    return (hosts.get((j, k, s), j), s)
+
+
+def retime(problem: BubbleProblem, orders: dict[Slot, tuple[Op, ...]]) -> tuple[float, dict[Op, float]] | None:
+    """Earliest start times in seconds for given device orders (None on a dependency cycle or
+    when a device would hold more activations than its limit)."""
+    position = {slot: 0 for slot in orders}
+    clock = {slot: 0.0 for slot in orders}
+    end: dict[Op, float] = {}
+    start: dict[Op, float] = {}
+    remaining = sum(len(ops) for ops in orders.values())
+    while remaining:
+        progressed = False
+        for slot, ops in orders.items():
+            while position[slot] < len(ops):
+                op = ops[position[slot]]
+                preds = _predecessors(problem, op)
+                if any(p not in end for p in preds):
+                    break
+                begin = max([clock[slot]] + [end[p] for p in preds])
+                start[op], end[op] = begin, begin + problem.duration(op)
+                clock[slot] = end[op]
+                position[slot] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            return None
+    for slot, ops in orders.items():
+        held = sorted([(start[op], 1) for op in ops if op[0] == "F"]
+                      + [(end[op], -1) for op in ops if op[0] == problem.release], key=lambda e: (e[0], e[1]))
+        level = 0
+        for _, change in held:
+            level += change
+            if level > problem.limit(slot):
+                return None
+    return max(end.values(), default=0.0), start
+
+
+def one_f_one_b_orders(problem: BubbleProblem, hosts: dict[tuple[int, int, int], int]) -> dict[Slot, tuple[Op, ...]]:
+    """The serial schedule: every live device runs its own micro-batches in 1F1B order (W right
+    after B), then the rerouted ones it hosts in 1F1B order after them (Eq. 12/13's accounting)."""
+    stages = problem.stages
+    orders: dict[Slot, list[Op]] = {}
+    for j, m in enumerate(problem.micro_batches):
+        for s in range(stages):
+            if (j, s) in problem.failed:
+                continue
+            warmup = min(stages - s - 1, m)
+            back = [kind for kind in problem.kinds if kind != "F"]
+            seq: list[Op] = [("F", j, k, s) for k in range(warmup)]
+            for i in range(m - warmup):
+                seq += [("F", j, warmup + i, s)] + [(kind, j, i, s) for kind in back]
+            for k in range(m - warmup, m):
+                seq += [(kind, j, k, s) for kind in back]
+            orders[(j, s)] = seq
+    for (j, k, s), h in sorted(hosts.items()):
+        orders[(h, s)] += [(kind, j, k, s) for kind in problem.kinds]
+    return {slot: tuple(seq) for slot, seq in orders.items()}
+
+
+def even_hosts(problem: BubbleProblem) -> dict[tuple[int, int, int], int]:
+    """Whole micro-batches of each failed slot dealt round-robin to its stage's live peers."""
+    hosts = {}
+    for j, s in sorted(problem.failed):
+        peers = problem.peers(s)
+        if not peers:
+            raise ValueError(f"stage {s} lost every replica: nothing to reroute to")
+        for k in range(problem.micro_batches[j]):
+            hosts[(j, k, s)] = peers[k % len(peers)]
+    return hosts
+
+
+def serial_schedule(problem: BubbleProblem) -> BubbleSchedule:
+    """Eq. 12/13's step with whole micro-batches: rerouted work after the peer's own."""
+    hosts = even_hosts(problem)
+    orders = one_f_one_b_orders(problem, hosts)
+    timed = retime(problem, orders)
+    if timed is None:
+        raise ValueError("the serial schedule exceeds a device's activation limit")
+    return BubbleSchedule(timed[0], orders, hosts)
+
+
+def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, threads: int = 1, seed: int = 0
+                  ) -> SolveResult[BubbleSchedule]:
+    """The fastest schedule of one DP group with its failed slots' work rerouted into the peers'
+    idle time (see the module docstring). Status and bound are CP-SAT's, converted to seconds."""
+    start_clock = time.perf_counter()
+    serial = serial_schedule(problem)
+    tick = serial.makespan_s / TICKS if serial.makespan_s > 0 else 1.0
+    ticks = {kind: [math.ceil(t / tick) for t in times] for kind, times in
+             (("F", problem.forward_s), ("B", problem.backward_input_s), ("W", problem.backward_weight_s))}
+    horizon = sum(ticks[op[0]][op[3]] for op in problem.ops()) + 1
+    model = cp_model.CpModel()
+    starts: dict[Op, cp_model.IntVar] = {}
+    ends: dict[Op, cp_model.IntVar] = {}
+    per_device: dict[Slot, list] = {}
+    activations: dict[Slot, list] = {}
+    choice: dict[tuple[int, int, int, int], cp_model.IntVar] = {}
+    for op in problem.ops():
+        kind, j, k, s = op
+        length = ticks[kind][s]
+        starts[op] = model.new_int_var(0, horizon, f"start_{kind}{j}_{k}_{s}")
+        ends[op] = model.new_int_var(0, horizon, f"end_{kind}{j}_{k}_{s}")
+        if (j, s) not in problem.failed:
+            interval = model.new_interval_var(starts[op], length, ends[op], f"op_{kind}{j}_{k}_{s}")
+            per_device.setdefault((j, s), []).append(interval)
+            continue
+        model.add(ends[op] == starts[op] + length)
+        for h in problem.peers(s):
+            if (j, k, s, h) not in choice:
+                choice[(j, k, s, h)] = model.new_bool_var(f"host_{j}_{k}_{s}_{h}")
+            per_device.setdefault((h, s), []).append(model.new_optional_interval_var(
+                starts[op], length, ends[op], choice[(j, k, s, h)], f"op_{kind}{j}_{k}_{s}_on_{h}"))
+    for (j, s) in problem.failed:
+        for k in range(problem.micro_batches[j]):
+            model.add_exactly_one(choice[(j, k, s, h)] for h in problem.peers(s))
+    for op in problem.ops():
+        for pred in _predecessors(problem, op):
+            model.add(starts[op] >= ends[pred])
+    for op in problem.ops():  # activations held from F's start to W's end
+        kind, j, k, s = op
+        if kind != "F":
+            continue
+        w = (problem.release, j, k, s)
+        size = model.new_int_var(0, horizon, f"held_{j}_{k}_{s}")
+        model.add(size == ends[w] - starts[op])
+        if (j, s) not in problem.failed:
+            activations.setdefault((j, s), []).append(
+                model.new_interval_var(starts[op], size, ends[w], f"held_{j}_{k}_{s}_iv"))
+        else:
+            for h in problem.peers(s):
+                activations.setdefault((h, s), []).append(model.new_optional_interval_var(
+                    starts[op], size, ends[w], choice[(j, k, s, h)], f"held_{j}_{k}_{s}_on_{h}"))
+    for slot, intervals in per_device.items():
+        model.add_no_overlap(intervals)
+    if problem.in_flight is not None:
+        for slot, intervals in activations.items():
+            model.add_cumulative(intervals, [1] * len(intervals), problem.limit(slot))
+    makespan = model.new_int_var(0, horizon, "makespan")
+    model.add_max_equality(makespan, list(ends.values()))
+    model.minimize(makespan)
+    serial_start = retime(problem, serial.orders)
+    if serial_start is not None:  # the serial schedule as a hint (its rounded times stay feasible only
+        for op, begin in serial_start[1].items():  # approximately: CP-SAT repairs it)
+            model.add_hint(starts[op], math.ceil(begin / tick))
+        for (j, k, s), h in serial.hosts.items():
+            for peer in problem.peers(s):
+                model.add_hint(choice[(j, k, s, peer)], peer == h)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit_s - (time.perf_counter() - start_clock), 0.05)
+    solver.parameters.num_workers = max(threads, 1)
+    solver.parameters.random_seed = seed
+    build_s = time.perf_counter() - start_clock
+    code = solver.solve(model)
+    wall = solver.wall_time
+    operations = len(problem.ops())
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        status = Status.INFEASIBLE if code == cp_model.INFEASIBLE else Status.HEURISTIC
+        if status is Status.INFEASIBLE:
+            return SolveResult(status, None, None, None, wall, "cpsat", build_s, seed,
+                               "no schedule keeps every device within its activation limit")
+        return SolveResult(Status.HEURISTIC, serial, serial.makespan_s, None, wall, "serial", build_s, seed,
+                           "CP-SAT found no schedule in time: the serial (Eq. 12/13) schedule")
+    hosts = {(j, k, s): h for (j, k, s, h), var in choice.items() if solver.value(var)}
+    orders: dict[Slot, tuple[Op, ...]] = {}
+    for op in problem.ops():
+        orders.setdefault(device_of(op, hosts), ())
+    for slot in orders:
+        mine = [op for op in problem.ops() if device_of(op, hosts) == slot]
+        orders[slot] = tuple(sorted(mine, key=lambda op: (solver.value(starts[op]), "FBW".index(op[0]))))
+    timed = retime(problem, orders)
+    schedule = BubbleSchedule(timed[0], orders, hosts) if timed is not None else serial
+    if schedule.makespan_s > serial.makespan_s:
+        schedule = serial
+    bound = max(solver.best_objective_bound - operations, 0) * tick
+    bound = min(bound, schedule.makespan_s)
+    status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
+    gap_note = f"ticks of {tick:.3g} s; the bound allows one tick of rounding per operation"
+    return SolveResult(status, schedule, schedule.makespan_s, bound, wall, "cpsat", build_s, seed,
+                       f"{len(hosts)} rerouted micro-batch stages placed into idle time; {gap_note}")
