@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions, heuristic, solve_cpsat
 from chameleon_opt.solve.result import SolveResult, Status
 
 TICKS = 200_000
@@ -190,7 +191,7 @@ def serial_schedule(problem: BubbleProblem) -> BubbleSchedule:
     return BubbleSchedule(timed[0], orders, hosts)
 
 
-def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, threads: int = 1, seed: int = 0
+def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: SolverOptions = DEFAULT
                   ) -> SolveResult[BubbleSchedule]:
     """The fastest schedule of one DP group with its failed slots' work rerouted into the peers'
     idle time (see the module docstring). Status and bound are CP-SAT's, converted to seconds."""
@@ -256,21 +257,16 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, threads: i
         for (j, k, s), h in serial.hosts.items():
             for peer in problem.peers(s):
                 model.add_hint(choice[(j, k, s, peer)], peer == h)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s - (time.perf_counter() - start_clock), 0.05)
-    solver.parameters.num_workers = max(threads, 1)
-    solver.parameters.random_seed = seed
     build_s = time.perf_counter() - start_clock
-    code = solver.solve(model)
-    wall = solver.wall_time
+    solver, outcome = solve_cpsat(model, max(time_limit_s - build_s, 0.05), options)
+    wall = outcome.wall_s
     operations = len(problem.ops())
-    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        status = Status.INFEASIBLE if code == cp_model.INFEASIBLE else Status.HEURISTIC
-        if status is Status.INFEASIBLE:
-            return SolveResult(status, None, None, None, wall, "cpsat", build_s, seed,
+    if not outcome.has_solution:
+        if outcome.status is Status.INFEASIBLE:
+            return SolveResult(Status.INFEASIBLE, None, None, None, wall, "cpsat", build_s, options.seed,
                                "no schedule keeps every device within its activation limit")
-        return SolveResult(Status.HEURISTIC, serial, serial.makespan_s, None, wall, "serial", build_s, seed,
-                           "CP-SAT found no schedule in time: the serial (Eq. 12/13) schedule")
+        return heuristic(serial, serial.makespan_s, "serial", "CP-SAT found no schedule in time: the serial "
+                         "(Eq. 12/13) schedule", wall, build_s, options.seed)
     hosts = {(j, k, s): h for (j, k, s, h), var in choice.items() if solver.value(var)}
     orders: dict[Slot, tuple[Op, ...]] = {}
     for op in problem.ops():
@@ -282,9 +278,8 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, threads: i
     schedule = BubbleSchedule(timed[0], orders, hosts) if timed is not None else serial
     if schedule.makespan_s > serial.makespan_s:
         schedule = serial
-    bound = max(solver.best_objective_bound - operations, 0) * tick
-    bound = min(bound, schedule.makespan_s)
-    status = Status.OPTIMAL if code == cp_model.OPTIMAL else Status.FEASIBLE
+    bound = min(max(outcome.bound - operations, 0) * tick, schedule.makespan_s)
+    status = outcome.status
     gap_note = f"ticks of {tick:.3g} s; the bound allows one tick of rounding per operation"
-    return SolveResult(status, schedule, schedule.makespan_s, bound, wall, "cpsat", build_s, seed,
+    return SolveResult(status, schedule, schedule.makespan_s, bound, wall, "cpsat", build_s, options.seed,
                        f"{len(hosts)} rerouted micro-batch stages placed into idle time; {gap_note}")
