@@ -31,6 +31,9 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.perf.reroute import even_reroute
+from chameleon_opt.plan import Plan
 from chameleon_opt.solve.backends import DEFAULT, SolverOptions, heuristic, solve_cpsat
 from chameleon_opt.solve.result import SolveResult, Status
 
@@ -283,3 +286,80 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
     gap_note = f"ticks of {tick:.3g} s; the bound allows one tick of rounding per operation"
     return SolveResult(status, schedule, schedule.makespan_s, bound, wall, "cpsat", build_s, options.seed,
                        f"{len(hosts)} rerouted micro-batch stages placed into idle time; {gap_note}")
+
+
+MAX_BUBBLE_OPS = 2_500
+"""Above this many operations the schedule model is not built: the step is taken from the
+ReCycle-optimistic floor instead (see `rerouted_step`)."""
+WEIGHT_SHARE = 0.5
+"""Share of a stage's backward that is the weight gradient (W): for a linear layer dX and dW are
+one forward GEMM each (Zero Bubble, Qi et al. 2024), so half; the attention core is all dX."""
+
+
+def problem_for(model: PerfModel, layout: Plan, dead: frozenset[int]) -> BubbleProblem | None:
+    """The DP group as a BubbleProblem: None unless every pipeline has the same stages and split
+    (ReCycle keeps the uniform layout it started with)."""
+    shapes = {tuple((st.first, st.end) for st in p.stages) for p in layout.pipelines}
+    if len(shapes) != 1:
+        return None
+    costs = model.stage_costs(layout, 0, [0.0] * len(layout.pipelines[0].stages))
+    failed = frozenset(model.failed_slots(layout, dead))
+    replicas = max(len(layout.pipelines) - 1, 1)
+    stages = len(costs)
+    limits = []
+    for j, pipe in enumerate(layout.pipelines):
+        row = []
+        for s, stage in enumerate(pipe.stages):
+            layer = model.layer_costs(stage.devices, replicas=replicas)
+            act = float(layer.activation_bytes[stage.first:stage.end].sum())
+            room = layer.capacity_bytes - layer.transient_bytes - float(layer.static_bytes[stage.first:stage.end].sum())
+            most = int(room // act) if act > 0 else sum(p.micro_batches for p in layout.pipelines)
+            row.append(max(most, min(stages - s, pipe.micro_batches)))
+        limits.append(tuple(row))
+    return BubbleProblem(tuple(c.op_forward_s for c in costs),
+                         tuple(c.backward_s * (1 - WEIGHT_SHARE) + c.send_backward_s for c in costs),
+                         tuple(c.backward_s * WEIGHT_SHARE for c in costs),
+                         tuple(p.micro_batches for p in layout.pipelines), failed, tuple(limits))
+
+
+def optimistic_floor(problem: BubbleProblem, failure_free_s: float) -> float:
+    """A lower bound on any bubble-filled schedule (so, at scale, ReCycle is never undersold): a
+    peer of a failed stage s cannot finish before micro-batch 0 reaches it, its own and its
+    hosted work run, and the last backward travels back: sum_{i<s} w_i + (m + e) w_s."""
+    floor = failure_free_s
+    work = [f + b + w for f, b, w in zip(problem.forward_s, problem.backward_input_s, problem.backward_weight_s)]
+    for s in sorted({s for _, s in problem.failed}):
+        owed = sum(problem.micro_batches[j] for j, t in problem.failed if t == s)
+        peers = problem.peers(s)
+        if not peers:
+            return math.inf
+        hosted = math.ceil(owed / len(peers))
+        own = max(problem.micro_batches[h] for h in peers)
+        floor = max(floor, sum(work[:s]) + (own + hosted) * work[s])
+    return floor
+
+
+def rerouted_step(model: PerfModel, layout: Plan, dead: frozenset[int], time_limit_s: float,
+                  options: SolverOptions = DEFAULT) -> tuple[float, str]:
+    """Step of the layout with the failed slots' whole micro-batches filled into the peers' idle
+    time: the schedule model's makespan (or, beyond MAX_BUBBLE_OPS, its optimistic floor) plus
+    the gradient all-reduce and optimizer step of the rerouted plan. Raises InfeasibleError
+    when a stage lost every replica."""
+    rerouted = even_reroute(layout, dead)
+    estimate = model.evaluate(rerouted, dead)
+    sync = estimate.data_parallel_s + estimate.optimizer_s
+    problem = problem_for(model, layout, dead)
+    if problem is None:
+        return estimate.iteration_time_s, "serial (Eq. 12/13): the layout is not uniform"
+    failure_free = max(p.iteration_time_s - e for p, e in
+                       ((pe, sum(x * (c.op_forward_s + c.op_backward_s) for x, c in zip(pe.extra_micro_batches,
+                                                                                         pe.stages)))
+                        for pe in estimate.pipelines))
+    if len(problem.ops()) > MAX_BUBBLE_OPS:
+        return optimistic_floor(problem, failure_free) + sync, (
+            f"bubble-filled floor ({len(problem.ops())} operations exceed the schedule model's "
+            f"{MAX_BUBBLE_OPS}: the least step any bubble filling could reach)")
+    result = solve_bubbles(problem, time_limit_s, options)
+    if result.solution is None:
+        return estimate.iteration_time_s, f"serial (Eq. 12/13): {result.reason}"
+    return result.objective + sync, f"bubble-filled schedule ({result.status.value}, CP-SAT)"
