@@ -45,7 +45,8 @@ from rich.table import Table
 from chameleon_opt.instance.load import build_instance, load_instance, read_document
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
-from chameleon_opt.recovery.baselines import DecisionSource, make_policy
+from chameleon_opt.recovery.baselines import DecisionSource
+from chameleon_opt.recovery.registry import make_policy
 from chameleon_opt.solve.search import search_plan
 from chameleon_opt.recovery.simulate import (SimulationResult, draw_timeline, fixed_trace,
                                              published_mtbf_hours_per_device, published_rate_trace, simulate,

@@ -64,8 +64,9 @@ def _options(version: bool = typer.Option(False, "--version", is_eager=True, cal
 
 
 POLICY_NAMES = ("chameleon", "chameleon-paper", "hybrid", "recycle", "oobleck", "bamboo", "checkpoint",
-                "reroute-only", "reconfigure-only", "chameleon-unguarded")
-"""Simulation policies (recovery.baselines.POLICIES), named here so that `--help` stays fast."""
+                "reroute-only", "reconfigure-only", "chameleon-unguarded", "templates-ablation",
+                "even-reroute-ablation", "redundancy-ablation")
+"""Simulation policies (recovery.registry.POLICIES), named here so that `--help` stays fast."""
 
 
 class Policy(str, Enum):
@@ -358,7 +359,7 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
     time in transition."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from chameleon_opt.recovery.baselines import POLICIES
+    from chameleon_opt.recovery.registry import POLICIES
     from chameleon_opt.output import check_figure_output
     from chameleon_opt.recovery.simulate import parse_trace, plot_timeline, simulate_policies
 

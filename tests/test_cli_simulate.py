@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from chameleon_opt.cli import POLICY_NAMES, app
-from chameleon_opt.recovery.baselines import POLICIES
+from chameleon_opt.recovery.registry import POLICIES
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "instances" / "paper-example.json")
 runner = CliRunner()

@@ -8,18 +8,21 @@ cached per (layout, dead devices, event): plan search can take seconds, and trac
 
 Policies and what they charge (all transitions are time with no training):
 
-- `ReCycle` (SOSP'24): even rerouting (`even_reroute`, Eq. 12/13); transition 0 (the in-flight
+- `EvenRerouteAblation` (ReCycle's rerouting without its bubble filling; the baseline is
+  recovery/recycle.py): even rerouting (`even_reroute`, Eq. 12/13); transition 0 (the in-flight
   iteration is finished by the peers; at most a partial iteration would be lost, not counted).
   When a stage lost every replica, or the rerouted work overflows a peer's memory, it falls back
   to checkpoint-restart (`fallback=True` in the response).
-- `Oobleck` (SOSP'23): pipeline templates (`build_templates`: best layer split per stage count,
+- `TemplatesAblation` (our card-level reconfiguration with Oobleck's templates; the baseline is
+  recovery/oobleck.py): pipeline templates (`build_templates`: best layer split per stage count,
   a DP/bisection over layers) precomputed once for 1..k TP groups; on every change it
   instantiates templates over all surviving TP groups (an exact-fill knapsack over template
   sizes, plus each single size with the remainder lengthening some pipelines), splits the
   micro-batches across the heterogeneous pipelines in proportion to their throughput and keeps the
   fastest by the performance model. Transition = `migration_lower_bound_s` + `GROUP_REBUILD_S`;
   no search time (its planning is precomputed).
-- `Bamboo` (NSDI'23): redundant computation. Stage s of every pipeline also runs the forward of
+- `RedundancyAblation` (a redundancy model on ours; the baseline is recovery/bamboo.py):
+  redundant computation. Stage s of every pipeline also runs the forward of
   its successor's layers (the last stage covers stage 0), so each stage's forward op is longer by
   `redundancy` x the successor's forward time, with or without failures. Default 1.0, i.e. the
   whole successor forward is exposed: with backward = 2 x forward that is about a third more
@@ -252,10 +255,11 @@ def _devices(plan: Plan) -> set[int]:
 
 
 # -- ReCycle ----------------------------------------------------------------------------------------
-class ReCycle(Policy):
-    """Always reroute with the even split; checkpoint-restart when rerouting is impossible."""
+class EvenRerouteAblation(Policy):
+    """Ablation (not ReCycle: see recovery/recycle.py): always reroute with the even fractional split
+    of Eq. 12/13, serial after the peers' own work; checkpoint-restart when that is impossible."""
 
-    name = "recycle"
+    name = "even-reroute-ablation"
 
     def __init__(self, restart_s: float = RESTART_S, checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
                  time_limit_s: float = SEARCH_TIME_LIMIT_S) -> None:
@@ -292,10 +296,11 @@ class ReCycle(Policy):
 
 
 # -- Oobleck ----------------------------------------------------------------------------------------
-class Oobleck(Policy):
-    """Precomputed pipeline templates, instantiated over all surviving TP groups on every change."""
+class TemplatesAblation(Policy):
+    """Ablation (not Oobleck: see recovery/oobleck.py): our card-level templates, instantiated over all
+    surviving TP groups on every change, with no search time charged."""
 
-    name = "oobleck"
+    name = "templates-ablation"
     EXACT_CANDIDATES = 4
 
     def __init__(self) -> None:
@@ -425,11 +430,11 @@ class Oobleck(Policy):
 
 
 # -- Bamboo -----------------------------------------------------------------------------------------
-class Bamboo(Policy):
-    """Redundant computation: each stage also runs its successor's forward; a failed stage's
-    predecessor takes over almost at once."""
+class RedundancyAblation(Policy):
+    """Ablation (not Bamboo: see recovery/bamboo.py): each stage also runs its successor's forward on
+    our model; a failed stage's predecessor takes over almost at once."""
 
-    name = "bamboo"
+    name = "redundancy-ablation"
 
     def __init__(self, redundancy: float = 1.0, takeover_s: float = BAMBOO_TAKEOVER_S,
                  time_limit_s: float = SEARCH_TIME_LIMIT_S) -> None:
@@ -946,42 +951,7 @@ class CheckpointRestart(Policy):
                                 fallback=False)
 
 
-POLICIES: dict[str, Callable[..., Policy]] = {
-    "chameleon": Chameleon,
-    "chameleon-paper": ChameleonPaper,
-    "hybrid": Hybrid,
-    "recycle": ReCycle,
-    "oobleck": Oobleck,
-    "bamboo": Bamboo,
-    "checkpoint": CheckpointRestart,
-    "reroute-only": RerouteOnly,
-    "reconfigure-only": ReconfigureOnly,
-    "chameleon-unguarded": Chameleon,  # decide's candidates exactly as built (guards off)
-}
-
-
-def make_policy(name: str, time_limit_s: float = SEARCH_TIME_LIMIT_S, search_charge_s: float | None = None,
-                source: DecisionSource | None = None) -> Policy:
-    """A policy by name (see POLICIES), with the search settings that apply to it.
-
-    Raises ValueError for an unknown name."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}")
-    cls = POLICIES[name]
-    if issubclass(cls, _ChameleonFamily):
-        policy = cls(time_limit_s=time_limit_s, search_charge_s=search_charge_s, source=source,
-                     guards=name != "chameleon-unguarded")
-        if name == "chameleon-unguarded":
-            policy.name = name
-        return policy
-    if cls is ChameleonPaper:
-        return cls(time_limit_s=time_limit_s, search_charge_s=search_charge_s)
-    if cls in (ReCycle, Bamboo, CheckpointRestart):
-        return cls(time_limit_s=time_limit_s)
-    return cls()
-
-
-__all__ = ["Bamboo", "Chameleon", "ChameleonPaper", "CheckpointRestart", "DecisionSource", "Hybrid", "Oobleck",
-           "Option", "POLICIES", "Policy", "PolicyState", "ReCycle", "ReconfigureOnly", "RerouteOnly", "Response",
-           "at_state", "cached_search", "make_policy", "option_score", "restart_response", "select",
+__all__ = ["Chameleon", "ChameleonPaper", "CheckpointRestart", "DecisionSource", "EvenRerouteAblation", "Hybrid",
+           "Option", "Policy", "PolicyState", "ReconfigureOnly", "RedundancyAblation", "RerouteOnly", "Response",
+           "TemplatesAblation", "at_state", "cached_search", "option_score", "restart_response", "select",
            "structure_key"]

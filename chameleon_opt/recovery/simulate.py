@@ -497,10 +497,11 @@ def simulate_policies(instance: Instance, trace: Sequence[TraceEvent], policies:
                       mtbf_hours_per_device: float | None = None, time_limit_s: float | None = None,
                       search_charge_s: float | None = None,
                       progress: Callable[[str, int, int], None] | None = None) -> dict[str, SimulationResult]:
-    """Run several policies by name (see `baselines.POLICIES`) on one trace, the Chameleon family
+    """Run several policies by name (see `registry.POLICIES`) on one trace, the Chameleon family
     sharing one cache of `decide` results. `mtbf_hours_per_device` sets the fault statistics the
     policies read (None keeps the instance's); `progress(policy, done, total)` per trace event."""
-    from chameleon_opt.recovery.baselines import SEARCH_TIME_LIMIT_S, DecisionSource, make_policy
+    from chameleon_opt.recovery.baselines import SEARCH_TIME_LIMIT_S, DecisionSource
+    from chameleon_opt.recovery.registry import make_policy
 
     limit = SEARCH_TIME_LIMIT_S if time_limit_s is None else time_limit_s
     scored = instance if mtbf_hours_per_device is None else with_failure_rate(instance, mtbf_hours_per_device)

@@ -1,0 +1,54 @@
+"""Every recovery policy by name, for the simulator, `simulate --policy` and the benches.
+
+Baselines reproduce the published systems (recovery/oobleck.py, recycle.py, bamboo.py, each citing
+its sources); the `-ablation` entries are our own method with a piece removed, labelled so."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from chameleon_opt.recovery.bamboo import Bamboo
+from chameleon_opt.recovery.baselines import (SEARCH_TIME_LIMIT_S, Chameleon, ChameleonPaper, CheckpointRestart,
+                                              DecisionSource, EvenRerouteAblation, Hybrid, Policy, ReconfigureOnly,
+                                              RedundancyAblation, RerouteOnly, TemplatesAblation, _ChameleonFamily)
+from chameleon_opt.recovery.oobleck import Oobleck
+from chameleon_opt.recovery.recycle import ReCycle
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "chameleon": Chameleon,
+    "chameleon-paper": ChameleonPaper,
+    "hybrid": Hybrid,
+    "recycle": ReCycle,
+    "oobleck": Oobleck,
+    "bamboo": Bamboo,
+    "checkpoint": CheckpointRestart,
+    "reroute-only": RerouteOnly,
+    "reconfigure-only": ReconfigureOnly,
+    "chameleon-unguarded": Chameleon,  # decide's candidates exactly as built (guards off)
+    "templates-ablation": TemplatesAblation,
+    "even-reroute-ablation": EvenRerouteAblation,
+    "redundancy-ablation": RedundancyAblation,
+}
+BASELINES = ("oobleck", "recycle", "bamboo", "checkpoint")
+"""The published systems (and checkpointing): what `compare` measures the adaptive policy against."""
+
+
+def make_policy(name: str, time_limit_s: float = SEARCH_TIME_LIMIT_S, search_charge_s: float | None = None,
+                source: DecisionSource | None = None) -> Policy:
+    """A policy by name (see POLICIES), with the search settings that apply to it.
+
+    Raises ValueError for an unknown name."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}")
+    cls = POLICIES[name]
+    if issubclass(cls, _ChameleonFamily):
+        policy = cls(time_limit_s=time_limit_s, search_charge_s=search_charge_s, source=source,
+                     guards=name != "chameleon-unguarded")
+        if name == "chameleon-unguarded":
+            policy.name = name
+        return policy
+    if cls is ChameleonPaper:
+        return cls(time_limit_s=time_limit_s, search_charge_s=search_charge_s)
+    if cls in (ReCycle, Bamboo, CheckpointRestart, EvenRerouteAblation, RedundancyAblation):
+        return cls(time_limit_s=time_limit_s)
+    return cls()
