@@ -22,7 +22,6 @@ abstract and overview (arXiv 2405.14009): each is marked with what it rests on.
 from __future__ import annotations
 
 from chameleon_opt.errors import InfeasibleError
-from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.recovery.baselines import (CHECKPOINT_INTERVAL_S, RESTART_S, SEARCH_TIME_LIMIT_S, Policy,
                                               PolicyState, Response, restart_response)
 from chameleon_opt.solve.bubbles import rerouted_step
@@ -43,8 +42,7 @@ class ReCycle(Policy):
             return self.start(state)
         model = self.model(state.instance)
         try:
-            plan = even_reroute(state.layout, state.dead)
-            step, how = rerouted_step(model, state.layout, state.dead, self.time_limit_s)
+            step, how, plan = rerouted_step(model, state.layout, state.dead, self.time_limit_s)
         except (InfeasibleError, ValueError) as error:
             return restart_response(self, state, f"ReCycle cannot reroute ({error})", self.restart_s,
                                     self.interval_s / 2, self.time_limit_s)

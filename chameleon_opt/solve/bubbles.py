@@ -31,9 +31,10 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.reroute import even_reroute
-from chameleon_opt.plan import Plan
+from chameleon_opt.plan import Plan, Reroute
 from chameleon_opt.solve.backends import DEFAULT, SolverOptions, heuristic, solve_cpsat
 from chameleon_opt.solve.result import SolveResult, Status
 
@@ -150,26 +151,39 @@ def retime(problem: BubbleProblem, orders: dict[Slot, tuple[Op, ...]]) -> tuple[
     return max(end.values(), default=0.0), start
 
 
-def one_f_one_b_orders(problem: BubbleProblem, hosts: dict[tuple[int, int, int], int]) -> dict[Slot, tuple[Op, ...]]:
-    """The serial schedule: every live device runs its own micro-batches in 1F1B order (W right
-    after B), then the rerouted ones it hosts in 1F1B order after them (Eq. 12/13's accounting)."""
+def one_f_one_b_orders(problem: BubbleProblem, hosts: dict[tuple[int, int, int], int],
+                       interleave: bool = True) -> dict[Slot, tuple[Op, ...]]:
+    """Serial schedules: every live device runs 1F1B (W right after B) over its own micro-batches
+    and the rerouted ones it hosts, either interleaved by micro-batch index (`interleave`) or
+    with the hosted ones after its own (Eq. 12/13's accounting, which can deadlock when two
+    pipelines host each other's stages)."""
     stages = problem.stages
-    orders: dict[Slot, list[Op]] = {}
+    work: dict[Slot, list[tuple[int, int]]] = {}
     for j, m in enumerate(problem.micro_batches):
         for s in range(stages):
-            if (j, s) in problem.failed:
-                continue
-            warmup = min(stages - s - 1, m)
-            back = [kind for kind in problem.kinds if kind != "F"]
-            seq: list[Op] = [("F", j, k, s) for k in range(warmup)]
-            for i in range(m - warmup):
-                seq += [("F", j, warmup + i, s)] + [(kind, j, i, s) for kind in back]
-            for k in range(m - warmup, m):
-                seq += [(kind, j, k, s) for kind in back]
-            orders[(j, s)] = seq
+            if (j, s) not in problem.failed:
+                work[(j, s)] = [(j, k) for k in range(m)]
+    hosted: dict[Slot, list[tuple[int, int]]] = {}
     for (j, k, s), h in sorted(hosts.items()):
-        orders[(h, s)] += [(kind, j, k, s) for kind in problem.kinds]
-    return {slot: tuple(seq) for slot, seq in orders.items()}
+        hosted.setdefault((h, s), []).append((j, k))
+    orders: dict[Slot, tuple[Op, ...]] = {}
+    back = [kind for kind in problem.kinds if kind != "F"]
+    for (h, s), own in work.items():
+        extra = hosted.get((h, s), [])
+        batches = sorted(own + extra, key=lambda jk: (jk[1], jk[0] != h)) if interleave else own + extra
+        segments = [batches] if interleave else [own, extra]
+        seq: list[Op] = []
+        for part in segments:
+            warmup = min(stages - s - 1, len(part))
+            seq += [("F", j, k, s) for j, k in part[:warmup]]
+            for i in range(len(part) - warmup):
+                j, k = part[warmup + i]
+                bj, bk = part[i]
+                seq += [("F", j, k, s)] + [(kind, bj, bk, s) for kind in back]
+            for bj, bk in part[len(part) - warmup:]:
+                seq += [(kind, bj, bk, s) for kind in back]
+        orders[(h, s)] = tuple(seq)
+    return orders
 
 
 def even_hosts(problem: BubbleProblem) -> dict[tuple[int, int, int], int]:
@@ -187,11 +201,16 @@ def even_hosts(problem: BubbleProblem) -> dict[tuple[int, int, int], int]:
 def serial_schedule(problem: BubbleProblem) -> BubbleSchedule:
     """Eq. 12/13's step with whole micro-batches: rerouted work after the peer's own."""
     hosts = even_hosts(problem)
-    orders = one_f_one_b_orders(problem, hosts)
-    timed = retime(problem, orders)
-    if timed is None:
-        raise ValueError("the serial schedule exceeds a device's activation limit")
-    return BubbleSchedule(timed[0], orders, hosts)
+    timed = []
+    for interleave in (False, True):
+        orders = one_f_one_b_orders(problem, hosts, interleave)
+        found = retime(problem, orders)
+        if found is not None:
+            timed.append((found[0], orders))
+    if not timed:
+        raise ValueError("no serial 1F1B order of the rerouted work is deadlock-free within the activation limits")
+    makespan, orders = min(timed, key=lambda item: item[0])
+    return BubbleSchedule(makespan, orders, hosts)
 
 
 def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: SolverOptions = DEFAULT
@@ -199,8 +218,12 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
     """The fastest schedule of one DP group with its failed slots' work rerouted into the peers'
     idle time (see the module docstring). Status and bound are CP-SAT's, converted to seconds."""
     start_clock = time.perf_counter()
-    serial = serial_schedule(problem)
-    tick = serial.makespan_s / TICKS if serial.makespan_s > 0 else 1.0
+    try:
+        serial: BubbleSchedule | None = serial_schedule(problem)
+    except ValueError:
+        serial = None  # CP-SAT may still find an order; nothing to fall back on if it does not
+    scale = serial.makespan_s if serial is not None else sum(problem.duration(op) for op in problem.ops())
+    tick = scale / TICKS if scale > 0 else 1.0
     ticks = {kind: [math.ceil(t / tick) for t in times] for kind, times in
              (("F", problem.forward_s), ("B", problem.backward_input_s), ("W", problem.backward_weight_s))}
     horizon = sum(ticks[op[0]][op[3]] for op in problem.ops()) + 1
@@ -253,7 +276,7 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
     makespan = model.new_int_var(0, horizon, "makespan")
     model.add_max_equality(makespan, list(ends.values()))
     model.minimize(makespan)
-    serial_start = retime(problem, serial.orders)
+    serial_start = retime(problem, serial.orders) if serial is not None else None
     if serial_start is not None:  # the serial schedule as a hint (its rounded times stay feasible only
         for op, begin in serial_start[1].items():  # approximately: CP-SAT repairs it)
             model.add_hint(starts[op], math.ceil(begin / tick))
@@ -268,6 +291,9 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
         if outcome.status is Status.INFEASIBLE:
             return SolveResult(Status.INFEASIBLE, None, None, None, wall, "cpsat", build_s, options.seed,
                                "no schedule keeps every device within its activation limit")
+        if serial is None:
+            return SolveResult(Status.NO_SOLUTION, None, None, None, wall, "cpsat", build_s, options.seed,
+                               "CP-SAT found no schedule in time and no serial order exists")
         return heuristic(serial, serial.makespan_s, "serial", "CP-SAT found no schedule in time: the serial "
                          "(Eq. 12/13) schedule", wall, build_s, options.seed)
     hosts = {(j, k, s): h for (j, k, s, h), var in choice.items() if solver.value(var)}
@@ -279,7 +305,10 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
         orders[slot] = tuple(sorted(mine, key=lambda op: (solver.value(starts[op]), "FBW".index(op[0]))))
     timed = retime(problem, orders)
     schedule = BubbleSchedule(timed[0], orders, hosts) if timed is not None else serial
-    if schedule.makespan_s > serial.makespan_s:
+    if schedule is None:
+        return SolveResult(Status.NO_SOLUTION, None, None, None, wall, "cpsat", build_s, options.seed,
+                           "the solver's order could not be re-timed")
+    if serial is not None and schedule.makespan_s > serial.makespan_s:
         schedule = serial
     bound = min(max(outcome.bound - operations, 0) * tick, schedule.makespan_s)
     status = outcome.status
@@ -339,27 +368,45 @@ def optimistic_floor(problem: BubbleProblem, failure_free_s: float) -> float:
     return floor
 
 
+def whole_reroutes(layout: Plan, hosts: dict[tuple[int, int, int], int]) -> Plan:
+    """The layout with each failed slot's micro-batches given whole to the peers that host them."""
+    counts: dict[tuple[int, int, int], int] = {}
+    for (j, _, s), h in hosts.items():
+        counts[(j, s, h)] = counts.get((j, s, h), 0) + 1
+    return Plan(layout.tensor_parallel, layout.pipelines,
+                tuple(Reroute(j, s, h, float(n)) for (j, s, h), n in sorted(counts.items())))
+
+
 def rerouted_step(model: PerfModel, layout: Plan, dead: frozenset[int], time_limit_s: float,
-                  options: SolverOptions = DEFAULT) -> tuple[float, str]:
-    """Step of the layout with the failed slots' whole micro-batches filled into the peers' idle
-    time: the schedule model's makespan (or, beyond MAX_BUBBLE_OPS, its optimistic floor) plus
-    the gradient all-reduce and optimizer step of the rerouted plan. Raises InfeasibleError
-    when a stage lost every replica."""
+                  options: SolverOptions = DEFAULT, floor_ok: bool = True) -> tuple[float, str, Plan]:
+    """(step, how, plan) of the layout with the failed slots' whole micro-batches filled into the
+    peers' idle time: the schedule model's makespan plus the gradient all-reduce and optimizer
+    step. Beyond MAX_BUBBLE_OPS the schedule is not built: with `floor_ok` the optimistic floor
+    is returned (for a baseline, so that it is never undersold), else the serial step. Raises
+    InfeasibleError when a stage lost every replica."""
     rerouted = even_reroute(layout, dead)
     estimate = model.evaluate(rerouted, dead)
     sync = estimate.data_parallel_s + estimate.optimizer_s
     problem = problem_for(model, layout, dead)
     if problem is None:
-        return estimate.iteration_time_s, "serial (Eq. 12/13): the layout is not uniform"
-    failure_free = max(p.iteration_time_s - e for p, e in
-                       ((pe, sum(x * (c.op_forward_s + c.op_backward_s) for x, c in zip(pe.extra_micro_batches,
-                                                                                         pe.stages)))
-                        for pe in estimate.pipelines))
+        return estimate.iteration_time_s, "serial (Eq. 12/13): the layout is not uniform", rerouted
+    try:
+        whole = whole_reroutes(layout, even_hosts(problem))
+    except ValueError as error:
+        raise InfeasibleError(str(error)) from None
     if len(problem.ops()) > MAX_BUBBLE_OPS:
+        if not floor_ok:
+            return estimate.iteration_time_s, "serial (Eq. 12/13): too many operations for the schedule model", \
+                rerouted
+        failure_free = model.evaluate(layout).iteration_time_s - sync
         return optimistic_floor(problem, failure_free) + sync, (
             f"bubble-filled floor ({len(problem.ops())} operations exceed the schedule model's "
-            f"{MAX_BUBBLE_OPS}: the least step any bubble filling could reach)")
-    result = solve_bubbles(problem, time_limit_s, options)
+            f"{MAX_BUBBLE_OPS}: the least step any bubble filling could reach)"), whole
+    try:
+        result = solve_bubbles(problem, time_limit_s, options)
+    except ValueError as error:
+        return estimate.iteration_time_s, f"serial (Eq. 12/13): {error}", rerouted
     if result.solution is None:
-        return estimate.iteration_time_s, f"serial (Eq. 12/13): {result.reason}"
-    return result.objective + sync, f"bubble-filled schedule ({result.status.value}, CP-SAT)"
+        return estimate.iteration_time_s, f"serial (Eq. 12/13): {result.reason}", rerouted
+    return result.objective + sync, f"bubble-filled schedule ({result.status.value}, CP-SAT)", \
+        whole_reroutes(layout, result.solution.hosts)
