@@ -218,6 +218,9 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
     """The fastest schedule of one DP group with its failed slots' work rerouted into the peers'
     idle time (see the module docstring). Status and bound are CP-SAT's, converted to seconds."""
     start_clock = time.perf_counter()
+    for _, s in problem.failed:
+        if not problem.peers(s):
+            raise ValueError(f"stage {s} lost every replica: nothing to reroute to")
     try:
         serial: BubbleSchedule | None = serial_schedule(problem)
     except ValueError:
