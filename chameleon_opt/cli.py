@@ -404,6 +404,68 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
         stdout.print(f"wrote {plot}")
 
 
+@app.command()
+def compare(file: Path = typer.Argument(..., help="instance file (JSON or YAML) or a bundled name"),
+            suite: list[str] = typer.Option(["card", "node"], "--suite", help="card | node (repeatable)"),
+            cadence: list[str] = typer.Option(["6h", "3h", "1h", "30m", "10m", "llama3", "opt175b"], "--cadence",
+                                              help="6h | 3h | 1h | 30m | 10m | llama3 | opt175b (repeatable)"),
+            seeds: int = typer.Option(1, "--seeds", min=1, help="traces per suite and cadence"),
+            time_limit: float = typer.Option(2.0, "--time-limit", min=0.01, help="limit of each decision"),
+            plot: Path = typer.Option(None, "--plot", help="write the comparison (PNG, SVG or PDF)"),
+            force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
+            as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+    """The adaptive policy against Oobleck, ReCycle, Bamboo and checkpointing under card and node
+    failures at Oobleck's cadences and published rates: ratios, post-failure window, regret."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from chameleon_opt.output import check_figure_output, save_figure
+    from chameleon_opt.recovery.compare import CADENCES, PUBLISHED, SUITES, comparison_figure, run_one, summary
+    from chameleon_opt.recovery.registry import BASELINES
+
+    try:
+        for name in suite:
+            if name not in SUITES:
+                raise InputError(None, "--suite", f"unknown suite {name!r}", f"use {' or '.join(SUITES)}")
+        for name in cadence:
+            if name not in CADENCES and name not in PUBLISHED:
+                raise InputError(None, "--cadence", f"unknown cadence {name!r}",
+                                 f"use {', '.join(list(CADENCES) + list(PUBLISHED))}")
+        if plot is not None:
+            check_figure_output(plot, "--plot", force)
+        instance = load_instance(file)
+        work = [(s, c, k) for s in suite for c in cadence for k in range(seeds)]
+        runs = []
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=stderr, transient=True) as bar:
+            task = bar.add_task("comparing", total=len(work))
+            for s, c, k in work:
+                bar.update(task, description=f"{s} failures, cadence {c}, seed {k}")
+                runs.append(run_one(instance, s, c, k, BASELINES, time_limit))
+                bar.advance(task)
+        rows = summary(runs)
+        if plot is not None:
+            save_figure(comparison_figure(runs, f"{instance.name}: adaptive vs baselines"), plot, "--plot", force)
+    except ChameleonError as err:
+        fail(err, as_json)
+    if as_json:
+        emit_json({"format": 1, "instance": instance.name, "rows": rows, "runs": [r.to_json() for r in runs]})
+        return
+    for name in suite:
+        table = Table(title=f"{instance.name}: {name} failures (adaptive / baseline, average throughput; "
+                            "post-failure window in brackets)")
+        for column in ["cadence"] + [f"vs {b}" for b in BASELINES] + ["vs best", "blind vs best", "regret",
+                                                                        "blind regret"]:
+            table.add_column(column, justify="right")
+        for row in (r for r in rows if r["suite"] == name):
+            table.add_row(row["cadence"], *[f"{row[f'chameleon/{b}']:.3f} ({row[f'chameleon/{b} post-failure']:.3f})"
+                                            for b in BASELINES],
+                          f"{row['chameleon/best baseline']:.3f}", f"{row['chameleon-blind/best baseline']:.3f}",
+                          f"{100 * row['chameleon regret']:.2f}%", f"{100 * row['chameleon-blind regret']:.2f}%")
+        stdout.print(table)
+    if plot is not None:
+        stdout.print(f"wrote {plot}")
+
+
 DEMO_INSTANCE = Path("runtime-cpu-6")
 """A bundled instance, found by name (chameleon_opt.bundled) in a source tree and in a wheel alike."""
 

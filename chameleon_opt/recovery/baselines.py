@@ -565,6 +565,7 @@ class DecisionSource:
     cache: dict = field(default_factory=dict)
     calls: int = 0
     rejected: list = field(default_factory=list)
+    believed: Callable[[Instance], PerfModel] | None = None  # the model decisions use (default: the true one)
 
     @staticmethod
     def even_candidate(instance: Instance, dead: frozenset[int], model: PerfModel | None = None,
@@ -588,7 +589,8 @@ class DecisionSource:
         if key not in self.cache:
             self.calls += 1
             try:
-                decision = decide(instance, dead, "auto", self.time_limit_s, self.threads, self.seed)
+                decision = decide(instance, dead, "auto", self.time_limit_s, self.threads, self.seed,
+                                  model=self.believed(instance) if self.believed else None)
             except UnrecoverableError as error:
                 self.cache[key] = error
             except PlanRejected as error:

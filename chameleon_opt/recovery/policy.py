@@ -286,7 +286,7 @@ def with_stale_copies(error: UnrecoverableError, earlier: list[Plan], instance: 
 
 def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", time_limit_s: float = 10.0,
            threads: int = 1, seed: int = 0, next_fault_s: float | None = None, *, deadline: Deadline | None = None,
-           options: SolverOptions | None = None) -> Decision:
+           options: SolverOptions | None = None, model: PerfModel | None = None) -> Decision:
     """Build the candidates the policy asks for within `deadline` (else `time_limit_s` from now),
     score them (Eq. 8, `score_option`) and pick the best.
 
@@ -297,7 +297,7 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
     if gone:
         raise UnrecoverableError(f"layers {gone[0]}-{gone[-1]} ({len(gone)} layers) lost every replica: no surviving "
                                  "copy of their parameters and optimizer state; restart from the last checkpoint")
-    model = PerfModel(instance)
+    model = model or PerfModel(instance)  # another model: what a policy believes (e.g. perturbed)
     survivors = instance.num_devices - len(failed)
     explicit = next_fault_s if next_fault_s is not None else instance.spec.failures.next_fault_s
     mean = explicit if explicit is not None else mean_next_fault_s(instance, survivors)
