@@ -23,9 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-
-import pulp
-from ortools.sat.python import cp_model
+from typing import TYPE_CHECKING
 
 from chameleon_opt.check import assert_sound
 from chameleon_opt.errors import InfeasibleError
@@ -42,6 +40,10 @@ from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.exact import exact_search
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.templates import Template, build_templates
+
+if TYPE_CHECKING:  # imported where a level model is built: ortools (with pandas) and pulp take
+    import pulp   # 0.3 s to import, inside the decision's deadline, and most decisions never build one
+    from ortools.sat.python import cp_model
 
 TIME_SCALE = 1e6  # seconds -> integer microseconds
 LINEARIZATION = 2
@@ -465,6 +467,8 @@ def _tie_weight(lm: LevelModel) -> int:
 
 def build_level_cpsat(lm: LevelModel) -> tuple[cp_model.CpModel, dict[tuple[int, int], tuple]]:
     """The level model for CP-SAT, times in integer microseconds rounded up."""
+    from ortools.sat.python import cp_model
+
     model = cp_model.CpModel()
     cells: dict[tuple[int, int], tuple] = {}
     makespan = model.new_int_var(0, _ceil(modelled_time(lm.templates, lm.incumbent)) + 1, "T")
@@ -511,6 +515,8 @@ def build_level_milp(lm: LevelModel) -> tuple[pulp.LpProblem, dict[tuple[int, in
     """The level model as a MILP (continuous seconds), for HiGHS or CBC and for MPS/LP export.
     Every row is named after what it states (template k, level m, device type), so an exported
     MPS file reads like the model above."""
+    import pulp
+
     problem = pulp.LpProblem("template_levels", pulp.LpMinimize)
     makespan = problem.add_variable("T", 0)
     sync = problem.add_variable("Y", 0)
