@@ -3,7 +3,8 @@
 It re-derives every property from the plan and the instance (not from the solver's model):
 devices alive, in range and used once; TP groups of the right size (inside one node for new
 plans); every pipeline owning every layer exactly once, in order; every micro-batch assigned
-once (rerouted work included); memory under capacity on every stage.
+once (rerouted work included); every stage's memory relief one the trainer supports; memory under
+capacity on every stage with its relief.
 """
 
 from __future__ import annotations
@@ -81,8 +82,14 @@ def check_plan(instance: Instance, plan: Plan, failed: frozenset[int] = frozense
         if abs(rerouted.get((j, s), 0.0) - owed) > 1e-9:
             problems.append(f"pipeline {j} stage {s} has failed devices and {rerouted.get((j, s), 0.0):g} of its "
                             f"{owed} micro-batches rerouted")
+    model = model or PerfModel(instance)
+    for j, pipe in enumerate(plan.pipelines):
+        for s, stage in enumerate(pipe.stages):
+            if stage.relief is not None and stage.relief not in model.relief_options:
+                problems.append(f"pipeline {j} stage {s}: relief {stage.relief!r} is not one the trainer supports "
+                                f"({', '.join(model.relief_options)})")
     if not problems:
-        estimate = (model or PerfModel(instance)).evaluate(plan, failed)
+        estimate = model.evaluate(plan, failed)
         for j, (pipe, est) in enumerate(zip(plan.pipelines, estimate.pipelines)):
             for s, cost in enumerate(est.stages):
                 if (j, s) not in dead_slots and cost.memory_bytes > cost.memory_capacity_bytes:

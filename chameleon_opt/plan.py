@@ -1,7 +1,8 @@
 """The plan: the one typed object every solver returns and every later layer consumes.
 
 A plan is a set of pipelines; each pipeline is a list of stages; each stage is a TP group of
-devices owning a contiguous layer range [first, end). Rerouted work (ReCycle-style) is listed
+devices owning a contiguous layer range [first, end) and the memory relief it runs with (None: the
+training's global recomputation, so plans written before reliefs existed keep their meaning). Rerouted work (ReCycle-style) is listed
 separately: `from_pipeline`'s micro-batches of `stage` are computed by `to_pipeline`'s stage.
 """
 
@@ -16,6 +17,7 @@ class Stage:
     devices: tuple[int, ...]
     first: int
     end: int
+    relief: str | None = None  # perf/relief.py names: "full", "offload+opt-offload", ...
 
     @property
     def num_layers(self) -> int:
@@ -66,7 +68,8 @@ class Plan:
             "tensor_parallel": self.tensor_parallel,
             "pipelines": [
                 {"micro_batches": p.micro_batches,
-                 "stages": [{"devices": list(s.devices), "layers": [s.first, s.end]} for s in p.stages]}
+                 "stages": [{"devices": list(s.devices), "layers": [s.first, s.end],
+                             **({"relief": s.relief} if s.relief is not None else {})} for s in p.stages]}
                 for p in self.pipelines],
             "rerouted": [
                 {"from_pipeline": r.from_pipeline, "stage": r.stage, "to_pipeline": r.to_pipeline,

@@ -180,7 +180,7 @@ def assign_slots(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int])
             taken.add(gi)
             choice[slots[s_of[col]]] = groups[gi]
     pipelines = tuple(
-        Pipeline(tuple(Stage(choice.get((j, s), st.devices), st.first, st.end) for s, st in enumerate(p.stages)),
+        Pipeline(tuple(Stage(choice.get((j, s), st.devices), st.first, st.end, st.relief) for s, st in enumerate(p.stages)),
                  p.micro_batches) for j, p in enumerate(new.pipelines))
     plan = Plan(tp, pipelines, new.rerouted)
     report = check_plan(instance, plan, failed, model=model)

@@ -294,7 +294,7 @@ def expand_layout(layout: Layout, tp: int, num_layers: int, global_micro: int, n
 
 
 def _explicit_pipelines(plan: PlanSpec) -> list[Pipeline]:
-    return [Pipeline(tuple(Stage(tuple(st.devices), st.layers[0], st.layers[1]) for st in p.stages), p.micro_batches)
+    return [Pipeline(tuple(Stage(tuple(st.devices), st.layers[0], st.layers[1], st.relief) for st in p.stages), p.micro_batches)
             for p in plan.pipelines or []]
 
 

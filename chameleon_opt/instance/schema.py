@@ -42,6 +42,12 @@ class Network(Strict):
     inter_node_latency_us: NonNegativeFloat = 20.0
     p2p_overhead_us: NonNegativeFloat = Field(
         0.0, description="framework cost per pipeline send/receive beyond the link (blocking p2p calls)")
+    host_link_gbps: PositiveFloat = Field(
+        25.0, description="per-device GB/s each way between a device and its host's memory (PCIe 4.0 x16 "
+        "delivers about 25); prices activation and optimizer-state offload (assumed unless given)")
+    host_memory_gbps: PositiveFloat = Field(
+        50.0, description="per-device share of the host's memory bandwidth, GB/s: the CPU optimizer step "
+        "of offloaded optimizer state (assumed unless given)")
 
 
 class DeviceOverride(Strict):
@@ -79,6 +85,7 @@ class Optimizer(Strict):
 
 
 Recomputation = Literal["none", "selective", "full"]
+Relief = Literal["none", "selective", "full", "offload", "opt-offload"]
 
 
 class Training(Strict):
@@ -120,6 +127,11 @@ class Training(Strict):
     framework_overhead_gib: NonNegativeFloat | None = Field(
         None, description="per-device memory the framework holds outside the model (CUDA context, NCCL, "
         "allocator); fitted values are in models/calibration/. Default: the device type's reserved_gib")
+    reliefs: list[Relief] | None = Field(
+        None, description="memory reliefs the trainer can apply per stage, for the solver to choose among: "
+        "none / selective / full recomputation, offload (activations to host memory over the host link, "
+        "overlapped with compute), opt-offload (optimizer state and step on the host; combines with the "
+        "others). Default: only `recomputation`, the same on every stage")
     framework: str | None = Field(
         None, description="a framework calibrated in models/calibration/<name>.json: its fitted memory overhead and "
         "per-device time calibration are used. Default: none (catalogue values, marked assumed)")
@@ -151,6 +163,8 @@ class Training(Strict):
 class StageSpec(Strict):
     devices: list[NonNegativeInt] = Field(min_length=1, description="the stage's TP group")
     layers: tuple[NonNegativeInt, NonNegativeInt] = Field(description="[first, end_exclusive]")
+    relief: str | None = Field(None, description="the stage's memory relief (e.g. full, offload+opt-offload); "
+                               "default: the training's recomputation")
 
 
 class PipelineSpec(Strict):

@@ -15,12 +15,16 @@ selective or full activation recomputation. Memory per stage is a sum of named t
 (perf/memory.py: parameters, gradients, optimizer state under ZeRO 0-3, activations by attention
 implementation and recomputation, fp32 logits, the backward working set, communication buffers
 and the framework's own overhead).
+Memory relief per stage (perf/relief.py): each stage's `relief` picks its recomputation mode or
+activation offload to host memory (copies over the host link, overlapped with the stage's compute:
+an op lasts max(compute, copy)), optionally with the optimizer state and step on the host.
 What it leaves out: network contention between concurrent collectives, stragglers, allocator
-fragmentation beyond the fitted framework constant, and CPU offload.
+fragmentation beyond the fitted framework constant, and contention of offload copies with each other.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -31,7 +35,8 @@ from chameleon_opt.instance.schema import DeviceType
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
 from chameleon_opt.perf.memory import MemoryBreakdown, TERM_MEANING, in_flight_micro_batches, zero_shards
 from chameleon_opt.perf.pipeline import one_f_one_b_time
-from chameleon_opt.plan import Plan, Stage
+from chameleon_opt.perf.relief import ReliefCost, parse_relief, relief_options
+from chameleon_opt.plan import Pipeline, Plan, Stage
 
 GIB = float(1 << 30)
 ADAM_BYTES_TOUCHED_PER_PARAM = 28.0
@@ -166,6 +171,29 @@ def memory_reason(cost: StageCost) -> str:
     return f": largest term {name} ({TERM_MEANING[name]}) {getattr(cost.memory, name) / GIB:.1f} GiB"
 
 
+
+def _remember_last(size: int) -> Any:
+    """Memo of a model's last `size` evaluations, by plan identity (plans are frozen).
+
+    One decision evaluates the same plan several times (the search or rerouting that built it,
+    the checker's memory check, the candidate's estimate), each 0.1-0.2 s at 16,384 devices
+    inside the deadline; the model's settings are fixed at construction, so the estimate is too."""
+    def wrap(method: Any) -> Any:
+        @functools.wraps(method)
+        def evaluate(self: PerfModel, plan: Plan, failed_devices: frozenset[int] = frozenset()) -> Estimate:
+            memo: list[tuple[Plan, frozenset[int], Estimate]] = self.__dict__.setdefault("_evaluated", [])
+            failed = frozenset(failed_devices)
+            for seen, dead, estimate in memo:
+                if seen is plan and dead == failed:
+                    return estimate
+            estimate = method(self, plan, failed)
+            memo.insert(0, (plan, failed, estimate))
+            del memo[size:]
+            return estimate
+        return evaluate
+    return wrap
+
+
 class PerfModel:
     """Costs of any plan on one instance; cached per (device type, TP, micro-batch size).
 
@@ -205,8 +233,11 @@ class PerfModel:
         self.intra = Link(network.intra_node_gbps * 1e9, network.intra_node_latency_us * 1e-6)
         self.inter = Link(network.inter_node_gbps * 1e9, network.inter_node_latency_us * 1e-6)
         self.p2p_overhead_s = network.p2p_overhead_us * 1e-6
-        self._prefix: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-        self._transient: dict[int, float] = {}
+        self.host_link_bps = network.host_link_gbps * 1e9
+        self.host_memory_bps = network.host_memory_gbps * 1e9
+        self.relief_options = relief_options(training.reliefs, self.recompute)
+        self._prefix: dict[tuple[str, int, str], dict[str, np.ndarray]] = {}
+        self._transient: dict[tuple[int, str], float] = {}
         self.total_params = float(self.workload.params.sum())
         self.time_sources: dict[tuple[str, int], str] = {}  # how each (device, TP)'s times were obtained
 
@@ -228,9 +259,17 @@ class PerfModel:
                                    for f in ("overlap_grad_reduce", "virtual_stages", "recomputation")))
         return PerfModel(self.instance, merged, self.calibration)
 
+    def relief_of(self, relief: str | None) -> tuple[str, bool]:
+        """(activation mode, optimizer offloaded) of a stage's relief; None is the training's global
+        recomputation with the optimizer on the device."""
+        return parse_relief(relief) if relief is not None else (self.recompute, False)
+
     # -- per-layer tables as prefix sums -----------------------------------------------------
-    def _tables(self, device: DeviceType, tp: int) -> dict[str, np.ndarray]:
-        key = (device.name, tp)
+    def _tables(self, device: DeviceType, tp: int, mode: str | None = None) -> dict[str, np.ndarray]:
+        """Prefix sums of per-layer costs under one activation mode (offload keeps every activation:
+        the `none` tables; its copies are priced by the callers)."""
+        recompute = self.recompute if mode is None else ("none" if mode == "offload" else mode)
+        key = (device.name, tp, recompute)
         if key in self._prefix:
             return self._prefix[key]
         w, mbs = self.workload, self.micro_batch_size
@@ -239,7 +278,7 @@ class PerfModel:
         if profile is None and self.calibration is not None:
             transferred = self.calibration.transfer(w, device.name, mbs, tp)
         update = w.params / tp * ADAM_BYTES_TOUCHED_PER_PARAM / (device.memory_bandwidth_gbps * 1e9)
-        count_f, count_b = w.tp_allreduce_counts(self.recompute)
+        count_f, count_b = w.tp_allreduce_counts(recompute)
         one = ring_allreduce_time(w.tp_allreduce_bytes_per_sample() * mbs, tp, self.intra)
         if profile is not None or transferred is not None:
             table = profile if profile is not None else transferred.table
@@ -250,20 +289,20 @@ class PerfModel:
             # Profiles are measured without recomputation: add the recomputed forward work.
             core = np.divide(w.attention_core_flops_per_sample, w.forward_flops_per_sample,
                              out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
-            bwd = bwd + (fwd if self.recompute == "full" else fwd * core if self.recompute == "selective" else 0.0)
-            if self.recompute == "full":
+            bwd = bwd + (fwd if recompute == "full" else fwd * core if recompute == "selective" else 0.0)
+            if recompute == "full":
                 tp_bwd = (count_b - w.tp_allreduce_counts("none")[1]) * one
-            self.time_sources[key] = "profile" if profile is not None else transferred.source
+            self.time_sources[key[:2]] = "profile" if profile is not None else transferred.source
         else:
             rate = device.peak_tflops * 1e12 * device.efficiency
             fwd = w.forward_flops_per_sample * mbs / tp / rate
-            recomputed = (w.forward_flops_per_sample if self.recompute == "full" else
-                          w.attention_core_flops_per_sample if self.recompute == "selective" else 0.0)
+            recomputed = (w.forward_flops_per_sample if recompute == "full" else
+                          w.attention_core_flops_per_sample if recompute == "selective" else 0.0)
             bwd = 2.0 * fwd + recomputed * mbs / tp / rate
             tp_fwd, tp_bwd = count_f * one, count_b * one
-            self.time_sources[key] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
+            self.time_sources[key[:2]] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
                                       "(catalogue efficiency)")
-        act = w.activation_bytes_per_sample(tp, self.recompute, self.attention, self.sequence_parallel) * mbs
+        act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel) * mbs
         table = {
             "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
             "params": w.params / tp, "act": act,
@@ -289,10 +328,14 @@ class PerfModel:
         nodes = {self.instance.node_of(d) for d in devices}
         return self.inter if len(nodes) > 1 else self.intra
 
-    def stage_times(self, devices: tuple[int, ...], first: int, end: int) -> tuple[float, float, float, float]:
-        """(forward_s, backward_s, compute_s, tensor_parallel_s) of one micro-batch on a stage."""
+    def stage_times(self, devices: tuple[int, ...], first: int, end: int, relief: str | None = None
+                    ) -> tuple[float, float, float, float]:
+        """(forward_s, backward_s, compute_s, tensor_parallel_s) of one micro-batch on a stage under
+        `relief`. Activation offload copies the micro-batch's activations to the host during its
+        forward and back during its backward on a copy stream: each op lasts max(its work, the copy)."""
         device = self.stage_device(devices)
-        table = self._tables(device, len(devices))
+        mode, _ = self.relief_of(relief)
+        table = self._tables(device, len(devices), mode)
         tp_f = self._range(table, "tp_fwd", first, end)
         tp_b = self._range(table, "tp_bwd", first, end)
         if len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1:
@@ -300,6 +343,9 @@ class PerfModel:
             tp_f, tp_b = tp_f * scale, tp_b * scale
         fwd = self._range(table, "fwd", first, end)
         bwd = self._range(table, "bwd", first, end)
+        if mode == "offload":
+            copy = self._range(table, "act", first, end) / self.host_link_bps
+            return max(fwd + tp_f, copy), max(bwd + tp_b, copy), fwd + bwd, tp_f + tp_b
         return fwd + tp_f, bwd + tp_b, fwd + bwd, tp_f + tp_b
 
     def boundary_send_time(self, sender: tuple[int, ...], receiver: tuple[int, ...], last_layer: int) -> float:
@@ -325,30 +371,37 @@ class PerfModel:
         boundary = float(self.workload.boundary_bytes_per_sample.max(initial=0.0)) * self.micro_batch_size
         return 2.0 * boundary + (self.grad_bucket_bytes if replicas > 1 else 0.0)
 
-    def transient_bytes(self, tp: int, replicas: int = 1) -> float:
+    def transient_bytes(self, tp: int, replicas: int = 1, mode: str | None = None) -> float:
         """One block's backward working set (the same for every block), plus under ZeRO-3 the two
         layers' full parameters gathered at a time (the one computing and the one prefetched)."""
-        if tp not in self._transient:
-            self._transient[tp] = self.workload.backward_transient_bytes_per_sample(
-                tp, self.recompute, self.attention, self.sequence_parallel) * self.micro_batch_size
+        recompute = self.recompute if mode is None else ("none" if mode == "offload" else mode)
+        if (tp, recompute) not in self._transient:
+            self._transient[(tp, recompute)] = self.workload.backward_transient_bytes_per_sample(
+                tp, recompute, self.attention, self.sequence_parallel) * self.micro_batch_size
         gathered = 0.0
         if self.zero_stage >= 3 and replicas > 1:
             gathered = 2.0 * float(self.workload.params.max()) / tp * self.param_bytes
-        return self._transient[tp] + gathered
+        return self._transient[(tp, recompute)] + gathered
 
     def stage_memory_breakdown(self, devices: tuple[int, ...], first: int, end: int, stage: int, stages: int,
                                own_micro_batches: float, extra_micro_batches: float = 0.0,
-                               replicas: int = 1) -> MemoryBreakdown:
+                               replicas: int = 1, relief: str | None = None) -> MemoryBreakdown:
         """Per-device bytes of a stage slot at its peak, by term: state sharded by TP and by ZeRO over
         the stage's `replicas`, activations of the micro-batches 1F1B (or interleaved 1F1B) keeps in
-        flight, the head's logits, one backward working set, buffers and the framework overhead."""
+        flight, the head's logits, one backward working set, buffers and the framework overhead.
+        Under `relief`: the recomputation mode's activations; with activation offload only two
+        micro-batches stay on the device (the one in compute and the one being copied); with the
+        optimizer offloaded no optimizer state."""
         device = self.stage_device(devices)
         tp = len(devices)
-        table = self._tables(device, tp)
+        mode, optimizer_offloaded = self.relief_of(relief)
+        table = self._tables(device, tp, mode)
         params = self._range(table, "params", first, end)
         p_div, g_div, o_div = zero_shards(self.zero_stage, replicas)
         in_flight = in_flight_micro_batches(stage, stages, int(own_micro_batches), extra_micro_batches,
                                             self.options.virtual_stages or 1)
+        if mode == "offload":
+            in_flight = min(in_flight, 2.0)
         activations = in_flight * self._range(table, "act", first, end)
         head = self.workload.num_layers - 1
         logits = 0.0
@@ -356,8 +409,9 @@ class PerfModel:
             logits = in_flight * float(self._head_logit_bytes(tp))
         return MemoryBreakdown(
             parameters=params * self.param_bytes / p_div, gradients=params * self.grad_bytes / g_div,
-            optimizer=params * self.optimizer_bytes / o_div, activations=activations - logits, logits=logits,
-            transient=self.transient_bytes(tp, replicas), comm_buffers=self.comm_buffer_bytes(replicas),
+            optimizer=0.0 if optimizer_offloaded else params * self.optimizer_bytes / o_div,
+            activations=activations - logits, logits=logits,
+            transient=self.transient_bytes(tp, replicas, mode), comm_buffers=self.comm_buffer_bytes(replicas),
             framework=self.framework_bytes(device))
 
     def _head_logit_bytes(self, tp: int) -> float:
@@ -369,32 +423,75 @@ class PerfModel:
 
     def stage_memory(self, devices: tuple[int, ...], first: int, end: int, stage: int, stages: int,
                      own_micro_batches: float, extra_micro_batches: float = 0.0,
-                     replicas: int = 1) -> tuple[float, float]:
+                     replicas: int = 1, relief: str | None = None) -> tuple[float, float]:
         """(bytes needed, bytes available) on each device of a stage slot (see stage_memory_breakdown;
         available is the device's whole memory: the framework's share is a term of the need)."""
         breakdown = self.stage_memory_breakdown(devices, first, end, stage, stages, own_micro_batches,
-                                                extra_micro_batches, replicas)
+                                                extra_micro_batches, replicas, relief)
         return breakdown.total, self.stage_device(devices).memory_gib * GIB
 
-    def layer_costs(self, devices: tuple[int, ...], replicas: int = 1) -> LayerCosts:
-        """Per-layer linear coefficients of time and memory, for solvers that pick layer ranges."""
+    def layer_costs(self, devices: tuple[int, ...], replicas: int = 1, relief: str | None = None) -> LayerCosts:
+        """Per-layer linear coefficients of time and memory, for solvers that pick layer ranges, under
+        `relief` (activation offload is priced as keeping every activation: its two resident
+        micro-batches are not linear in the in-flight count, so these rows over-state its memory)."""
         device = self.stage_device(devices)
-        table = self._tables(device, len(devices))
+        mode, optimizer_offloaded = self.relief_of(relief)
+        table = self._tables(device, len(devices), mode)
         per_layer = {name: np.diff(values) for name, values in table.items()}
         p_div, g_div, o_div = zero_shards(self.zero_stage, replicas)
         static = per_layer["params"] * (self.param_bytes / p_div + self.grad_bytes / g_div
-                                        + self.optimizer_bytes / o_div)
+                                        + (0.0 if optimizer_offloaded else self.optimizer_bytes / o_div))
         spans_nodes = len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1
         tp_scale = self.intra.bandwidth / self.inter.bandwidth if spans_nodes else 1.0
         time = per_layer["fwd"] + per_layer["bwd"] + (per_layer["tp_fwd"] + per_layer["tp_bwd"]) * tp_scale
         device_bytes = device.memory_gib * GIB
         constant = self.framework_bytes(device) + self.comm_buffer_bytes(replicas)
-        return LayerCosts(time, static, per_layer["act"], self.transient_bytes(len(devices), replicas),
+        return LayerCosts(time, static, per_layer["act"], self.transient_bytes(len(devices), replicas, mode),
                           device_bytes - constant, constant, device_bytes)
 
-    def optimizer_time(self, devices: tuple[int, ...], first: int, end: int) -> float:
+    def relief_layer_costs(self, devices: tuple[int, ...], replicas: int = 1) -> LayerCosts:
+        """Linear rows that refuse nothing some supported relief admits: per layer the fastest
+        relief's time, memory of the lightest (linear solvers' surrogate; the plan's reliefs are
+        then chosen exactly by perf/relief.py). With one supported relief: layer_costs."""
+        costs = self.layer_costs(devices, replicas, self.lightest_relief)
+        if len(self.relief_options) == 1:
+            return costs
+        fastest = np.min([self.layer_costs(devices, replicas, r).time_s for r in self.relief_options], axis=0)
+        return replace(costs, time_s=fastest)
+
+    @property
+    def lightest_relief(self) -> str:
+        """The supported relief with the least memory per layer (full recomputation before selective
+        before keeping activations, optimizer offloaded when supported): what linear memory rows
+        (templates, rerouting) assume so they never refuse what some relief admits."""
+        order = {"full": 0, "selective": 1, "offload": 2, "none": 3}
+        return min(self.relief_options, key=lambda r: (not self.relief_of(r)[1], order[self.relief_of(r)[0]]))
+
+    def optimizer_time(self, devices: tuple[int, ...], first: int, end: int, relief: str | None = None) -> float:
+        """The optimizer step of a stage: memory-bound on the device, or with the optimizer state
+        offloaded, gradients down and parameters back over the host link plus the CPU's step at the
+        host's memory bandwidth."""
         table = self._tables(self.stage_device(devices), len(devices))
+        if relief is not None and self.relief_of(relief)[1]:
+            params = self._range(table, "params", first, end)
+            return params * ((self.grad_bytes + self.param_bytes) / self.host_link_bps
+                             + ADAM_BYTES_TOUCHED_PER_PARAM / self.host_memory_bps)
         return self._range(table, "update", first, end)
+
+    def relief_menu(self, pipe: Pipeline, s: int, extra: float = 0.0, replicas: int = 1) -> list[ReliefCost]:
+        """Every supported relief that fits stage s of `pipe` in memory, with its forward and
+        backward times (sends apart: they do not depend on the relief) and optimizer step."""
+        stage, stages = pipe.stages[s], pipe.stages
+        capacity = self.stage_device(stage.devices).memory_gib * GIB
+        menu = []
+        for relief in self.relief_options:
+            need, _ = self.stage_memory(stage.devices, stage.first, stage.end, s, len(stages), pipe.micro_batches,
+                                        extra, replicas, relief)
+            if need <= capacity:
+                fwd, bwd, _, _ = self.stage_times(stage.devices, stage.first, stage.end, relief)
+                menu.append(ReliefCost(relief, fwd, bwd,
+                                       self.optimizer_time(stage.devices, stage.first, stage.end, relief)))
+        return menu
 
     # -- whole plans ----------------------------------------------------------------------------
     def stage_costs(self, plan: Plan, pipeline_index: int, extra: list[float],
@@ -405,14 +502,14 @@ class PerfModel:
         stages = pipe.stages
         costs = []
         for s, stage in enumerate(stages):
-            fwd, bwd, compute, tp_time = self.stage_times(stage.devices, stage.first, stage.end)
+            fwd, bwd, compute, tp_time = self.stage_times(stage.devices, stage.first, stage.end, stage.relief)
             send_f = self.boundary_send_time(stage.devices, stages[s + 1].devices, stage.end - 1) \
                 if s + 1 < len(stages) else 0.0
             send_b = self.boundary_send_time(stage.devices, stages[s - 1].devices, stages[s - 1].end - 1) \
                 if s > 0 else 0.0
             shards = min(replicas[layer] for layer in range(stage.first, stage.end)) if replicas else 1
             memory = self.stage_memory_breakdown(stage.devices, stage.first, stage.end, s, len(stages),
-                                                 pipe.micro_batches, extra[s], shards)
+                                                 pipe.micro_batches, extra[s], shards, stage.relief)
             have = self.stage_device(stage.devices).memory_gib * GIB
             costs.append(StageCost(fwd, bwd, compute, tp_time, send_f, send_b, memory.total, have, memory))
         return costs
@@ -479,6 +576,7 @@ class PerfModel:
         return frozenset((j, s) for j, pipe in enumerate(plan.pipelines) for s, stage in enumerate(pipe.stages)
                          if failed_devices.intersection(stage.devices))
 
+    @_remember_last(4)
     def evaluate(self, plan: Plan, failed_devices: frozenset[int] = frozenset()) -> Estimate:
         """Predict a plan's step. Rerouted work listed in `plan.rerouted` is added to the peers'
         stages (Eq. 12/13 generalised: T_j = T_1F1B,j + sum of rerouted micro-batches x the
@@ -502,7 +600,7 @@ class PerfModel:
             dp_time = self.exposed_data_parallel_time(plan, pipelines, failed)
         else:
             dp_time = self.data_parallel_time(plan, failed)
-        opt_time = max((self.optimizer_time(st.devices, st.first, st.end)
+        opt_time = max((self.optimizer_time(st.devices, st.first, st.end, st.relief)
                         for j, p in enumerate(plan.pipelines) for s, st in enumerate(p.stages)
                         if (j, s) not in failed), default=0.0)
         slowest = max(range(len(pipelines)), key=lambda j: pipelines[j].iteration_time_s)

@@ -50,11 +50,10 @@ class PerturbedModel(PerfModel):
         super().__init__(instance)
         self.factors = np.random.default_rng(seed).uniform(1 - error, 1 + error, instance.workload.num_layers)
 
-    def _tables(self, device, tp):
-        key = (device.name, tp)
-        fresh = key not in self._prefix
-        prefix = super()._tables(device, tp)
-        if fresh:
+    def _tables(self, device, tp, mode=None):
+        known = len(self._prefix)
+        prefix = super()._tables(device, tp, mode)
+        if len(self._prefix) > known:  # built just now: perturb it once
             for name in ("fwd", "bwd", "tp_fwd", "tp_bwd"):
                 prefix[name] = np.concatenate([[0.0], np.cumsum(np.diff(prefix[name]) * self.factors)])
         return prefix

@@ -15,8 +15,9 @@ Step = max_j T_j + DP + OPT, and each term is bounded from below on its own:
   (sum w_s = W) gives T_j >= W + (W - sum_s e_s / c_s) / sum_s 1 / c_s with c_s = m - 1 - k_s rho and
   e_s = k_s ((1 - rho) send_max + excess) (no term when some c_s <= 0),
   and the bottleneck gives T_j >= m W0 / S. Per-layer costs are the cheapest over the device
-  types present, sends the cheapest boundary on the faster link; S is at least what the model's
-  static state needs on the largest memory.
+  types present and the fastest of the supported memory reliefs, sends the cheapest boundary on
+  the faster link; S is at least what the model's static state (under the lightest relief) needs
+  on the largest memory.
 - Pipelines: n_S pipelines of S stages with sum n_S = P and sum S n_S <= G groups can run at most
   P x (concave envelope of cap_S(T) at G / P) micro-batches by T, where cap_S(T) is the largest m
   the bound above allows (a fractional relaxation of the pipeline counts).
@@ -58,15 +59,22 @@ class RelaxationBound:
         update = np.full(layers, np.inf)
         static = np.full(layers, np.inf)
         budget = 0.0
+        # Every supported relief is open to every stage: per layer its fastest times and step and its
+        # smallest static state. Offload is timed as keeping its activations (the copy only lengthens
+        # an op, and per-layer maxima with the copy would over-state a stage's).
+        timed = {"none" if model.relief_of(r)[0] == "offload" else model.relief_of(r)[0] for r in model.relief_options}
         for group in representatives.values():
             for layer in range(layers):
-                f, b, _, _ = model.stage_times(group, layer, layer + 1)
-                forward[layer] = min(forward[layer], f)
-                backward[layer] = min(backward[layer], b)
-                update[layer] = min(update[layer], model.optimizer_time(group, layer, layer + 1))
-            costs = model.layer_costs(group, replicas=max(min(len(groups), total), 1))
-            static = np.minimum(static, costs.static_bytes)
-            budget = max(budget, costs.capacity_bytes)
+                for mode in timed:
+                    f, b, _, _ = model.stage_times(group, layer, layer + 1, mode)
+                    forward[layer] = min(forward[layer], f)
+                    backward[layer] = min(backward[layer], b)
+                for relief in model.relief_options:
+                    update[layer] = min(update[layer], model.optimizer_time(group, layer, layer + 1, relief))
+            for relief in model.relief_options:
+                costs = model.layer_costs(group, replicas=max(min(len(groups), total), 1), relief=relief)
+                static = np.minimum(static, costs.static_bytes)
+                budget = max(budget, costs.capacity_bytes)
         self.layer_work = float((forward + backward).sum()) if groups else 0.0
         per_node: dict[int, int] = {}
         for group in groups:

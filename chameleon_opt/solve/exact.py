@@ -30,11 +30,12 @@ import itertools
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
-from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
 
 COLUMN_BUDGET = 40_000
@@ -180,23 +181,34 @@ class ExactSearch:
         return Pipeline(tuple(stages), micro_batches)
 
     def price(self, deadline: float) -> list[Column] | None:
-        """Every column that fits in memory (at the most replicas any plan could give it)."""
+        """Every column that fits in memory under some supported relief (at the most replicas any plan
+        could give it). With several reliefs a column's time and optimizer step are lower bounds:
+        each stage takes the smallest forward, backward and step among the reliefs that fit it (the
+        1F1B time is monotone in every op), and the leaf chooses the real reliefs exactly."""
         model, columns = self.model, []
         grad = model.workload.params * model.grad_bytes / self.tp
+        reliefs = model.relief_options
         for seq in self.sequences():
             for bounds in _compositions(self.layers, len(seq)):
                 if time.perf_counter() > deadline:
                     return None
                 pipe = self._pipeline(seq, bounds, 1)
                 costs = model.stage_costs(Plan(self.tp, (pipe,)), 0, [0.0] * len(seq))
-                optimizer = max(model.optimizer_time(st.devices, st.first, st.end) for st in pipe.stages)
+                per_relief = [[(*model.stage_times(st.devices, st.first, st.end, r)[:2],
+                                model.optimizer_time(st.devices, st.first, st.end, r)) for r in reliefs]
+                              for st in pipe.stages]
+                capacity = [model.stage_device(st.devices).memory_gib * GIB for st in pipe.stages]
                 grad_bytes = max(float(grad[st.first:st.end].sum()) for st in pipe.stages)
                 for m in range(1, self.total + 1):
-                    if not all(need <= have for need, have in (
-                            model.stage_memory(st.devices, st.first, st.end, s, len(seq), m, 0.0, self.most_pipelines)
-                            for s, st in enumerate(pipe.stages))):
+                    fitting = [[t for r, t in zip(reliefs, per_relief[s]) if model.stage_memory(
+                        st.devices, st.first, st.end, s, len(seq), m, 0.0, self.most_pipelines, r)[0] <= capacity[s]]
+                        for s, st in enumerate(pipe.stages)]
+                    if not all(fitting):
                         break  # more micro-batches only hold more in flight
-                    columns.append(Column(seq, bounds, m, model.pipeline_time(costs, m, self.virtual), optimizer,
+                    lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
+                             for c, fit in zip(costs, fitting)]
+                    optimizer = max(min(t[2] for t in fit) for fit in fitting)
+                    columns.append(Column(seq, bounds, m, model.pipeline_time(lower, m, self.virtual), optimizer,
                                           grad_bytes))
         return columns
 
@@ -256,10 +268,9 @@ class ExactSearch:
                     stages_.append(Stage(self.pools[c][pools_taken[c]], col.bounds[s], col.bounds[s + 1]))
                     pools_taken[c] += 1
                 pipelines.append(Pipeline(tuple(stages_), col.micro_batches))
-            plan = Plan(self.tp, tuple(pipelines))
-            estimate = self.model.evaluate(plan)
-            if estimate.memory_ok and estimate.iteration_time_s < best[0]:
-                best[0], best[1] = estimate.iteration_time_s, plan
+            relieved = choose_reliefs(self.model, Plan(self.tp, tuple(pipelines)))
+            if relieved is not None and relieved[1].iteration_time_s < best[0]:
+                best[0], best[1] = relieved[1].iteration_time_s, relieved[0]
 
         def dfs(start: int, n_left: int, groups_left: int, worst: float, opt: float, grad_bytes: float) -> None:
             if not stats["complete"]:

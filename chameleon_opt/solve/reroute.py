@@ -15,7 +15,9 @@ whole-micro-batch split), own counts integral; a MILP with few integers, which H
     proportion, (S - s)(m_k + r_{k,s}) <= Q_{k,s} m_k, with Q_{k,s} the micro-batches whose
     activations fit beside the stage's static state (so idle pipelines take no rerouted work);
     minimise max_k T_k over the busy pipelines. The memory row is exact when a pipeline runs at least
-    as many micro-batches as it has stages (the normal regime) and conservative otherwise.
+    as many micro-batches as it has stages (the normal regime) and conservative otherwise. Where the
+    trainer supports several memory reliefs, Q is taken under the lightest and each peer's relief is
+    then chosen exactly for the shares found (perf/relief.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from chameleon_opt.check import assert_sound, check_plan
 from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Pipeline, Plan, Reroute
 from chameleon_opt.solve.backends import SolverOptions, heuristic, solve_pulp
@@ -48,7 +51,7 @@ def _peer_capacity(model: PerfModel, plan: Plan, k: int, s: int, replicas: int, 
     (a device with 1e12 GiB) makes the MILP so ill-scaled that HiGHS returns a solution pulp
     cannot read back."""
     stage = plan.pipelines[k].stages[s]
-    costs = model.layer_costs(stage.devices, replicas)
+    costs = model.relief_layer_costs(stage.devices, replicas)  # memory under the lightest relief
     static = float(costs.static_bytes[stage.first:stage.end].sum()) + costs.transient_bytes
     per_micro_batch = float(costs.activation_bytes[stage.first:stage.end].sum())
     if per_micro_batch <= 0:
@@ -158,6 +161,9 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
                         for r in reroutes))
     # The model is linear and time-limited: keep the even split when it is faster or when the
     # model's plan fails the checker (its memory rows are conservative, but say so if not).
+    if len(model.relief_options) > 1:  # the peers' memory rows assumed the lightest relief: choose each
+        relieved = choose_reliefs(model, result, failed)
+        result = relieved[0] if relieved is not None else result
     report = check_plan(instance, result, failed, require_tp_in_node=False, model=model)
     mine = model.evaluate(result, failed).iteration_time_s if report.ok else math.inf
     even_estimate = model.evaluate(even, failed)

@@ -30,6 +30,7 @@ from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.perf.pipeline import one_f_one_b_time
+from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.groups import survivor_groups
@@ -291,12 +292,19 @@ def neighbour_mixes(templates: list[Template], budget: dict[str, int], total: in
     return sorted(found, key=lambda candidate: _rank(templates, candidate))
 
 
+def _relieved(model: PerfModel, plan: Plan, failed: frozenset[int] = frozenset()) -> tuple[Plan, float]:
+    """The plan with its best memory relief per stage and its exact step (inf when some stage fits
+    no supported relief)."""
+    chosen = choose_reliefs(model, plan, failed)
+    return (plan, math.inf) if chosen is None else (chosen[0], chosen[1].iteration_time_s)
+
+
 def _pipeline_exact(model: PerfModel, pipe: Pipeline, tp: int) -> float:
-    """Exact 1F1B time (Eq. 11) of one pipeline, inf when a stage overflows memory."""
-    alone = Plan(tp, (pipe,))
-    costs = model.stage_costs(alone, 0, [0.0] * len(pipe.stages))
-    if any(c.memory_bytes > c.memory_capacity_bytes for c in costs):
+    """Exact 1F1B time (Eq. 11) of one pipeline under its best reliefs, inf when a stage fits none."""
+    chosen = choose_reliefs(model, Plan(tp, (pipe,)))
+    if chosen is None:
         return math.inf
+    costs = chosen[1].pipelines[0].stages
     return one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs], pipe.micro_batches)
 
 
@@ -690,27 +698,26 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
         objective = modelled_time(templates, mix)  # the model's answer; the polish below may beat it
         # Exact polish: the model's 1F1B and sync terms are surrogates, so its neighbours are
         # evaluated exactly and the faster plan kept (ties in the surrogate hide real differences).
-        exact = model.evaluate(plan, failed)
-        best_time = exact.iteration_time_s if exact.memory_ok else math.inf
+        plan, best_time = _relieved(model, plan, failed)
         balanced = rebalance_exact(model, plan, deadline.end)
         if balanced != plan:
-            estimate = model.evaluate(balanced, failed)
-            if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
-                plan, best_time = balanced, estimate.iteration_time_s
+            balanced, value = _relieved(model, balanced, failed)
+            if value < best_time * (1 - 1e-12):
+                plan, best_time = balanced, value
                 why += "; micro-batches rebalanced on exact 1F1B times"
         for other in neighbour_mixes(templates, budget, total, mix)[:POLISH_CANDIDATES]:
             if deadline.expired():
                 break
-            candidate = rebalance_exact(model, lower(templates, other, space.groups_by_type, tp), deadline.end)
-            estimate = model.evaluate(candidate, failed)
-            if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
-                plan, best_time, mix = candidate, estimate.iteration_time_s, other
+            candidate, value = _relieved(model, rebalance_exact(
+                model, lower(templates, other, space.groups_by_type, tp), deadline.end), failed)
+            if value < best_time * (1 - 1e-12):
+                plan, best_time, mix = candidate, value, other
                 why += "; a neighbouring mix is faster when evaluated exactly"
         polished = rebalance_exact(model, polish_splits(model, plan, deadline.end), deadline.end) \
             if not deadline.expired() else plan
         if polished != plan:
-            estimate = model.evaluate(polished, failed)
-            if estimate.memory_ok and estimate.iteration_time_s < best_time * (1 - 1e-12):
+            polished, value = _relieved(model, polished, failed)
+            if value < best_time * (1 - 1e-12):
                 plan = polished
                 why += "; layer splits polished on the exact 1F1B time"
         plan = assert_sound(instance, plan, failed, model=model)
@@ -740,11 +747,9 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
     return finish(mix, status, bound, wall, backend, build_s, f"solved by {backend}")
 
 
-def _exact_value(model: PerfModel, plan: Plan | None, failed: frozenset[int]) -> float:
-    if plan is None:
-        return math.inf
-    estimate = model.evaluate(plan, failed)
-    return estimate.iteration_time_s if estimate.memory_ok else math.inf
+def _exact_value(model: PerfModel, plan: Plan | None, failed: frozenset[int]) -> tuple[Plan | None, float]:
+    """A plan with its best reliefs and its exact step (inf when none or it fits no relief)."""
+    return (None, math.inf) if plan is None else _relieved(model, plan, failed)
 
 
 def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_limit_s: float = 10.0,
@@ -774,7 +779,7 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
     live = [d for d in range(instance.num_devices) if d not in failed]
     template = _template_plan(instance, failed, deadline.share(TEMPLATE_SHARE), options, model)
     plan, used = template.solution, template.backend
-    value = _exact_value(model, plan, failed)
+    plan, value = _exact_value(model, plan, failed)
     notes = [f"template path ({template.backend}): {template.reason}" if plan is not None
              else f"template path: {template.reason}"]
     exact = None
@@ -783,9 +788,9 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
     if exact is None and len(survivor_groups(instance, failed, tp)) <= ENUMERATION_GROUPS and not deadline.expired():
         share = min(budget_s * ENUMERATION_SHARE, deadline.left())
         paper = enumerate_plans(instance, failed, time_limit_s=max(share, 0.01), model=model)
-        paper_value = _exact_value(model, paper.solution, failed)
+        paper_plan, paper_value = _exact_value(model, paper.solution, failed)
         if paper_value < value * (1 - 1e-12):
-            plan, value, used = paper.solution, paper_value, "enumeration"
+            plan, value, used = paper_plan, paper_value, "enumeration"
             notes.append(f"the paper's enumeration ({paper.status.value}) found a faster plan")
     if exact is not None:
         notes.append(exact.reason)

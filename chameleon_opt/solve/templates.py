@@ -126,7 +126,7 @@ def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipeli
 
     With `max_level` = c the pipeline runs at most c micro-batches, so stage s holds only
     min(S - s, c) in flight, which can admit a faster split under tight memory."""
-    costs = model.layer_costs(group, replicas=1)
+    costs = model.relief_layer_costs(group, replicas=1)
     overhead = _stage_overheads(model, group, stages)
     in_flight = [min(stages - s, max_level) if max_level else stages - s for s in range(stages)]
     sharded = model.workload.params / len(group) * model.optimizer_bytes if model.shard_optimizer else None
@@ -164,7 +164,7 @@ def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: f
     templates = []
     for members in by_type.values():
         most = min(len(members), model.workload.num_layers)
-        costs = model.layer_costs(members[0], replicas=1)
+        costs = model.relief_layer_costs(members[0], replicas=1)
         unbounded = LayerCosts(costs.time_s, np.zeros_like(costs.static_bytes), np.zeros_like(costs.activation_bytes),
                                0.0, math.inf)
         variants = 0

@@ -1,0 +1,159 @@
+"""Memory relief per stage: the model's prices, the checker, and the plan search against a brute
+force over (plan x per-stage relief), written apart from the search and from perf/relief.py."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from typing import Any
+
+import pytest
+
+from chameleon_opt.check import check_plan
+from chameleon_opt.instance.load import build_instance
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.perf.relief import parse_relief, relief_options
+from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.result import Status
+from chameleon_opt.solve.search import search_plan
+from test_search_exact import _compositions, _set_partitions, _tp_groupings
+
+RELIEFS = ["none", "full", "offload", "opt-offload"]
+
+
+def _instance(seed: int) -> tuple[dict[str, Any], frozenset[int]]:
+    """Small random instances where memory binds and the host link is slow or fast."""
+    rng = random.Random(seed)
+    devices = rng.choice([2, 3])
+    layers = rng.choice([2, 3])
+    micro = rng.randint(1, 3)
+    params = [rng.randint(1, 6) * 10 ** 7 for _ in range(layers)]
+    activation = [rng.randint(1, 8) * 10 ** 8 for _ in range(layers)]
+    boundary = [rng.choice([10 ** 6, 10 ** 7]) for _ in range(layers)]
+    state = sum(params) * 16 / 2 ** 30
+    memory = state * rng.uniform(0.4, 1.2) + rng.choice([0.3, 1.0, 3.0])
+    times = [[rng.uniform(0.2, 2.0), rng.uniform(0.2, 4.0), 0.0] for _ in range(layers)]
+    data = {
+        "format": 1, "name": f"relief-{seed}",
+        "cluster": {"nodes": 1, "devices_per_node": devices,
+                    "device_type": {"name": "d", "memory_gib": memory, "peak_tflops": 2, "reserved_gib": 0,
+                                    "memory_bandwidth_gbps": 10},
+                    "network": {"intra_node_gbps": 100, "inter_node_gbps": 10,
+                                "host_link_gbps": rng.choice([0.2, 1.0, 25.0]), "host_memory_gbps": 5}},
+        "workload": {"inline": {"name": "toy", "layer_bytes": {
+            "params": params, "activation_bytes_per_sample": activation, "boundary_bytes_per_sample": boundary},
+            "profiles": [{"device_type": "d", "times": {"1": {"1": times}}}]}},
+        "training": {"global_batch": micro, "micro_batch_size": 1, "reliefs": RELIEFS},
+        "plan": {"tensor_parallel": 1, "layout": {"pipeline_parallel": 1, "data_parallel": min(micro, devices)}},
+    }
+    failed = frozenset(rng.sample(range(devices), rng.randint(0, 1)))
+    return data, failed
+
+
+def brute_force(instance, failed: frozenset[int]) -> float:
+    """Every plan of the space (test_search_exact's enumeration) times every relief on every stage."""
+    model = PerfModel(instance)
+    options = relief_options(RELIEFS, "none")
+    layers, total = instance.workload.num_layers, instance.global_micro_batches
+    live = [d for d in range(instance.num_devices) if d not in failed]
+    best = math.inf
+    for groups in _tp_groupings(live, 1):
+        for partition in _set_partitions(groups):
+            if not partition or len(partition) > total:
+                continue
+            for orders in itertools.product(*(itertools.permutations(block) for block in partition)):
+                for splits in itertools.product(*(_compositions(layers, len(order)) for order in orders)):
+                    for shares in _compositions(total, len(orders)):
+                        count = sum(len(order) for order in orders)
+                        for reliefs in itertools.product(options, repeat=count):
+                            picks = iter(reliefs)
+                            pipelines = []
+                            for order, split, share in zip(orders, splits, shares):
+                                bounds = [0] + list(itertools.accumulate(split))
+                                pipelines.append(Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1], next(picks))
+                                                                for s, g in enumerate(order)), share))
+                            estimate = model.evaluate(Plan(1, tuple(pipelines)), failed)
+                            if estimate.memory_ok:
+                                best = min(best, estimate.iteration_time_s)
+    return best
+
+
+def test_relief_names_and_default_options() -> None:
+    assert parse_relief("full+opt-offload") == ("full", True)
+    assert parse_relief("opt-offload") == ("none", True)
+    with pytest.raises(ValueError):
+        parse_relief("swap")
+    assert relief_options(None, "selective") == ("selective",)
+    assert relief_options(["none", "offload", "opt-offload"], "none") == (
+        "none", "offload", "opt-offload", "offload+opt-offload")
+
+
+def test_relief_prices_hand_worked() -> None:
+    """One stage, two layers: offload keeps two micro-batches and lasts max(compute, copy); full
+    recomputation adds the forward to the backward; opt-offload drops the optimizer state."""
+    data, _ = _instance(1)
+    data["workload"]["inline"]["layer_bytes"] = {"params": [10 ** 7, 10 ** 7], "activation_bytes_per_sample": [
+        10 ** 9, 10 ** 9], "boundary_bytes_per_sample": [10 ** 6, 10 ** 6]}
+    data["workload"]["inline"]["profiles"] = [{"device_type": "d", "times": {"1": {"1": [[0.5, 1.0, 0], [0.5, 1.0, 0]]}}}]
+    data["cluster"]["network"]["host_link_gbps"] = 1.0
+    data["cluster"]["devices_per_node"] = 2
+    data["training"]["global_batch"] = 4
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    devices = (0,)
+    assert model.stage_times(devices, 0, 2, "none")[:2] == pytest.approx((1.0, 2.0))
+    assert model.stage_times(devices, 0, 2, "full")[:2] == pytest.approx((1.0, 3.0))
+    assert model.stage_times(devices, 0, 2, "offload")[:2] == pytest.approx((2.0, 2.0))  # 2e9 B at 1 GB/s
+    # stage 0 of 4 with 4 micro-batches: 4 in flight, offload keeps 2
+    keep = model.stage_memory_breakdown(devices, 0, 2, 0, 4, 4, relief="none").activations
+    off = model.stage_memory_breakdown(devices, 0, 2, 0, 4, 4, relief="offload").activations
+    assert keep == pytest.approx(4 * 2e9) and off == pytest.approx(2 * 2e9)
+    assert model.stage_memory_breakdown(devices, 0, 2, 0, 4, 4, relief="opt-offload").optimizer == 0.0
+    assert model.stage_memory_breakdown(devices, 0, 2, 0, 4, 4, relief="none").optimizer == pytest.approx(2e7 * 12)
+    # optimizer offload: 2e7 params x (2 + 2) B over 1 GB/s + 2e7 x 28 B at 5 GB/s
+    assert model.optimizer_time(devices, 0, 2, "opt-offload") == pytest.approx(2e7 * 4 / 1e9 + 2e7 * 28 / 5e9)
+
+
+def test_checker_refuses_unsupported_relief() -> None:
+    data, _ = _instance(2)
+    data["training"]["reliefs"] = None
+    instance = build_instance(data)
+    pipe = instance.plan.pipelines[0]
+    plan = Plan(1, (Pipeline(tuple(Stage(st.devices, st.first, st.end, "offload") for st in pipe.stages),
+                             pipe.micro_batches),) + instance.plan.pipelines[1:])
+    report = check_plan(instance, plan)
+    assert any("not one the trainer supports" in v for v in report.violations)
+
+
+@pytest.mark.parametrize("seed", range(14))
+def test_search_with_relief_equals_brute_force(seed: int) -> None:
+    data, failed = _instance(seed)
+    instance = build_instance(data)
+    best = brute_force(instance, failed)
+    result = search_plan(instance, failed, time_limit_s=20)
+    if math.isinf(best):
+        assert result.status is Status.INFEASIBLE, (result.status, result.reason)
+        return
+    assert result.solution is not None, result.reason
+    assert check_plan(instance, result.solution, failed).ok
+    assert all(st.relief is not None for p in result.solution.pipelines for st in p.stages)
+    assert result.objective == pytest.approx(PerfModel(instance).evaluate(result.solution, failed).iteration_time_s)
+    assert result.bound <= best * (1 + 1e-9)
+    assert result.status is Status.OPTIMAL
+    assert result.objective == pytest.approx(best, rel=1e-6)
+
+
+def test_relief_matters_in_the_random_cases() -> None:
+    """The brute-force cases are not vacuous: in some, relief admits a plan or beats keeping
+    every activation on the device."""
+    admitted = faster = 0
+    for seed in range(14):
+        data, failed = _instance(seed)
+        with_relief = brute_force(build_instance(data), failed)
+        data["training"]["reliefs"] = None
+        plain = search_plan(build_instance(data), failed, time_limit_s=20)
+        plain_value = plain.objective if plain.solution is not None else math.inf
+        admitted += math.isinf(plain_value) and math.isfinite(with_relief)
+        faster += math.isfinite(plain_value) and with_relief < plain_value * (1 - 1e-9)
+    assert admitted >= 1 and faster >= 1, (admitted, faster)
