@@ -108,7 +108,8 @@ def validate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
 
 def _estimate_table(estimate: Estimate, title: str, failed: frozenset[int]) -> Table:
     table = Table(title=title)
-    for column in ("pipe", "stage", "devices", "layers", "fwd s", "bwd s", "rerouted", "mem GiB", "cap GiB"):
+    for column in ("pipe", "stage", "devices", "layers", "fwd s", "bwd s", "rerouted", "mem GiB", "cap GiB",
+                   "relief", "relief +s"):
         table.add_column(column, justify="right")
     for j, (pipe, plan_pipe) in enumerate(zip(estimate.pipelines, estimate.plan.pipelines)):
         for s, (cost, stage) in enumerate(zip(pipe.stages, plan_pipe.stages)):
@@ -121,11 +122,19 @@ def _estimate_table(estimate: Estimate, title: str, failed: frozenset[int]) -> T
                           f"{cost.forward_s:.4g}", f"{cost.backward_s:.4g}",
                           f"{pipe.extra_micro_batches[s]:.2f}" if pipe.extra_micro_batches[s] else "",
                           f"[red]{cost.memory_bytes / GIB:.2f}[/]" if over else f"{cost.memory_bytes / GIB:.2f}",
-                          f"{cost.memory_capacity_bytes / GIB:.2f}")
+                          f"{cost.memory_capacity_bytes / GIB:.2f}", cost.relief, _relief_cost(cost))
         if len(estimate.pipelines) > 8 and j == 3:
-            table.add_row("...", f"{len(estimate.pipelines) - 4} more pipelines", *[""] * 7)
+            table.add_row("...", f"{len(estimate.pipelines) - 4} more pipelines", *[""] * 9)
             break
     return table
+
+
+def _relief_cost(cost: Any) -> str:
+    """What a stage's relief costs: seconds added per micro-batch (forward + backward, against
+    keeping every activation on the device) and to the optimizer step."""
+    parts = [f"{cost.relief_s:+.3g}/mb"] if cost.relief_s else []
+    parts += [f"{cost.relief_optimizer_s:+.3g} opt"] if cost.relief_optimizer_s else []
+    return " ".join(parts) or "0"
 
 
 @app.command()

@@ -25,6 +25,7 @@ fragmentation beyond the fitted framework constant, and contention of offload co
 from __future__ import annotations
 
 import functools
+import copy
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -71,6 +72,9 @@ class StageCost:
     memory_bytes: float
     memory_capacity_bytes: float
     memory: MemoryBreakdown | None = None  # the terms of memory_bytes
+    relief: str = "none"                   # the stage's memory relief (perf/relief.py)
+    relief_s: float = 0.0                  # what it adds to one micro-batch's forward + backward
+    relief_optimizer_s: float = 0.0        # and to the optimizer step (optimizer offload)
 
     @property
     def op_forward_s(self) -> float:
@@ -154,6 +158,8 @@ class Estimate:
                              "forward_s": cost.forward_s, "backward_s": cost.backward_s,
                              "memory_bytes": int(cost.memory_bytes),
                              "memory_capacity_bytes": int(cost.memory_capacity_bytes),
+                             "relief": cost.relief, "relief_s": cost.relief_s,
+                             "relief_optimizer_s": cost.relief_optimizer_s,
                              **({"memory_breakdown_bytes": {k: int(v) for k, v in cost.memory.as_dict().items()}}
                                 if cost.memory is not None else {})}
                             for stage, cost in zip(plan_pipe.stages, pipe.stages)]}
@@ -238,6 +244,7 @@ class PerfModel:
         self.relief_options = relief_options(training.reliefs, self.recompute)
         self._prefix: dict[tuple[str, int, str], dict[str, np.ndarray]] = {}
         self._transient: dict[tuple[int, str], float] = {}
+        self._menus: dict[tuple, list[ReliefCost]] = {}  # relief_menu's answers (the search asks again)
         self.total_params = float(self.workload.params.sum())
         self.time_sources: dict[tuple[str, int], str] = {}  # how each (device, TP)'s times were obtained
 
@@ -459,6 +466,19 @@ class PerfModel:
         fastest = np.min([self.layer_costs(devices, replicas, r).time_s for r in self.relief_options], axis=0)
         return replace(costs, time_s=fastest)
 
+    def restricted_to(self, reliefs: tuple[str, ...]) -> "PerfModel":
+        """The same model (tables shared) with only `reliefs` open to the solvers."""
+        other = copy.copy(self)
+        other.relief_options, other._menus = tuple(reliefs), {}
+        return other
+
+    @property
+    def fastest_relief(self) -> str:
+        """The supported relief that adds least time (keeping activations before offloading them
+        before recomputing part or all of them; the optimizer on the device)."""
+        order = {"none": 0, "offload": 1, "selective": 2, "full": 3}
+        return min(self.relief_options, key=lambda r: (self.relief_of(r)[1], order[self.relief_of(r)[0]]))
+
     @property
     def lightest_relief(self) -> str:
         """The supported relief with the least memory per layer (full recomputation before selective
@@ -482,6 +502,9 @@ class PerfModel:
         """Every supported relief that fits stage s of `pipe` in memory, with its forward and
         backward times (sends apart: they do not depend on the relief) and optimizer step."""
         stage, stages = pipe.stages[s], pipe.stages
+        key = (stage.devices, stage.first, stage.end, s, len(stages), pipe.micro_batches, extra, replicas)
+        if key in self._menus:
+            return self._menus[key]
         capacity = self.stage_device(stage.devices).memory_gib * GIB
         menu = []
         for relief in self.relief_options:
@@ -491,6 +514,7 @@ class PerfModel:
                 fwd, bwd, _, _ = self.stage_times(stage.devices, stage.first, stage.end, relief)
                 menu.append(ReliefCost(relief, fwd, bwd,
                                        self.optimizer_time(stage.devices, stage.first, stage.end, relief)))
+        self._menus[key] = menu
         return menu
 
     # -- whole plans ----------------------------------------------------------------------------
@@ -511,7 +535,17 @@ class PerfModel:
             memory = self.stage_memory_breakdown(stage.devices, stage.first, stage.end, s, len(stages),
                                                  pipe.micro_batches, extra[s], shards, stage.relief)
             have = self.stage_device(stage.devices).memory_gib * GIB
-            costs.append(StageCost(fwd, bwd, compute, tp_time, send_f, send_b, memory.total, have, memory))
+            mode, offloaded = self.relief_of(stage.relief)
+            relief_s = relief_opt_s = 0.0
+            if mode != "none":
+                keep_f, keep_b, _, _ = self.stage_times(stage.devices, stage.first, stage.end, "none")
+                relief_s = fwd + bwd - keep_f - keep_b
+            if offloaded:
+                relief_opt_s = self.optimizer_time(stage.devices, stage.first, stage.end, stage.relief) - \
+                    self.optimizer_time(stage.devices, stage.first, stage.end)
+            name = stage.relief if stage.relief is not None else self.recompute
+            costs.append(StageCost(fwd, bwd, compute, tp_time, send_f, send_b, memory.total, have, memory,
+                                   name, relief_s, relief_opt_s))
         return costs
 
     @staticmethod

@@ -200,14 +200,15 @@ class ExactSearch:
                 capacity = [model.stage_device(st.devices).memory_gib * GIB for st in pipe.stages]
                 grad_bytes = max(float(grad[st.first:st.end].sum()) for st in pipe.stages)
                 for m in range(1, self.total + 1):
-                    fitting = [[t for r, t in zip(reliefs, per_relief[s]) if model.stage_memory(
-                        st.devices, st.first, st.end, s, len(seq), m, 0.0, self.most_pipelines, r)[0] <= capacity[s]]
-                        for s, st in enumerate(pipe.stages)]
-                    if not all(fitting):
-                        break  # more micro-batches only hold more in flight
-                    lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
-                             for c, fit in zip(costs, fitting)]
-                    optimizer = max(min(t[2] for t in fit) for fit in fitting)
+                    if m <= len(seq) * self.virtual:  # past that no stage holds more in flight: same fit
+                        fitting = [[t for r, t in zip(reliefs, per_relief[s]) if model.stage_memory(
+                            st.devices, st.first, st.end, s, len(seq), m, 0.0, self.most_pipelines, r)[0]
+                            <= capacity[s]] for s, st in enumerate(pipe.stages)]
+                        if not all(fitting):
+                            break  # more micro-batches only hold more in flight
+                        lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
+                                 for c, fit in zip(costs, fitting)]
+                        optimizer = max(min(t[2] for t in fit) for fit in fitting)
                     columns.append(Column(seq, bounds, m, model.pipeline_time(lower, m, self.virtual), optimizer,
                                           grad_bytes))
         return columns

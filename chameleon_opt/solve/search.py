@@ -780,6 +780,14 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
     template = _template_plan(instance, failed, deadline.share(TEMPLATE_SHARE), options, model)
     plan, used = template.solution, template.backend
     plan, value = _exact_value(model, plan, failed)
+    if len(model.relief_options) > 1 and not deadline.expired():
+        # Relieved templates look fast to the level model's surrogate (fastest time, lightest
+        # memory) and can mislead it: the templates without relief compete on the exact model.
+        plain = _template_plan(instance, failed, deadline.share(TEMPLATE_SHARE / 2), options,
+                               model.restricted_to((model.fastest_relief,)))
+        plain_plan, plain_value = _exact_value(model, plain.solution, failed)
+        if plain_value < value * (1 - 1e-12):
+            template, plan, value, used = plain, plain_plan, plain_value, plain.backend
     notes = [f"template path ({template.backend}): {template.reason}" if plan is not None
              else f"template path: {template.reason}"]
     exact = None

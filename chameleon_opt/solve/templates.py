@@ -11,6 +11,7 @@ later stages keep fewer micro-batches in flight, so they are never tighter than 
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -121,12 +122,14 @@ MAX_LEVEL_VARIANTS = 1500
 
 
 def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipelines_guess: int,
-                   max_level: int | None = None) -> Template | None:
+                   max_level: int | None = None, relieved: bool = False) -> Template | None:
     """The best `stages`-stage pipeline on groups like `group`, or None when it cannot fit.
 
     With `max_level` = c the pipeline runs at most c micro-batches, so stage s holds only
-    min(S - s, c) in flight, which can admit a faster split under tight memory."""
-    costs = model.relief_layer_costs(group, replicas=1)
+    min(S - s, c) in flight, which can admit a faster split under tight memory. `relieved`: memory
+    as under the lightest supported relief, times of the fastest (the plan's reliefs are chosen
+    exactly afterwards); otherwise the fastest relief's time and memory."""
+    costs = _costs(model, group, relieved)
     overhead = _stage_overheads(model, group, stages)
     in_flight = [min(stages - s, max_level) if max_level else stages - s for s in range(stages)]
     sharded = model.workload.params / len(group) * model.optimizer_bytes if model.shard_optimizer else None
@@ -152,19 +155,27 @@ def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipeli
     return Template(model.stage_device(group).name, stages, bounds, times, sync, min_pipelines, max_level)
 
 
+def _costs(model: PerfModel, group: tuple[int, ...], relieved: bool) -> LayerCosts:
+    return model.relief_layer_costs(group, replicas=1) if relieved else \
+        model.layer_costs(group, replicas=1, relief=model.fastest_relief)
+
+
 def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: float = math.inf) -> list[Template]:
     """Every feasible template per device type present among `groups` (one group per stage), plus
     level-capped variants (S stages running c < S micro-batches hold fewer in flight) wherever
     memory binds and a cap buys a faster split; at most MAX_LEVEL_VARIANTS bisections per type.
     Past `deadline` (perf_counter) no further stage count is tried: the templates are incumbents'
-    building blocks, so fewer of them weaken the incumbent, never the search's bound."""
+    building blocks, so fewer of them weaken the incumbent, never the search's bound. With several
+    supported memory reliefs, each template is built twice: as the fastest relief fits, and as the
+    lightest admits."""
     by_type: dict[str, list[tuple[int, ...]]] = {}
     for group in groups:
         by_type.setdefault(model.stage_device(group).name, []).append(group)
     templates = []
-    for members in by_type.values():
+    for members, relieved in itertools.product(by_type.values(), (False, True) if len(model.relief_options) > 1
+                                               else (False,)):
         most = min(len(members), model.workload.num_layers)
-        costs = model.relief_layer_costs(members[0], replicas=1)
+        costs = _costs(model, members[0], relieved)
         unbounded = LayerCosts(costs.time_s, np.zeros_like(costs.static_bytes), np.zeros_like(costs.activation_bytes),
                                0.0, math.inf)
         variants = 0
@@ -172,7 +183,7 @@ def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: f
             if templates and time.perf_counter() > deadline:
                 break
             count = len(members) // stages
-            base = build_template(model, members[0], stages, count)
+            base = build_template(model, members[0], stages, count, relieved=relieved)
             if base is not None and base.min_pipelines <= count:
                 templates.append(base)
                 best = base.per_micro_batch_s
@@ -186,7 +197,7 @@ def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: f
                 if variants >= MAX_LEVEL_VARIANTS or best <= free * (1 + 1e-12):
                     break
                 variants += 1
-                capped = build_template(model, members[0], stages, count, cap)
+                capped = build_template(model, members[0], stages, count, cap, relieved)
                 if capped is not None and capped.min_pipelines <= count and capped.per_micro_batch_s < best - 1e-12:
                     templates.append(capped)
                     best = capped.per_micro_batch_s
