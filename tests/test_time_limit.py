@@ -13,7 +13,10 @@ from ortools.sat.python import cp_model
 from typer.testing import CliRunner
 
 from chameleon_opt.cli import app
+from chameleon_opt.comm.migration import schedule_migration
+from chameleon_opt.comm.rounds import check_release_safety, colour_rounds
 from chameleon_opt.instance.load import load_instance
+from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.solve.backends import SolverOptions, solve_cpsat, solve_pulp
 from chameleon_opt.solve.deadline import Deadline
@@ -59,6 +62,26 @@ def test_rerouting_without_time_is_the_even_split_labelled_heuristic():
     result = reroute_plan(instance, instance.failed_devices, deadline=Deadline.after(0.0))
     assert result.status is Status.HEURISTIC and result.backend == "even-split" and result.bound is None
     assert result.stopped_early and result.solution is not None
+
+
+def test_colouring_past_the_deadline_is_greedy_valid_and_says_so():
+    edges = [(u, (u * 7 + k) % 11) for u in range(11) for k in range(5)]  # 5-regular bipartite
+    exact, cut = colour_rounds(edges, [float(e % 3) for e in range(len(edges))])
+    assert cut == 0 and max(exact) + 1 == 5  # Koenig: max-degree rounds
+    greedy, cut = colour_rounds(edges, None, Deadline.after(0.0))
+    assert cut == len(edges) and max(greedy) + 1 <= 2 * 5 - 1
+    for side in (0, 1):  # nobody sends or receives twice in a round
+        assert len({(edge[side], c) for edge, c in zip(edges, greedy)}) == len(edges)
+
+
+def test_migration_past_its_deadline_is_complete_and_stopped_early():
+    instance = load_instance("paper-32")
+    failed = instance.failed_devices
+    found = search_plan(instance, failed, time_limit_s=5.0)
+    model = PerfModel(instance)
+    migration = schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0))
+    assert migration.solve.stopped_early and migration.solve.status is Status.HEURISTIC
+    assert not check_release_safety(instance.plan, found.solution, failed, migration)  # every shard delivered
 
 
 def test_plan_recovery_reports_every_stage_within_a_generous_bound():

@@ -16,6 +16,11 @@ of the heaviest edges the open colours equal that prefix's maximum degree, so lo
 the first rounds instead of each stretching a different one; at the end exactly max-degree colours
 are open (a vertex of maximum degree needs them all, and a colour only opens for a vertex that
 has used every open one).
+
+Under a deadline the alternating paths (about 0.6 s for 28,000 transfers at 1,024 devices) stop
+when it passes, and the remaining edges take the least colour free at both ends (bit masks:
+microseconds per edge). Every round stays a matching; the count may exceed max-degree, at most
+2 x max-degree - 1, and the caller reports the colouring as cut short.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from chameleon_opt.comm.state import live_slots, old_holdings
 from chameleon_opt.plan import Plan
+from chameleon_opt.solve.deadline import Deadline
 
 if TYPE_CHECKING:
     from chameleon_opt.comm.migration import Migration, Transfer
@@ -34,6 +40,13 @@ def colour_bipartite_edges(edges: Sequence[tuple[int, int]], weights: Sequence[f
     """Colour of every (left, right) edge, with exactly max-degree colours, heaviest edges first
     into the fewest rounds (left and right ids are separate name spaces: a device may appear on
     both sides)."""
+    return colour_rounds(edges, weights)[0]
+
+
+def colour_rounds(edges: Sequence[tuple[int, int]], weights: Sequence[float] | None = None,
+                  deadline: Deadline | None = None) -> tuple[list[int], int]:
+    """(colour of every edge, how many edges were coloured greedily because `deadline` passed).
+    With no greedy edge the colouring is Koenig's: exactly max-degree colours."""
     left_ids: dict[int, int] = {}
     right_ids: dict[int, int] = {}
     ends = [(left_ids.setdefault(u, len(left_ids)), right_ids.setdefault(v, len(right_ids))) for u, v in edges]
@@ -68,8 +81,10 @@ def colour_bipartite_edges(edges: Sequence[tuple[int, int]], weights: Sequence[f
         """How much the swap lengthens rounds: edges moved into a round shorter than themselves."""
         return sum(max(0.0, weight[step] - longest[second if colour[step] == first else first]) for step in path)
 
-    order = sorted(range(len(edges)), key=lambda i: -weight[i]) if weights is not None else range(len(edges))
-    for e in order:
+    order = sorted(range(len(edges)), key=lambda i: -weight[i]) if weights is not None else list(range(len(edges)))
+    for done, e in enumerate(order):
+        if deadline is not None and deadline.expired():
+            return colour_greedily(order[done:], ends, at, colour), len(order) - done
         u, v = ends[e]
         free_u, free_v = free_colours(u), free_colours(v)
         if not free_u or not free_v:  # an endpoint uses every open colour: open one more
@@ -105,6 +120,22 @@ def colour_bipartite_edges(edges: Sequence[tuple[int, int]], weights: Sequence[f
         colour[e] = a
         at[u][a] = at[v][a] = e
         longest[a] = max(longest[a], weight[e])
+    return colour, 0
+
+
+def colour_greedily(order: Sequence[int], ends: Sequence[tuple[int, int]], at: list[dict[int, int]],
+                    colour: list[int]) -> list[int]:
+    """Give each edge of `order` the least colour free at both of its ends (`at`: the colours each
+    vertex already uses). A colour free at both ends is among the first deg(u) + deg(v) - 1, so at
+    most 2 x max-degree - 1 colours in all."""
+    used = [sum(1 << c for c in taken) for taken in at]
+    for e in order:
+        u, v = ends[e]
+        free = ~(used[u] | used[v])
+        c = (free & -free).bit_length() - 1
+        colour[e] = c
+        used[u] |= 1 << c
+        used[v] |= 1 << c
     return colour
 
 
