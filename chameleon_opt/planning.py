@@ -46,6 +46,7 @@ class PlanningOptions:
     time_limit_s: float = 10.0
     solver: SolverOptions = field(default_factory=SolverOptions)
     next_fault_s: float | None = None
+    bubble_filling: bool = True  # also place rerouted work into the peers' idle time (solve/bubbles.py)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -145,6 +146,7 @@ def plan_recovery(instance: Instance, failed: frozenset[int], options: PlanningO
     candidate is usable (each one's reason is given)."""
     deadline = deadline or Deadline.after(options.time_limit_s)
     decision = decide(instance, failed, options.policy, next_fault_s=options.next_fault_s, deadline=deadline,
+                      bubble_filling=options.bubble_filling,
                       options=options.solver)
     if decision.chosen is None:
         raise InfeasibleError(decision.reason)

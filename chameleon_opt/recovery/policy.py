@@ -197,15 +197,16 @@ def _stage(name: str, deadline: Deadline, started: float, result: SolveResult | 
 
 def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float = 5.0,
                       threads: int = 1, seed: int = 0, *, deadline: Deadline | None = None,
-                      options: SolverOptions | None = None) -> RecoveryOption:
-    """Keep the layout, give the failed stages' work to their peers in decided shares (transition ~ 0)."""
+                      options: SolverOptions | None = None, bubble_filling: bool = True) -> RecoveryOption:
+    """Keep the layout, give the failed stages' work to their peers in decided shares (transition ~ 0);
+    with `bubble_filling`, also in whole micro-batches placed into the peers' idle time."""
     options = options or SolverOptions("highs", threads, seed)
     result = reroute_plan(instance, failed, time_limit_s, model=model, deadline=deadline, options=options)
     if not result.status.has_solution or result.solution is None:
         return RecoveryOption("reroute", False, result.reason or result.status.value, solve=result)
     estimate = model.evaluate(result.solution, failed)
     plan, reason = result.solution, f"layout kept; {result.reason}"
-    if not (deadline and deadline.expired()):
+    if bubble_filling and not (deadline and deadline.expired()):
         try:  # the same work in whole micro-batches, placed into the peers' idle time
             step, how, whole = rerouted_step(model, instance.plan, failed,
                                              deadline.left() if deadline else time_limit_s, options, floor_ok=False)
@@ -286,7 +287,8 @@ def with_stale_copies(error: UnrecoverableError, earlier: list[Plan], instance: 
 
 def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", time_limit_s: float = 10.0,
            threads: int = 1, seed: int = 0, next_fault_s: float | None = None, *, deadline: Deadline | None = None,
-           options: SolverOptions | None = None, model: PerfModel | None = None) -> Decision:
+           options: SolverOptions | None = None, model: PerfModel | None = None,
+           bubble_filling: bool = True) -> Decision:
     """Build the candidates the policy asks for within `deadline` (else `time_limit_s` from now),
     score them (Eq. 8, `score_option`) and pick the best.
 
@@ -306,7 +308,8 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
     if policy in ("auto", "reroute"):
         started = time.perf_counter()
         rerouting = deadline.share(REROUTE_SHARE) if policy == "auto" else deadline
-        candidate = reroute_candidate(instance, failed, model, deadline=rerouting, options=options)
+        candidate = reroute_candidate(instance, failed, model, deadline=rerouting, options=options,
+                                      bubble_filling=bubble_filling)
         candidates.append(candidate)
         stages.append(_stage("reroute", rerouting, started, candidate.solve))
     if policy in ("auto", "reconfigure"):

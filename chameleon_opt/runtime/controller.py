@@ -126,9 +126,10 @@ class Controller:
 
     def __init__(self, instance: Instance, *, policy: str = "auto", seed: int = 0, dtype: str = "float32",
                  time_limit_s: float = 5.0, group_timeout_s: float = 30.0,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, bubble_filling: bool = True) -> None:
         self.instance, self.policy, self.seed, self.dtype = instance, policy, seed, dtype
         self.time_limit_s, self.group_timeout_s = time_limit_s, group_timeout_s
+        self.bubble_filling = bubble_filling
         self.cfg = runtime_model(instance)
         self.mbs = instance.micro_batch_size
         self.batch = instance.spec.training.global_batch
@@ -326,7 +327,8 @@ class Controller:
         t0 = time.perf_counter()
         inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
         try:
-            decision = plan_recovery(inst, self.failed, PlanningOptions(self.policy, self.time_limit_s))
+            decision = plan_recovery(inst, self.failed, PlanningOptions(self.policy, self.time_limit_s,
+                                                                        bubble_filling=self.bubble_filling))
         except UnrecoverableError as error:
             raise with_stale_copies(error, self.layouts, inst, self.failed) from None
         recovery.policy, recovery.reason = decision.policy, decision.reason
