@@ -16,7 +16,8 @@ the layout stays the old one, failed devices and all, and `current_plan` is that
 device failed so far, so the rerouting is re-derived for all of them together rather than stacked.
 After a reconfiguration (or a hybrid) the new plan over the survivors is the layout.
 `on_join` brings failed devices back (a restarted process, a repaired accelerator) without any
-model state: the job is reconfigured over every live device and they receive state by migration.
+model state: keep running without them, give them back their rerouted slots, or scale up over every
+live device, by Eq. 8 (`chameleon_opt/rejoin.py`); they receive their state by migration.
 
 The instance's own `failures.events` are not applied: failures come only from `on_failure`; its
 fault statistics (`next_fault_s`, `mtbf_hours_per_device`) score the candidates.
@@ -27,22 +28,19 @@ This module never imports torch: trainers import it before (or without) their fr
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable, Mapping
 from numbers import Integral
 from pathlib import Path
 from typing import Any
 
-from chameleon_opt.comm import communication_plan
-from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
+from chameleon_opt.errors import InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance, build_instance, load_instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.planning import POLICIES, PlanningOptions, RecoveryDecision, executable, plan_recovery
-from chameleon_opt.recovery.policy import GROUP_REBUILD_S, RecoveryOption, with_stale_copies
+from chameleon_opt.planning import POLICIES, PlanningOptions, RecoveryDecision, plan_recovery
+from chameleon_opt.recovery.policy import RecoveryOption, with_stale_copies
+from chameleon_opt.rejoin import plan_join
 from chameleon_opt.solve.backends import SolverOptions
-from chameleon_opt.solve.deadline import Deadline
-from chameleon_opt.solve.search import search_plan
 
 __all__ = ["POLICIES", "Planner", "PlanningOptions", "RecoveryDecision", "RecoveryOption"]
 
@@ -133,14 +131,15 @@ class Planner:
         self._layouts.append(self._layout)
         return result
 
-    def on_join(self, devices: Iterable[int]) -> RecoveryDecision:
+    def on_join(self, devices: Iterable[int], next_fault_s: float | None = None) -> RecoveryDecision:
         """Failed `devices` are back in service, holding no model state (a restarted process, a
-        repaired or replaced accelerator): they stop counting as failed, and the job is
-        reconfigured over every live device, the state they need migrated to them from its live
-        holders (rerouting cannot give work to a device that holds nothing).
+        repaired or replaced accelerator). The decision (`rejoin.plan_join`, Eq. 8 like a failure's)
+        is among keep-running (they idle and still count as out of the plan: a later on_join may
+        bring them in), taking back the slots whose work is rerouted (their state copied), and
+        scaling up over every live device (state migrated to them from its live holders).
 
-        Raises InputError for a device that has not failed and InfeasibleError when no plan over
-        the live devices exists. On an error the planner's state is unchanged."""
+        Raises InputError for a device that has not failed and InfeasibleError when no candidate is
+        usable. On an error the planner's state is unchanged."""
         given = list(devices)
         if not given:
             raise InputError(None, "devices", "no joining device given", "pass the ids of the devices that came back")
@@ -148,33 +147,16 @@ class Planner:
                      None)
         if wrong is not None:
             raise InputError(None, "devices", f"{wrong!r} has not failed", f"pass failed devices ({sorted(self._failed)})")
+        if next_fault_s is not None and not next_fault_s > 0:
+            raise InputError(None, "next_fault_s", f"got {next_fault_s!r}", "give a positive number of seconds")
         joined = frozenset(int(d) for d in given)
-        failed = self._failed - joined
-        state = dataclasses.replace(self._base, plan=self._layout, failed_devices=failed)
-        model = PerfModel(state)
-        deadline = Deadline.after(self.time_limit_s)
-        start = time.perf_counter()
-        result = search_plan(state, failed, model=model, deadline=deadline.share(0.6), options=self.options.solver)
-        if not result.status.has_solution or result.solution is None:
-            raise InfeasibleError(f"no plan over the live devices: {result.reason or result.status.value}")
-        search_s = time.perf_counter() - start
-        # After a rerouting the layout still lists a joining device in its old stage: it stands in
-        # there for a device that holds nothing (a negative id, failed), so nothing is sent from it.
-        stand_in = {d: -1 - d for d in joined}
-        old = dataclasses.replace(self._layout, pipelines=tuple(
-            dataclasses.replace(pipe, stages=tuple(
-                dataclasses.replace(stage, devices=tuple(stand_in.get(d, d) for d in stage.devices))
-                for stage in pipe.stages)) for pipe in self._layout.pipelines))
-        communication = communication_plan(state, old, result.solution, failed | frozenset(stand_in.values()),
-                                           model=model, deadline=deadline, options=self.options.solver)
-        migration, _, comm = communication
-        transition = search_s + migration.makespan_s + GROUP_REBUILD_S
-        why = (f"devices {sorted(joined)} rejoined without state: {len(comm.plan.pipelines)} pipelines over the "
-               f"live devices, migration {migration.total_bytes:,} B in {migration.rounds} rounds")
-        option = RecoveryOption("reconfigure", True, why, comm.plan, model.evaluate(comm.plan, failed), transition,
-                                solve=result, communication=communication)
-        decision = executable(state, option, failed, why, (option,), deadline, self.options.solver)
-        self._failed = failed
-        self._current = self._layout = decision.plan
+        state = dataclasses.replace(self._base, plan=self._layout, failed_devices=self._failed)
+        decision = plan_join(state, self._current, self._failed, joined,
+                             dataclasses.replace(self.options, next_fault_s=next_fault_s))
+        if decision.policy == "keep-running":
+            return decision
+        self._failed = decision.failed
+        self._current = decision.plan
+        self._layout = dataclasses.replace(decision.plan, rerouted=())
         self._layouts.append(self._layout)
         return decision

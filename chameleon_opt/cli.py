@@ -259,6 +259,25 @@ def _plan_pictures(name: str, decision: "RecoveryDecision", failed: frozenset[in
     return written
 
 
+def _plan_join(instance: Any, failed: frozenset[int], joined: frozenset[int], options: Any, deadline: Any) -> Any:
+    """The instance's failures recovered (the plan running when the devices come back), then the
+    return of `joined` planned on top (rejoin.plan_join)."""
+    import dataclasses
+
+    from chameleon_opt.errors import InputError
+    from chameleon_opt.planning import plan_recovery
+    from chameleon_opt.rejoin import plan_join
+
+    stray = sorted(joined - failed)
+    if stray:
+        raise InputError(None, "--joined", f"device {stray[0]} has not failed in the instance",
+                         f"pass failed devices ({sorted(failed)})")
+    with stderr.status(f"planning the return of {sorted(joined)} to {instance.name}..."):
+        running = plan_recovery(instance, failed, options, deadline.share(0.4))
+        layout = dataclasses.replace(running.plan, rerouted=())
+        return plan_join(dataclasses.replace(instance, plan=layout), running.plan, failed, joined, options, deadline)
+
+
 @app.command()
 def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          policy: Policy = typer.Option(Policy.auto, help="auto: choose by Eq. 8; or force one candidate"),
@@ -278,8 +297,12 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          migration_plot: Path = typer.Option(None, "--migration-plot",
                                              help="write the migration's transfers by round (PNG, SVG or PDF)"),
          force: bool = typer.Option(False, "--force", help="overwrite existing picture files"),
+         joined: list[int] = typer.Option([], "--joined", help="a failed device that is back without state "
+                                          "(repeat): plan its return (keep running, take back rerouted slots, or "
+                                          "scale up) instead of the failure"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)")) -> None:
-    """Plan the recovery from the instance's failures: candidates, scores, the chosen plan."""
+    """Plan the recovery from the instance's failures (or, with --joined, the return of devices):
+    candidates, scores, the chosen plan."""
     import time
 
     begun = time.perf_counter()  # the deadline counts from here: imports and loading are inside it
@@ -296,8 +319,12 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
                                   next_fault_s)
         instance = load_instance(file)
         failed = instance.failed_devices
-        with stderr.status(f"planning recovery of {instance.name} ({len(failed)} failed devices)..."):
-            decision = plan_recovery(instance, failed, options, Deadline.after(time_limit, begun))
+        if joined:
+            decision = _plan_join(instance, failed, frozenset(joined), options, Deadline.after(time_limit, begun))
+            failed = decision.failed
+        else:
+            with stderr.status(f"planning recovery of {instance.name} ({len(failed)} failed devices)..."):
+                decision = plan_recovery(instance, failed, options, Deadline.after(time_limit, begun))
         planned_s = time.perf_counter() - begun
         written = _plan_pictures(instance.name, decision, failed, instance.devices_per_node, gantt, migration_plot,
                                  force)
@@ -324,7 +351,8 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
             payload["files"] = [str(path) for path in written]
         emit_json(payload)
         return
-    table = Table(title=f"{instance.name}: recovery from failure of {len(failed)} devices")
+    table = Table(title=f"{instance.name}: return of devices {sorted(joined)}" if joined else
+                  f"{instance.name}: recovery from failure of {len(failed)} devices")
     for column in ("policy", "feasible", "step s", "transition s", "score samples/s", "why"):
         table.add_column(column, justify="right" if column not in ("policy", "why") else "left")
     for c in decision.candidates:

@@ -171,12 +171,15 @@ def test_a_stale_copy_is_named_in_the_error():
 
 def test_a_failed_device_rejoins_without_state_and_receives_it():
     """runtime-cpu-4 under auto: device 3 fails (the layout becomes a plan over 0-2), then comes back
-    holding nothing: the job is reconfigured over all four and device 3 is sent its layers."""
+    holding nothing: scaling up over all four beats idling it (Eq. 8) and device 3 is sent its layers."""
     planner = Planner(ROOT / "instances" / "runtime-cpu-4.json", time_limit_s=5.0)
     planner.on_failure([3])
     assert 3 not in planner.current_plan.devices
     back = planner.on_join([3])
-    assert planner.failed == frozenset() == back.failed and back.policy == "reconfigure"
+    assert planner.failed == frozenset() == back.failed and back.policy == "scale-up"
+    assert {c.policy for c in back.candidates} == {"keep-running", "scale-up"}
+    keep = next(c for c in back.candidates if c.policy == "keep-running")
+    assert keep.transition_s == 0.0 and keep.iteration_time_s > back.iteration_time_s
     assert 3 in back.plan.devices and back.for_rank(3)["role"] == "train"
     assert back.migration is not None and any(t.dst == 3 for t in back.migration.transfers)
     assert_executable(planner, back)
@@ -194,6 +197,9 @@ def test_a_device_rerouted_around_rejoins_from_its_peers():
     planner.on_failure([0])
     assert 0 in planner.instance.plan.devices          # the layout keeps device 0's stage, rerouted
     back = planner.on_join([0])
+    assert {c.policy for c in back.candidates} == {"keep-running", "rejoin-slots", "scale-up"}
+    slots = next(c for c in back.candidates if c.policy == "rejoin-slots")
+    assert slots.feasible and not slots.plan.rerouted and 0 in slots.plan.devices
     assert planner.failed == frozenset() and 0 in back.plan.devices
     assert back.migration is not None and back.migration.transfers
     assert {t.dst for t in back.migration.transfers} == {0} and all(t.src != 0 for t in back.migration.transfers)

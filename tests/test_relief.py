@@ -157,3 +157,18 @@ def test_relief_matters_in_the_random_cases() -> None:
         admitted += math.isinf(plain_value) and math.isfinite(with_relief)
         faster += math.isfinite(plain_value) and with_relief < plain_value * (1 - 1e-9)
     assert admitted >= 1 and faster >= 1, (admitted, faster)
+
+
+def test_plan_joined_on_the_command_line() -> None:
+    """`plan --joined`: the instance's failure is recovered, then the device's return is decided
+    among keep-running and scale-up by Eq. 8 (paper-32, device 13)."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "chameleon_opt.cli", "plan", "paper-32", "--joined", "13", "--json",
+                          "--time-limit", "6"], capture_output=True, text=True, check=True)
+    payload = json.loads(out.stdout)
+    policies = {c["policy"] for c in payload["candidates"]}
+    assert {"keep-running", "scale-up"} <= policies and payload["policy"] in policies
+    devices = {d for p in payload["plan"]["pipelines"] for st in p["stages"] for d in st["devices"]}
+    assert (13 in devices) == (payload["policy"] != "keep-running")
