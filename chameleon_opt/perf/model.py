@@ -247,6 +247,7 @@ class PerfModel:
         self._menus: dict[tuple, list[ReliefCost]] = {}  # relief_menu's answers (the search asks again)
         self.total_params = float(self.workload.params.sum())
         self.time_sources: dict[tuple[str, int], str] = {}  # how each (device, TP)'s times were obtained
+        self._stage_devices: dict[tuple[int, ...], DeviceType] = {}
 
     @property
     def shard_optimizer(self) -> bool:
@@ -323,9 +324,15 @@ class PerfModel:
         return float(values[end] - values[first])
 
     def stage_device(self, devices: tuple[int, ...]) -> DeviceType:
-        """A TP group runs at the pace of its slowest member and fits in its smallest memory."""
-        types = [self.instance.device_types[d] for d in devices]
-        return min(types, key=lambda t: (t.peak_tflops * t.efficiency, t.memory_gib))
+        """A TP group runs at the pace of its slowest member and fits in its smallest memory.
+        Remembered per group: every stage's time and memory asks, 50,000 times an evaluation at
+        16,384 devices."""
+        key = devices if isinstance(devices, tuple) else tuple(devices)  # some callers pass lists
+        found = self._stage_devices.get(key)
+        if found is None:
+            types = [self.instance.device_types[d] for d in key]
+            found = self._stage_devices[key] = min(types, key=lambda t: (t.peak_tflops * t.efficiency, t.memory_gib))
+        return found
 
     def link_between(self, a: int, b: int) -> Link:
         return self.intra if self.instance.node_of(a) == self.instance.node_of(b) else self.inter
