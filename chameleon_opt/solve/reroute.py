@@ -59,6 +59,18 @@ def _peer_capacity(model: PerfModel, plan: Plan, k: int, s: int, replicas: int, 
     return min(max(int(math.floor((costs.capacity_bytes - static) / per_micro_batch)), 0), cap)
 
 
+def _time_signature(model: PerfModel, pipe: Pipeline) -> tuple:
+    """What a pipeline's per-micro-batch stage times depend on (`PerfModel.stage_costs`): per stage
+    its device type, TP size, layers, relief and whether its TP group spans nodes, and the link to
+    the next stage. At 16,384 devices 128 pipelines share one signature."""
+    node = model.instance.node_of
+    stages = pipe.stages
+    return tuple((id(model.stage_device(st.devices)), len(st.devices), st.first, st.end, st.relief,
+                  len({node(d) for d in st.devices}) > 1,
+                  s + 1 < len(stages) and model.link_between(st.devices[0], stages[s + 1].devices[0]) is model.intra)
+                 for s, st in enumerate(stages))
+
+
 def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float = 5.0, threads: int = 1,
                  seed: int = 0, model: PerfModel | None = None, *, deadline: Deadline | None = None,
                  options: SolverOptions | None = None) -> SolveResult[Plan]:
@@ -98,11 +110,15 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
     pipes = plan.pipelines
     cost = {}  # (k, s) -> per micro-batch seconds (blocking sends included)
     shape = []  # (fill, bottleneck) per pipeline
+    priced: dict[tuple, list[float]] = {}  # pipelines alike in what their times depend on are priced once
     for k in range(len(pipes)):
         if deadline.expired():
             return even_split("the deadline passed while pricing the peers for the rerouting MILP")
-        costs = model.stage_costs(plan, k, [0.0] * len(pipes[k].stages))
-        times = [c.op_forward_s + c.op_backward_s for c in costs]
+        key = _time_signature(model, pipes[k])
+        if key not in priced:
+            priced[key] = [c.op_forward_s + c.op_backward_s
+                           for c in model.stage_costs(plan, k, [0.0] * len(pipes[k].stages))]
+        times = priced[key]
         shape.append((sum(times), max(times)))
         for s, t in enumerate(times):
             cost[(k, s)] = t
@@ -113,6 +129,18 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
     holders = model.layer_holders(plan, frozenset(dead))
     # (S - s)(m_k + r) <= S * 2N whatever the shares, and Q >= S - s keeps m_k free: no row binds
     cap = 2 * total * max(len(p.stages) for p in pipes)
+    quotas: dict[tuple[int, int, int, int, int], int] = {}
+
+    def quota(k: int, s: int) -> int:
+        """_peer_capacity, once per (device type, TP, replicas, layers): 2,000 slots at 16,384
+        devices share a handful."""
+        stage = pipes[k].stages[s]
+        replicas = len(holders[stage.first])
+        key = (id(model.stage_device(stage.devices)), len(stage.devices), replicas, stage.first, stage.end)
+        if key not in quotas:
+            quotas[key] = _peer_capacity(model, plan, k, s, replicas, cap)
+        return quotas[key]
+
     problem = pulp.LpProblem("reroute", pulp.LpMinimize)
     makespan = problem.add_variable("T", 0)
     damaged = {j for j, _ in dead}
@@ -128,17 +156,17 @@ def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float
             load[k].append((s, shares[(j, s, k)]))
         problem += pulp.lpSum(shares[(j, s, k)] for k in helpers) == own[j]
     for k, (fill, bottleneck) in enumerate(shape):
+        if deadline.expired():
+            return even_split("the deadline passed while building the rerouting MILP")
         extra = pulp.lpSum(cost[(k, s)] * r for s, r in load[k])
         problem += makespan >= fill + bottleneck * (own[k] - 1) + extra
         for s, r in load[k]:
-            quota = _peer_capacity(model, plan, k, s, len(holders[pipes[k].stages[s].first]), cap)
-            problem += (len(pipes[k].stages) - s) * (own[k] + r) <= quota * own[k]
+            problem += (len(pipes[k].stages) - s) * (own[k] + r) <= quota(k, s) * own[k]
         for s in range(len(pipes[k].stages)):  # more of its own micro-batches raise min(S - s, m) in flight
             if (k, s) in dead:
                 continue
-            quota = _peer_capacity(model, plan, k, s, len(holders[pipes[k].stages[s].first]), cap)
-            if quota < len(pipes[k].stages) - s:
-                problem += own[k] <= quota
+            if quota(k, s) < len(pipes[k].stages) - s:
+                problem += own[k] <= quota(k, s)
     problem += makespan
     if deadline.left() < MIN_SOLVE_S:
         return even_split(f"no time left for the rerouting MILP after building it ({deadline.left():.2f} s)")
