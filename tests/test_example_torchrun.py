@@ -78,7 +78,7 @@ def test_killed_workers_are_planned_around(tmp_path: Path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}",
                f"--max-restarts={len(kills)}", str(EXAMPLE), "--workdir", str(tmp_path), "--steps", str(STEPS),
                "--checkpoint-every", "4"] + [f"--kill={kill}" for kill in kills]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=150, cwd=ROOT, env=env)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     consulted = [line for line in result.stdout.splitlines() if line.startswith("chameleon: failed ")]
     assert [line.split(":")[1].strip() for line in consulted] == [f"failed {devices}" for devices in lost]
@@ -95,7 +95,7 @@ def test_killed_workers_are_planned_around(tmp_path: Path):
     # the same command again in the same work directory: a new run starts clean (it trained all 12
     # steps again, with one worker), it does not find the old run's checkpoint and stop at once
     again = command[:4] + ["--nproc-per-node=1", "--max-restarts=0"] + command[6:command.index("--checkpoint-every")]
-    result = subprocess.run(again, capture_output=True, text=True, timeout=150, cwd=ROOT, env=env)
+    result = subprocess.run(again, capture_output=True, text=True, timeout=400, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "starting clean" in result.stdout and "--resume continues it" in result.stdout
     state = torch.load(tmp_path / "checkpoint.pt")
