@@ -1,0 +1,770 @@
+"""The runtime on Hugging Face model families: DTensor tensor parallelism inside each stage,
+`torch.distributed.pipelining` between stages, recovery by reconfiguration.
+
+One process per device (gloo on CPU, one thread each). A generation is one plan: every pipeline
+of it runs one `PipelineStage` per (stage, TP rank) on a `Schedule1F1B` of its own micro-batch
+count (pipelines may differ in depth, split and micro-batches: reconfigured plans do); the TP
+group of a stage is a 1-D DeviceMesh over which its blocks are sharded (`runtime.hf`), and the
+pipeline of TP rank t links the t-th ranks of its stages, as torchtitan does. Gradients are
+summed over every holder of a parameter shard (data-parallel replicas, and a tied embedding's
+head copy), one flat all-reduce per holder set in one global order (deadlock-free). AdamW runs on
+the local shards (exactly torch's AdamW, element-wise), so a shard's state is plain tensors that
+can move.
+
+On a failure the controller asks the planner (`api.Planner`, policy reconfigure: the plan keeps
+the TP degree) for a plan over the survivors and its migration schedule, and each shard a device
+lacks is sent by the planned peer-to-peer transfers (a layer's shard state flattened, the
+schedule's byte shares cut into element ranges). `restore="checkpoint"` instead re-shards from a
+`torch.distributed.checkpoint` written after every committed step, keyed by parameter names (the
+baseline the migration must beat); `verify=True` migrates and also loads the checkpoint, and
+checks that both give the same state. A step commits in two phases (every rank ready, then the
+optimizer steps), so the step a failure interrupts is redone whole.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from chameleon_opt.instance.load import Instance
+from chameleon_opt.plan import Plan
+from chameleon_opt.runtime import hf
+
+LEARNING_RATE = 3e-3
+WEIGHT_DECAY = 0.01
+STATE_PARTS = ("param", "exp_avg", "exp_avg_sq")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What every worker of one job shares."""
+
+    hf_config: str
+    seed: int
+    global_batch: int
+    micro_batch_size: int
+    seq_len: int
+    tensor_parallel: int
+    dtype: str
+    group_timeout_s: float       # the generation's world group: forming groups, migration, checkpoints
+    step_timeout_s: float        # the step's groups (TP, pipeline, gradients): how long a rank waits on a
+                                 # peer that gave up before gloo fails it (an abort does not reach it)
+    checkpoint_dir: str | None   # written after every committed step when set
+
+
+# ---- worker -------------------------------------------------------------------------------------
+
+class Worker:
+    """One device: its shard state between generations, its stage and schedule within one."""
+
+    def __init__(self, device: int, job: JobSpec, store_port: int, conn: Connection) -> None:
+        self.device, self.job, self.conn = device, job, conn
+        self.dtype = getattr(torch, job.dtype)
+        self.config = hf.load_config(job.hf_config)
+        self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
+        self.store = dist.TCPStore("127.0.0.1", store_port, None, False,
+                                   timeout=timedelta(seconds=job.group_timeout_s))
+        self.state: dict[str, dict[str, torch.Tensor]] = {}   # name -> local shard of param + moments
+        self.layers: tuple[int, int] | None = None
+        self.tp_rank = 0
+        self.steps_done = 0
+        self.stage: hf.Stage | None = None
+        self.pending: dict[str, Any] | None = None
+        self.groups: dict[tuple[int, ...], Any] = {}
+
+    # the stage of a generation ----------------------------------------------------------------
+    def _build_stage(self, first: int, end: int, tp_group: Any, generation: int
+                     ) -> tuple[hf.Stage, dict[str, torch.Tensor]]:
+        """The stage module (sharded when TP > 1) and each parameter's local shard, by name."""
+        model = hf.build_model(self.config, self.job.seed, self.dtype, self.job.tensor_parallel)
+        stage = hf.Stage(model, self.config, first, end)
+        if self.job.tensor_parallel > 1:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            # a mesh equal to an earlier generation's (same ranks) would hit DTensor's caches, which
+            # hold that mesh and its destroyed group: a name per generation keeps them apart
+            hf.shard_stage(stage, DeviceMesh.from_group(tp_group, "cpu", mesh_dim_names=(f"tp{generation}",)))
+        return stage, {name: _local(p) for name, p in _named_params(stage)}
+
+    def _layer_names(self, stage: hf.Stage, layer: int) -> list[str]:
+        return sorted(n for n, _ in _named_params(stage) if stage.layer_of(n) == layer)
+
+    def _flat(self, state: dict[str, dict[str, torch.Tensor]], names: list[str]) -> torch.Tensor:
+        return torch.cat([state[n][part].reshape(-1) for part in STATE_PARTS for n in names])
+
+    def generation(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Form the groups, build the new stage, move state (migration or checkpoint); the old
+        state stays until `go`."""
+        t0 = time.perf_counter()
+        rank_of = {int(d): r for d, r in msg["rank_of"].items()}
+        self._shutdown()
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"gen{msg['name']}/", self.store),
+                                rank=rank_of[self.device], world_size=len(rank_of),
+                                timeout=timedelta(seconds=self.job.group_timeout_s))
+        groups: dict[tuple[int, ...], Any] = {}
+        for ranks in msg["groups"]:  # every rank creates every group, in the same order
+            group = dist.new_group(ranks, timeout=timedelta(seconds=self.job.group_timeout_s))
+            if rank_of[self.device] in ranks:
+                groups[tuple(ranks)] = group
+        role = msg["role"]
+        t1 = time.perf_counter()
+        new_state: dict[str, dict[str, torch.Tensor]] = {}
+        stage = None
+        if role is not None:
+            first, end = role["layers"]
+            stage, shards = self._build_stage(first, end, groups.get(tuple(role["tp_group"])), msg["generation"])
+            for name, shard in shards.items():
+                held = self.state.get(name) if self.tp_rank == role["tp_rank"] else None
+                if held is not None and self.layers is not None and self.layers[0] <= stage.layer_of(name) < self.layers[1]:
+                    new_state[name] = {part: held[part].clone() for part in STATE_PARTS}
+                elif msg["generation"] == 0:
+                    new_state[name] = {"param": shard.clone(), "exp_avg": torch.zeros_like(shard),
+                                       "exp_avg_sq": torch.zeros_like(shard)}
+        t_built = time.perf_counter()
+        if msg["restore"] in ("migration", "verify"):
+            self._migrate(msg["transfers"], stage, new_state, rank_of)
+        if msg["restore"] in ("checkpoint", "verify"):
+            restored = self._load_checkpoint(msg["checkpoint"], stage, role)
+            if msg["restore"] == "verify":
+                for name, parts in restored.items():
+                    for part in STATE_PARTS:
+                        if not torch.equal(parts[part], new_state[name][part]):
+                            raise AssertionError(f"device {self.device}: migrated {name}.{part} differs from the "
+                                                 "checkpoint's re-shard")
+            new_state = restored
+        t2 = time.perf_counter()
+        if role is not None:
+            missing = set(shards) - set(new_state)
+            if missing:
+                raise AssertionError(f"device {self.device} lacks {sorted(missing)[:3]} after the transition")
+        self.pending = {"state": new_state, "stage": stage, "role": role, "groups": groups, "rank_of": rank_of}
+        return {"event": "ready", "device": self.device, "group_s": t1 - t0, "build_s": t_built - t1,
+                "restore_s": t2 - t_built}
+
+    def _migrate(self, transfers: list[dict[str, Any]], stage: hf.Stage | None,
+                 new_state: dict[str, dict[str, torch.Tensor]], rank_of: dict[int, int]) -> None:
+        """The planned transfers round by round; a transfer carries the fraction [lo, hi) of one
+        layer's flattened shard state (params, then first, then second moments)."""
+        buffers: dict[int, torch.Tensor] = {}
+        shapes: dict[int, list[tuple[str, torch.Size]]] = {}
+        if stage is not None:
+            locals_ = dict((n, _local(p)) for n, p in _named_params(stage))
+            for t in transfers:
+                if t["dst"] == self.device and t["layer"] not in buffers:
+                    names = self._layer_names(stage, t["layer"])
+                    shapes[t["layer"]] = [(n, locals_[n].shape) for n in names]
+                    buffers[t["layer"]] = torch.empty(3 * sum(locals_[n].numel() for n in names), dtype=self.dtype)
+        flats: dict[int, torch.Tensor] = {}
+        for rnd in sorted({t["round"] for t in transfers}):
+            works = []
+            for t in (t for t in transfers if t["round"] == rnd):
+                if t["src"] == self.device:
+                    if t["layer"] not in flats:
+                        flats[t["layer"]] = self._flat(self.state, self.names_of_layer[t["layer"]])
+                    flat = flats[t["layer"]]
+                    lo, hi = round(t["lo"] * flat.numel()), round(t["hi"] * flat.numel())
+                    if hi > lo:
+                        works.append(dist.isend(flat[lo:hi].contiguous(), rank_of[t["dst"]], tag=t["tag"]))
+                elif t["dst"] == self.device:
+                    buf = buffers[t["layer"]]
+                    lo, hi = round(t["lo"] * buf.numel()), round(t["hi"] * buf.numel())
+                    if hi > lo:
+                        works.append(dist.irecv(buf[lo:hi], rank_of[t["src"]], tag=t["tag"]))
+            for w in works:
+                w.wait()
+        for layer, buf in buffers.items():
+            sizes = [s.numel() for _, s in shapes[layer]]
+            chunks = torch.split(buf, sizes * 3)
+            n = len(sizes)
+            for i, (name, shape) in enumerate(shapes[layer]):
+                new_state[name] = {part: chunks[k * n + i].view(shape).clone() for k, part in enumerate(STATE_PARTS)}
+
+    # checkpoint --------------------------------------------------------------------------------
+    def _dcp_state(self, stage: hf.Stage, state: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
+        """Shard state as DTensors keyed by parameter name (`blocks.3.mlp.up_proj.weight.exp_avg`):
+        DCP stores global tensors, so any stage split or replica can load any of them."""
+        from torch.distributed.tensor import DTensor
+
+        out: dict[str, Any] = {}
+        for name, p in _named_params(stage):
+            for part in STATE_PARTS:
+                local = state[name][part]
+                out[f"{name}.{part}"] = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False) \
+                    if isinstance(p, DTensor) else local
+        return out
+
+    def save_checkpoint(self, folder: str) -> float:
+        """Every rank of the generation takes part (DCP plans collectively); replicas dedupe."""
+        import torch.distributed.checkpoint as dcp
+
+        t0 = time.perf_counter()
+        state = self._dcp_state(self.stage, self.state) if self.stage is not None else {}
+        dcp.save(state, checkpoint_id=folder)
+        return time.perf_counter() - t0
+
+    def _load_checkpoint(self, folder: str, stage: hf.Stage | None, role: dict[str, Any] | None
+                         ) -> dict[str, dict[str, torch.Tensor]]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.tensor import DTensor
+
+        if stage is None:
+            dcp.load({}, checkpoint_id=folder)
+            return {}
+        empty = {n: {part: torch.empty_like(_local(p)) for part in STATE_PARTS}
+                 for n, p in _named_params(stage)}
+        target = self._dcp_state(stage, empty)
+        dcp.load(target, checkpoint_id=folder)
+        return {n: {part: (lambda v: v.to_local() if isinstance(v, DTensor) else v)(target[f"{n}.{part}"]).clone()
+                    for part in STATE_PARTS} for n in empty}
+
+    def go(self) -> None:
+        """Adopt the transition: the new stage, its schedule and its state."""
+        assert self.pending is not None
+        p, self.pending = self.pending, None
+        self.state, self.stage, self.groups, self.rank_of = p["state"], p["stage"], p["groups"], p["rank_of"]
+        role = p["role"]
+        self.role = role
+        if role is None:
+            self.layers, self.schedule = None, None
+            return
+        self.layers, self.tp_rank = tuple(role["layers"]), role["tp_rank"]
+        for name, param in _named_params(self.stage):
+            with torch.no_grad():
+                _local(param).copy_(self.state[name]["param"])
+        self.holders = [_local(param).detach() for _, param in _named_params(self.stage)]
+        self.names = [n for n, _ in _named_params(self.stage)]
+        self.names_of_layer = {layer: self._layer_names(self.stage, layer) for layer in range(*self.layers)}
+        self.optimizer = torch.optim.AdamW(self.holders, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, foreach=False)
+        for name, holder in zip(self.names, self.holders):
+            st = self.state[name]
+            self.state[name] = {"param": holder, "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"]}
+            self.optimizer.state[holder] = {"step": torch.tensor(float(self.steps_done)), "exp_avg": st["exp_avg"],
+                                            "exp_avg_sq": st["exp_avg_sq"]}
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        pipe_stage = PipelineStage(self.stage, role["stage"], role["num_stages"], torch.device("cpu"),
+                                   group=self.groups[tuple(role["pp_group"])])
+        for group in self.groups.values():  # built and loaded: from now on a wait is a failure
+            group.set_timeout(timedelta(seconds=self.job.step_timeout_s))
+        self.recorded: list[torch.Tensor] = []
+        self.schedule = Schedule1F1B(pipe_stage, role["micro_batches"], loss_fn=self._loss, scale_grads=False)
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        per_sample = hf.sample_losses(logits, targets)
+        self.recorded.append(per_sample.detach())
+        return per_sample.sum() / self.job.global_batch
+
+    # steps ------------------------------------------------------------------------------------
+    def step(self, msg: dict[str, Any]) -> dict[str, Any]:
+        role = self.role
+        if role is None:
+            return {"event": "ready", "device": self.device, "losses": {}}
+        job = self.job
+        tokens = hf.batch_tokens(self.config.vocab_size, job.seq_len, job.seed, msg["step"], job.global_batch)
+        lo = role["sample_offset"]
+        rows = tokens[lo:lo + role["micro_batches"] * job.micro_batch_size]
+        if msg.get("die_after_forwards") is not None:
+            self._arm_kill(msg["die_after_forwards"])
+        self.recorded = []
+        try:
+            first, last = role["stage"] == 0, role["stage"] == role["num_stages"] - 1
+            args = (rows[:, :-1],) if first else ()
+            kwargs = {"target": rows[:, 1:], "losses": []} if last else {}
+            self.schedule.step(*args, **kwargs)
+            self._allreduce()
+        except Exception as error:  # a peer died: fail fast, so peers waiting on us fail too
+            self._shutdown()
+            for h in self.holders:
+                h.grad = None
+            return {"event": "aborted", "device": self.device, "error": _short(error)}
+        losses: dict[int, float] = {}
+        if self.recorded and role["tp_rank"] == 0:
+            # a generation's first step also scores a shape-inference forward first: keep the real ones
+            values = torch.cat(self.recorded[-role["micro_batches"]:]).tolist()
+            losses = {lo + k: v for k, v in enumerate(values)}
+        return {"event": "ready", "device": self.device, "losses": losses}
+
+    def _arm_kill(self, forwards: int) -> None:
+        """Failure injection: SIGKILL this process after its stage's `forwards`-th forward."""
+        count = [0]
+
+        def hook(*_: Any) -> None:
+            count[0] += 1
+            if count[0] >= forwards:
+                self.conn.send({"event": "dying", "device": self.device, "t": time.time()})
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        self.stage.register_forward_hook(hook)
+
+    def _allreduce(self) -> None:
+        """Sum each shard's gradient over its holders: one flat all-reduce per holder set, the sets
+        in one global order (sorted rank lists), so no two ranks wait on each other crosswise. A
+        tied embedding and head on this stage are summed here first and reduced once."""
+        grads = {n: _local(p.grad) for n, p in self.stage.named_parameters()}
+        both = self.tied and "embed.weight" in grads and "head.weight" in grads
+        if both:
+            grads["embed.weight"].add_(grads["head.weight"])
+        by_group: dict[tuple[int, ...], list[str]] = {}
+        for name in sorted(grads):
+            tied = self.tied and name in ("embed.weight", "head.weight")
+            if both and name == "head.weight":
+                continue
+            ranks = self.role["grad_groups"].get("tied" if tied else str(self.stage.layer_of(name)))
+            if ranks is not None and len(ranks) > 1:
+                by_group.setdefault(tuple(ranks), []).append(name)
+        for ranks in sorted(by_group):
+            chosen = [grads[n] for n in by_group[ranks]]
+            flat = torch.cat([g.reshape(-1) for g in chosen])
+            dist.all_reduce(flat, group=self.groups[ranks])
+            offset = 0
+            for g in chosen:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        if both:
+            grads["head.weight"].copy_(grads["embed.weight"])
+
+    def commit(self) -> None:
+        for holder, (_, param) in zip(self.holders, _named_params(self.stage)):
+            holder.grad = _local(param.grad)
+        self.optimizer.step()
+        self.stage.zero_grad(set_to_none=True)
+        for h in self.holders:
+            h.grad = None
+        self.steps_done += 1
+
+    def _shutdown(self) -> None:
+        """Destroy the generation's groups and drop every object holding one (schedule, stage and
+        its DTensor meshes): only then are the connections closed, so peers blocked on this rank
+        fail at once instead of waiting for a timeout. The shard state is plain tensors and stays."""
+        groups = list(self.groups.values())
+        self.groups, self.schedule, self.stage, self.pending = {}, None, None, None
+        if dist.is_initialized():
+            for group in groups + [dist.group.WORLD]:
+                try:
+                    group.abort()  # closes its connections even while something still refers to it
+                except Exception:  # already broken by a dead peer
+                    pass
+            # group names are a counter that destroy_process_group resets; an old group freed
+            # later unregisters its name, so a new group must never reuse one
+            from torch.distributed import distributed_c10d
+
+            count = distributed_c10d._world.group_count
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+            distributed_c10d._world.group_count = count
+        gc.collect()
+
+    def _join_step(self) -> None:
+        if self.stepping is not None:
+            self.stepping.join()
+            self.stepping = None
+
+    def serve(self) -> None:
+        self.role, self.schedule, self.holders = None, None, []
+        self.stepping: threading.Thread | None = None
+        while True:
+            msg = self.conn.recv()
+            cmd = msg["cmd"]
+            try:
+                if cmd == "generation":
+                    self._join_step()
+                    self.conn.send(self.generation(msg))
+                elif cmd == "go":
+                    self.go()
+                elif cmd == "discard":
+                    self.pending = None
+                    self._shutdown()
+                elif cmd == "step":
+                    # in a thread, so that an `abort` can reach a rank blocked on a peer that
+                    # itself gave up (gloo would only notice at its timeout)
+                    self.stepping = threading.Thread(target=lambda m=msg: self.conn.send(self.step(m)))
+                    self.stepping.start()
+                elif cmd == "commit":
+                    self._join_step()
+                    if self.role is not None:
+                        self.commit()
+                    else:
+                        self.steps_done += 1
+                    if msg.get("checkpoint"):
+                        self.conn.send({"event": "saved", "save_s": self.save_checkpoint(msg["checkpoint"])})
+                elif cmd == "abort":
+                    if self.stepping is not None and self.stepping.is_alive():
+                        for group in list(self.groups.values()) + [dist.group.WORLD]:
+                            try:
+                                group.abort()  # fails the blocked operation: the step thread replies
+                            except Exception:
+                                pass
+                    self._join_step()
+                    self._shutdown()
+                elif cmd == "dump":
+                    self.conn.send({"event": "state", "state": {n: {k: v.double().reshape(-1).tolist()
+                                                                    for k, v in s.items()}
+                                                                for n, s in self.state.items()}})
+                elif cmd == "stop":
+                    self._shutdown()
+                    return
+            except Exception as error:
+                if cmd == "generation":
+                    self._shutdown()
+                    self.conn.send({"event": "failed", "device": self.device, "error": _short(error)})
+                else:
+                    raise
+
+
+def _named_params(stage: hf.Stage) -> list[tuple[str, torch.nn.Parameter]]:
+    return list(stage.named_parameters())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def _short(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+
+
+def worker_main(device: int, job: JobSpec, store_port: int, conn: Connection) -> None:
+    """Process entry: one thread per worker (they share the machine's cores)."""
+    torch.set_num_threads(1)
+    try:
+        Worker(device, job, store_port, conn).serve()
+    except (EOFError, KeyboardInterrupt):
+        pass
+    except Exception:
+        conn.send({"event": "crashed", "device": device, "error": traceback.format_exc(limit=4)})
+        raise
+
+
+# ---- controller ---------------------------------------------------------------------------------
+
+@dataclass
+class Recovery:
+    """One failure, from the kill to the next committed step."""
+
+    step: int
+    dead: tuple[int, ...]
+    restore: str
+    detection_s: float = 0.0
+    planning_s: float = 0.0
+    group_s: float = 0.0        # slowest rank forming the generation's groups
+    build_s: float = 0.0        # slowest rank building and sharding its new stage
+    restore_s: float = 0.0      # slowest rank migrating (or loading from the checkpoint)
+    first_step_s: float = 0.0
+    total_s: float = 0.0
+    plan: Plan | None = None
+
+
+@dataclass
+class PipelinedReport:
+    losses: list[float]
+    samples_exactly_once: list[bool]
+    recoveries: list[Recovery]
+    plans: list[Plan]
+    step_times_s: list[float]
+    checkpoint_save_s: list[float] = field(default_factory=list)
+
+
+def generation_message(plan: Plan, live: list[int], instance: Instance, transfers: list[dict[str, Any]]
+                       ) -> dict[int, dict[str, Any]]:
+    """Per live device: ranks, the groups every rank creates (same order everywhere) and its role.
+    Ranks follow the plan pipeline by pipeline, stage by stage, TP innermost, so the t-th ranks of
+    a pipeline's stages ascend with the stage (a group's ranks are sorted: stage s is group rank s)."""
+    order = [d for pipe in plan.pipelines for stage in pipe.stages for d in stage.devices]
+    order += [d for d in live if d not in order]
+    rank_of = {d: r for r, d in enumerate(order)}
+    num_layers = instance.workload.num_layers
+    holders: dict[tuple[str, int], set[int]] = {}
+    for pipe in plan.pipelines:
+        for stage in pipe.stages:
+            for t, d in enumerate(stage.devices):
+                for layer in range(stage.first, stage.end):
+                    holders.setdefault((str(layer), t), set()).add(rank_of[d])
+                    if layer in (0, num_layers - 1):
+                        holders.setdefault(("tied", t), set()).add(rank_of[d])
+    groups: set[tuple[int, ...]] = {tuple(sorted(h)) for h in holders.values()}
+    roles: dict[int, dict[str, Any]] = {}
+    offset = 0
+    mbs = instance.micro_batch_size
+    for pipe in plan.pipelines:
+        for t in range(plan.tensor_parallel):
+            groups.add(tuple(rank_of[stage.devices[t]] for stage in pipe.stages))
+        for s, stage in enumerate(pipe.stages):
+            tp_group = [rank_of[d] for d in stage.devices]
+            groups.add(tuple(tp_group))
+            for t, d in enumerate(stage.devices):
+                roles[d] = {"layers": [stage.first, stage.end], "stage": s, "num_stages": len(pipe.stages),
+                            "tp_rank": t, "tp_group": tp_group, "micro_batches": pipe.micro_batches,
+                            "sample_offset": offset * mbs,
+                            "pp_group": [rank_of[st.devices[t]] for st in pipe.stages],
+                            "grad_groups": {key: sorted(h) for (key, tt), h in holders.items() if tt == t}}
+        offset += pipe.micro_batches
+    ordered = sorted(groups, key=lambda g: (len(g), g))
+    return {d: {"rank_of": rank_of, "groups": [list(g) for g in ordered], "role": roles.get(d),
+                "transfers": transfers} for d in live}
+
+
+def planned_transfers(migration: Any) -> list[dict[str, Any]]:
+    """The schedule's transfers as fractions [lo, hi) of each receiver's layer shard (the byte
+    shares of several sources laid end to end), tagged in one global order."""
+    if migration is None:
+        return []
+    moves = sorted(migration.transfers, key=lambda t: (t.dst, t.layer, t.round, t.src))
+    totals: dict[tuple[int, int], int] = {}
+    for t in moves:
+        totals[(t.dst, t.layer)] = totals.get((t.dst, t.layer), 0) + t.nbytes
+    cursor: dict[tuple[int, int], int] = {}
+    out = []
+    for tag, t in enumerate(moves):
+        key = (t.dst, t.layer)
+        lo = cursor.get(key, 0)
+        cursor[key] = lo + t.nbytes
+        out.append({"src": t.src, "dst": t.dst, "layer": t.layer, "round": t.round, "tag": tag,
+                    "lo": lo / totals[key], "hi": cursor[key] / totals[key]})
+    return out
+
+
+class PipelinedController:
+    """Runs `steps` global batches of an HF model on the instance's plan, killing workers in given
+    steps and recovering by reconfiguration (planned migration, or a checkpoint re-shard)."""
+
+    def __init__(self, instance: Instance, hf_config: str | Path, *, seed: int = 0, dtype: str = "float64",
+                 restore: str = "migration", checkpoint_dir: str | Path | None = None,
+                 time_limit_s: float = 5.0, group_timeout_s: float = 30.0, step_timeout_s: float = 2.0) -> None:
+        if restore not in ("migration", "checkpoint", "verify"):
+            raise ValueError(f"restore must be migration, checkpoint or verify, not {restore!r}")
+        if restore != "migration" and checkpoint_dir is None:
+            raise ValueError("a checkpoint restore needs checkpoint_dir")
+        from chameleon_opt.api import Planner
+
+        self.instance, self.restore = instance, restore
+        arch = instance.workload.architecture
+        assert arch is not None
+        self.job = JobSpec(str(hf_config), seed, instance.spec.training.global_batch, instance.micro_batch_size,
+                           instance.spec.training.sequence_length or arch.seq_len, instance.plan.tensor_parallel,
+                           dtype, group_timeout_s, step_timeout_s, None if checkpoint_dir is None else str(checkpoint_dir))
+        self.planner = Planner(instance, policy="reconfigure", time_limit_s=time_limit_s)
+        self.plan = instance.plan
+        self.checkpoint: str | None = None
+        self.kill_time: float | None = None
+        self.generations = 0
+
+    def _spawn(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=self.job.group_timeout_s),
+                                   wait_for_workers=False)
+        self.procs: dict[int, Any] = {}
+        self.conns: dict[int, Connection] = {}
+        for d in sorted(self.plan.devices):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=worker_main, args=(d, self.job, self.store.port, child), daemon=True)
+            proc.start()
+            child.close()
+            self.procs[d], self.conns[d] = proc, parent
+
+    def _collect(self, expect: set[int], abort_on_death: bool = False) -> tuple[dict[int, dict[str, Any]], set[int]]:
+        """Replies of `expect` and the devices that died meanwhile; with `abort_on_death` every
+        live worker is told at the first death, so none waits on a peer that gave up."""
+        replies: dict[int, dict[str, Any]] = {}
+        dead: set[int] = set()
+        waiting = set(expect)
+        while waiting:
+            handles = {self.conns[d]: ("conn", d) for d in waiting}
+            handles.update({self.procs[d].sentinel: ("proc", d) for d in self.procs})
+            ready = wait(list(handles), timeout=max(120.0, 4 * self.job.group_timeout_s))  # start-up is slow
+            if not ready:
+                raise RuntimeError(f"workers {sorted(waiting)} did not answer")
+            for r in ready:
+                kind, d = handles[r]
+                if kind == "conn":
+                    try:
+                        msg = self.conns[d].recv()
+                    except (EOFError, OSError):
+                        continue
+                    if msg.get("event") == "dying":
+                        self.kill_time = self.kill_time or msg["t"] - time.time() + time.perf_counter()
+                        continue
+                    if msg.get("event") == "crashed":
+                        raise RuntimeError(f"worker {d} crashed:\n{msg['error']}")
+                    replies[d] = msg
+                    waiting.discard(d)
+                elif d in self.procs and not self.procs[d].is_alive():
+                    conn = self.conns.pop(d)
+                    try:
+                        while conn.poll():
+                            msg = conn.recv()
+                            if msg.get("event") == "dying":
+                                self.kill_time = self.kill_time or msg["t"] - time.time() + time.perf_counter()
+                    except (EOFError, OSError):
+                        pass
+                    self.procs.pop(d).join()
+                    if abort_on_death and not dead:
+                        for other in sorted(self.procs):
+                            self._send(other, {"cmd": "abort"})
+                    dead.add(d)
+                    waiting.discard(d)
+        return replies, dead
+
+    def _send(self, d: int, msg: dict[str, Any]) -> None:
+        try:
+            self.conns[d].send(msg)
+        except (BrokenPipeError, OSError, KeyError):
+            pass
+
+    def _generation(self, plan: Plan, migration: Any, restore: str) -> dict[int, dict[str, Any]]:
+        live = sorted(self.procs)
+        messages = generation_message(plan, live, self.instance, planned_transfers(migration))
+        name = self.generations
+        self.generations += 1
+        for d in live:
+            self._send(d, {"cmd": "generation", "name": name, "generation": name, "restore": restore,
+                           "checkpoint": self.checkpoint, **messages[d]})
+        replies, dead = self._collect(set(live))
+        bad = {d: r for d, r in replies.items() if r["event"] != "ready"}
+        if dead or bad:
+            raise RuntimeError(f"transition failed: dead {sorted(dead)}, "
+                               + "; ".join(f"{d}: {r.get('error')}" for d, r in bad.items()))
+        for d in live:
+            self._send(d, {"cmd": "go"})
+        self.plan = plan
+        return replies
+
+    def run(self, steps: int, kills: dict[int, tuple[int, int]] | None = None) -> PipelinedReport:
+        """`kills`: step -> (device, forwards): that device dies after its stage's n-th forward."""
+        kills = dict(kills or {})
+        self._spawn()
+        report = PipelinedReport([], [], [], [self.plan], [])
+        pending: Recovery | None = None
+        kill_at = 0.0
+        try:
+            self._generation(self.plan, None, "initial")
+            step = 0
+            while step < steps:
+                victim = kills.pop(step, None)
+                t0 = time.perf_counter()
+                for d in sorted(self.procs):
+                    self._send(d, {"cmd": "step", "step": step,
+                                   "die_after_forwards": victim[1] if victim and victim[0] == d else None})
+                replies, dead = self._collect(set(self.procs), abort_on_death=True)
+                if dead or any(r["event"] != "ready" for r in replies.values()):
+                    if not dead:
+                        raise RuntimeError(f"step {step} failed without a dead worker: "
+                                           + "; ".join(f"{d}: {r.get('error')}" for d, r in replies.items()))
+                    for d in sorted(self.procs):
+                        self._send(d, {"cmd": "abort"})
+                    kill_at, self.kill_time = self.kill_time or time.perf_counter(), None
+                    pending = self._recover(step, tuple(sorted(dead)), kill_at)
+                    report.recoveries.append(pending)
+                    report.plans.append(self.plan)
+                    continue
+                folder = None
+                if self.job.checkpoint_dir is not None:
+                    folder = str(Path(self.job.checkpoint_dir) / f"step{step}")
+                for d in sorted(self.procs):
+                    self._send(d, {"cmd": "commit", "checkpoint": folder})
+                elapsed = time.perf_counter() - t0
+                if pending is not None:
+                    pending.first_step_s = elapsed
+                    pending.total_s = time.perf_counter() - kill_at
+                    pending = None
+                if folder is not None:
+                    saved, _ = self._collect(set(self.procs))
+                    report.checkpoint_save_s.append(max(r["save_s"] for r in saved.values()))
+                    self.checkpoint = folder
+                per_sample: dict[int, float] = {}
+                duplicates = 0
+                for r in replies.values():
+                    for sample, value in r["losses"].items():
+                        duplicates += sample in per_sample
+                        per_sample[sample] = value
+                report.samples_exactly_once.append(duplicates == 0 and
+                                                   sorted(per_sample) == list(range(self.job.global_batch)))
+                report.losses.append(sum(per_sample.values()) / self.job.global_batch)
+                report.step_times_s.append(elapsed)
+                step += 1
+        finally:
+            self._stop()
+        return report
+
+    def _recover(self, step: int, dead: tuple[int, ...], kill_at: float) -> Recovery:
+        now = time.perf_counter()
+        recovery = Recovery(step, dead, self.restore, detection_s=now - kill_at)
+        decision = self.planner.on_failure(dead)
+        recovery.planning_s = time.perf_counter() - now
+        replies = self._generation(decision.plan, decision.migration, self.restore)
+        recovery.group_s = max(r["group_s"] for r in replies.values())
+        recovery.build_s = max(r["build_s"] for r in replies.values())
+        recovery.restore_s = max(r["restore_s"] for r in replies.values())
+        recovery.plan = decision.plan
+        return recovery
+
+    def _stop(self) -> None:
+        for d in list(self.procs):
+            self._send(d, {"cmd": "stop"})
+        for proc in self.procs.values():
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+        self.procs.clear()
+
+
+def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_parallel: int, tensor_parallel: int,
+                     global_batch: int = 8, micro_batch_size: int = 1, sequence_length: int = 16) -> Instance:
+    """An instance of CPU worker processes (one per device) training an HF config's model with a
+    regular layout, for the runtime's tests and the demo."""
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.interop.hf import workload_from_hf
+
+    devices = pipeline_parallel * data_parallel * tensor_parallel
+    return build_instance({
+        "format": 1, "name": f"{Path(hf_config).parent.name}-cpu-{devices}",
+        "cluster": {"nodes": 1, "devices_per_node": devices,
+                    "device_type": {"name": "cpu-core", "memory_gib": 4, "peak_tflops": 0.05, "reserved_gib": 0.1},
+                    "network": {"intra_node_gbps": 2, "inter_node_gbps": 1, "intra_node_latency_us": 50}},
+        "workload": {"inline": workload_from_hf(Path(hf_config))},
+        "training": {"global_batch": global_batch, "micro_batch_size": micro_batch_size,
+                     "sequence_length": sequence_length, "precision": "fp32"},
+        "plan": {"tensor_parallel": tensor_parallel,
+                 "layout": {"pipeline_parallel": pipeline_parallel, "data_parallel": data_parallel}}})
+
+
+def reference_losses(instance: Instance, hf_config: str | Path, steps: int, seed: int = 0,
+                     dtype: str = "float64") -> list[float]:
+    """Failure-free training of the whole model in this process (torch's AdamW, the same data and
+    loss weighting): what every plan must reproduce step by step."""
+    config = hf.load_config(hf_config)
+    model = hf.build_model(config, seed, getattr(torch, dtype), 1)
+    stage = hf.Stage(model, config, 0, instance.workload.num_layers)
+    params = dict(stage.named_parameters())
+    optimizer = torch.optim.AdamW(list(params.values()), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, foreach=False)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    batch = instance.spec.training.global_batch
+    seq = instance.spec.training.sequence_length or instance.workload.architecture.seq_len
+    losses = []
+    for step in range(steps):
+        tokens = hf.batch_tokens(config.vocab_size, seq, seed, step, batch)
+        per_sample = hf.sample_losses(stage(tokens[:, :-1]), tokens[:, 1:])
+        (per_sample.sum() / batch).backward()
+        if tied:  # one weight in the model: both copies take the summed gradient
+            total = params["embed.weight"].grad + params["head.weight"].grad
+            params["embed.weight"].grad, params["head.weight"].grad = total, total.clone()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(per_sample.detach().mean()))
+    return losses
