@@ -167,3 +167,28 @@ def test_unsupported_megatron_jobs_are_one_line_errors(args, fix):
     extra = [] if fix == "--world-size" else ["--world-size", "16"]
     result = runner.invoke(app, ["import", "megatron", *extra, "--", *MEGATRON_ARGS, *args])
     assert result.exit_code == 2 and fix in result.output
+
+
+def test_runtime_orders_in_torch_action_notation():
+    """The project's scheduler (rerouted plans run on it) prints torch's notation; on a regular plan
+    its order is exactly torch's Schedule1F1B for a 2-stage pipeline of 4 micro-batches."""
+    import dataclasses
+
+    from chameleon_opt.api import Planner
+    from chameleon_opt.comm.allreduce import schedule_allreduce
+    from chameleon_opt.comm.lowering import lower_plan
+    from chameleon_opt.perf.model import PerfModel
+    from chameleon_opt.runtime.schedule import order_operations, torch_actions
+
+    instance = dataclasses.replace(load_instance("runtime-cpu-4"), failed_devices=frozenset())
+    rounds = schedule_allreduce(PerfModel(instance), instance.plan, frozenset(), 1.0).rounds
+    plans = lower_plan(instance, instance.plan, None, rounds, frozenset())
+    orders = order_operations(plans, instance.micro_batch_size)
+    assert torch_actions(plans[0], orders[0]) == ["0F0", "0F1", "0B0", "0F2", "0B1", "0F3", "0B2", "0B3"]
+    assert torch_actions(plans[1], orders[1]) == ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2", "1F3", "1B3"]
+    decision = Planner(instance, policy="reroute").on_failure([1])
+    orders = order_operations(dict(decision.rank_plans), instance.micro_batch_size)
+    for device, ops in orders.items():
+        actions = torch_actions(decision.rank_plans[device], ops)
+        forwards = sorted(a.replace("F", "?") for a in actions if "F" in a)
+        assert forwards == sorted(a.replace("B", "?") for a in actions if "B" in a)  # every F has its B

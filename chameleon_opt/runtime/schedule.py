@@ -162,3 +162,16 @@ def _list_schedule(trainers: dict[int, dict[str, Any]], items: dict[int, list[Wo
         if finished == total:
             return order
     return order if finished == total else None
+
+
+def torch_actions(rank_plan: dict[str, Any], ops: list[Op]) -> list[str]:
+    """A rank's operation order in torch.distributed.pipelining's action notation: stage index,
+    F or B, micro-batch id (`0F0`, `1B3`), so that this scheduler's orders (rerouted plans run on
+    it) read side by side with torch's schedules. A piece of a micro-batch (rerouted work) keeps
+    its fraction: `1F3[0.5:1]`."""
+    out = []
+    for kind, i in ops:
+        entry = rank_plan["micro_batches"][i]
+        piece = "" if (entry["lo"], entry["hi"]) == (0.0, 1.0) else f"[{entry['lo']:g}:{entry['hi']:g}]"
+        out.append(f"{rank_plan['stage']}{kind}{entry['id']}{piece}")
+    return out
