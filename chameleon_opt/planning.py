@@ -3,8 +3,8 @@
 `plan_recovery` is what the CLI (`plan`), the library (`api.Planner`) and the runtime controller
 call; the simulator's policies reach the same candidates through `recovery.policy.decide`. One
 `Deadline` bounds all of it: rerouting, the plan search and the reconfiguration's communication
-each take a share of what is left when they start (`recovery/policy.py`), then the chosen
-option's remaining communication (a rerouting's gradient rounds) takes what is left. Each stage's
+each take a share of what is left when they start (`recovery/policy.py`) of all but FINISH_SHARE,
+then the chosen option's remaining communication (a rerouting's gradient rounds) takes what is left. Each stage's
 limit, time and whether it stopped early travel in `RecoveryDecision.stages`. Lowering to
 per-rank plans is lazy (`comm.lowering.LoweredPlan`): a rank's plan is built when it is asked
 for, so a decision at 16,384 devices costs no lowering until a rank wants its work.
@@ -34,6 +34,10 @@ from chameleon_opt.solve.deadline import Deadline, StageTime
 from chameleon_opt.solve.result import SolveResult
 
 POLICIES = ("auto", "reroute", "reconfigure")
+FINISH_SHARE = 0.1
+"""Of the decision's time, kept back from the candidates for what follows the choice: the chosen
+option's remaining communication (a rerouting's gradient rounds), its check and the caller's
+answer (0.1-0.2 s at 16,384 devices, which would otherwise all fall after the deadline)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,8 @@ def plan_recovery(instance: Instance, failed: frozenset[int], options: PlanningO
     Raises UnrecoverableError when some layer lost every replica and InfeasibleError when no
     candidate is usable (each one's reason is given)."""
     deadline = deadline or Deadline.after(options.time_limit_s)
-    decision = decide(instance, failed, options.policy, next_fault_s=options.next_fault_s, deadline=deadline,
+    deciding = deadline.share(1 - FINISH_SHARE)
+    decision = decide(instance, failed, options.policy, next_fault_s=options.next_fault_s, deadline=deciding,
                       bubble_filling=options.bubble_filling,
                       options=options.solver)
     if decision.chosen is None:

@@ -19,7 +19,9 @@ from chameleon_opt.instance.load import load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.solve.backends import SolverOptions, solve_cpsat, solve_pulp
+from chameleon_opt.solve.bounds import relaxation_bound
 from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.reroute import reroute_plan
 from chameleon_opt.solve.search import search_plan
@@ -82,6 +84,18 @@ def test_migration_past_its_deadline_is_complete_and_stopped_early():
     migration = schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0))
     assert migration.solve.stopped_early and migration.solve.status is Status.HEURISTIC
     assert not check_release_safety(instance.plan, found.solution, failed, migration)  # every shard delivered
+
+
+@pytest.mark.parametrize("stop_after_s", [0.0, 0.005, 0.02])
+def test_relaxation_bound_cut_by_its_deadline_is_weaker_but_valid(stop_after_s):
+    instance = load_instance("paper-32")
+    failed = instance.failed_devices
+    model = PerfModel(instance)
+    groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
+    live = [d for d in range(instance.num_devices) if d not in failed]
+    full = relaxation_bound(model, groups, instance.global_micro_batches, live)
+    cut = relaxation_bound(model, groups, instance.global_micro_batches, live, time.perf_counter() + stop_after_s)
+    assert 0.0 <= cut <= full
 
 
 def test_plan_recovery_reports_every_stage_within_a_generous_bound():

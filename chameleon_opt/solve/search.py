@@ -811,7 +811,7 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
         bound = None          # and with no plan, infeasibility unproven (NO_SOLUTION): both said so
         notes.append("no time left for the relaxation bound")
     else:
-        bound = relaxation_bound(model, groups, instance.global_micro_batches, live)
+        bound = relaxation_bound(model, groups, instance.global_micro_batches, live, deadline.end)
     wall = time.perf_counter() - start
     space = f"space: {SPACE}"
     if plan is None or not math.isfinite(value):
