@@ -530,7 +530,12 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
          plot: Path = typer.Option(Path("chameleon-demo.png"), "--plot",
                                    help="timeline plot (PNG, SVG or PDF); never over an existing file without --force"),
          force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
-         as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+         hf: Path = typer.Option(None, "--hf", help="a Hugging Face config.json (e.g. models/hf/tiny-llama): "
+                                 "train it with TP and torch pipelining instead (PP2 x TP2 x DP2, 8 processes)"),
+         restore: str = typer.Option("migration", "--restore", help="with --hf: migration, checkpoint (runs both "
+                                     "and prints both latencies) or verify (migration checked against the "
+                                     "checkpoint)")) -> None:
     """Train a small GPT with one CPU process per device, kill workers, recover with the planner,
     and show the timeline (and write a plot)."""
     import importlib.util
@@ -538,6 +543,10 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
     from chameleon_opt.output import check_figure_output, save_figure
 
     try:
+        if hf is not None:
+            from chameleon_opt.interop.commands import hf_demo
+
+            return hf_demo(hf / "config.json" if hf.is_dir() else hf, restore, steps, kill, seed, as_json)
         if importlib.util.find_spec("torch") is None:
             raise InputError(None, "demo", "torch is not installed", "pip install -e '.[runtime]'")
         if dtype not in ("float32", "float64"):
