@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 from chameleon_opt.comm import communication_plan
 from chameleon_opt.errors import InfeasibleError
@@ -27,6 +28,7 @@ from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, RecoveryDecision, executable
 from chameleon_opt.recovery.policy import GROUP_REBUILD_S, RecoveryOption, mean_next_fault_s, score_option
+from chameleon_opt.solve.result import SolveResult
 from chameleon_opt.solve.deadline import Deadline, StageTime
 from chameleon_opt.solve.search import search_plan
 
@@ -55,16 +57,32 @@ def rejoined_slots(current: Plan, failed_after: frozenset[int], joined: frozense
                                                        if (r.from_pipeline, r.stage) not in back))
 
 
-def plan_join(instance: Instance, current: Plan, failed_before: frozenset[int], joined: frozenset[int],
-              options: PlanningOptions = PlanningOptions(), deadline: Deadline | None = None) -> RecoveryDecision:
-    """The decision when `joined` (failed until now) come back without state. `instance.plan` is the
-    layout (no rerouting), `current` the plan running now (the layout plus its rerouting).
+SearchFn = Callable[[Instance, frozenset[int], Deadline], tuple[SolveResult[Plan], float]]
+"""(state, failed, deadline) -> (the plan search's result, seconds charged as its time)."""
 
-    Raises InfeasibleError when no candidate is usable."""
+
+def _search(state: Instance, failed: frozenset[int], deadline: Deadline, model: PerfModel,
+            options: PlanningOptions) -> tuple[SolveResult[Plan], float]:
+    started = time.perf_counter()
+    result = search_plan(state, failed, model=model, deadline=deadline, options=options.solver)
+    return result, time.perf_counter() - started
+
+
+def join_candidates(instance: Instance, current: Plan, failed_before: frozenset[int], joined: frozenset[int],
+                    options: PlanningOptions = PlanningOptions(), deadline: Deadline | None = None,
+                    model: PerfModel | None = None, search: SearchFn | None = None
+                    ) -> tuple[tuple[RecoveryOption, ...], tuple[StageTime, ...]]:
+    """Every candidate for the return of `joined` (failed until now, holding no state), scored by
+    Eq. 8 under the instance's fault statistics. `instance.plan` is the layout (no rerouting),
+    `current` the plan running now (the layout plus its rerouting).
+
+    `model` and `search` let the failure-trace simulator price with the model it believes and
+    reuse its cached searches (charging its own search time); by default a fresh model and a
+    timed `search_plan` within the deadline."""
     deadline = deadline or Deadline.after(options.time_limit_s)
     failed = failed_before - joined
     state = dataclasses.replace(instance, failed_devices=failed)
-    model = PerfModel(state)
+    model = model or PerfModel(state)
     batch = instance.spec.training.global_batch
     explicit = options.next_fault_s if options.next_fault_s is not None else instance.spec.failures.next_fault_s
     mean = explicit if explicit is not None else mean_next_fault_s(instance, instance.num_devices - len(failed))
@@ -99,22 +117,36 @@ def plan_join(instance: Instance, current: Plan, failed_before: frozenset[int], 
         stages.append(StageTime("rejoin-slots", max(deadline.end - started, 0.0), time.perf_counter() - started,
                                 False, candidates[-1].reason))
     started = time.perf_counter()
-    search = search_plan(state, failed, model=model, deadline=deadline.share(0.6), options=options.solver)
-    search_s = time.perf_counter() - started
-    stages.append(StageTime("search", max(deadline.end - started, 0.0), search_s, search.stopped_early,
-                            search.status.value))
-    if search.solution is None:
-        candidates.append(RecoveryOption("scale-up", False, f"no plan over the live devices: {search.reason}",
-                                         solve=search))
+    result, search_s = (search or (lambda s, f, d: _search(s, f, d, model, options)))(state, failed,
+                                                                                      deadline.share(0.6))
+    stages.append(StageTime("search", max(deadline.end - started, 0.0), time.perf_counter() - started,
+                            result.stopped_early, result.status.value))
+    if result.solution is None:
+        candidates.append(RecoveryOption("scale-up", False, f"no plan over the live devices: {result.reason}",
+                                         solve=result))
     else:
-        communication = communication_plan(state, old, search.solution, failed | stand_ins, model=model,
+        communication = communication_plan(state, old, result.solution, failed | stand_ins, model=model,
                                            deadline=deadline, options=options.solver)
         migration = communication[0]
         candidates.append(scored(RecoveryOption(
             "scale-up", True, f"{len(communication[2].plan.pipelines)} pipelines over every live device, migration "
             f"{migration.total_bytes:,} B in {migration.rounds} rounds", communication[2].plan,
             model.evaluate(communication[2].plan, failed), search_s + migration.makespan_s + GROUP_REBUILD_S,
-            solve=search, communication=communication)))
+            solve=result, communication=communication)))
+    return tuple(candidates), tuple(stages)
+
+
+def plan_join(instance: Instance, current: Plan, failed_before: frozenset[int], joined: frozenset[int],
+              options: PlanningOptions = PlanningOptions(), deadline: Deadline | None = None) -> RecoveryDecision:
+    """The decision when `joined` (failed until now) come back without state: the best of
+    `join_candidates` by Eq. 8, lowered. `instance.plan` is the layout (no rerouting), `current`
+    the plan running now (the layout plus its rerouting).
+
+    Raises InfeasibleError when no candidate is usable."""
+    deadline = deadline or Deadline.after(options.time_limit_s)
+    failed = failed_before - joined
+    state = dataclasses.replace(instance, failed_devices=failed)
+    candidates, stages = join_candidates(instance, current, failed_before, joined, options, deadline)
     usable = [c for c in candidates if c.feasible and c.score > 0]
     if not usable:
         raise InfeasibleError("no usable candidate for the returning devices: " + "; ".join(
@@ -125,6 +157,5 @@ def plan_join(instance: Instance, current: Plan, failed_before: frozenset[int], 
     if best.policy == "keep-running":
         # Nothing changes: the running plan with the newcomers still out of it.
         keep_state = dataclasses.replace(instance, failed_devices=failed_before)
-        return executable(keep_state, best, failed_before, reason, tuple(candidates), deadline, options.solver,
-                          tuple(stages))
-    return executable(state, best, failed, reason, tuple(candidates), deadline, options.solver, tuple(stages))
+        return executable(keep_state, best, failed_before, reason, candidates, deadline, options.solver, stages)
+    return executable(state, best, failed, reason, candidates, deadline, options.solver, stages)

@@ -211,6 +211,28 @@ def test_repair_rejoins_the_layout(paper32):
     assert result.final_step_s == pytest.approx(free_step(paper32))
 
 
+def test_chameleon_decides_a_repair_by_the_join_candidates(paper32, source):
+    """The adaptive policy weighs what `plan_join` weighs (keep-running, rejoin-slots, scale-up) and
+    counts the transition it picks."""
+    trace = fixed_trace([100.0], [13], repairs=[(1000.0, (13,))])
+    result = simulate(paper32, trace, family(source, "chameleon"), 3000.0)
+    fail, repair = result.transitions
+    assert "keep-running" in repair.notes and "scale-up" in repair.notes
+    assert repair.action in ("rejoin", "reconfigure") and repair.transition_s > GROUP_REBUILD_S
+    assert result.final_step_s < fail.step_s
+
+
+def test_a_repaired_device_kept_out_is_offered_again(paper32, source):
+    """With the next fault 4 s away no transition pays (the group rebuild alone takes 5 s): the
+    repaired device stays idle and down, and the next repair brings it back with its own."""
+    failures = paper32.spec.failures.model_copy(update={"next_fault_s": 4.0})
+    soon = dataclasses.replace(paper32, spec=paper32.spec.model_copy(update={"failures": failures}))
+    trace = fixed_trace([100.0, 200.0], [13, 5], repairs=[(1000.0, (13,)), (2000.0, (5,))])
+    result = simulate(soon, trace, family(source, "chameleon"), 3000.0)
+    repairs = [t for t in result.transitions if t.trigger == "repair"]
+    assert [(t.devices, t.action, t.transition_s) for t in repairs] == [((13,), "stay", 0.0), ((5, 13), "stay", 0.0)]
+
+
 def test_recycle_falls_back_when_a_stage_loses_every_replica(paper32):
     stage2 = tuple(slot_devices(j, 2)[0] for j in range(4))  # stage 2 of every pipeline, at once
     result = simulate(paper32, fixed_trace([100.0], [stage2]), EvenRerouteAblation(time_limit_s=LIMIT), 6000.0)

@@ -52,13 +52,18 @@ Policies and what they charge (all transitions are time with no training):
   restart (`restart_s` = 10 min: rescheduling, container start, loading the checkpoint), then
   train on the survivors with a fresh plan (`search_plan`, inside the restart time).
 
-Repairs (kept simple, the same for all): a repaired device that sits in the running layout
-rejoins its own slot (its stage's state is copied from a replica: migration bound + group
-rebuild); a repaired device outside the layout joins the idle pool, which Oobleck and
-ReconfigureOnly always re-plan over, Chameleon / ChameleonPaper re-plan over when Eq. 8 says so,
-the Hybrid re-plans over in the background when that is faster, and ReCycle, Bamboo, RerouteOnly
-and CheckpointRestart leave idle (CheckpointRestart's next restart, after a failure, uses them:
-no restart for a repair).
+Repairs. Chameleon (the adaptive policy, told or blind) decides them as `rejoin.plan_join` does,
+on the same candidates (`rejoin.join_candidates`, cached in the `DecisionSource`): keep running
+with the repaired devices idle (`Response.idle`: they stay down for later decisions until the
+next repair offers them again), take back their rerouted slots (state copied by the scheduled
+migration, + group rebuild) or scale up over every live device (search charged as for a
+failure + scheduled migration + group rebuild); Eq. 8 under its fault statistics. The others
+(kept simple): a repaired device that sits in the running layout rejoins its own slot (its
+stage's state is copied from a replica: migration bound + group rebuild); a repaired device
+outside the layout joins the idle pool, which Oobleck and ReconfigureOnly always re-plan over,
+ChameleonPaper re-plans over when Eq. 8 says so, the Hybrid re-plans over in the background when
+that is faster, and ReCycle, Bamboo, RerouteOnly and CheckpointRestart leave idle
+(CheckpointRestart's next restart, after a failure, uses them: no restart for a repair).
 """
 
 from __future__ import annotations
@@ -76,9 +81,12 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Plan
-from chameleon_opt.recovery.policy import (GROUP_REBUILD_S, Candidate, break_even_next_fault, decide, eq8_score,
-                                           expected_score, hybrid_samples_per_s, lost_layers, mean_next_fault_s,
-                                           migration_lower_bound_s, reroute_candidate)
+from chameleon_opt.planning import PlanningOptions
+from chameleon_opt.recovery.policy import (GROUP_REBUILD_S, Candidate, RecoveryOption, break_even_next_fault, decide,
+                                           eq8_score, expected_score, hybrid_samples_per_s, lost_layers,
+                                           mean_next_fault_s, migration_lower_bound_s, reroute_candidate)
+from chameleon_opt.rejoin import join_candidates
+from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.search import Mix, lower, search_plan
 from chameleon_opt.solve.templates import Template, build_templates
@@ -138,6 +146,7 @@ class Response:
     interim_s: float = 0.0
     fallback: bool = False
     search_s: float = 0.0  # the part of the transition (or of the interim) spent searching
+    idle: frozenset[int] = frozenset()  # repaired devices left out (keep-running): still down for decisions
 
     @property
     def next_layout(self) -> Plan | None:
@@ -563,6 +572,7 @@ class DecisionSource:
     threads: int = 1
     seed: int = 0
     cache: dict = field(default_factory=dict)
+    join_cache: dict = field(default_factory=dict)
     calls: int = 0
     rejected: list = field(default_factory=list)
     believed: Callable[[Instance], PerfModel] | None = None  # the model decisions use (default: the true one)
@@ -609,6 +619,20 @@ class DecisionSource:
         if isinstance(value, Exception):
             raise value
         return value
+
+    def join_candidates(self, instance: Instance, current: Plan, before: frozenset[int], joined: frozenset[int],
+                        model: PerfModel) -> tuple[RecoveryOption, ...]:
+        """`rejoin.join_candidates` (what `plan_join` weighs) for `joined` coming back to
+        `instance.plan` running as `current` with `before` down, cached per (structure, layout,
+        running plan, down, joined); its search through `cached_search`, so the measured time is the
+        first run's."""
+        key = (structure_key(instance), instance.plan, current, before, joined)
+        if key not in self.join_cache:
+            options = PlanningOptions("auto", self.time_limit_s, SolverOptions("cpsat", self.threads, self.seed))
+            self.join_cache[key], _ = join_candidates(
+                instance, current, before, joined, options, model=model,
+                search=lambda state, failed, _deadline: cached_search(state, failed, self.time_limit_s, model))
+        return self.join_cache[key]
 
 
 @dataclass(frozen=True)
@@ -790,16 +814,60 @@ class Chameleon(_ChameleonFamily):
                  f"expected D = {mean:.0f} s (MTBF / survivors)" if mean is not None else "no fault statistics")
         return option, basis + ", scores " + ", ".join(f"{k} {v:.2f}" for k, v in scores.items())
 
-    def use_idle(self, state: PolicyState, plan: Plan, step: float) -> Response:
-        option, new, search = self.regroup_option(state)
-        stay = Option("stay", step, 0.0)
+    def running(self, state: PolicyState) -> Plan:
+        """The plan that ran before the repair: the layout with the devices then down rerouted
+        around as this policy rerouted them (`decide`'s candidates, cached at that failure).
+        Raises InfeasibleError when no rerouting of the layout exists (nothing was running)."""
+        before = state.previous_dead
+        if not before & _devices(state.layout):
+            return state.layout
+        previous = PolicyState(at_state(state.instance, state.layout, before), before, "fail", time_s=state.time_s)
+        try:
+            rr, _, _ = self.source.candidates(previous.instance, before)
+        except UnrecoverableError:
+            rr = None
+        best, _ = self.better_reroute(previous, rr)
+        return best.plan if best is not None else even_reroute(state.layout, before)
+
+    def on_repair(self, state: PolicyState) -> Response:
+        """The repaired devices come back as `rejoin.plan_join` decides: keep running (they stay
+        idle and out of later decisions until the next repair offers them again), take back their
+        rerouted slots (their state copied by the migration schedule) or scale up over every live
+        device (search charged as for a failure, migration, group rebuild); Eq. 8 under this
+        policy's fault statistics."""
+        if lost_layers(state.instance, state.dead):
+            return restart_response(self, state, "some layer lost every replica", self.restart_s, 0.0,
+                                    self.source.time_limit_s)
+        try:
+            current = self.running(state)
+        except InfeasibleError:
+            return super().on_repair(state)
+        model = self.model(state.instance)
+        candidates = self.source.join_candidates(at_state(state.instance, state.layout, state.previous_dead),
+                                                 current, state.previous_dead, state.changed, model)
+        options, found, searched = [], {}, 0.0
+        for c in candidates:
+            if not c.feasible or c.estimate is None:
+                continue
+            transition = c.transition_s
+            if c.policy == "scale-up":
+                rest = c.communication[0].makespan_s + GROUP_REBUILD_S if c.communication else GROUP_REBUILD_S
+                searched = max(c.transition_s - rest, 0.0) if self.search_charge_s is None else self.search_charge_s
+                transition = searched + rest
+            options.append(Option(c.policy, c.iteration_time_s, transition))
+            found[c.policy] = c
         explicit, mean = self.fault_statistics(state)
-        chosen, scores = select([stay] + ([option] if option else []), state.instance.spec.training.global_batch,
-                                explicit, mean)
-        if chosen is None or chosen.name == "stay" or new is None:
-            return Response(plan, step, 0.0, f"repaired devices stay idle (scores {scores})", "stay")
-        return Response(new, chosen.step_s, chosen.transition_s, f"re-plan over the repaired devices (scores "
-                        f"{scores})", "reconfigure", search_s=search)
+        chosen, scores = select(options, state.instance.spec.training.global_batch, explicit, mean)
+        why = "scores " + ", ".join(f"{k} {v:.2f}" for k, v in scores.items())
+        if chosen is None or chosen.name == "keep-running":
+            keep = found["keep-running"]
+            return Response(keep.plan, keep.iteration_time_s, 0.0, f"keep running, devices {sorted(state.changed)} "
+                            f"idle ({why})", "stay", idle=state.changed)
+        option = found[chosen.name]
+        if chosen.name == "rejoin-slots":
+            return Response(option.plan, chosen.step_s, chosen.transition_s, f"{option.reason} ({why})", "rejoin")
+        return Response(option.plan, chosen.step_s, chosen.transition_s, f"scale-up: {option.reason}; charged "
+                        f"search {searched:.2f} s ({why})", "reconfigure", search_s=searched)
 
 
 class Hybrid(_ChameleonFamily):

@@ -8,10 +8,12 @@ migrates in the background), then `transition_s` with no training, then the new 
 - Cascades: a failure that arrives before the running response's transition is over interrupts
   it: the work of that transition is lost (its plan was never adopted) and the policy responds
   again from the layout committed before it, with every device down at that moment.
-- Repairs: a repaired device is live again; the policy decides what to do (see `baselines`). A
-  repair that arrives during a transition is deferred to the end of that transition; a repair
-  whose own transition is interrupted by a failure is re-delivered after the new transition (the
-  device counts as down until then: its state was not restored).
+- Repairs: a repaired device is live again; the policy decides what to do (see `baselines`); one
+  it leaves idle (`Response.idle`: keep running without it) counts as down for later decisions
+  and is offered again with the next repair. A repair that arrives during a transition is
+  deferred to the end of that transition; a repair whose own transition is interrupted by a
+  failure is re-delivered after the new transition (the device counts as down until then: its
+  state was not restored).
 - Failures that hit only devices outside both the committed layout and the pending one (idle
   devices) need no response; they are recorded in `ignored`.
 - The partial iteration a failure interrupts is not counted for any policy.
@@ -424,6 +426,7 @@ def simulate(instance: Instance, trace: Sequence[TraceEvent], policy: Policy, ho
     order = len(queue)
 
     dead: set[int] = set()
+    idle: set[int] = set()  # repaired, left out by a keep-running response: down until the next repair offers them
     first = policy.respond(PolicyState(base, frozenset(), "start"))
     active = _Active(first, 0.0, -1, "start", frozenset())
     committed = base.plan
@@ -448,8 +451,12 @@ def simulate(instance: Instance, trace: Sequence[TraceEvent], policy: Policy, ho
                 heapq.heappush(queue, (active.end, order, TraceEvent(active.end, "repair", tuple(sorted(back))), False))
                 order += 1
             else:
+                back |= frozenset(idle & dead)
+                idle -= back
                 dead -= back
                 active = _respond(policy, base, committed, dead, "repair", back, t, records)
+                idle |= active.response.idle
+                dead |= active.response.idle
         else:
             hit = frozenset(event.devices) - dead
             dead |= hit
