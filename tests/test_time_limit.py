@@ -20,7 +20,7 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.solve.backends import SolverOptions, solve_cpsat, solve_pulp
 from chameleon_opt.solve.bounds import relaxation_bound
-from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.deadline import Deadline, DeadlinePassed
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.reroute import reroute_plan
@@ -84,6 +84,17 @@ def test_migration_past_its_deadline_is_complete_and_stopped_early():
     migration = schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0))
     assert migration.solve.stopped_early and migration.solve.status is Status.HEURISTIC
     assert not check_release_safety(instance.plan, found.solution, failed, migration)  # every shard delivered
+
+
+def test_large_migration_past_its_deadline_is_abandoned_when_asked():
+    instance = load_instance("gpt3-175b-1024")  # 2,520 shards to move after its failure
+    failed = instance.failed_devices
+    found = search_plan(instance, failed, time_limit_s=2.0)
+    model = PerfModel(instance)
+    with pytest.raises(DeadlinePassed, match="shards to move"):
+        schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0), abandon=True)
+    late = schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0))
+    assert late.solve.stopped_early and late.transfers  # not asked: finished past the deadline, said so
 
 
 @pytest.mark.parametrize("stop_after_s", [0.0, 0.005, 0.02])

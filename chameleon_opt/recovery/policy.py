@@ -30,7 +30,7 @@ from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.bubbles import rerouted_step
-from chameleon_opt.solve.deadline import Deadline, StageTime
+from chameleon_opt.solve.deadline import Deadline, DeadlinePassed, StageTime
 from chameleon_opt.solve.result import SolveResult
 from chameleon_opt.solve.reroute import reroute_plan
 from chameleon_opt.solve.search import search_plan
@@ -246,9 +246,16 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
     remapped = assign_slots(model, instance.plan, result.solution, failed)
     searched = model.evaluate(result.solution, failed)
     slower = searched.iteration_time_s < model.evaluate(remapped[0], failed).iteration_time_s
-    migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed, assign=not slower,
-                                                 model=model, deadline=comm_deadline, options=options,
-                                                 assigned=None if slower else remapped)
+    try:  # a large migration that cannot be cut by the deadline: unusable, said so (not a second late)
+        migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed,
+                                                     assign=not slower, model=model, deadline=comm_deadline,
+                                                     options=options, assigned=None if slower else remapped,
+                                                     abandon=True)
+    except DeadlinePassed as stopped:
+        stages.append(StageTime("communication", max(comm_deadline.end - started, 0.0),
+                                time.perf_counter() - started, True, str(stopped)))
+        return (RecoveryOption("reconfigure", False, f"stopped early: {stopped}, so the migration of the searched "
+                               "plan has no schedule (raise --time-limit)", solve=result), tuple(stages))
     estimate = model.evaluate(comm.plan, failed)
     stages.append(StageTime("communication", max(comm_deadline.end - started, 0.0), time.perf_counter() - started,
                             comm.stopped_early, f"migration {migration.solve.backend} "

@@ -46,6 +46,12 @@ class Deadline:
         return Deadline(min(self.end, time.perf_counter() + seconds))
 
 
+class DeadlinePassed(Exception):
+    """A stage's deadline passed before it had any valid answer to return, and the caller asked
+    to be told rather than wait for one (e.g. a migration of 90,000 transfers at 16,384 devices:
+    its candidate is then unusable, said so, instead of a second past the deadline)."""
+
+
 @dataclass(frozen=True)
 class StageTime:
     """What one stage of a decision was given and used; `stopped_early` when it returned a
