@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from chameleon_opt.instance.load import load_instance  # noqa: E402
-from chameleon_opt.runtime.controller import Failure, RunReport, run_training  # noqa: E402
+from chameleon_opt.runtime.controller import Failure, Rejoin, RunReport, run_training  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,6 +96,21 @@ def test_three_failures_one_during_a_transition(six, reference_six: RunReport) -
     assert run.dead == (0, 1, 4)
     assert sum(r.aborted_transitions for r in run.recoveries) == 1
     assert_same_training(reference_six, run, 1e-9)
+
+
+def test_a_killed_device_comes_back_as_a_fresh_worker(four, reference_four_fp64: RunReport) -> None:
+    """Device 1 dies in step 1 and its work is rerouted; before step 3 a fresh process (no state)
+    comes back in its place: the planner decides its return (`plan_join`) and the next generation
+    migrates its state to it. float64, so any state it got wrong would show."""
+    run = run_training(four, STEPS, (Failure(step=1, devices=(1,), after_ops=2),), (Rejoin(step=3, devices=(1,)),),
+                       policy="reroute", dtype="float64")
+    assert run.dead == ()
+    first, rerouted, back = run.generations
+    assert rerouted.policy == "reroute" and back.policy in ("rejoin-slots", "scale-up") and back.first_step == 3
+    assert 1 not in rerouted.plan.devices or rerouted.plan.rerouted
+    assert 1 in back.plan.devices and not back.plan.rerouted
+    assert any(kind == "rejoin planned" for _, kind, _ in run.events)
+    assert_same_training(reference_four_fp64, run, 1e-9)
 
 
 def test_demo_rejects_a_kill_that_would_never_fire() -> None:

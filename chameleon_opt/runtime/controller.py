@@ -14,6 +14,10 @@ rerouting it is the rerouted plan (a pipeline left without micro-batches is drop
 devices drop their layers), so a later failure never counts on a device that stopped training.
 A hybrid's switch is scheduled from the layout at the switch, not at the decision.
 
+A failed device can come back (`Rejoin`) as a fresh worker process with no state: the planner
+decides its return (`rejoin.plan_join`) and the next generation admits it and gives it its state
+by the planned transfers, the same migration a reconfiguration runs.
+
 Every committed step is checked: every sample of the global batch got exactly one loss.
 """
 
@@ -42,6 +46,7 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recovery
 from chameleon_opt.recovery.policy import with_stale_copies
+from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime.gpt import GPTConfig, state_elements
 from chameleon_opt.runtime.schedule import order_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
@@ -62,6 +67,17 @@ class Failure:
     after_ops: int | None = None
     delay_s: float = 0.0
     in_transition: bool = False
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """Failed `devices` come back before global batch `step` as fresh worker processes holding no
+    state: the planner decides their return (`rejoin.plan_join`: keep running without them, take
+    back their rerouted slots, or scale up) and the next generation gives them their state by the
+    planned transfers, as a reconfiguration's migration does."""
+
+    step: int
+    devices: tuple[int, ...]
 
 
 @dataclass
@@ -154,20 +170,23 @@ class Controller:
         self.progress(f"[{self.events[-1][0]:7.2f} s] {kind}: {detail}")
 
     def _spawn(self) -> None:
-        ctx = mp.get_context("spawn")
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=self.group_timeout_s),
                                    wait_for_workers=False)
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, Connection] = {}
         stage_of = {d: (s.first, s.end) for p in self.layout.pipelines for s in p.stages for d in s.devices}
         for d in sorted(set(self.layout.devices) - self.failed):
-            parent, child = ctx.Pipe()
-            spec = WorkerSpec(d, "127.0.0.1", self.store.port, self.cfg, self.seed, self.batch, self.mbs,
-                              self.dtype, self.group_timeout_s, stage_of[d])
-            proc = ctx.Process(target=worker_main, args=(spec, child), daemon=True)
-            proc.start()
-            child.close()
-            self.procs[d], self.conns[d] = proc, parent
+            self._start_worker(d, stage_of[d], 0)
+
+    def _start_worker(self, device: int, layers: tuple[int, int] | None, steps_done: int) -> None:
+        """One worker process: built with `layers` (the job's start) or empty (a device back)."""
+        parent, child = mp.get_context("spawn").Pipe()
+        spec = WorkerSpec(device, "127.0.0.1", self.store.port, self.cfg, self.seed, self.batch, self.mbs,
+                          self.dtype, self.group_timeout_s, layers, steps_done)
+        proc = mp.get_context("spawn").Process(target=worker_main, args=(spec, child), daemon=True)
+        proc.start()
+        child.close()
+        self.procs[device], self.conns[device] = proc, parent
 
     def _live(self) -> list[int]:
         return sorted(self.procs)
@@ -363,8 +382,30 @@ class Controller:
         self._start_generation(decision.plan, migration, rounds, "reconfigure", decision.iteration_time_s, step,
                                recovery)
 
+    def _rejoin(self, step: int, devices: tuple[int, ...]) -> None:
+        """Failed `devices` are back, as fresh processes: plan their return from the layout the state
+        is in and the plan running now (`plan_join`); unless it keeps running without them, start
+        their workers and the next generation, which migrates their state by the planned transfers.
+        A hybrid switch still pending is dropped: this decision replaces it."""
+        joined = frozenset(devices) & self.failed
+        if not joined:
+            return
+        self.pending_switch = None
+        inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
+        decision = plan_join(inst, self.generations[-1].plan, self.failed, joined,
+                             PlanningOptions(time_limit_s=self.time_limit_s, bubble_filling=self.bubble_filling))
+        self._event("rejoin planned", f"devices {sorted(joined)}: {decision.policy}: {decision.reason}")
+        if decision.policy == "keep-running":
+            return  # they stay out (failed) until a later rejoin
+        for d in sorted(joined):
+            self._start_worker(d, None, step)
+        self.failed = decision.failed
+        assert decision.migration is not None
+        self._start_generation(decision.plan, decision.migration, [list(r) for r in decision.allreduce_rounds],
+                               decision.policy, decision.iteration_time_s, step, None)
+
     # ---- the job ------------------------------------------------------------------------------
-    def run(self, steps: int, failures: tuple[Failure, ...] = ()) -> RunReport:
+    def run(self, steps: int, failures: tuple[Failure, ...] = (), rejoins: tuple[Rejoin, ...] = ()) -> RunReport:
         self.t_start = time.perf_counter()
         self.pending_transition_kills = [f for f in failures if f.in_transition]
         step_failures: dict[int, list[Failure]] = {}
@@ -381,6 +422,8 @@ class Controller:
             self._start_generation(self.layout, None, rounds, "initial", predicted, 0, None, transition=False)
             step = 0
             while step < steps:
+                for back in [r for r in rejoins if r.step == step]:
+                    self._rejoin(step, back.devices)
                 now = step_failures.pop(step, [])
                 die_after = {d: f.after_ops for f in now if f.after_ops is not None for d in f.devices}
                 t0 = time.perf_counter()
@@ -451,6 +494,8 @@ class Controller:
         self.procs.clear()
 
 
-def run_training(instance: Instance, steps: int, failures: tuple[Failure, ...] = (), **options: Any) -> RunReport:
-    """Train `steps` global batches of the instance's plan with the runtime, injecting `failures`."""
-    return Controller(instance, **options).run(steps, failures)
+def run_training(instance: Instance, steps: int, failures: tuple[Failure, ...] = (), rejoins: tuple[Rejoin, ...] = (),
+                 **options: Any) -> RunReport:
+    """Train `steps` global batches of the instance's plan with the runtime, injecting `failures`
+    and bringing devices back (`rejoins`)."""
+    return Controller(instance, **options).run(steps, failures, rejoins)

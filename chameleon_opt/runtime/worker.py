@@ -49,6 +49,7 @@ class WorkerSpec:
     dtype: str                 # "float32" | "float64"
     group_timeout_s: float
     initial_layers: tuple[int, int] | None  # generation 0 needs no migration: every layer is built here
+    steps_done: int = 0        # a worker admitted later (a device back) joins after this many optimizer steps
 
 
 class Worker:
@@ -63,7 +64,7 @@ class Worker:
         self.moments: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # layer -> (exp_avg, exp_avg_sq)
         self.active: tuple[int, int] | None = None
         self.optimizer: torch.optim.AdamW | None = None
-        self.steps_done = 0
+        self.steps_done = spec.steps_done
         if spec.initial_layers is not None:
             for layer in range(*spec.initial_layers):
                 self.layers[layer] = build_layer(spec.model, layer, spec.seed, self.dtype)
