@@ -523,6 +523,8 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
                                                       help="DEVICE@STEP: the worker dies inside the first "
                                                            "transition (a recovery or a hybrid's switch) at or "
                                                            "after STEP"),
+         rejoin: list[str] = typer.Option([], "--rejoin", help="DEVICE@STEP: a device killed (--kill) before STEP "
+                                          "comes back as a fresh worker before STEP; the planner decides its return"),
          policy: Policy = typer.Option(Policy.auto, "--policy"),
          dtype: str = typer.Option("float32", "--dtype", help="float32 or float64"),
          seed: int = typer.Option(0, "--seed"),
@@ -561,8 +563,13 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
                 if step >= steps:
                     raise InputError(None, option, f"step {step} is not before --steps {steps}, so it would never "
                                      "fire", f"pick a step below {steps} or raise --steps")
+        rejoins = [_parse_kill(r, "--rejoin") for r in rejoin]
+        for device, step in rejoins:
+            if not any(d == device and k < step for d, k in kills) or step >= steps:
+                raise InputError(None, "--rejoin", f"device {device} is not killed (--kill) before step {step}, or "
+                                 f"{step} is not before --steps {steps}", "bring back a killed device in a later step")
         check_figure_output(plot, "--plot", force)  # before training, which takes minutes
-        from chameleon_opt.runtime.controller import Failure, run_training, runtime_model
+        from chameleon_opt.runtime.controller import Failure, Rejoin, run_training, runtime_model
         from chameleon_opt.runtime.report import loss_deviation, parameter_deviation, report_json, run_figure
 
         runtime_model(instance)  # bad workloads fail here, before any process starts
@@ -574,8 +581,8 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
             with stderr.status("training failure-free for comparison..."):
                 reference = run_training(instance, steps, (), **options)
         with stderr.status("training with failures...") as status:
-            report = run_training(instance, steps, failures, **options,
-                                  progress=lambda line: status.update(line[:100]))
+            report = run_training(instance, steps, failures, tuple(Rejoin(step, (d,)) for d, step in rejoins),
+                                  **options, progress=lambda line: status.update(line[:100]))
         batch = instance.spec.training.global_batch
         figure = run_figure(report, reference, batch, f"{instance.name}: {len(report.dead)} workers killed")
         path = save_figure(figure, plot, "--plot", force, dpi=110)

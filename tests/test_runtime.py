@@ -123,6 +123,16 @@ def test_demo_rejects_a_kill_that_would_never_fire() -> None:
     assert "--kill" in result.output and "never fire" in result.output
 
 
+def test_demo_rejects_a_rejoin_of_a_device_not_killed_before() -> None:
+    from typer.testing import CliRunner
+
+    from chameleon_opt.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--steps", "5", "--kill", "1@3", "--rejoin", "1@2", "--no-compare"])
+    assert result.exit_code == 2
+    assert "--rejoin" in result.output and "not killed" in result.output
+
+
 # -- regressions from the kill campaign (issue 12) ---------------------------------------------------------
 def test_hybrid_switch_after_an_interim_that_idles_a_device(four, reference_four: RunReport) -> None:
     """Losing device 3 makes the interim rerouting (the MILP's shares, bubble filling off) drop
