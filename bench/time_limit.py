@@ -2,10 +2,10 @@
 
 Each job (bench/solver_scaling.py's `job()`: one GPU fails) is written to a file and planned by
 the installed command in its own process, so the wall time is what an operator waits for:
-interpreter start-up, imports, loading, the decision and the JSON. Start-up is measured apart
-(`chameleon-solve --version`); the target is wall <= 1.1 T + start-up. Each row also says what
-the answer is worth: the chosen policy, the solver's status and gap, and the stages the deadline
-cut short.
+interpreter start-up, imports, loading, the decision and the JSON. Every bundled instance is also
+planned at `--bundled-limit` (1 s). Start-up is measured apart (`chameleon-solve --version`); the
+target is wall <= 1.1 T + start-up. Each row also says what the answer is worth: the chosen
+policy, the solver's status and gap, and the stages the deadline cut short.
 
 Writes bench/out/time_limit.{json,md}.
 """
@@ -26,6 +26,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from solver_scaling import job  # noqa: E402 (the bench folder is not a package)
+
+from chameleon_opt.bundled import bundled_instance, bundled_instance_names  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=160)
@@ -48,7 +50,7 @@ def startup_s(repeats: int = 3) -> float:
     return best
 
 
-def run_one(path: Path, limit: float) -> dict:
+def run_one(path: Path | str, limit: float) -> dict:
     start = time.perf_counter()
     done = subprocess.run([*command(), "plan", str(path), "--time-limit", str(limit), "--json"],
                           capture_output=True, text=True)
@@ -69,6 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limits", type=float, nargs="+", default=[1.0, 5.0, 10.0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--bundled-limit", type=float, default=1.0, help="limit for every bundled instance (0: none)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     args = parser.parse_args()
     start_up = startup_s()
@@ -84,6 +87,15 @@ def main() -> None:
                 row = {"devices": devices, "workload": workload, **run_one(path, limit)}
                 row["within"] = row["wall_s"] <= 1.1 * limit + start_up
                 rows.append(row)
+    for name in bundled_instance_names() if args.bundled_limit > 0 else []:
+        path = bundled_instance(name)
+        assert path is not None
+        devices = json.loads(path.read_text())["cluster"]
+        console.print(f"[dim]bundled {name}, --time-limit {args.bundled_limit:g}...[/]")
+        row = {"devices": devices["nodes"] * devices["devices_per_node"], "workload": f"bundled {name}",
+               **run_one(name, args.bundled_limit)}
+        row["within"] = row["wall_s"] <= 1.1 * args.bundled_limit + start_up
+        rows.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "time_limit.json").write_text(json.dumps({"startup_s": start_up, "rows": rows}, indent=1) + "\n")
     table = Table(title=f"plan --time-limit T: wall vs T (start-up {start_up:.2f} s; target wall <= 1.1 T + start-up)")

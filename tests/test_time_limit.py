@@ -92,7 +92,8 @@ def test_large_migration_past_its_deadline_is_abandoned_when_asked():
     found = search_plan(instance, failed, time_limit_s=2.0)
     model = PerfModel(instance)
     with pytest.raises(DeadlinePassed, match="shards to move"):
-        schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0), abandon=True)
+        schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0),
+                           abandon=Deadline.after(0.0))
     late = schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0))
     assert late.solve.stopped_early and late.transfers  # not asked: finished past the deadline, said so
 

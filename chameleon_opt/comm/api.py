@@ -53,15 +53,15 @@ def communication_plan(instance: Instance, old_plan: Plan, new_plan: Plan, faile
                        time_limit_s: float = 5.0, *, assign: bool = True, threads: int = 1, seed: int = 0,
                        model: PerfModel | None = None, deadline: Deadline | None = None,
                        options: SolverOptions | None = None, assigned: tuple[Plan, SolveResult[Plan]] | None = None,
-                       abandon: bool = False) -> tuple[Migration, list[list[str]], CommInfo]:
+                       abandon: Deadline | None = None) -> tuple[Migration, list[list[str]], CommInfo]:
     """(migration, allreduce_rounds, info) for moving from `old_plan` to `new_plan` after `failed`.
 
     `migration.to_json()` is the contract's `migration`, `allreduce_rounds` its `allreduce_rounds`;
     with `assign` the new plan's TP groups are re-mapped first and `info.plan` (== migration.plan)
     is the plan to report and run; `assigned` is that re-mapping when the caller already made it
     (`assign_slots`' answer). A rerouted plan (same layout) migrates nothing. `deadline` (else
-    `time_limit_s` from now) bounds the solves; with `abandon` a migration that cannot be cut before
-    it raises DeadlinePassed (`schedule_migration`).
+    `time_limit_s` from now) bounds the solves; a large migration that cannot be cut before `abandon`
+    raises DeadlinePassed (`schedule_migration`).
     Raises UnrecoverableError when some needed shard has no surviving copy."""
     start = time.perf_counter()
     deadline = deadline or Deadline.after(time_limit_s, start)

@@ -250,7 +250,7 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
         migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed,
                                                      assign=not slower, model=model, deadline=comm_deadline,
                                                      options=options, assigned=None if slower else remapped,
-                                                     abandon=True)
+                                                     abandon=deadline)
     except DeadlinePassed as stopped:
         stages.append(StageTime("communication", max(comm_deadline.end - started, 0.0),
                                 time.perf_counter() - started, True, str(stopped)))
