@@ -67,7 +67,9 @@ def main() -> None:
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step, failed = 0, []
-    if handoff.exists():  # a survivor's restart: its own state, from its own memory
+    if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0:
+        handoff.unlink(missing_ok=True)  # never another run's: a rendezvous id can be reused
+    elif handoff.exists():  # a survivor's restart: its own state, from its own memory
         saved = torch.load(handoff)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])

@@ -48,6 +48,7 @@ def _free_port() -> int:
 @pytest.mark.multiprocess
 def test_world_shrinks_from_3_to_2_and_training_continues(tmp_path):
     port = _free_port()
+    run_id = f"shrink-{os.getpid()}-{port}"  # unique: handoffs in /dev/shm are named by it
     bindir = Path(sys.executable).parent
     store = subprocess.Popen([sys.executable, "-c", "import time, torch.distributed as d; s = d.TCPStore("
                               f"'127.0.0.1', {port}, is_master=True, wait_for_workers=False); time.sleep(600)"])
@@ -57,7 +58,7 @@ def test_world_shrinks_from_3_to_2_and_training_continues(tmp_path):
         for node in range(3):
             agents.append(subprocess.Popen(
                 [str(bindir / "torchrun"), "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "1",
-                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tmp_path.name,
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
                  "--rdzv-conf", "is_host=false,last_call_timeout=2", "--monitor-interval", "0.5", str(EXAMPLE),
                  "--workdir", str(tmp_path), "--device", str(node), "--steps", str(STEPS), "--kill", KILL],
                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -76,4 +77,4 @@ def test_world_shrinks_from_3_to_2_and_training_continues(tmp_path):
         for (_, value), want in zip(logged, expected):
             assert abs(float(value) - want) <= 1e-5 * abs(want)
     assert len((tmp_path / "loss.1").read_text().splitlines()) == 4  # it trained steps 0-3 before it was lost
-    assert not list(Path("/dev/shm").glob(f"chameleon-{tmp_path.name}-*"))  # every handoff was taken
+    assert not list(Path("/dev/shm").glob(f"chameleon-{run_id}-*"))  # every handoff was taken
