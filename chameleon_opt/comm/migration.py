@@ -383,8 +383,10 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     seed = options.seed
     needs = [n for n in missing_state(model, old, new, failed) if n.nbytes > 0]  # empty layers carry no state
     abandon = abandon if len(needs) >= ABANDON_NEEDS else None
-    if abandon is not None and abandon.expired():
-        raise DeadlinePassed(f"the deadline passed while listing the {len(needs)} shards to move")
+    at_least = sum(len(n.layers) for n in needs)  # transfers to come: one per layer of each shard, at least
+    if abandon is not None and abandon.left() < at_least * FINISH_S_PER_TRANSFER:
+        raise DeadlinePassed(f"at least {at_least} transfers of {len(needs)} shards to move cannot be cut and "
+                             f"scheduled in the {abandon.left():.2f} s left")
     sizes = tensor_bytes(model, new.tensor_parallel)
     sides = _Sides(model, needs)
     bound = lower_bound_s(model, needs, sides)
@@ -394,7 +396,7 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
                             seed, "every device of the new plan already holds its state")
         return Migration(new, (), 0, 0.0, 0.0, 0.0, 0, (), release_schedule(old, new, failed, ()), solve, 0.0, wanted)
     m = _candidates(needs, sides)
-    pieces = sum(len(n.layers) for n in needs) + len(m.need) - len(needs)  # transfers to come, at most
+    pieces = at_least + len(m.need) - len(needs)  # transfers to come, at most
     if abandon is not None and abandon.left() < pieces * FINISH_S_PER_TRANSFER:
         raise DeadlinePassed(f"up to {pieces} transfers of {len(needs)} shards to move cannot be cut and scheduled "
                              f"in the {abandon.left():.2f} s left")
