@@ -396,9 +396,9 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
                             seed, "every device of the new plan already holds its state")
         return Migration(new, (), 0, 0.0, 0.0, 0.0, 0, (), release_schedule(old, new, failed, ()), solve, 0.0, wanted)
     m = _candidates(needs, sides)
-    pieces = at_least + len(m.need) - len(needs)  # transfers to come, at most
-    if abandon is not None and abandon.left() < pieces * FINISH_S_PER_TRANSFER:
-        raise DeadlinePassed(f"up to {pieces} transfers of {len(needs)} shards to move cannot be cut and scheduled "
+    at_most = at_least + len(m.need) - len(needs)  # transfers to come, at most
+    if abandon is not None and abandon.left() < at_most * FINISH_S_PER_TRANSFER:
+        raise DeadlinePassed(f"up to {at_most} transfers of {len(needs)} shards to move cannot be cut and scheduled "
                              f"in the {abandon.left():.2f} s left")
     total_link_s = sum(n.nbytes for n in needs) / GB * max(GB / model.intra.bandwidth, GB / model.inter.bandwidth)
     eps = 1e-6 * bound / total_link_s if total_link_s > 0 else 0.0
@@ -441,12 +441,12 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     colours, greedy = colour_rounds(list(zip(src.tolist(), dst.tolist())), times.tolist(), deadline)
     colour = np.array(colours, dtype=np.int64)
     rounds = int(colour.max(initial=-1)) + 1
-    order = np.lexsort((layer, dst, src, colour))  # by round, then sender, receiver and layer
+    by_round = np.lexsort((layer, dst, src, colour))  # by round, then sender, receiver and layer
     transfers = [Transfer(tensor_name(ly, rk), ly, rk, s_, d_, n_, c_) for s_, d_, n_, ly, rk, c_ in
-                 zip(*(column[order].tolist() for column in (src, dst, nbytes, layer, rank, colour)))]
-    times = times[order]
+                 zip(*(column[by_round].tolist() for column in (src, dst, nbytes, layer, rank, colour)))]
+    times = times[by_round]
     round_times = np.zeros(rounds)
-    np.maximum.at(round_times, colour[order], times)
+    np.maximum.at(round_times, colour[by_round], times)
     degree = int(max(np.bincount(src).max(), np.bincount(dst).max())) if transfers else 0
     reason += f"; {len(transfers)} transfers in {rounds} rounds"
     if greedy:
