@@ -113,6 +113,17 @@ def test_a_killed_device_comes_back_as_a_fresh_worker(four, reference_four_fp64:
     assert_same_training(reference_four_fp64, run, 1e-9)
 
 
+def test_a_rejoin_whose_transition_fails_leaves_the_newcomer_out(four, reference_four_fp64: RunReport) -> None:
+    """Device 2 dies inside the transition that admits device 1 back: device 1 never got its state,
+    so it is out again and the recovery plans as if it had never come back."""
+    failures = (Failure(step=1, devices=(1,), after_ops=2), Failure(step=3, devices=(2,), in_transition=True))
+    run = run_training(four, STEPS, failures, (Rejoin(step=3, devices=(1,)),), policy="reroute", dtype="float64")
+    assert run.dead == (1, 2)
+    assert any(kind == "rejoin undone" for _, kind, _ in run.events)
+    assert 1 not in run.generations[-1].plan.devices or run.generations[-1].plan.rerouted
+    assert_same_training(reference_four_fp64, run, 1e-9)
+
+
 def test_demo_rejects_a_kill_that_would_never_fire() -> None:
     from typer.testing import CliRunner
 

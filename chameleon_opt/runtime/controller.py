@@ -163,6 +163,7 @@ class Controller:
         self.pending_transition_kills: list[Failure] = []
         self.kill_time: float | None = None
         self.attempts = 0
+        self.newcomers: frozenset[int] = frozenset()  # admitted by a rejoin whose transition has not committed
 
     # ---- processes --------------------------------------------------------------------------
     def _event(self, kind: str, detail: str) -> None:
@@ -312,7 +313,7 @@ class Controller:
             for d in self._live():
                 self._send(d, {"cmd": "discard"})
             self._event("transition aborted", f"devices {sorted(dead)} died during it")
-            self._recover(step, tuple(sorted(dead)), recovery)
+            self._recover(step, tuple(sorted(dead | self._drop_newcomers())), recovery)
             return False
         for d in live:
             self._send(d, {"cmd": "go"})
@@ -399,10 +400,27 @@ class Controller:
             return  # they stay out (failed) until a later rejoin
         for d in sorted(joined):
             self._start_worker(d, None, step)
-        self.failed = decision.failed
+        self.failed, self.newcomers = decision.failed, joined
         assert decision.migration is not None
         self._start_generation(decision.plan, decision.migration, [list(r) for r in decision.allreduce_rounds],
                                decision.policy, decision.iteration_time_s, step, None)
+        self.newcomers = frozenset()
+
+    def _drop_newcomers(self) -> set[int]:
+        """A rejoin's transition aborted: its newcomers never got their state, so they are stopped
+        and count as failed again (the recovery then plans as if they had never come back)."""
+        dropped = {d for d in self.newcomers if d in self.procs}
+        for d in dropped:
+            self._send(d, {"cmd": "stop"})
+            proc = self.procs.pop(d)
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+            self.conns.pop(d).close()
+        self.newcomers = frozenset()
+        if dropped:
+            self._event("rejoin undone", f"devices {sorted(dropped)} hold no state: out again")
+        return dropped
 
     # ---- the job ------------------------------------------------------------------------------
     def run(self, steps: int, failures: tuple[Failure, ...] = (), rejoins: tuple[Rejoin, ...] = ()) -> RunReport:
