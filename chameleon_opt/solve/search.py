@@ -779,7 +779,9 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
     tp = instance.plan.tensor_parallel
     live = [d for d in range(instance.num_devices) if d not in failed]
     template = _template_plan(instance, failed, deadline.share(TEMPLATE_SHARE), options, model)
-    plan, used = template.solution, template.backend
+    # The template path's own label 'bound' (its incumbent met its surrogate bound) says nothing about
+    # the exact model: name the path instead.
+    plan, used = template.solution, ("templates" if template.backend == "bound" else template.backend)
     plan, value = _exact_value(model, plan, failed)
     if len(model.relief_options) > 1 and not deadline.expired():
         # Relieved templates look fast to the level model's surrogate (fastest time, lightest
