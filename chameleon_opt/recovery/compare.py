@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.reroute import even_reroute
@@ -141,7 +142,7 @@ class BlindChameleon(_Uncached):
         if interim is not None:
             try:
                 interim *= ratio(even_reroute(state.layout, state.dead))
-            except Exception:  # noqa: BLE001 - no rerouting of this layout: keep the believed interim step
+            except InfeasibleError:  # no rerouting of this layout: keep the believed interim step
                 pass
         return dataclasses.replace(response, step_s=step, interim_step_s=interim)
 

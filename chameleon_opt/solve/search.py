@@ -35,7 +35,7 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_greedy
-from chameleon_opt.solve.backends import DEFAULT, SolverOptions, solve_cpsat, solve_pulp
+from chameleon_opt.solve.backends import SolverOptions, solve_cpsat, solve_pulp
 from chameleon_opt.solve.bounds import relaxation_bound
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.exact import exact_search
