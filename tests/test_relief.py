@@ -3,7 +3,6 @@ force over (plan x per-stage relief), written apart from the search and from per
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from typing import Any
@@ -17,7 +16,7 @@ from chameleon_opt.perf.relief import parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import search_plan
-from test_search_exact import _compositions, _set_partitions, _tp_groupings
+from test_search_exact import all_plans
 
 RELIEFS = ["none", "full", "offload", "opt-offload"]
 
@@ -54,28 +53,11 @@ def _instance(seed: int) -> tuple[dict[str, Any], frozenset[int]]:
 def brute_force(instance, failed: frozenset[int]) -> float:
     """Every plan of the space (test_search_exact's enumeration) times every relief on every stage."""
     model = PerfModel(instance)
-    options = relief_options(RELIEFS, "none")
-    layers, total = instance.workload.num_layers, instance.global_micro_batches
-    live = [d for d in range(instance.num_devices) if d not in failed]
     best = math.inf
-    for groups in _tp_groupings(live, 1):
-        for partition in _set_partitions(groups):
-            if not partition or len(partition) > total:
-                continue
-            for orders in itertools.product(*(itertools.permutations(block) for block in partition)):
-                for splits in itertools.product(*(_compositions(layers, len(order)) for order in orders)):
-                    for shares in _compositions(total, len(orders)):
-                        count = sum(len(order) for order in orders)
-                        for reliefs in itertools.product(options, repeat=count):
-                            picks = iter(reliefs)
-                            pipelines = []
-                            for order, split, share in zip(orders, splits, shares):
-                                bounds = [0] + list(itertools.accumulate(split))
-                                pipelines.append(Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1], next(picks))
-                                                                for s, g in enumerate(order)), share))
-                            estimate = model.evaluate(Plan(1, tuple(pipelines)), failed)
-                            if estimate.memory_ok:
-                                best = min(best, estimate.iteration_time_s)
+    for plan in all_plans(instance, failed, relief_options(RELIEFS, "none")):
+        estimate = model.evaluate(plan, failed)
+        if estimate.memory_ok:
+            best = min(best, estimate.iteration_time_s)
     return best
 
 

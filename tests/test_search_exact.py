@@ -63,15 +63,15 @@ def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
             for cut in itertools.combinations(range(1, total), parts - 1)]
 
 
-def brute_force(instance, failed: frozenset[int]) -> tuple[float, Plan | None]:
-    model = PerfModel(instance)
+def all_plans(instance, failed: frozenset[int], reliefs: tuple[str | None, ...] = (None,)):
+    """Every plan of the space: TP groupings per node, sets of ordered pipelines, splits,
+    micro-batch allocations, and (for the relief test) every relief on every stage."""
     tp, layers, total = instance.plan.tensor_parallel, instance.workload.num_layers, instance.global_micro_batches
     per_node = []
     for node in range(instance.spec.cluster.nodes):
         live = [d for d in range(node * instance.devices_per_node, (node + 1) * instance.devices_per_node)
                 if d not in failed]
         per_node.append(_tp_groupings(live, tp))
-    best, best_plan = math.inf, None
     for choice in itertools.product(*per_node):
         groups = [g for node in choice for g in node]
         for partition in _set_partitions(groups):
@@ -80,15 +80,24 @@ def brute_force(instance, failed: frozenset[int]) -> tuple[float, Plan | None]:
             for orders in itertools.product(*(itertools.permutations(block) for block in partition)):
                 for splits in itertools.product(*(_compositions(layers, len(order)) for order in orders)):
                     for shares in _compositions(total, len(orders)):
-                        pipelines = []
-                        for order, split, share in zip(orders, splits, shares):
-                            bounds = [0] + list(itertools.accumulate(split))
-                            pipelines.append(Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1])
-                                                            for s, g in enumerate(order)), share))
-                        plan = Plan(tp, tuple(pipelines))
-                        estimate = model.evaluate(plan, failed)
-                        if estimate.memory_ok and estimate.iteration_time_s < best:
-                            best, best_plan = estimate.iteration_time_s, plan
+                        count = sum(len(order) for order in orders)
+                        for picked in itertools.product(reliefs, repeat=count):
+                            picks = iter(picked)
+                            pipelines = []
+                            for order, split, share in zip(orders, splits, shares):
+                                bounds = [0] + list(itertools.accumulate(split))
+                                pipelines.append(Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1], next(picks))
+                                                                for s, g in enumerate(order)), share))
+                            yield Plan(tp, tuple(pipelines))
+
+
+def brute_force(instance, failed: frozenset[int]) -> tuple[float, Plan | None]:
+    model = PerfModel(instance)
+    best, best_plan = math.inf, None
+    for plan in all_plans(instance, failed):
+        estimate = model.evaluate(plan, failed)
+        if estimate.memory_ok and estimate.iteration_time_s < best:
+            best, best_plan = estimate.iteration_time_s, plan
     return best, best_plan
 
 
