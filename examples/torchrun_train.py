@@ -52,6 +52,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.plan import Plan

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 import torch.multiprocessing as mp
 from pydantic import ValidationError
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 
 from chameleon_opt.runtime.gpt import GPTConfig, batch_tokens, build_layer, sample_loss, state_elements
 from chameleon_opt.runtime.schedule import WorkItem, work_items
