@@ -60,7 +60,6 @@ def sailor_validation(sailor_dir: Path) -> dict:
     base_network = sailor_network(sailor_dir)
     plans = measured_plans(sailor_dir)
     documents = [p for _, p in plans]
-    names = [n for n, _ in plans]
     measured = [d["real"] for d in documents]
 
     def predictions(overhead_us: float, withheld: bool = False) -> list[float]:

@@ -37,7 +37,7 @@ from chameleon_opt.perf.comm import Link, ring_allreduce_time
 from chameleon_opt.perf.memory import MemoryBreakdown, TERM_MEANING, in_flight_micro_batches, zero_shards
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.relief import ReliefCost, parse_relief, relief_options
-from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.plan import Pipeline, Plan
 
 GIB = float(1 << 30)
 STAGE_COSTS_KEPT = 200_000  # remembered stage costs per model before the memo starts afresh

@@ -31,7 +31,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 import torch.distributed as dist
@@ -48,6 +48,7 @@ from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recov
 from chameleon_opt.recovery.policy import with_stale_copies
 from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime.gpt import GPTConfig, state_elements
+from chameleon_opt.runtime.replies import collect_replies
 from chameleon_opt.runtime.schedule import order_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
 
@@ -200,50 +201,11 @@ class Controller:
 
     def _collect(self, expect: set[int]) -> tuple[dict[int, dict[str, Any]], set[int]]:
         """Replies of `expect`, and the devices that died meanwhile (removed from the live set)."""
-        replies: dict[int, dict[str, Any]] = {}
-        dead: set[int] = set()
-        waiting = set(expect)
-        while waiting:
-            handles: dict[Any, tuple[str, int]] = {}
-            for d in waiting:
-                handles[self.conns[d]] = ("conn", d)
-            for d in self._live():
-                handles[self.procs[d].sentinel] = ("proc", d)
-            for ready in wait(list(handles), timeout=self.group_timeout_s * 2):
-                kind, d = handles[ready]
-                if kind == "conn":
-                    try:
-                        msg = self.conns[d].recv()
-                    except (EOFError, OSError):
-                        continue  # its sentinel follows
-                    if msg.get("event") == "dying":
-                        self.kill_time = self.kill_time or msg["t"] - time.time() + time.perf_counter()
-                        continue
-                    if msg.get("event") == "crashed":
-                        raise RuntimeError(f"worker {d} crashed:\n{msg['error']}")
-                    replies[d] = msg
-                    waiting.discard(d)
-                elif d in self.procs and not self.procs[d].is_alive():
-                    self._drain(d)
-                    self.procs.pop(d).join()
-                    self.conns.pop(d).close()
-                    dead.add(d)
-                    waiting.discard(d)
-                    self._event("failure detected", f"device {d} exited")
-            if not handles:
-                break
-        return replies, dead
-
-    def _drain(self, device: int) -> None:
-        """Read what a dead worker sent before dying (its kill time)."""
-        conn = self.conns[device]
-        try:
-            while conn.poll():
-                msg = conn.recv()
-                if msg.get("event") == "dying":
-                    self.kill_time = self.kill_time or msg["t"] - time.time() + time.perf_counter()
-        except (EOFError, OSError):
-            pass
+        got = collect_replies(self.conns, self.procs, expect,
+                              on_death=lambda d, _: self._event("failure detected", f"device {d} exited"))
+        if got.kill_time is not None:
+            self.kill_time = self.kill_time or got.kill_time
+        return got.replies, got.dead
 
     def _kill(self, devices: tuple[int, ...]) -> None:
         """SIGKILL the live ones among `devices`; a kill of a device already dead starts no clock

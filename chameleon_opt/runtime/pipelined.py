@@ -32,7 +32,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ import torch.distributed.nn.functional  # noqa: F401  before any group: chameleo
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.plan import Plan
 from chameleon_opt.runtime import hf
+from chameleon_opt.runtime.replies import collect_replies
 
 LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.01
@@ -582,45 +583,17 @@ class PipelinedController:
     def _collect(self, expect: set[int], abort_on_death: bool = False) -> tuple[dict[int, dict[str, Any]], set[int]]:
         """Replies of `expect` and the devices that died meanwhile; with `abort_on_death` every
         live worker is told at the first death, so none waits on a peer that gave up."""
-        replies: dict[int, dict[str, Any]] = {}
-        dead: set[int] = set()
-        waiting = set(expect)
-        while waiting:
-            handles = {self.conns[d]: ("conn", d) for d in waiting}
-            handles.update({self.procs[d].sentinel: ("proc", d) for d in self.procs})
-            ready = wait(list(handles), timeout=max(120.0, 4 * self.job.group_timeout_s))  # start-up is slow
-            if not ready:
-                raise RuntimeError(f"workers {sorted(waiting)} did not answer")
-            for r in ready:
-                kind, d = handles[r]
-                if kind == "conn":
-                    try:
-                        msg = self.conns[d].recv()
-                    except (EOFError, OSError):
-                        continue
-                    if msg.get("event") == "dying":
-                        self.kill_time = self.kill_time or msg["t"] - time.time() + time.perf_counter()
-                        continue
-                    if msg.get("event") == "crashed":
-                        raise RuntimeError(f"worker {d} crashed:\n{msg['error']}")
-                    replies[d] = msg
-                    waiting.discard(d)
-                elif d in self.procs and not self.procs[d].is_alive():
-                    conn = self.conns.pop(d)
-                    try:
-                        while conn.poll():
-                            msg = conn.recv()
-                            if msg.get("event") == "dying":
-                                self.kill_time = self.kill_time or msg["t"] - time.time() + time.perf_counter()
-                    except (EOFError, OSError):
-                        pass
-                    self.procs.pop(d).join()
-                    if abort_on_death and not dead:
-                        for other in sorted(self.procs):
-                            self._send(other, {"cmd": "abort"})
-                    dead.add(d)
-                    waiting.discard(d)
-        return replies, dead
+
+        def told(_: int, first: bool) -> None:
+            if abort_on_death and first:
+                for other in sorted(self.procs):
+                    self._send(other, {"cmd": "abort"})
+
+        got = collect_replies(self.conns, self.procs, expect, timeout_s=max(120.0, 4 * self.job.group_timeout_s),
+                              on_death=told)  # the timeout is generous: start-up is slow
+        if got.kill_time is not None:
+            self.kill_time = self.kill_time or got.kill_time
+        return got.replies, got.dead
 
     def _send(self, d: int, msg: dict[str, Any]) -> None:
         try:

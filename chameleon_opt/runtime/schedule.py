@@ -75,8 +75,6 @@ def order_operations(rank_plans: dict[int, dict[str, Any]], mbs: int) -> dict[in
     """Rank -> its operations in execution order (see the module docstring)."""
     trainers = {d: p for d, p in rank_plans.items() if p.get("role") == "train"}
     items = {d: work_items(p, mbs) for d, p in trainers.items()}
-    # who computes which samples at which rank: (device, start) -> index, to resolve dependencies
-    index = {(d, it.start): i for d, its in items.items() for i, it in enumerate(its) if it is not None}
     producers: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for d, its in items.items():
         for i, it in enumerate(its):
