@@ -102,7 +102,8 @@ def replay(scenario: Scenario) -> Expected:
             state["failed"] = state["failed"] | dead
             state["switch"] = None
             inst = dataclasses.replace(base, plan=state["layout"], failed_devices=state["failed"])
-            decision = decide(inst, state["failed"], scenario.policy, TIME_LIMIT_S)
+            decision = decide(inst, state["failed"], scenario.policy, TIME_LIMIT_S,
+                              bubble_filling=False)  # as the controller plans: see its docstring
             chosen = decision.chosen
             assert chosen is not None, decision.reason
             dead = victims(step)

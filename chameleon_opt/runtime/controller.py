@@ -18,6 +18,12 @@ A failed device can come back (`Rejoin`) as a fresh worker process with no state
 decides its return (`rejoin.plan_join`) and the next generation admits it and gives it its state
 by the planned transfers, the same migration a reconfiguration runs.
 
+The planner prices what the workers run. They run each rank's order from `runtime.schedule`
+(a 1F1B list schedule), not the bubble-filling model's CP-SAT orders (solve/bubbles.py). So bubble
+filling is off by default here: the rerouting is priced by its serial shares (Eq. 12/13). With it
+on, the rerouting would be priced at a schedule the workers do not follow, and proving that
+schedule can take most of the time limit (3.2 s of 5 s planning two failures on runtime-cpu-6).
+
 Every committed step is checked: every sample of the global batch got exactly one loss.
 """
 
@@ -143,7 +149,7 @@ class Controller:
 
     def __init__(self, instance: Instance, *, policy: str = "auto", seed: int = 0, dtype: str = "float32",
                  time_limit_s: float = 5.0, group_timeout_s: float = 30.0,
-                 progress: Callable[[str], None] | None = None, bubble_filling: bool = True) -> None:
+                 progress: Callable[[str], None] | None = None, bubble_filling: bool = False) -> None:
         self.instance, self.policy, self.seed, self.dtype = instance, policy, seed, dtype
         self.time_limit_s, self.group_timeout_s = time_limit_s, group_timeout_s
         self.bubble_filling = bubble_filling
