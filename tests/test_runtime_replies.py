@@ -1,5 +1,6 @@
 """collect_replies, the wait both runtime controllers use: replies, deaths seen through the
-sentinel (with the dying worker's kill time), crashes, silence, and the first-death callback."""
+sentinel (with the dying worker's kill time), crashes, silence, and the first-death callback;
+step_loss, the global batch's loss and its exactly-once check."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from chameleon_opt.runtime.replies import collect_replies
+from chameleon_opt.runtime.replies import collect_replies, step_loss
 
 
 def _worker(conn: Connection, behaviour: str) -> None:
@@ -68,3 +69,12 @@ def test_silence_past_the_timeout_raises() -> None:
     finally:
         procs[0].kill()
         procs[0].join()
+
+
+def test_step_loss_is_the_batch_mean_and_checks_every_sample_once() -> None:
+    whole = {0: {"losses": {0: 1.0, 1: 2.0}}, 1: {"losses": {2: 3.0, 3: 6.0}}}
+    assert step_loss(whole, 4) == (3.0, True)
+    twice = {0: {"losses": {0: 1.0, 1: 2.0}}, 1: {"losses": {1: 2.0, 3: 6.0}}}
+    assert step_loss(twice, 4)[1] is False  # sample 1 twice, sample 2 never
+    missing = {0: {"losses": {0: 1.0, 1: 2.0}}}
+    assert step_loss(missing, 4) == (0.75, False)

@@ -54,7 +54,7 @@ from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recov
 from chameleon_opt.recovery.policy import with_stale_copies
 from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime.gpt import GPTConfig, state_elements
-from chameleon_opt.runtime.replies import collect_replies
+from chameleon_opt.runtime.replies import collect_replies, step_loss
 from chameleon_opt.runtime.schedule import order_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
 
@@ -430,14 +430,9 @@ class Controller:
                 for d in self._live():
                     self._send(d, {"cmd": "commit"})
                 elapsed = time.perf_counter() - t0
-                per_sample: dict[int, float] = {}
-                duplicates = 0
-                for r in replies.values():
-                    for sample, value in r["losses"].items():
-                        duplicates += sample in per_sample
-                        per_sample[sample] = value
-                once.append(duplicates == 0 and sorted(per_sample) == list(range(self.batch)))
-                losses.append(sum(per_sample[s] for s in sorted(per_sample)) / self.batch)
+                loss, exactly_once = step_loss(replies, self.batch)
+                once.append(exactly_once)
+                losses.append(loss)
                 times.append(elapsed)
                 self.generations[-1].step_times_s.append(elapsed)
                 self._event("step", f"{step}: loss {losses[-1]:.5f}, {elapsed * 1e3:.1f} ms")

@@ -43,7 +43,7 @@ import torch.distributed.nn.functional  # noqa: F401  before any group: chameleo
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.plan import Plan
 from chameleon_opt.runtime import hf
-from chameleon_opt.runtime.replies import collect_replies
+from chameleon_opt.runtime.replies import collect_replies, step_loss
 
 LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.01
@@ -661,15 +661,9 @@ class PipelinedController:
                     saved, _ = self._collect(set(self.procs))
                     report.checkpoint_save_s.append(max(r["save_s"] for r in saved.values()))
                     self.checkpoint = folder
-                per_sample: dict[int, float] = {}
-                duplicates = 0
-                for r in replies.values():
-                    for sample, value in r["losses"].items():
-                        duplicates += sample in per_sample
-                        per_sample[sample] = value
-                report.samples_exactly_once.append(duplicates == 0 and
-                                                   sorted(per_sample) == list(range(self.job.global_batch)))
-                report.losses.append(sum(per_sample.values()) / self.job.global_batch)
+                loss, exactly_once = step_loss(replies, self.job.global_batch)
+                report.samples_exactly_once.append(exactly_once)
+                report.losses.append(loss)
                 report.step_times_s.append(elapsed)
                 step += 1
         finally:

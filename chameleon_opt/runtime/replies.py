@@ -1,5 +1,5 @@
-"""Waiting for worker replies while noticing deaths: the one loop both runtimes' controllers
-(controller.py's tiny GPT, pipelined.py's Hugging Face stages) use.
+"""Waiting for worker replies while noticing deaths, and reading a step's loss from them: what
+both runtimes' controllers (controller.py's tiny GPT, pipelined.py's Hugging Face stages) share.
 
 A worker answers over its pipe; a worker that dies says so only through its process sentinel,
 and a killed one may first have sent a `dying` report carrying its kill time (wall clock), which
@@ -83,3 +83,16 @@ def _drain(conn: Connection, got: Collected) -> None:
                 got.note_dying(msg)
     except (EOFError, OSError):
         pass
+
+
+def step_loss(replies: dict[int, dict[str, Any]], global_batch: int) -> tuple[float, bool]:
+    """The global batch's mean loss from every rank's per-sample losses, and whether each sample
+    of the batch got exactly one loss (none missing, none computed twice)."""
+    per_sample: dict[int, float] = {}
+    duplicates = 0
+    for reply in replies.values():
+        for sample, value in reply["losses"].items():
+            duplicates += sample in per_sample
+            per_sample[sample] = value
+    once = duplicates == 0 and sorted(per_sample) == list(range(global_batch))
+    return sum(per_sample[s] for s in sorted(per_sample)) / global_batch, once
