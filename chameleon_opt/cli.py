@@ -10,6 +10,7 @@ torch is never imported here (start-up must stay fast).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from enum import Enum
@@ -21,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from chameleon_opt.errors import ChameleonError, InputError
+from chameleon_opt.incident import FAILED, FAILED_NODE, REPLACE_FAILURES, NothingFailed, failed_devices
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.instance.schema import InstanceSpec
 from chameleon_opt.perf.model import GIB, Estimate, PerfModel
@@ -141,14 +143,21 @@ def _relief_cost(cost: Any) -> str:
 def estimate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
              as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)"),
              after_failure: bool = typer.Option(False, "--after-failure",
-                                                help="evaluate the rerouted plan after the instance's failures")) -> None:
-    """Predict step time, throughput and memory of the instance's current plan."""
+                                                help="evaluate the rerouted plan after the failures (implied by "
+                                                     "--failed and --failed-node)"),
+             failed_ids: list[str] = FAILED, failed_node: list[str] = FAILED_NODE,
+             replace_failures: bool = REPLACE_FAILURES) -> None:
+    """Predict step time, throughput and memory of the instance's current plan (or, after a
+    failure, of its even rerouting)."""
     try:
         instance = load_instance(file)
         model = PerfModel(instance)
         plan, failed = instance.plan, frozenset()
-        if after_failure:
-            failed = instance.failed_devices
+        if after_failure or failed_ids or failed_node:
+            after_failure = True
+            failed = failed_devices(instance, failed_ids, failed_node, replace_failures)
+            if not failed:
+                raise NothingFailed(instance)
             plan = even_reroute(plan, failed)
         result = model.evaluate(plan, failed)
     except ChameleonError as err:
@@ -262,9 +271,6 @@ def _plan_pictures(name: str, decision: "RecoveryDecision", failed: frozenset[in
 def _plan_join(instance: Any, failed: frozenset[int], joined: frozenset[int], options: Any, deadline: Any) -> Any:
     """The instance's failures recovered (the plan running when the devices come back), then the
     return of `joined` planned on top (rejoin.plan_join)."""
-    import dataclasses
-
-    from chameleon_opt.errors import InputError
     from chameleon_opt.planning import plan_recovery
     from chameleon_opt.rejoin import plan_join
 
@@ -300,9 +306,11 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          joined: list[int] = typer.Option([], "--joined", help="a failed device that is back without state "
                                           "(repeat): plan its return (keep running, take back rerouted slots, or "
                                           "scale up) instead of the failure"),
-         as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)")) -> None:
-    """Plan the recovery from the instance's failures (or, with --joined, the return of devices):
-    candidates, scores, the chosen plan."""
+         as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)"),
+         failed_ids: list[str] = FAILED, failed_node: list[str] = FAILED_NODE,
+         replace_failures: bool = REPLACE_FAILURES) -> None:
+    """Plan the recovery from the failures (the file's and --failed/--failed-node), or, with
+    --joined, the return of devices: candidates, scores, the chosen plan."""
     import time
 
     begun = time.perf_counter()  # the deadline counts from here: imports and loading are inside it
@@ -318,7 +326,10 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
         options = PlanningOptions(policy.value, time_limit, _solver_options(backend, threads, seed, solver_log, params),
                                   next_fault_s)
         instance = load_instance(file)
-        failed = instance.failed_devices
+        failed = failed_devices(instance, failed_ids, failed_node, replace_failures)
+        if not failed:
+            raise NothingFailed(instance)
+        instance = dataclasses.replace(instance, failed_devices=failed)
         if joined:
             decision = _plan_join(instance, failed, frozenset(joined), options, Deadline.after(time_limit, begun))
             failed = decision.failed

@@ -17,6 +17,8 @@ from typing import Any
 import typer
 
 from chameleon_opt.errors import ChameleonError, InputError
+from chameleon_opt.incident import FAILED, FAILED_NODE, REPLACE_FAILURES, failed_devices
+from chameleon_opt.plan import device_list
 
 import_app = typer.Typer(no_args_is_help=True, help="Read a trainer's job config into an instance "
                          "(device ids = the trainer's global ranks).")
@@ -29,9 +31,9 @@ class Format(str, Enum):
 
 
 class ExportPolicy(str, Enum):
-    reconfigure = "reconfigure"  # a plan the trainer restarts into (the default)
-    auto = "auto"                # Eq. 8; a rerouting can be exported as --format ranks only
-    reroute = "reroute"
+    auto = "auto"                # Eq. 8, as `plan` decides (the default); a hybrid exports its final plan
+    reroute = "reroute"          # a rerouting can be exported as --format ranks only
+    reconfigure = "reconfigure"  # a plan the trainer restarts into
 
 
 def _write_json(document: dict[str, Any], output: Path | None, force: bool) -> None:
@@ -119,14 +121,18 @@ def export_plan_command(file: Path = typer.Argument(None, help="instance file (i
                         fmt: Format = typer.Option(Format.ranks, "--format", help="the trainer's vocabulary"),
                         output: Path = typer.Option(None, "--output", "-o",
                                                     help="file to write: .json, or .toml (torchtitan, uniform plan)"),
-                        policy: ExportPolicy = typer.Option(ExportPolicy.reconfigure, "--policy"),
-                        time_limit: float = typer.Option(10.0, "--time-limit", min=0.01, help="plan search seconds"),
+                        policy: ExportPolicy = typer.Option(ExportPolicy.auto, "--policy",
+                                                            help="the same default decision as `plan` (auto)"),
+                        time_limit: float = typer.Option(10.0, "--time-limit", min=0.01,
+                                                         help="seconds for the whole decision, as `plan`"),
                         schema: bool = typer.Option(False, "--schema", help="print the format's JSON Schema"),
-                        force: bool = _FORCE) -> None:
-    """Write the plan a trainer runs: the recovery plan for the instance's failed ranks (or the
-    current plan without failures) as parallelism settings when uniform, per-rank module lists
-    and micro-batch counts always."""
-    from chameleon_opt.cli import fail
+                        force: bool = _FORCE, failed_ids: list[str] = FAILED, failed_node: list[str] = FAILED_NODE,
+                        replace_failures: bool = REPLACE_FAILURES) -> None:
+    """Write the plan a trainer runs: the recovery plan for the failed ranks (the file's and
+    --failed/--failed-node; with none, the current plan) as parallelism settings when uniform,
+    per-rank module lists and micro-batch counts always. Says what it wrote (on stderr when the
+    plan itself goes to stdout)."""
+    from chameleon_opt.cli import fail, stderr, stdout
     from chameleon_opt.interop.export import export_plan, export_schema
 
     if schema:
@@ -144,7 +150,7 @@ def export_plan_command(file: Path = typer.Argument(None, help="instance file (i
         if toml and fmt is not Format.torchtitan:
             raise InputError(output, "--output", "TOML is torchtitan's format", "write .json for this format")
         instance = load_instance(file)
-        failed = instance.failed_devices
+        failed = failed_devices(instance, failed_ids, failed_node, replace_failures)
         plan, chosen = instance.plan, "initial"
         if failed:
             from chameleon_opt.api import Planner
@@ -166,6 +172,13 @@ def export_plan_command(file: Path = typer.Argument(None, help="instance file (i
             _write_json(document, output, force)
     except ChameleonError as err:
         fail(err)
+    decided = "the final plan of the hybrid decision (the layout after its switch)" if chosen == "hybrid" else \
+        f"the {chosen} plan"
+    what = f"{decided} for failed ranks {device_list(sorted(failed))}" if failed else "the current plan (nothing failed)"
+    (stderr if output is None else stdout).print(
+        f"{'wrote ' + str(output) if output else 'printed'}: {what}, {fmt.value} format, {document['world_size']} "
+        f"ranks, {'uniform' if document['uniform'] else 'uneven (per-rank module lists only)'}",
+        highlight=False, markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
