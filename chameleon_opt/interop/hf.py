@@ -18,8 +18,10 @@ def architecture_from_hf(config: dict[str, Any], path: Path | str | None = None)
     kind = config.get("model_type")
     try:
         if kind in LLAMA_FAMILY:
-            heads = int(config["num_attention_heads"])
-            return {"layers": int(config["num_hidden_layers"]), "hidden": int(config["hidden_size"]),
+            heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
+            head_dim = int(config.get("head_dim") or hidden // heads)
+            extra = {"head_dim": head_dim} if head_dim * heads != hidden else {}
+            return {"layers": int(config["num_hidden_layers"]), "hidden": hidden, **extra,
                     "heads": heads, "kv_heads": int(config.get("num_key_value_heads") or heads),
                     "ffn": int(config["intermediate_size"]), "vocab": int(config["vocab_size"]),
                     "seq_len": int(config.get("max_position_embeddings", 2048)), "gated_mlp": True,

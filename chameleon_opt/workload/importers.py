@@ -188,7 +188,7 @@ def _architecture(fields: dict[str, Any], file: str | Path | None) -> Architectu
 # Hugging Face `model_type` -> family. The families differ in key names and defaults.
 _HF_FAMILIES = {
     "gpt2": "gpt2", "opt": "opt", "gpt_neo": "gpt_neo",
-    "llama": "llama", "mistral": "llama", "qwen2": "llama",
+    "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
 }
 
 
@@ -221,7 +221,7 @@ _LEARNED_POSITION_KEYS: dict[str, dict[str, str]] = {
 
 def architecture_from_hf_config(config: dict[str, Any], file: str | Path | None = None,
                                 seq_len: int | None = None) -> Architecture:
-    """The Architecture of a Hugging Face `config.json` (GPT-2, OPT, GPT-Neo, Llama/Mistral/Qwen2).
+    """The Architecture of a Hugging Face `config.json` (GPT-2, OPT, GPT-Neo, Llama/Mistral/Qwen2/Qwen3).
 
     Why per family: each family names the same dimensions differently (n_embd, hidden_size), and
     the defaults differ (GPT-2, OPT and GPT-Neo tie the head to the embedding and learn positions;
@@ -246,9 +246,12 @@ def architecture_from_hf_config(config: dict[str, Any], file: str | Path | None 
             gated_mlp=False, learned_positions=True, tied_embeddings=True if tie is None else bool(tie))
     else:
         heads = _int_value(config, "num_attention_heads", file, "the number of attention heads")
+        hidden = _int_value(config, "hidden_size", file, "the model width")
+        head_dim = _int_value(config, "head_dim", file, "the width of one attention head",
+                              default=hidden // heads or 1)
         fields = dict(
             layers=_int_value(config, "num_hidden_layers", file, "the number of transformer blocks"),
-            hidden=_int_value(config, "hidden_size", file, "the model width"), heads=heads,
+            hidden=hidden, heads=heads, head_dim=None if head_dim * heads == hidden else head_dim,
             kv_heads=_int_value(config, "num_key_value_heads", file, "the number of KV heads", default=heads),
             ffn=_int_value(config, "intermediate_size", file, "the MLP inner size"),
             vocab=_int_value(config, "vocab_size", file, "the vocabulary size"),

@@ -98,8 +98,8 @@ class Workload:
             return np.zeros(self.num_layers)
         a = self.architecture
         h, f = a.hidden, a.ffn
-        kv_dim = (a.kv_heads or a.heads) * (h // a.heads)
-        attention = 2 * h * h + 2 * h * kv_dim
+        q_dim, kv_dim = a.q_dim, a.kv_dim
+        attention = 2 * h * q_dim + 2 * h * kv_dim
         mlp = (3 if a.gated_mlp else 2) * h * f
         biases_and_norms = 2 * h if a.gated_mlp else (2 * h + 2 * kv_dim + h + f + h + 4 * h)
         block = attention + mlp + biases_and_norms
@@ -119,26 +119,25 @@ class Workload:
     @cached_property
     def forward_flops_per_sample(self) -> np.ndarray:
         """Forward FLOPs of one sequence per layer at TP 1 (Narayanan et al., SC'21, Eq. 2's terms):
-        2 FLOPs per parameter per token for the matrix multiplies plus 4*s^2*h for attention scores
-        and values in every block; 2*s*h*V for the head's logits; the embedding is a lookup (0)."""
+        2 FLOPs per parameter per token for the matrix multiplies plus 4*s^2*q for attention scores
+        and values in every block (q = heads x head width: h unless head_dim says otherwise); 2*s*h*V for the head's logits; the embedding is a lookup (0)."""
         if self.architecture is None:
             return np.zeros(self.num_layers)
         a, s = self.architecture, self.sequence_length
         h = a.hidden
-        kv_dim = (a.kv_heads or a.heads) * (h // a.heads)
-        matmul_params = 2 * h * h + 2 * h * kv_dim + (3 if a.gated_mlp else 2) * h * a.ffn
-        block = 2.0 * s * matmul_params + 4.0 * s * s * h
+        matmul_params = 2 * h * a.q_dim + 2 * h * a.kv_dim + (3 if a.gated_mlp else 2) * h * a.ffn
+        block = 2.0 * s * matmul_params + 4.0 * s * s * a.q_dim
         head = 2.0 * s * h * a.vocab
         return np.array([0.0] + [block] * a.layers + [head])
 
     @cached_property
     def attention_core_flops_per_sample(self) -> np.ndarray:
-        """Forward FLOPs of the attention core (Q K^T and attention x V: 4*s^2*h per block): what
+        """Forward FLOPs of the attention core (Q K^T and attention x V: 4*s^2*q per block): what
         selective recomputation repeats in the backward."""
         if self.architecture is None:
             return np.zeros(self.num_layers)
         a, s = self.architecture, self.sequence_length
-        return np.array([0.0] + [4.0 * s * s * a.hidden] * a.layers + [0.0])
+        return np.array([0.0] + [4.0 * s * s * a.q_dim] * a.layers + [0.0])
 
     def activation_bytes_per_sample(self, tp: int, recompute: bool | str, attention: str = "flash",
                                     sequence_parallel: bool = False) -> np.ndarray:
@@ -177,13 +176,14 @@ class Workload:
 
     def _parallel_sbh_terms(self) -> float:
         """Korthikanti's TP-sharded s*h*b coefficients of a block (24 for MHA and a 4h GeLU MLP):
-        Q and the attention output-projection input (2 each), K and V (2 each at their KV width),
+        Q and the attention output-projection input (2 each at the heads' width q), K and V (2 each
+        at their KV width),
         the MLP's inner tensors (2 bytes x width/h each: two for GeLU, three for SwiGLU)."""
         a = self.architecture
         assert a is not None
-        kv = (a.kv_heads or a.heads) / a.heads
+        q, kv = a.q_dim / a.hidden, a.kv_dim / a.hidden
         mlp_tensors = 3 if a.gated_mlp else 2
-        return 4.0 + 4.0 * kv + 2.0 * (a.ffn / a.hidden) * mlp_tensors
+        return 4.0 * q + 4.0 * kv + 2.0 * (a.ffn / a.hidden) * mlp_tensors
 
     def backward_transient_bytes_per_sample(self, tp: int, recompute: bool | str, attention: str = "flash",
                                             sequence_parallel: bool = False) -> float:

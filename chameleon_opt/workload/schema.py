@@ -22,6 +22,9 @@ class Architecture(Strict):
     hidden: PositiveInt
     heads: PositiveInt
     kv_heads: PositiveInt | None = Field(None, description="grouped-query attention; default = heads")
+    head_dim: PositiveInt | None = Field(
+        None, description="width of one attention head when it is not hidden / heads (Qwen3, Megatron-LM's "
+        "--kv-channels): Q, K, V and the output projection are heads x head_dim wide. Default: hidden / heads")
     ffn: PositiveInt = Field(description="MLP inner size")
     vocab: PositiveInt
     seq_len: PositiveInt = Field(description="default training sequence length")
@@ -31,11 +34,26 @@ class Architecture(Strict):
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "Architecture":
-        if self.hidden % self.heads:
+        if self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         return self
+
+    @property
+    def head_width(self) -> int:
+        """One attention head's width: head_dim, or hidden / heads."""
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q and of the attention output (heads x head width); hidden unless head_dim says otherwise."""
+        return self.heads * self.head_width
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K and of V (KV heads x head width)."""
+        return (self.kv_heads or self.heads) * self.head_width
 
 
 LayerTimes = tuple[float, float, float]
