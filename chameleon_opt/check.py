@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chameleon_opt.errors import ChameleonError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import GIB, PerfModel, memory_reason
 from chameleon_opt.plan import Plan
@@ -25,8 +26,16 @@ class CheckReport:
         return not self.violations
 
 
-class PlanRejected(AssertionError):
-    """A solver produced a plan the checker rejects: a bug, never a user error."""
+class PlanRejected(ChameleonError):
+    """A solver produced a plan the checker rejects: a bug, never a user error. It reaches the user
+    as one line naming the stage (exit 1), never as a traceback."""
+
+    exit_code = 1
+
+    def __init__(self, stage: str, violations: tuple[str, ...]) -> None:
+        self.stage, self.violations = stage, violations
+        super().__init__(f"internal error: the {stage}'s plan was rejected by the checker (a bug, please report it "
+                         f"with the instance): " + "; ".join(violations[:5]))
 
 
 def check_plan(instance: Instance, plan: Plan, failed: frozenset[int] = frozenset(),
@@ -99,9 +108,10 @@ def check_plan(instance: Instance, plan: Plan, failed: frozenset[int] = frozense
 
 
 def assert_sound(instance: Instance, plan: Plan, failed: frozenset[int] = frozenset(),
-                 require_tp_in_node: bool = True, model: PerfModel | None = None) -> Plan:
-    """Return `plan` if the checker accepts it, else raise PlanRejected listing the violations."""
+                 require_tp_in_node: bool = True, model: PerfModel | None = None, stage: str = "solver") -> Plan:
+    """Return `plan` if the checker accepts it, else raise PlanRejected naming `stage` (the part of
+    the decision that produced it) and the violations."""
     report = check_plan(instance, plan, failed, require_tp_in_node, model)
     if not report.ok:
-        raise PlanRejected("plan rejected by the checker: " + "; ".join(report.violations[:5]))
+        raise PlanRejected(stage, report.violations)
     return plan

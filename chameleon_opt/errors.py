@@ -39,9 +39,15 @@ class InfeasibleError(ChameleonError):
 
 
 class NoSolutionError(ChameleonError):
-    """Nothing found within the time limit and no fallback applies (exit code 4)."""
+    """Nothing usable found within the time limit and infeasibility not proven (exit code 4):
+    `reason` names what was tried, `suggested_limit_s` a limit that would likely suffice."""
 
     exit_code = 4
+
+    def __init__(self, reason: str, limit_s: float, suggested_limit_s: float) -> None:
+        self.reason, self.limit_s, self.suggested_limit_s = reason, limit_s, suggested_limit_s
+        super().__init__(f"no answer within the {limit_s:.3g} s limit: {reason}; "
+                         f"fix: raise --time-limit (about {suggested_limit_s:.3g} s would likely suffice)")
 
 
 class UnrecoverableError(ChameleonError):

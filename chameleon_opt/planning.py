@@ -24,7 +24,7 @@ from chameleon_opt.check import assert_sound
 from chameleon_opt.comm import Migration, communication_plan
 from chameleon_opt.comm.api import CommInfo
 from chameleon_opt.comm.lowering import FORMAT, LoweredPlan
-from chameleon_opt.errors import InfeasibleError, InputError
+from chameleon_opt.errors import InfeasibleError, InputError, NoSolutionError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate
 from chameleon_opt.plan import Plan
@@ -141,20 +141,36 @@ def executable(state: Instance, option: RecoveryOption, failed: frozenset[int], 
                             solve=option.solve, communication=comm, stages=stages)
 
 
+def suggested_limit_s(stages: tuple[StageTime, ...], limit_s: float) -> float:
+    """A whole-decision limit that would likely have sufficed: each stage gets a share of the
+    limit, so the limit scales by the largest ratio of a stopped stage's estimated need to what it
+    was given (twice the limit where a stage that stopped early gives no estimate)."""
+    ratio = 2.0
+    for stage in stages:
+        if stage.stopped_early and stage.needed_s is not None and stage.limit_s > 0:
+            ratio = max(ratio, 1.2 * stage.needed_s / stage.limit_s)
+    return limit_s * ratio
+
+
 def plan_recovery(instance: Instance, failed: frozenset[int], options: PlanningOptions = PlanningOptions(),
                   deadline: Deadline | None = None) -> RecoveryDecision:
     """The recovery from `failed` (every device failed so far) of the job whose current layout is
     `instance.plan`, within `deadline` (else `options.time_limit_s` from now).
 
-    Raises UnrecoverableError when some layer lost every replica and InfeasibleError when no
-    candidate is usable (each one's reason is given)."""
-    deadline = deadline or Deadline.after(options.time_limit_s)
+    Raises UnrecoverableError when some layer lost every replica, InfeasibleError when no
+    candidate is usable for a proven reason, NoSolutionError when none is usable because the
+    deadline cut the work short (each one's reason and a limit that would suffice are given)."""
+    begun = time.perf_counter()
+    deadline = deadline or Deadline.after(options.time_limit_s, begun)
     deciding = deadline.share(1 - FINISH_SHARE)
     decision = decide(instance, failed, options.policy, next_fault_s=options.next_fault_s, deadline=deciding,
                       bubble_filling=options.bubble_filling,
                       options=options.solver)
     if decision.chosen is None:
-        raise InfeasibleError(decision.reason)
+        if decision.proven:
+            raise InfeasibleError(decision.reason)
+        raise NoSolutionError(decision.reason, deadline.end - begun, suggested_limit_s(decision.stages,
+                                                                                      deadline.end - begun))
     chosen = decision.chosen
     result = executable(instance, chosen, failed, decision.reason, decision.candidates, deadline, options.solver,
                         decision.stages)

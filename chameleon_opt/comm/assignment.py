@@ -185,7 +185,7 @@ def assign_slots(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int])
     plan = Plan(tp, pipelines, new.rerouted)
     report = check_plan(instance, plan, failed, model=model)
     if not report.ok and check_plan(instance, new, failed, model=model).ok:  # a permutation keeps soundness
-        raise PlanRejected("slot assignment broke a sound plan (a bug): " + "; ".join(report.violations[:5]))
+        raise PlanRejected("slot assignment", report.violations)
     before, after = _slot_state(model, old, new, failed), _slot_state(model, old, plan, failed)
     fixed = _slot_state(model, old, Plan(tp, tuple(Pipeline(tuple(st for s, st in enumerate(p.stages)
                                                                       if (j, s) not in choice), p.micro_batches)

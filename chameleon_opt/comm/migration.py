@@ -386,7 +386,8 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     at_least = sum(len(n.layers) for n in needs)  # transfers to come: one per layer of each shard, at least
     if abandon is not None and abandon.left() < at_least * FINISH_S_PER_TRANSFER:
         raise DeadlinePassed(f"at least {at_least} transfers of {len(needs)} shards to move cannot be cut and "
-                             f"scheduled in the {abandon.left():.2f} s left")
+                             f"scheduled in the {abandon.left():.2f} s left", at_least * FINISH_S_PER_TRANSFER,
+                             abandon.left())
     sizes = tensor_bytes(model, new.tensor_parallel)
     sides = _Sides(model, needs)
     bound = lower_bound_s(model, needs, sides)
@@ -399,7 +400,7 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     at_most = at_least + len(m.need) - len(needs)  # transfers to come, at most
     if abandon is not None and abandon.left() < at_most * FINISH_S_PER_TRANSFER:
         raise DeadlinePassed(f"up to {at_most} transfers of {len(needs)} shards to move cannot be cut and scheduled "
-                             f"in the {abandon.left():.2f} s left")
+                             f"in the {abandon.left():.2f} s left", at_most * FINISH_S_PER_TRANSFER, abandon.left())
     total_link_s = sum(n.nbytes for n in needs) / GB * max(GB / model.intra.bandwidth, GB / model.inter.bandwidth)
     eps = 1e-6 * bound / total_link_s if total_link_s > 0 else 0.0
     build_s = time.perf_counter() - start

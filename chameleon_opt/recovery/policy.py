@@ -21,6 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from chameleon_opt.check import check_plan
 from chameleon_opt.comm import assign_slots, communication_plan
 from chameleon_opt.comm.api import CommInfo
 from chameleon_opt.comm.migration import Migration
@@ -31,7 +32,7 @@ from chameleon_opt.plan import Plan
 from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.bubbles import rerouted_step
 from chameleon_opt.solve.deadline import Deadline, DeadlinePassed, StageTime
-from chameleon_opt.solve.result import SolveResult
+from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.reroute import reroute_plan
 from chameleon_opt.solve.search import search_plan
 
@@ -168,6 +169,11 @@ class RecoveryOption:
     def step_s(self) -> float | None:
         return None if self.estimate is None else self.iteration_time_s
 
+    @property
+    def proven_infeasible(self) -> bool:
+        """Unusable for a proven reason (its solver proved infeasibility), not for want of time."""
+        return not self.feasible and self.solve is not None and self.solve.status is Status.INFEASIBLE
+
     def to_json(self) -> dict[str, object]:
         return {"policy": self.policy, "feasible": self.feasible, "reason": self.reason,
                 "iteration_time_s": self.step_s, "transition_time_s": self.transition_s, "score": self.score,
@@ -180,12 +186,17 @@ Candidate = RecoveryOption
 
 @dataclass(frozen=True)
 class Decision:
+    """The policy's choice among its candidates; `chosen` is None when none is usable, and
+    `proven` then says whether that is proven (every candidate infeasible, or never paying off)
+    or only for want of time (then `stages` say which stage the deadline cut short)."""
+
     policy: str
     reason: str
     chosen: RecoveryOption | None
     candidates: tuple[RecoveryOption, ...]
     next_fault_s: float | None
     stages: tuple[StageTime, ...] = ()
+    proven: bool = True
 
 
 def _stage(name: str, deadline: Deadline, started: float, result: SolveResult | None) -> StageTime:
@@ -212,7 +223,9 @@ def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfMod
                                              deadline.left() if deadline else time_limit_s, options, floor_ok=False)
         except InfeasibleError:
             step = math.inf
-        if step < estimate.iteration_time_s * (1 - 1e-9):
+        # The schedule model keeps its own activation limits: the checker's memory model decides.
+        if step < estimate.iteration_time_s * (1 - 1e-9) and \
+                check_plan(instance, whole, failed, require_tp_in_node=False, model=model).ok:
             plan, reason = whole, f"layout kept; {how} beats the serial shares ({estimate.iteration_time_s:.4g} s)"
             estimate = dataclasses.replace(model.evaluate(whole, failed), iteration_time_s=step)
     return RecoveryOption("reroute", True, reason, plan, estimate, 0.0, solve=result)
@@ -252,8 +265,10 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
                                                      options=options, assigned=None if slower else remapped,
                                                      abandon=deadline)
     except DeadlinePassed as stopped:
+        needed = None if stopped.needed_s is None else \
+            (comm_deadline.end - started) * stopped.needed_s / max(stopped.given_s or 0.0, 1e-3)
         stages.append(StageTime("communication", max(comm_deadline.end - started, 0.0),
-                                time.perf_counter() - started, True, str(stopped)))
+                                time.perf_counter() - started, True, str(stopped), needed))
         return (RecoveryOption("reconfigure", False, f"stopped early: {stopped}, so the migration of the searched "
                                "plan has no schedule (raise --time-limit)", solve=result), tuple(stages))
     estimate = model.evaluate(comm.plan, failed)
@@ -342,7 +357,8 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
         reasons = "; ".join(f"{c.policy}: {c.reason}" if not c.feasible else
                             f"{c.policy}: its transition of {c.transition_s:.1f} s outlasts D = {mean:.1f} s"
                             for c in scored)
-        return Decision("none", f"no usable candidate ({reasons})", None, tuple(scored), mean, tuple(stages))
+        proven = all(c.feasible or c.proven_infeasible for c in scored)
+        return Decision("none", f"no usable candidate ({reasons})", None, tuple(scored), mean, tuple(stages), proven)
     best = max(usable, key=lambda c: c.score)
     basis = (f"D = {explicit:.0f} s (Eq. 8)" if explicit is not None else
              f"expected D = {mean:.0f} s from MTBF, exponential (Eq. 8 in expectation)" if mean is not None else

@@ -22,6 +22,7 @@ names (CP-SAT's SatParameters fields, HiGHS's options, CBC's command-line option
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -35,6 +36,20 @@ from chameleon_opt.errors import InputError
 from chameleon_opt.solve.result import SolveResult, Status, T
 
 BACKENDS = ("cpsat", "highs", "cbc")
+CPSAT_INT_LIMIT = 2 ** 53
+"""Largest integer coefficient or bound handed to CP-SAT: int64 with room for the sums it forms
+(objective x tie weights) and exact in a float. A model that would need more is not built."""
+
+
+class OutOfRange(ValueError):
+    """A number a backend cannot take (CP-SAT's int64); the caller falls back and says so."""
+
+
+def cpsat_int(value: float, what: str) -> int:
+    """`value` as a CP-SAT integer, or OutOfRange naming `what` when it exceeds CPSAT_INT_LIMIT."""
+    if not math.isfinite(value) or abs(value) > CPSAT_INT_LIMIT:
+        raise OutOfRange(f"{what} = {value:.3g} exceeds CP-SAT's integer range ({CPSAT_INT_LIMIT:.2g} after scaling)")
+    return int(value)
 """Backends of the plan search's level model (`--backend`); rerouting and the migration LP are
 HiGHS models (CBC as the migration's fallback)."""
 

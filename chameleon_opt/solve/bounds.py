@@ -16,8 +16,7 @@ Step = max_j T_j + DP + OPT, and each term is bounded from below on its own:
   e_s = k_s ((1 - rho) send_max + excess) (no term when some c_s <= 0),
   and the bottleneck gives T_j >= m W0 / S. Per-layer costs are the cheapest over the device
   types present and the fastest of the supported memory reliefs, sends the cheapest boundary on
-  the faster link; S is at least what the model's static state (under the lightest relief) needs
-  on the largest memory.
+  the faster link; S is at least the stages the memory floor needs (`memory_floor`).
 - Pipelines: n_S pipelines of S stages with sum n_S = P and sum S n_S <= G groups can run at most
   P x (concave envelope of cap_S(T) at G / P) micro-batches by T, where cap_S(T) is the largest m
   the bound above allows (a fractional relaxation of the pipeline counts).
@@ -32,15 +31,70 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
-from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.perf.model import GIB, PerfModel
 
 GRID_POINTS = 1500
 REFINE_STEPS = 40
 REFINED_PIPELINE_COUNTS = 12
+
+
+@dataclass(frozen=True)
+class MemoryFloor:
+    """The fewest stages any pipeline of the space needs to hold the model (None: none can, some
+    layer fits on no device even alone), and why."""
+
+    stages: int | None
+    reason: str
+
+
+def memory_floor(model: PerfModel, groups: list[tuple[int, ...]], total: int,
+                 live: list[int] | None = None) -> MemoryFloor:
+    """A proof of infeasibility, or the fewest stages a pipeline needs, valid for the exact memory
+    model (PerfModel.stage_memory_breakdown) under every relief and replica count a plan can have.
+
+    Relaxation: every stage gets the largest memory of any live device type and its smallest fixed
+    terms (framework, buffers without a gradient bucket, one replica's backward working set); every
+    layer its smallest state (ZeRO-sharded over the most replicas possible) plus one micro-batch's
+    activations (a stage holds at least one in flight), each the least over the supported reliefs.
+    Packing contiguous layers greedily into as few stages as fit is optimal for that relaxation, so
+    no plan has a pipeline with fewer stages; and a layer that fits nowhere alone proves that no
+    plan exists at all."""
+    layers = model.workload.num_layers
+    if not groups:
+        return MemoryFloor(None, "no surviving TP group: every node lost too many devices for one TP group")
+    tp = len(groups[0])
+    members = live if live is not None else [d for g in groups for d in g]
+    representatives = {model.stage_device((d,)).name: (d,) * tp for d in members}
+    most = max(min(len(groups), total), 1)
+    per_layer = np.full(layers, np.inf)
+    budget = -np.inf
+    for group in representatives.values():
+        device_bytes = model.stage_device(group).memory_gib * GIB
+        for relief in model.relief_options:
+            sharded = model.layer_costs(group, replicas=most, relief=relief)
+            alone = model.layer_costs(group, replicas=1, relief=relief)
+            per_layer = np.minimum(per_layer, sharded.static_bytes + alone.activation_bytes)
+            budget = max(budget, device_bytes - alone.stage_constant_bytes - alone.transient_bytes)
+    stages, load = 0, 0.0
+    for layer in range(layers):
+        need = float(per_layer[layer])
+        if need > budget:
+            return MemoryFloor(None, f"layer {layer} alone needs {need / GIB:.3g} GiB per device (its state and one "
+                                     f"micro-batch's activations under the lightest relief) and no survivor has more "
+                                     f"than {max(budget, 0.0) / GIB:.3g} GiB free after the framework and buffers")
+        if stages == 0 or load + need > budget:
+            stages, load = stages + 1, 0.0
+        load += need
+    longest = min(layers, len(groups))
+    if stages > longest:
+        return MemoryFloor(None, f"the model needs at least {stages} stages of at most {budget / GIB:.3g} GiB free "
+                                 f"each to fit, and only {longest} are possible")
+    return MemoryFloor(stages, f"at least {stages} stages per pipeline")
 
 
 class RelaxationBound:
@@ -58,8 +112,6 @@ class RelaxationBound:
         forward = np.full(layers, np.inf)
         backward = np.full(layers, np.inf)
         update = np.full(layers, np.inf)
-        static = np.full(layers, np.inf)
-        budget = 0.0
         # Every supported relief is open to every stage: per layer its fastest times and step and its
         # smallest static state. Offload is timed as keeping its activations (the copy only lengthens
         # an op, and per-layer maxima with the copy would over-state a stage's).
@@ -72,10 +124,6 @@ class RelaxationBound:
                     backward[layer] = min(backward[layer], b)
                 for relief in model.relief_options:
                     update[layer] = min(update[layer], model.optimizer_time(group, layer, layer + 1, relief))
-            for relief in model.relief_options:
-                costs = model.layer_costs(group, replicas=max(min(len(groups), total), 1), relief=relief)
-                static = np.minimum(static, costs.static_bytes)
-                budget = max(budget, costs.capacity_bytes)
         self.layer_work = float((forward + backward).sum()) if groups else 0.0
         per_node: dict[int, int] = {}
         for group in groups:
@@ -94,7 +142,8 @@ class RelaxationBound:
         self.shares = [(float(min(ratios.max(initial=0.0), 1.0)), 0.0),
                        (typical, float(np.maximum(forward - typical * (forward + backward), 0.0).sum()))]
         self.longest = min(layers, len(groups))
-        self.shortest = max(1, math.ceil(float(static.sum()) / budget - 1e-12)) if budget > 0 else self.longest + 1
+        floor = memory_floor(model, groups, total, live)
+        self.shortest = floor.stages if floor.stages is not None else self.longest + 1
         grad = model.workload.params * model.grad_bytes / tp
         self.grad_total, self.grad_max = float(grad.sum()), float(grad.max(initial=0.0))
         self.update_total, self.update_max = float(update.sum()), float(update.max(initial=0.0))

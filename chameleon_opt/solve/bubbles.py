@@ -345,7 +345,10 @@ def problem_for(model: PerfModel, layout: Plan, dead: frozenset[int]) -> BubbleP
             layer = model.layer_costs(stage.devices, replicas=replicas)
             act = float(layer.activation_bytes[stage.first:stage.end].sum())
             room = layer.capacity_bytes - layer.transient_bytes - float(layer.static_bytes[stage.first:stage.end].sum())
-            most = int(room // act) if act > 0 else sum(p.micro_batches for p in layout.pipelines)
+            # Capped at every micro-batch of the job: more can never be in flight, and an uncapped
+            # count (a device of 1e12 GiB) overflows CP-SAT's int64 capacity argument.
+            everything = sum(p.micro_batches for p in layout.pipelines)
+            most = min(int(room // act), everything) if act > 0 and math.isfinite(room / act) else everything
             row.append(max(most, min(stages - s, pipe.micro_batches)))
         limits.append(tuple(row))
     return BubbleProblem(tuple(c.op_forward_s for c in costs),

@@ -49,7 +49,13 @@ class Deadline:
 class DeadlinePassed(Exception):
     """A stage's deadline passed before it had any valid answer to return, and the caller asked
     to be told rather than wait for one (e.g. a migration of 90,000 transfers at 16,384 devices:
-    its candidate is then unusable, said so, instead of a second past the deadline)."""
+    its candidate is then unusable, said so, instead of a second past the deadline). `needed_s`
+    estimates the time the stage would have needed, `given_s` what it had: the operator's hint
+    for a limit that would suffice."""
+
+    def __init__(self, message: str, needed_s: float | None = None, given_s: float | None = None) -> None:
+        super().__init__(message)
+        self.needed_s, self.given_s = needed_s, given_s
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,9 @@ class StageTime:
     wall_s: float
     stopped_early: bool
     note: str = ""
+    needed_s: float | None = None  # when it stopped early: an estimate of the time it needed
 
     def to_json(self) -> dict[str, object]:
         return {"stage": self.stage, "limit_s": round(self.limit_s, 6), "wall_s": round(self.wall_s, 6),
-                "stopped_early": self.stopped_early, "note": self.note}
+                "stopped_early": self.stopped_early, "note": self.note,
+                "needed_s": None if self.needed_s is None else round(self.needed_s, 6)}

@@ -42,6 +42,10 @@ COLUMN_BUDGET = 40_000
 """Most (class sequence, split, micro-batch count) columns priced; larger spaces take the scale path."""
 GROUPING_BUDGET = 2_000
 """Most groupings of one node's survivors into TP groups enumerated before giving up exactness."""
+INVENTORY_BUDGET = 64
+"""Most inventories (combinations of the nodes' distinct groupings) searched: each is a branch and
+bound of its own, so their count is checked before any is built (a product over 50 heterogeneous
+nodes has 2^50 of them)."""
 PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
@@ -96,12 +100,17 @@ def _groupings(devices: list[int], tp: int, limit: int) -> list[list[tuple[int, 
     return found if extend(sorted(devices), [], 0) else None
 
 
-def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp: int
-                ) -> list[list[tuple[int, ...]]] | None:
+def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp: int,
+                deadline: float = math.inf) -> list[list[tuple[int, ...]]] | None:
     """Distinct sets of TP groups the survivors can form (one per combination of the nodes'
-    group-type multisets); None when a node has too many groupings to enumerate."""
+    group-type multisets); None when a node has too many groupings to enumerate, when the
+    combinations number more than INVENTORY_BUDGET (counted before any is built), or past
+    `deadline` (perf_counter)."""
     per_node: list[list[list[tuple[int, ...]]]] = []
+    combinations = 1
     for node in range(instance.spec.cluster.nodes):
+        if time.perf_counter() > deadline:
+            return None
         live = [d for d in range(node * instance.devices_per_node, (node + 1) * instance.devices_per_node)
                 if d not in failed]
         if len({model.stage_device((d,)).name for d in live}) <= 1 or tp == 1:
@@ -114,6 +123,9 @@ def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp
         for option in options:
             key = tuple(sorted(model.stage_device(g).name for g in option))
             distinct.setdefault(key, option)
+        combinations *= len(distinct)
+        if combinations > INVENTORY_BUDGET:
+            return None
         per_node.append(list(distinct.values()))
     return [[g for node in choice for g in node] for choice in itertools.product(*per_node)]
 
@@ -148,12 +160,14 @@ class ExactSearch:
 
     # -- columns ---------------------------------------------------------------------------------
     def sequences(self) -> list[tuple[int, ...]]:
-        found = []
-        for stages in range(1, min(self.layers, self.groups) + 1):
-            for seq in itertools.product(range(len(self.pools)), repeat=stages):
-                used = Counter(seq)
-                if all(used[c] <= self.counts[c] for c in used):
-                    found.append(seq)
+        """Every class sequence within the classes' group counts, shortest first. Built by extension
+        (never by filtering a product over the classes, which is exponentially larger)."""
+        found: list[tuple[int, ...]] = []
+        level: list[tuple[tuple[int, ...], list[int]]] = [((), list(self.counts))]
+        for _ in range(min(self.layers, self.groups)):
+            level = [(seq + (c,), [k - (i == c) for i, k in enumerate(left)])
+                     for seq, left in level for c, k in enumerate(left) if k > 0]
+            found += [seq for seq, _ in level]
         return found
 
     def column_count(self) -> int:
@@ -316,7 +330,7 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
     """Branch and bound over every inventory of TP groups; None when the space is too large to
     be searched exactly (then the caller keeps its incumbent and its relaxation bound)."""
     tp = instance.plan.tensor_parallel
-    options = inventories(instance, model, failed, tp)
+    options = inventories(instance, model, failed, tp, deadline)
     if options is None:
         return None
     searches = [ExactSearch(instance, model, groups, tp) for groups in options if groups]

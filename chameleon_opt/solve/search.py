@@ -35,8 +35,8 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_greedy
-from chameleon_opt.solve.backends import SolverOptions, solve_cpsat, solve_pulp
-from chameleon_opt.solve.bounds import relaxation_bound
+from chameleon_opt.solve.backends import OutOfRange, SolverOptions, cpsat_int, solve_cpsat, solve_pulp
+from chameleon_opt.solve.bounds import memory_floor, relaxation_bound
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.exact import exact_search
 from chameleon_opt.solve.result import SolveResult, Status
@@ -479,6 +479,9 @@ def build_level_cpsat(lm: LevelModel) -> tuple[cp_model.CpModel, dict[tuple[int,
 
     model = cp_model.CpModel()
     cells: dict[tuple[int, int], tuple] = {}
+    # The objective's largest value, in scaled integers, must stay inside CP-SAT's range.
+    cpsat_int(float(_ceil(modelled_time(lm.templates, lm.incumbent)) + 1) * _tie_weight(lm) * 2,
+              "the level model's objective in microseconds x tie weight")
     makespan = model.new_int_var(0, _ceil(modelled_time(lm.templates, lm.incumbent)) + 1, "T")
     sync = model.new_int_var(0, _ceil(max(t.sync_s for t in lm.templates)), "Y")
     used_by: list[cp_model.IntVar | None] = []
@@ -568,7 +571,10 @@ def solve_level_model(lm: LevelModel, backend: str, time_limit_s: float, threads
     build_start = time.perf_counter()
     pipelines: list[tuple[int, int]] = []
     if backend == "cpsat":
-        model, cells = build_level_cpsat(lm)
+        try:
+            model, cells = build_level_cpsat(lm)
+        except OutOfRange:  # times beyond CP-SAT's integers: the caller keeps its incumbent
+            return None, None, None, time.perf_counter() - build_start, 0.0
         build_s = time.perf_counter() - build_start
         solver, outcome = solve_cpsat(model, time_limit_s, options, linearization_level=LINEARIZATION,
                                       relative_gap_limit=RELATIVE_GAP)
@@ -695,10 +701,13 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
     def finish(mix: Mix, status: Status, bound: float, wall: float, used: str, build: float, why: str):
         tp = instance.plan.tensor_parallel
         plan = lower(templates, mix, space.groups_by_type, tp)
-        objective = modelled_time(templates, mix)  # the model's answer; the polish below may beat it
         # Exact polish: the model's 1F1B and sync terms are surrogates, so its neighbours are
         # evaluated exactly and the faster plan kept (ties in the surrogate hide real differences).
         plan, best_time = _relieved(model, plan, failed)
+        if not math.isfinite(best_time) and mix is not hint:  # the exact memory model refuses the solver's mix
+            plan, best_time = _relieved(model, lower(templates, hint, space.groups_by_type, tp), failed)
+            mix, why = hint, why + "; the solver's mix overflows the exact memory model, the incumbent kept"
+        objective = modelled_time(templates, mix)  # the model's answer; the polish below may beat it
         balanced = rebalance_exact(model, plan, deadline.end)
         if balanced != plan:
             balanced, value = _relieved(model, balanced, failed)
@@ -721,7 +730,10 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
             if value < best_time * (1 - 1e-12):
                 plan = polished
                 why += "; layer splits polished on the exact 1F1B time"
-        plan = assert_sound(instance, plan, failed, model=model)
+        if not math.isfinite(best_time):  # no plan the exact model accepts: none leaves this path
+            return SolveResult(Status.NO_SOLUTION, None, None, None, wall, used, build, seed,
+                               f"the template plans overflow the exact memory model ({why})")
+        plan = assert_sound(instance, plan, failed, model=model, stage="search (template path)")
         bound = min(bound, objective)
         if status is not Status.HEURISTIC and objective - bound <= 1e-9 * objective:
             status = Status.OPTIMAL
@@ -778,6 +790,10 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
                            stopped_early=True)
     tp = instance.plan.tensor_parallel
     live = [d for d in range(instance.num_devices) if d not in failed]
+    floor = memory_floor(model, survivor_groups(instance, failed, tp), instance.global_micro_batches, live)
+    if floor.stages is None:  # proven before any enumeration: nothing in the space fits in memory
+        return SolveResult(Status.INFEASIBLE, None, None, None, time.perf_counter() - start, "bound", 0.0, seed,
+                           f"{floor.reason}; space: {SPACE}")
     template = _template_plan(instance, failed, deadline.share(TEMPLATE_SHARE), options, model)
     # The template path's own label 'bound' (its incumbent met its surrogate bound) says nothing about
     # the exact model: name the path instead.
@@ -824,7 +840,7 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
             return SolveResult(Status.INFEASIBLE, None, None, None, wall, used, 0.0, seed, f"{reason}; {space}")
         return SolveResult(Status.NO_SOLUTION, None, None, bound, wall, used, 0.0, seed,
                            "no plan found in time; " + "; ".join(notes) + f"; {space}", stopped_early=True)
-    plan = assert_sound(instance, plan, failed, model=model)
+    plan = assert_sound(instance, plan, failed, model=model, stage="search")
     bound = None if bound is None else min(bound, value)
     status = Status.OPTIMAL if bound is not None and value - bound <= OPTIMALITY_TOLERANCE * value else Status.FEASIBLE
     if status is Status.OPTIMAL and exact is not None and exact.complete:

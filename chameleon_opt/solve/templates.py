@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -122,14 +122,15 @@ MAX_LEVEL_VARIANTS = 1500
 
 
 def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipelines_guess: int,
-                   max_level: int | None = None, relieved: bool = False) -> Template | None:
+                   max_level: int | None = None, relieved: bool = False, replicated: bool = True) -> Template | None:
     """The best `stages`-stage pipeline on groups like `group`, or None when it cannot fit.
 
     With `max_level` = c the pipeline runs at most c micro-batches, so stage s holds only
     min(S - s, c) in flight, which can admit a faster split under tight memory. `relieved`: memory
     as under the lightest supported relief, times of the fastest (the plan's reliefs are chosen
-    exactly afterwards); otherwise the fastest relief's time and memory."""
-    costs = _costs(model, group, relieved)
+    exactly afterwards); otherwise the fastest relief's time and memory. `replicated`: other
+    pipelines may run beside it (see `_costs`)."""
+    costs = _costs(model, group, relieved, replicated)
     overhead = _stage_overheads(model, group, stages)
     in_flight = [min(stages - s, max_level) if max_level else stages - s for s in range(stages)]
     sharded = model.workload.params / len(group) * model.optimizer_bytes if model.shard_optimizer else None
@@ -155,9 +156,21 @@ def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipeli
     return Template(model.stage_device(group).name, stages, bounds, times, sync, min_pipelines, max_level)
 
 
-def _costs(model: PerfModel, group: tuple[int, ...], relieved: bool) -> LayerCosts:
-    return model.relief_layer_costs(group, replicas=1) if relieved else \
-        model.layer_costs(group, replicas=1, relief=model.fastest_relief)
+def _costs(model: PerfModel, group: tuple[int, ...], relieved: bool, replicated: bool = False) -> LayerCosts:
+    """Per-layer rows with unsharded state (the templates shard it themselves). `replicated`: the
+    pipeline may have replicas, so its stages also hold what replicas cost beyond the state (a
+    gradient bucket, ZeRO-3's gathered layers): the rows are then exactly as tight as the checker's
+    memory model for every replica count, instead of a bucket short of it."""
+    def rows(replicas: int) -> LayerCosts:
+        return model.relief_layer_costs(group, replicas=replicas) if relieved else \
+            model.layer_costs(group, replicas=replicas, relief=model.fastest_relief)
+
+    alone = rows(1)
+    if not replicated:
+        return alone
+    shared = rows(2)
+    return replace(alone, transient_bytes=shared.transient_bytes, capacity_bytes=shared.capacity_bytes,
+                   stage_constant_bytes=shared.stage_constant_bytes)
 
 
 def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: float = math.inf) -> list[Template]:
@@ -183,7 +196,8 @@ def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: f
             if templates and time.perf_counter() > deadline:
                 break
             count = len(members) // stages
-            base = build_template(model, members[0], stages, count, relieved=relieved)
+            replicated = len(groups) > stages  # another pipeline fits beside one of this length
+            base = build_template(model, members[0], stages, count, relieved=relieved, replicated=replicated)
             if base is not None and base.min_pipelines <= count:
                 templates.append(base)
                 best = base.per_micro_batch_s
@@ -197,7 +211,7 @@ def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: f
                 if variants >= MAX_LEVEL_VARIANTS or best <= free * (1 + 1e-12):
                     break
                 variants += 1
-                capped = build_template(model, members[0], stages, count, cap, relieved)
+                capped = build_template(model, members[0], stages, count, cap, relieved, replicated)
                 if capped is not None and capped.min_pipelines <= count and capped.per_micro_batch_s < best - 1e-12:
                     templates.append(capped)
                     best = capped.per_micro_batch_s
