@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from enum import Enum
 from pathlib import Path
@@ -21,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from chameleon_opt.describe import devices, duration, failure_title, layout_lines, percent, same_layout, sig
 from chameleon_opt.errors import ChameleonError, InputError
 from chameleon_opt.incident import FAILED, FAILED_NODE, REPLACE_FAILURES, NothingFailed, failed_devices
 from chameleon_opt.instance.load import load_instance
@@ -122,7 +124,7 @@ def _estimate_table(estimate: Estimate, title: str, failed: frozenset[int]) -> T
             over = cost.memory_bytes > cost.memory_capacity_bytes
             table.add_row(str(j) if s == 0 else "", str(s), shown, f"{stage.first}-{stage.end - 1}",
                           f"{cost.forward_s:.4g}", f"{cost.backward_s:.4g}",
-                          f"{pipe.extra_micro_batches[s]:.2f}" if pipe.extra_micro_batches[s] else "",
+                          sig(pipe.extra_micro_batches[s]) if pipe.extra_micro_batches[s] else "",
                           f"[red]{cost.memory_bytes / GIB:.2f}[/]" if over else f"{cost.memory_bytes / GIB:.2f}",
                           f"{cost.memory_capacity_bytes / GIB:.2f}", cost.relief, _relief_cost(cost))
         if len(estimate.pipelines) > 8 and j == 3:
@@ -165,12 +167,16 @@ def estimate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
     if as_json:
         emit_json(result.to_json())
         return
-    title = f"{instance.name}: {'rerouted after failure of ' + str(sorted(failed)) if after_failure else 'current plan'}"
+    title = (f"{instance.name}: after {devices(failed)} failed, rerouted by the even split (Eq. 12/13)"
+             if after_failure else f"{instance.name}: current plan")
     stdout.print(_estimate_table(result, title, failed))
     b = result.breakdown_s
-    stdout.print(f"iteration {result.iteration_time_s:.4f} s, {result.throughput_samples_per_s:.2f} samples/s, "
+    stdout.print(f"step {sig(result.iteration_time_s)} s, {sig(result.throughput_samples_per_s)} samples/s, "
                  f"memory {'ok' if result.memory_ok else '[red]over capacity[/]'}")
-    stdout.print("breakdown: " + ", ".join(f"{k} {v:.4f} s" for k, v in b.items()))
+    if after_failure:
+        stdout.print("(the even split; `plan` also weighs solver-chosen shares and bubble filling, and its reroute "
+                     "row names the one it keeps)", style="dim")
+    stdout.print("breakdown: " + ", ".join(f"{k} {sig(v)} s" for k, v in b.items()), soft_wrap=True)
     stdout.print(_memory_table(result))
     for line in result.assumptions:
         stdout.print(f"assumed: {line}", markup=False, highlight=False)
@@ -308,7 +314,9 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
                                           "scale up) instead of the failure"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)"),
          failed_ids: list[str] = FAILED, failed_node: list[str] = FAILED_NODE,
-         replace_failures: bool = REPLACE_FAILURES) -> None:
+         replace_failures: bool = REPLACE_FAILURES,
+         stages_table: bool = typer.Option(False, "--stages", help="also print each plan's per-stage times, "
+                                           "memory and relief")) -> None:
     """Plan the recovery from the failures (the file's and --failed/--failed-node), or, with
     --joined, the return of devices: candidates, scores, the chosen plan."""
     import time
@@ -341,7 +349,6 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
                                  force)
     except ChameleonError as err:
         fail(err, as_json)
-    chosen = next(c for c in decision.candidates if c.policy == decision.policy)
     migration, allreduce_rounds = decision.communication.migration, [list(r) for r in decision.allreduce_rounds]
     assert decision.solve is not None and decision.communication is not None  # every option has both
     solve = decision.solve.to_json()
@@ -362,29 +369,102 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
             payload["files"] = [str(path) for path in written]
         emit_json(payload)
         return
-    table = Table(title=f"{instance.name}: return of devices {sorted(joined)}" if joined else
-                  f"{instance.name}: recovery from failure of {len(failed)} devices")
-    for column in ("policy", "feasible", "step s", "transition s", "score samples/s", "why"):
+    _print_decision(instance, decision, options, joined, planned_s, stages_table)
+    for path in written:
+        stdout.print(f"wrote {path}")
+
+
+def _print_decision(instance: Any, decision: "RecoveryDecision", options: Any, joined: list[int], planned_s: float,
+                    stages_table: bool) -> None:
+    """The human answer: the candidates, what to do now and after the switch device by device,
+    why, and what the solver proved; numbers rounded to what an operator acts on."""
+    failed, chosen = decision.failed, next(c for c in decision.candidates if c.policy == decision.policy)
+    title = (f"{instance.name}: return of {devices(joined)}" if joined else
+             failure_title(instance.name, failed, instance.num_devices, instance.devices_per_node))
+    table = Table(title=title, caption="pause: time without training; samples/s: Eq. 8's rate until the next fault")
+    for column in ("policy", "usable", "step s", "pause s", "samples/s", "why"):
         table.add_column(column, justify="right" if column not in ("policy", "why") else "left")
     for c in decision.candidates:
         mark = "[bold green]" if c is chosen else ""
         table.add_row(f"{mark}{c.policy}", "yes" if c.feasible else "[red]no[/]",
-                      f"{c.iteration_time_s:.4g}" if c.estimate else "-",
-                      f"{c.transition_s:.4g}" if c.feasible else "-", f"{c.score:.4g}" if c.feasible else "-",
-                      c.reason)
+                      sig(c.iteration_time_s) if c.estimate else "-", sig(c.transition_s) if c.feasible else "-",
+                      sig(c.score) if c.feasible else "-", c.reason)
     stdout.print(table)
-    stdout.print(f"decision: [bold]{decision.policy}[/]: {decision.reason}")
-    stdout.print(f"solver: {solve['backend']} {solve['status']}, objective {solve['objective']}, "
-                 f"bound {solve['bound']}, gap {solve['gap']}, {solve['wall_s']:.3f} s")
-    stdout.print(f"time: {planned_s:.2f} s of {time_limit:g} s; " + ", ".join(
-        f"{st.stage} {st.wall_s:.2f}/{st.limit_s:.2f} s" + (" [yellow](stopped early)[/]" if st.stopped_early else "")
-        for st in decision.stages))
-    stdout.print(f"migration: {migration.total_bytes / 1e9:,.1f} GB in {migration.rounds} rounds, "
-                 f"{migration.makespan_s:.2f} s (lower bound {migration.lower_bound_s:.2f} s); gradient all-reduce "
-                 f"in {len(allreduce_rounds)} rounds of asynchronous groups")
-    stdout.print(_estimate_table(decision.estimate, f"chosen plan ({decision.policy})", failed))
-    for path in written:
-        stdout.print(f"wrote {path}")
+    migration = decision.communication.migration if decision.communication else None
+    moves = ""
+    if migration is not None and migration.transfers:
+        moves = (f"{sig(migration.total_bytes / 1e9)} GB of layers move to "
+                 f"{devices({t.dst for t in migration.transfers})} in {migration.rounds} rounds, "
+                 f"{sig(migration.makespan_s)} s (lower bound {sig(migration.lower_bound_s)} s)")
+    step = f"{sig(decision.iteration_time_s)} s per step"
+    if decision.interim is not None:
+        background = max(next(c for c in decision.candidates if c.policy == "reconfigure").transition_s
+                         - decision.transition_s, 0.0)
+        stdout.print(f"decision: [bold]{decision.policy}[/]: reroute now ({sig(decision.interim.iteration_time_s)} s "
+                     f"per step); search and move state in the background for {sig(background)} s, then pause "
+                     f"{sig(decision.transition_s)} s to switch to the new layout ({step})", soft_wrap=True)
+        sections = [(f"now, rerouted ({sig(decision.interim.iteration_time_s)} s per step)", decision.interim),
+                    (f"after the switch ({step})", decision)]
+    elif same_layout(decision.plan, instance.plan) or not moves and decision.plan.rerouted:
+        work = ", reroute the failed work now" if decision.plan.rerouted else ""
+        stdout.print(f"decision: [bold]{decision.policy}[/]: keep the layout{work} ({step})", soft_wrap=True)
+        sections = [(f"now ({step})", decision)]
+    else:
+        stdout.print(f"decision: [bold]{decision.policy}[/]: pause {sig(decision.transition_s)} s (search, state "
+                     f"migration, process groups), then run the new layout ({step})", soft_wrap=True)
+        sections = [(f"after the pause ({step})", decision)]
+    stdout.print(f"why: {_why(instance, decision, options)}", highlight=False, soft_wrap=True)
+    for heading, part in sections:
+        stdout.print(f"\n[bold]{heading}[/]:")
+        if part is decision and moves:
+            stdout.print(f"  first: {moves}", markup=False, highlight=False, soft_wrap=True)
+        for line in layout_lines(part.plan, failed, instance.num_devices, instance.plan):
+            stdout.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+        if stages_table:
+            stdout.print(_estimate_table(part.estimate, heading, failed))
+    solve = decision.solve
+    if solve is not None and not decision.plan.rerouted:  # a rerouting's row says how it was found
+        bound = f"proven bound {sig(solve.bound)} s (gap {percent(solve.gap)})" if solve.bound is not None \
+            else "no bound"
+        found = "no plan" if solve.objective is None else f"step {sig(solve.objective)} s"
+        stdout.print(f"\nsearch: {solve.backend} {solve.status.value}, {found}, {bound}, {sig(solve.wall_s)} s",
+                     highlight=False)
+    spent: dict[str, list[float]] = {}
+    for st in decision.stages:  # the reconfiguration's and the final plan's communication are one line
+        spent.setdefault(st.stage, [0.0, 0.0])[0] += st.wall_s
+        spent[st.stage][1] += st.stopped_early
+    stdout.print(f"planning took {planned_s:.2f} s of the {sig(options.time_limit_s)} s limit: " + ", ".join(
+        f"{name} {wall:.2f} s" + (" [yellow](stopped early)[/]" if early else "") for name, (wall, early) in
+        spent.items()), highlight=False, soft_wrap=True)
+    if not stages_table:
+        stdout.print("per-stage times and memory: --stages; everything: --json", style="dim")
+
+
+def _why(instance: Any, decision: "RecoveryDecision", options: Any) -> str:
+    """Eq. 8 in words: the winner's rate against the others', the time to the next fault it
+    assumed, and from which time to the next fault reconfiguring pays off."""
+    from chameleon_opt.recovery.policy import break_even_next_fault, mean_next_fault_s
+
+    scored = [c for c in decision.candidates if c.feasible]
+    best = next(c for c in scored if c.policy == decision.policy)
+    others = ", ".join(f"{c.policy} {sig(c.score)}" for c in scored if c is not best)
+    explicit = options.next_fault_s if options.next_fault_s is not None else instance.spec.failures.next_fault_s
+    survivors = instance.num_devices - len(decision.failed)
+    mtbf = instance.spec.failures.mtbf_hours_per_device
+    if explicit is not None:
+        basis = f"the next fault in {duration(explicit)} (given)"
+    elif mtbf is not None:
+        basis = (f"the next fault expected in {duration(mean_next_fault_s(instance, survivors) or math.inf)} "
+                 f"(MTBF {mtbf:,.0f} h per device over {survivors} survivors, exponential)")
+    else:
+        basis = "no fault statistics (steady throughput)"
+    text = f"{best.policy} trains {sig(best.score)} samples/s" + (f" (vs {others})" if others else "") + f" with {basis}"
+    rr = next((c for c in scored if c.policy == "reroute"), None)
+    rc = next((c for c in scored if c.policy == "reconfigure"), None)
+    if rr is not None and rc is not None:
+        even = break_even_next_fault(rr.iteration_time_s, rc.iteration_time_s, rc.transition_s)
+        text += f"; reconfiguring pays off when the next fault is more than {duration(even)} away"
+    return text
 
 
 @app.command()
