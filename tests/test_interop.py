@@ -39,6 +39,9 @@ module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1", "layers
   "layers.14"], ["layers.15", "layers.16", "layers.17", "layers.18", "layers.19", "layers.20", "layers.21",
   "layers.22", "layers.23", "layers.24", "layers.25", "layers.26", "layers.27", "layers.28", "layers.29",
   "layers.30", "layers.31", "norm", "output"]]
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
 """
 
 

@@ -6,7 +6,7 @@ and its documentation cannot drift apart. Unknown fields are errors everywhere.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat,
                       PositiveInt, model_validator)
@@ -135,6 +135,9 @@ class Training(Strict):
     framework: str | None = Field(
         None, description="a framework calibrated in models/calibration/<name>.json: its fitted memory overhead and "
         "per-device time calibration are used. Default: none (catalogue values, marked assumed)")
+    assumptions: list[str] = Field(
+        default_factory=list, description="how the trainer's own settings were mapped where the model is an "
+        "approximation (written by `chameleon-solve import`); listed with every estimate's assumptions")
 
     @model_validator(mode="after")
     def _consistent_switches(self) -> "Training":
@@ -218,6 +221,19 @@ class Failures(Strict):
     next_fault_s: PositiveFloat | None = Field(None, description="explicit time to the next fault D")
 
 
+class TrainerSource(Strict):
+    """The trainer job an instance was imported from, kept so that `export-plan` writes a complete
+    config of that trainer (the original with its parallelism settings replaced), not a fragment."""
+
+    name: Literal["torchtitan", "megatron"]
+    file: str = Field("", description="the file imported (for the export's header)")
+    era: str = Field("", description="torchtitan: toml (train_configs/*.toml) or python (a resolved Trainer.Config "
+                     "dump); megatron: args")
+    config: dict[str, Any] | None = Field(None, description="torchtitan: the job config as read")
+    arguments: list[str] | None = Field(None, description="megatron: the training script's arguments")
+    launcher: list[str] | None = Field(None, description="megatron: the launcher's arguments (torchrun ...)")
+
+
 class InstanceSpec(Strict):
     """A cluster, a workload, its training settings and current plan, and failures."""
 
@@ -229,3 +245,4 @@ class InstanceSpec(Strict):
     training: Training
     plan: PlanSpec
     failures: Failures = Field(default_factory=Failures)
+    trainer: TrainerSource | None = Field(None, description="the trainer job this instance was imported from")

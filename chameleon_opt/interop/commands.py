@@ -164,9 +164,14 @@ def export_plan_command(file: Path = typer.Argument(None, help="instance file (i
             if not document["uniform"]:
                 raise InputError(output, "--output", "the plan is uneven: torchtitan's degrees cannot express it",
                                  "write .json (per-rank module lists)")
+            source = instance.spec.trainer
+            if source is not None and source.era == "python":
+                raise InputError(output, "--output", "the job was imported from a Python-era torchtitan config, "
+                                 "which torchtitan no longer reads from TOML", "write .json and set its `config` "
+                                 "values in your config function")
             header = [f"chameleon-solve export-plan {file.name}: {chosen} plan, {document['world_size']} ranks",
                       "new rank <- old rank: " + ", ".join(f"{r['rank']}<-{r['device']}" for r in document["ranks"])]
-            text = settings_toml(document["parallelism"], document["training"], header)
+            text = settings_toml(document["config"], header)
             write_output(output, "--output", force, lambda tmp: tmp.write_text(text))
         else:
             _write_json(document, output, force)

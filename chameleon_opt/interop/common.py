@@ -81,13 +81,14 @@ def parse_ranks(text: str | None) -> list[int]:
     return ranks
 
 
-def module_names(layer: int, num_layers: int, vocabulary: str) -> list[str]:
+def module_names(layer: int, num_layers: int, vocabulary: str, head: str = "output") -> list[str]:
     """Module names of workload layer `layer` (0 embedding, 1..L blocks, L+1 final norm + head) in
-    a trainer's vocabulary: torchtitan's `module_fqns_per_model_part`, Megatron-LM's GPTModel, or
-    Hugging Face's causal-LM modules."""
+    a trainer's vocabulary: torchtitan's `module_fqns_per_model_part` (its output projection is
+    `head`: `output`, or `lm_head` since April 2026), Megatron-LM's GPTModel, or Hugging Face's
+    causal-LM modules."""
     last = num_layers - 1
     if vocabulary == "torchtitan":
-        return ["tok_embeddings"] if layer == 0 else ["norm", "output"] if layer == last else [f"layers.{layer - 1}"]
+        return ["tok_embeddings"] if layer == 0 else ["norm", head] if layer == last else [f"layers.{layer - 1}"]
     if vocabulary == "megatron":
         return ["embedding"] if layer == 0 else ["decoder.final_layernorm", "output_layer"] if layer == last \
             else [f"decoder.layers.{layer - 1}"]

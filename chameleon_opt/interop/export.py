@@ -4,8 +4,12 @@
   rank) that takes it, its pipeline, stage, TP rank, layer range, module names in the trainer's
   vocabulary and the micro-batches of its pipeline. Survivors restart with these ranks.
 - A *uniform* plan (every pipeline the same stages, layer split and micro-batch count) is also
-  given as the trainer's own parallelism settings: torchtitan's `[parallelism]` / `[training]`
-  keys, Megatron-LM's arguments; new ranks then follow that trainer's order (tp-dp-pp).
+  given as a complete config of the trainer: the imported torchtitan job config (its era's keys,
+  its schedule and everything else kept) with degrees, explicit stages and batch sizes replaced,
+  or the imported Megatron-LM arguments with the parallelism, split and batch arguments replaced
+  (a split Megatron cannot say with --decoder-first/last-pipeline-num-layers, such as a last
+  stage holding only the head, becomes --pipeline-model-parallel-layout); new ranks then follow
+  that trainer's order (tp-dp-pp).
 - An uneven plan cannot be written as degrees: the per-rank module lists (torchtitan's
   `module_fqns_per_model_part` vocabulary) and micro-batch counts are the plan, numbered
   pipeline by pipeline (tp-pp-dp).
@@ -79,11 +83,18 @@ class TorchtitanExport(_Export):
     format: Literal["torchtitan"] = "torchtitan"
     parallelism: TorchtitanParallelism | None = Field(None, description="given when uniform")
     training: TorchtitanTraining | None = Field(None, description="given when uniform")
+    config: dict[str, Any] | None = Field(
+        None, description="the complete job config, given when uniform: the imported one (same era and keys) with "
+        "its parallelism and batch settings replaced, or a TOML-era config of these settings alone")
 
 
 class MegatronExport(_Export):
     format: Literal["megatron"] = "megatron"
-    arguments: list[str] | None = Field(None, description="Megatron-LM parallelism arguments, given when uniform")
+    arguments: list[str] | None = Field(
+        None, description="Megatron-LM arguments, given when uniform: the imported script's arguments with the "
+        "parallelism, split and batch arguments replaced (or these arguments alone)")
+    launcher: list[str] | None = Field(None, description="torchrun's arguments for the new world size, given when "
+                                       "uniform")
 
 
 class RanksExport(_Export):
@@ -119,6 +130,106 @@ def new_ranks(plan: Plan, uniform: bool) -> dict[tuple[int, int, int], int]:
     return out
 
 
+def torchtitan_head_name(config: dict[str, Any] | None, era: str) -> str:
+    """The output projection's module name in the imported job's torchtitan: `output` until
+    torchtitan renamed it `lm_head` (April 2026, with ChunkedCELoss), as the job's own
+    module_fqns_per_model_part says, or its era (a Python-config dump carrying the model's
+    config is from July 2026 or later)."""
+    parts = ((config or {}).get("parallelism") or {}).get("module_fqns_per_model_part") or []
+    names = {m for part in parts for m in part}
+    if "lm_head" in names or "output" in names:
+        return "lm_head" if "lm_head" in names else "output"
+    return "lm_head" if era == "python" and "model" in ((config or {}).get("model_spec") or {}) else "output"
+
+
+def torchtitan_config(original: dict[str, Any] | None, parallelism: TorchtitanParallelism,
+                      training: TorchtitanTraining, micro_batches: int) -> dict[str, Any]:
+    """The complete job config: the imported one with the plan's degrees, explicit stages and
+    batch settings in the keys that config uses (the schedule and everything else kept), or a
+    TOML-era config of the plan's settings alone."""
+    import copy
+
+    config = copy.deepcopy(original) if original is not None else {}
+    par = config.setdefault("parallelism", {})
+    train = config.setdefault("training", {})
+    values = parallelism.model_dump()
+    pp = values["pipeline_parallel_degree"]
+    new_batch_keys = "num_tokens_per_microbatch_per_dp_rank" in train or "max_context_length" in train
+    if "num_pp_microbatches" in par or new_batch_keys:
+        values.pop("pipeline_parallel_microbatch_size")
+        values["num_pp_microbatches"] = micro_batches if pp > 1 else 1
+    for key, value in values.items():
+        if value is not None or key in par:
+            par[key] = value
+    par.pop("pipeline_parallel_layers_per_stage", None)  # the explicit module lists say it all
+    if pp == 1:
+        par.pop("module_fqns_per_model_part", None)
+    if new_batch_keys:
+        context = train.get("max_context_length") or training.seq_len
+        mbs = training.local_batch_size // (micro_batches if pp > 1 else 1)
+        train["num_tokens_per_microbatch_per_dp_rank"] = mbs * context
+        train["num_tokens_per_train_step"] = training.global_batch_size * context
+        train["max_context_length"] = context
+    else:
+        train["local_batch_size"] = training.local_batch_size
+        train["global_batch_size"] = training.global_batch_size
+        if training.seq_len is not None:
+            train["seq_len"] = training.seq_len
+    return config
+
+
+def megatron_split(blocks: list[int]) -> dict[str, str]:
+    """Megatron-LM's arguments for blocks per stage (embedding on the first, loss on the last):
+    none when even; --decoder-first/last-pipeline-num-layers when only the first and last stages
+    differ and hold at least one block (Megatron rejects 0 there); otherwise the explicit
+    --pipeline-model-parallel-layout ("E" embedding, "t" block, "L" loss, "|" between stages)."""
+    pp = len(blocks)
+    if pp == 1 or len(set(blocks)) == 1:
+        return {}
+    middle = blocks[1:-1]
+    if len(set(middle)) <= 1 and blocks[0] > 0 and blocks[-1] > 0:
+        even = middle[0] if middle else None
+        out = {}
+        if blocks[0] != even:
+            out["--decoder-first-pipeline-num-layers"] = str(blocks[0])
+        if blocks[-1] != even:
+            out["--decoder-last-pipeline-num-layers"] = str(blocks[-1])
+        return out
+    stages = ["t" * n for n in blocks]
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    return {"--pipeline-model-parallel-layout": "|".join(stages)}
+
+
+_SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                "--pipeline-model-parallel-layout", "--account-for-embedding-in-pipeline-split",
+                "--account-for-loss-in-pipeline-split")
+
+
+def megatron_arguments(original: list[str] | None, settings: dict[str, str]) -> list[str]:
+    """The imported arguments with `settings` replacing their flags (and any old split flag
+    dropped), or `settings` alone."""
+    out: list[str] = []
+    items = list(original or [])
+    i = 0
+    while i < len(items):
+        flag = items[i].split("=", 1)[0].replace("_", "-")
+        takes_value = "=" not in items[i] and i + 1 < len(items) and not items[i + 1].startswith("--")
+        if flag in settings or flag in _SPLIT_FLAGS:
+            i += 2 if takes_value and flag not in _SPLIT_FLAGS[3:] else 1
+            continue
+        out.append(items[i])
+        i += 1
+    for flag, value in settings.items():
+        out += [flag, value]
+    return out
+
+
+def megatron_launcher(original: list[str] | None, nodes: int, per_node: int) -> list[str]:
+    """torchrun's arguments for the new job: --nnodes and --nproc-per-node set, the rest kept."""
+    return megatron_arguments(original, {"--nnodes": str(nodes), "--nproc-per-node": str(per_node)}) \
+        if original else ["--nnodes", str(nodes), "--nproc-per-node", str(per_node)]
+
+
 def export_plan(instance: Instance, plan: Plan, failed: frozenset[int], fmt: str, policy: str) -> dict[str, Any]:
     """The document of format `fmt` (validated by its own schema before it is returned)."""
     if plan.rerouted and fmt != "ranks":
@@ -143,36 +254,41 @@ def export_plan(instance: Instance, plan: Plan, failed: frozenset[int], fmt: str
                               "rank_order": TORCHTITAN_ORDER if uniform else "tp-pp-dp", "policy": policy,
                               "ranks": work}
     tp, pp, dp = plan.tensor_parallel, len(plan.pipelines[0].stages), len(plan.pipelines)
-    seq = instance.spec.training.sequence_length
+    seq = instance.spec.training.sequence_length or instance.workload.sequence_length
+    source = instance.spec.trainer
     if fmt == "torchtitan":
         doc: _Export = TorchtitanExport(**common)
         if uniform:
-            fsdp = instance.spec.training.zero == 3
-            parts = [[m for layer in range(s.first, s.end) for m in module_names(layer, num_layers, "torchtitan")]
+            fsdp = instance.spec.training.zero >= 1
+            original = source.config if source is not None and source.name == "torchtitan" else None
+            head = torchtitan_head_name(original, source.era if source is not None else "toml")
+            parts = [[m for layer in range(s.first, s.end)
+                      for m in module_names(layer, num_layers, "torchtitan", head)]
                      for s in plan.pipelines[0].stages] if pp > 1 else None
-            local = plan.pipelines[0].micro_batches * mbs
-            doc = TorchtitanExport(**common, parallelism=TorchtitanParallelism(
+            micro_batches = plan.pipelines[0].micro_batches
+            local = micro_batches * mbs if pp > 1 else mbs
+            parallelism = TorchtitanParallelism(
                 data_parallel_replicate_degree=1 if fsdp else dp, data_parallel_shard_degree=dp if fsdp else 1,
                 tensor_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_parallel_microbatch_size=mbs,
-                module_fqns_per_model_part=parts), training=TorchtitanTraining(
-                local_batch_size=local, global_batch_size=local * dp, seq_len=seq))
+                module_fqns_per_model_part=parts)
+            training = TorchtitanTraining(local_batch_size=local, global_batch_size=micro_batches * mbs * dp,
+                                          seq_len=seq)
+            doc = TorchtitanExport(**common, parallelism=parallelism, training=training,
+                                   config=torchtitan_config(original, parallelism, training, micro_batches))
     elif fmt == "megatron":
-        args = None
+        args, launcher = None, None
         if uniform:
-            blocks = [s.end - s.first - (s.first == 0) - (s.end == num_layers) for s in plan.pipelines[0].stages]
-            args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
-                    "--micro-batch-size", str(mbs),
-                    "--global-batch-size", str(plan.pipelines[0].micro_batches * mbs * dp)]
-            middle = blocks[1:-1]
-            if len(set(middle)) > 1:
-                raise InputError(instance.path, "--format", f"blocks per stage {blocks} have uneven middle stages",
-                                 "Megatron-LM splits its middle stages evenly: use --format ranks")
-            even = middle[0] if middle else blocks[0] if blocks[0] == blocks[-1] else None
-            if pp > 1 and blocks[0] != even:
-                args += ["--decoder-first-pipeline-num-layers", str(blocks[0])]
-            if pp > 1 and blocks[-1] != even:
-                args += ["--decoder-last-pipeline-num-layers", str(blocks[-1])]
-        doc = MegatronExport(**common, arguments=args)
+            stages = plan.pipelines[0].stages
+            blocks = [s.end - s.first - (s.first == 0) - (s.end == num_layers) for s in stages]
+            settings = {"--tensor-model-parallel-size": str(tp), "--pipeline-model-parallel-size": str(pp),
+                        "--micro-batch-size": str(mbs),
+                        "--global-batch-size": str(plan.pipelines[0].micro_batches * mbs * dp),
+                        **megatron_split(blocks)}
+            original = source if source is not None and source.name == "megatron" else None
+            args = megatron_arguments(original.arguments if original else None, settings)
+            per_node = min(instance.spec.cluster.devices_per_node, len(work))
+            launcher = megatron_launcher(original.launcher if original else None, len(work) // per_node, per_node)
+        doc = MegatronExport(**common, arguments=args, launcher=launcher)
     elif fmt == "ranks":
         doc = RanksExport(**common, plan=plan.to_json())
     else:

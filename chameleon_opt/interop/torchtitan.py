@@ -1,20 +1,33 @@
-"""torchtitan job configs (TOML) in, torchtitan parallelism settings out.
+"""torchtitan job configs in (faithfully, or refused with exit 2), complete torchtitan configs out.
 
-Read: `[parallelism]` degrees (data_parallel_replicate_degree x data_parallel_shard_degree is the
-data-parallel degree, -1 meaning the ranks left over; context and expert parallelism must be 1),
-the pipeline split (`module_fqns_per_model_part`, `pipeline_parallel_layers_per_stage`, or
-torchtitan's default that counts the embedding and the output as
-`pipeline_parallel_first/last_stage_less_layers` layers), `pipeline_parallel_microbatch_size`,
-`[training]` batch sizes, sequence length and dtype, `[activation_checkpoint].mode`, and the model
-(`[model]` name + flavor as a catalogue name such as llama3-8b, or `hf_assets_path`'s config.json).
-The instance numbers devices in torchtitan's mesh order (pp outermost, tp innermost), so a device
-id is the rank torchtitan reports.
+Two eras are read, told apart by content rather than by file suffix:
+
+- *toml*: `train_configs/*.toml` (torchtitan <= v0.2.2, before the Feb 2026 config refactor) and
+  the JSON that era's `--job.save_config_file` wrote (`[job]`, `[model]` name + flavor, ...);
+- *python*: a resolved `Trainer.Config` as `--debug.save_config_file` (or `--debug.print_config`)
+  dumps it since a job became a Python function chosen with `--module/--config`: `model_spec`
+  {name, flavor}, top-level `hf_assets_path`, and the sections whose keys changed during 2026
+  (`training.local_batch_size`/`seq_len` then `num_tokens_per_microbatch_per_dp_rank`/
+  `max_context_length`; `parallelism.pipeline_parallel_microbatch_size` then
+  `num_pp_microbatches`; `activation_checkpoint.mode` then a policy object).
+
+Every key of the sections that decide time, memory or layer placement (`parallelism`,
+`training`, `activation_checkpoint`, `compile`) is either modelled, known not to matter, or
+refused; an unknown key there is refused too, since the planner cannot tell what it changes.
+The rules reproduced here are torchtitan's own (torchtitan/distributed/pipeline_parallel.py:
+`_generate_llm_fqn_per_model_part`, `_get_pipeline_metadata`; models/llama3/infra/parallelize.py:
+SequenceParallel on every TP plan, `reshard_after_forward = not pp_enabled` by default;
+distributed/utils.py `maybe_enable_amp`), and torch.distributed.pipelining's, which keeps FSDP
+parameters and gradients unsharded across a step's micro-batches.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,137 +36,445 @@ from chameleon_opt.instance.load import MODELS_DIR
 from chameleon_opt.interop.common import (TORCHTITAN_ORDER, ClusterOptions, cluster_document, failure_document,
                                           workload_blocks, workload_document)
 
-_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+MOE_MODELS = ("deepseek_v3", "llama4", "gpt_oss", "kimi_k2_7", "qwen3_5")
+
+_DTYPE_BYTES = {"bfloat16": 2, "float32": 4}
+
+# Keys of each section the planner knows. Modelled keys are read below; the others are known not
+# to change time, memory or layer placement (data, logging, timeouts, load-balancer choices for
+# parallelisms that must be 1 anyway).
+_PARALLELISM_KEYS = {
+    "data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+    "tensor_parallel_degree", "enable_sequence_parallel", "disable_loss_parallel", "enable_async_tensor_parallel",
+    "pipeline_parallel_degree", "module_fqns_per_model_part", "pipeline_parallel_first_stage_less_layers",
+    "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
+    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size", "num_pp_microbatches",
+    "context_parallel_degree", "expert_parallel_degree", "expert_tensor_parallel_degree", "enable_fsdp_symm_mem",
+    # harmless: they configure parallelisms that must be 1, or the SPMD bookkeeping
+    "context_parallel_load_balancer", "context_parallel_rotate_method", "context_parallel_ptrr_mask_key",
+    "expert_parallel_comm_backend", "pipeline_parallel_expert_parallel_overlap", "spmd_backend",
+    "enable_compiled_autograd"}
+_TRAINING_KEYS = {
+    "local_batch_size", "global_batch_size", "seq_len", "num_tokens_per_microbatch_per_dp_rank",
+    "num_tokens_per_train_step", "max_context_length", "dtype", "mixed_precision_param", "mixed_precision_reduce",
+    "enable_cpu_offload",
+    # harmless
+    "dataset", "dataset_path", "max_norm", "steps", "gc_freq", "gc_debug", "dataloader", "disable_cuda_graphs",
+    "deterministic", "seed"}
+_COMPILE_KEYS = {"enable", "components", "backend", "enable_async_tensor_parallel"}
+_AC_KEYS = {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns", "early_stop",
+            "memory_budget", "visualize_memory_budget_pareto", "preserve_rng_state", "determinism_check", "debug",
+            "force_recompute_mm_shapes_by_fqns"}
+_AC_BASE_KEYS = {"preserve_rng_state", "determinism_check", "debug", "early_stop"}
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+@dataclass
+class _Reader:
+    """Typed access to a job config, every error naming the file and the dotted key."""
+
+    path: Path
+    config: dict[str, Any]
+    era: str
+    assumptions: list[str] = field(default_factory=list)
+
+    def section(self, name: str, known: set[str] | None = None) -> dict[str, Any]:
+        table = self.config.get(name)
+        if table is None:
+            return {}
+        if not isinstance(table, dict):
+            raise InputError(self.path, name, f"got {table!r:.40}", "give a table of settings")
+        if known is not None:
+            unknown = sorted(set(table) - known)
+            if unknown:
+                raise InputError(self.path, f"{name}.{unknown[0]}", "is not a setting the planner knows, so it "
+                                 "cannot tell whether it changes time, memory or layer placement",
+                                 "remove it to plan the job as if it were unset, or report it to chameleon_opt")
+        return table
+
+    def int(self, table: dict[str, Any], section: str, key: str, default: int) -> int:
+        value = table.get(key, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(self.path, f"{section}.{key}", f"got {value!r:.40}", "give an integer")
+        return value
+
+    def refuse(self, key: str, problem: str, fix: str) -> InputError:
+        return InputError(self.path, key, problem, fix)
+
+
+def read_job_config(path: Path) -> tuple[dict[str, Any], str]:
+    """The job config (TOML or JSON, whichever parses) and its era: `python` when it is a resolved
+    `Trainer.Config` dump (it has `model_spec`), else `toml`."""
     try:
-        return tomllib.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise InputError(path, "<file>", "file not found", "check the path") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise InputError(path, "<file>", f"cannot be read ({type(err).__name__})", "give a TOML job config") from None
-    except tomllib.TOMLDecodeError as err:
-        raise InputError(path, "<file>", f"malformed TOML ({err})", "fix the TOML syntax") from None
+        raise InputError(path, "<file>", f"cannot be read ({type(err).__name__})", "give a TOML or JSON job config") \
+            from None
+    config: Any = None
+    errors = []
+    readers = (json.loads, tomllib.loads) if path.suffix.lower() == ".json" or text.lstrip().startswith("{") \
+        else (tomllib.loads, json.loads)
+    for read in readers:
+        try:
+            config = read(text)
+            break
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+            errors.append(str(err))
+    if config is None:
+        raise InputError(path, "<file>", f"neither TOML nor JSON ({errors[0]})",
+                         "give a train_configs/*.toml, or the JSON that --debug.save_config_file writes")
+    if not isinstance(config, dict):
+        raise InputError(path, "<root>", "not a table of sections", "give a torchtitan job config")
+    return config, "python" if "model_spec" in config else "toml"
 
 
-def _int(table: dict[str, Any], key: str, default: int, path: Path, section: str) -> int:
-    value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InputError(path, f"{section}.{key}", f"got {value!r}", "give an integer")
-    return value
-
-
-def _model(config: dict[str, Any], override: str | None, path: Path) -> dict[str, Any]:
+def _model(r: _Reader, override: str | None) -> dict[str, Any]:
+    """The workload: --model, else the config.json under hf_assets_path, else the catalogue entry
+    named `<name>-<flavor>`; mixture-of-experts models are refused."""
+    spec = r.config.get("model_spec") if r.era == "python" else r.config.get("model")
+    spec = spec if isinstance(spec, dict) else {}
+    name, flavor = str(spec.get("name", "")), str(spec.get("flavor", ""))
+    where = "model_spec" if r.era == "python" else "model"
+    if name in MOE_MODELS or "moe" in flavor.lower() or re.search(r"\d+B-A\d+", flavor):
+        raise r.refuse(f"{where}.flavor", f"{name} {flavor} is a mixture-of-experts model, which the planner "
+                       "does not model", "plan a dense model (DP x PP x TP)")
+    if r.era == "toml" and spec.get("converters"):
+        raise r.refuse("model.converters", f"{spec['converters']} (float8 / MX training) is not modelled",
+                       "remove the converters to plan the bf16 job")
+    if r.era == "python" and (r.config.get("model_converters") or {}).get("converters"):
+        raise r.refuse("model_converters.converters", "float8 / MX training is not modelled",
+                       "remove the converters to plan the bf16 job")
+    if r.era == "python":
+        r.assumptions.append("torchtitan: no float8 / MX / NVFP4 linear layers (a resolved config's JSON does not "
+                             "show them; the planner models bf16 matmuls)")
     if override:
         return workload_document(override, "--model")
-    model = config.get("model", {})
-    assets = model.get("hf_assets_path")
-    if assets and (path.parent / assets / "config.json").is_file():
-        return workload_document(str(path.parent / assets), "model.hf_assets_path")
-    if assets and (Path(assets) / "config.json").is_file():
-        return workload_document(assets, "model.hf_assets_path")
-    name = f"{model.get('name', '')}-{str(model.get('flavor', '')).lower()}"
-    if (MODELS_DIR / f"{name}.json").is_file():
-        return {"model": name}
-    raise InputError(path, "model", f"no catalogue model {name!r} and no config.json under hf_assets_path {assets!r}",
-                     "pass --model with a catalogue name or a Hugging Face config.json")
+    assets = (r.config.get("hf_assets_path") if r.era == "python" else spec.get("hf_assets_path"))
+    for folder in ([r.path.parent / assets, Path(assets)] if assets else []):
+        if (folder / "config.json").is_file():
+            return workload_document(str(folder), f"{where}.hf_assets_path")
+    catalogue = f"{name}-{flavor.lower()}"
+    if (MODELS_DIR / f"{catalogue}.json").is_file():
+        return {"model": catalogue}
+    raise r.refuse(where, f"no catalogue model {catalogue!r} and no config.json under hf_assets_path {assets!r}",
+                   "pass --model with a catalogue name or the model's Hugging Face config.json")
 
 
-def _layers_of_parts(parts: list[list[str]], path: Path) -> list[int]:
-    """Workload layers per stage from module FQNs: embedding and output/norm are layers 0 and L+1."""
-    counts = []
-    for i, part in enumerate(parts):
-        names = set(part)
-        unknown = {n for n in names if not (n in ("tok_embeddings", "norm", "output") or n.startswith("layers."))}
-        if unknown:
-            raise InputError(path, f"parallelism.module_fqns_per_model_part[{i}]", f"unknown modules {sorted(unknown)}",
-                             "use tok_embeddings, layers.N, norm and output")
-        counts.append(sum(n.startswith("layers.") for n in names) + ("tok_embeddings" in names)
-                      + ("output" in names))
+def _parts_layers(r: _Reader, parts: Any, pp: int) -> list[int]:
+    """Workload layers per stage from `module_fqns_per_model_part`: one part per PP rank, blocks in
+    order without gaps, the embedding alone at the front and the norm + output at the end."""
+    key = "parallelism.module_fqns_per_model_part"
+    if not isinstance(parts, list) or not all(isinstance(p, list) for p in parts):
+        raise r.refuse(key, "is not a list of lists of module names", "give one list of module FQNs per stage")
+    if len(parts) != pp:
+        raise r.refuse(key, f"{len(parts)} parts for {pp} pipeline ranks: torchtitan then runs several stages per "
+                       "rank (an interleaved placement the planner does not model)",
+                       "give pipeline_parallel_degree parts (one stage per rank)")
+    flat = [m for part in parts for m in part]
+    blocks = [m for m in flat if isinstance(m, str) and re.fullmatch(r"layers\.\d+", m)]
+    expected = ["tok_embeddings"] + [f"layers.{i}" for i in range(len(blocks))]
+    tail = flat[len(expected):]
+    if flat[:len(expected)] != expected or tail not in (["norm", "output"], ["norm", "lm_head"]) \
+            or parts[-1][-2:] != tail:
+        raise r.refuse(key, "the parts are not tok_embeddings, layers.0..N-1 in order, then norm and output "
+                       "(or lm_head) in the last part", "list each module once, in model order")
+    counts = [len(part) - (i == len(parts) - 1) for i, part in enumerate(parts)]  # norm + output: one head layer
+    if 0 in counts:
+        raise r.refuse(key, "a stage without modules", "give every stage at least one module")
     return counts
 
 
-def _default_split(blocks: int, pp: int, first_less: int, last_less: int) -> list[int]:
-    """torchtitan's default: the embedding counts as `first_less` layers and the output as
-    `last_less`, the weighted total is spread evenly (the extra on the last stages), and the
-    embedding / output stages keep their blocks; returned as workload layers per stage."""
-    total = blocks + first_less + last_less
-    base, extra = divmod(total, pp)
-    weights = [base + (1 if i >= pp - extra else 0) for i in range(pp)]
-    weights[0] -= first_less
-    weights[-1] -= last_less
-    counts = [w + (i == 0) + (i == pp - 1) for i, w in enumerate(weights)]
-    return counts
+def default_split(blocks: int, stages: int, input_weight: int, output_weight: int) -> list[int]:
+    """torchtitan's `_generate_llm_fqn_per_model_part`: the embedding counts as `input_weight`
+    layers and norm + output as `output_weight`; the weighted total is spread evenly with the
+    remainder on the *first* stages; the first stage then holds the embedding and its remaining
+    count of blocks, the last stage its blocks and the head. Returned as workload layers per stage
+    (embedding and head each one layer). Llama 3 70B over 4 stages: [21, 21, 20, 20]."""
+    if stages == 1:
+        return [blocks + 2]
+    effective = blocks + input_weight + output_weight
+    base, extra = divmod(effective, stages)
+    per_stage = [base + (1 if s < extra else 0) for s in range(stages)]
+    per_stage[0] = per_stage[0] - input_weight + 1
+    per_stage[-1] = per_stage[-1] - output_weight + 1
+    return per_stage
+
+
+def _split(r: _Reader, par: dict[str, Any], pp: int, workload: dict[str, Any]) -> list[int] | None:
+    """Layers per stage as torchtitan places them, or a refusal for what the planner cannot place."""
+    schedule = str(par.get("pipeline_parallel_schedule", "1F1B"))
+    if par.get("pipeline_parallel_schedule_csv"):
+        raise r.refuse("parallelism.pipeline_parallel_schedule_csv", "a custom schedule is not modelled",
+                       "use pipeline_parallel_schedule = \"1F1B\"")
+    if schedule in MULTI_STAGE_SCHEDULES:
+        placement = "V-shaped: rank r holds stages r and 2p-1-r" if "V" in schedule else \
+            "looped: rank r holds stages r, r+p, r+2p, ..."
+        raise r.refuse("parallelism.pipeline_parallel_schedule", f"{schedule} runs several stages per rank "
+                       f"({placement}); the planner's stages are contiguous, one per rank",
+                       "use 1F1B to plan the job (its memory and bubble differ from the interleaved run)")
+    if schedule == "GPipe":
+        raise r.refuse("parallelism.pipeline_parallel_schedule", "GPipe keeps every micro-batch's activations, "
+                       "which the planner (1F1B) does not model", "use 1F1B")
+    if schedule not in SINGLE_STAGE_SCHEDULES:
+        raise r.refuse("parallelism.pipeline_parallel_schedule", f"unknown schedule {schedule!r}",
+                       f"use one of {', '.join(SINGLE_STAGE_SCHEDULES)}")
+    if pp == 1:
+        return None  # no pipelining: torchtitan ignores the split settings
+    parts = par.get("module_fqns_per_model_part")
+    if parts:
+        return _parts_layers(r, parts, pp)
+    blocks = workload_blocks(workload)
+    if blocks is None:
+        raise r.refuse("model", "the workload has no architecture, so torchtitan's split cannot be reproduced",
+                       "pass --model with an architecture, or give module_fqns_per_model_part")
+    first = r.int(par, "parallelism", "pipeline_parallel_first_stage_less_layers", 1)
+    last = r.int(par, "parallelism", "pipeline_parallel_last_stage_less_layers", 1)
+    per_stage = par.get("pipeline_parallel_layers_per_stage")
+    if per_stage is not None:
+        stages = math.ceil((blocks + first + last) / r.int(par, "parallelism", "pipeline_parallel_layers_per_stage", 1))
+        if stages != pp:
+            raise r.refuse("parallelism.pipeline_parallel_layers_per_stage", f"gives {stages} stages for {pp} ranks "
+                           f"and {schedule} runs one stage per rank (torchtitan refuses this job)",
+                           f"give at least {math.ceil((blocks + first + last) / pp)} layers per stage")
+    effective = blocks + first + last
+    if pp > effective or first > effective // pp or last > effective // pp:
+        raise r.refuse("parallelism.pipeline_parallel_degree", f"{pp} stages for {blocks} blocks with first/last "
+                       f"weights {first}/{last} (torchtitan refuses this split)", "use fewer pipeline stages")
+    return default_split(blocks, pp, first, last)
+
+
+def _recomputation(r: _Reader) -> str:
+    """The planner's recomputation mode for torchtitan's activation checkpointing, or a refusal.
+
+    Full checkpointing of every block is the planner's `full`; torchtitan's per-op selective
+    policy (saves matmul, attention and collective outputs except every second matmul) keeps
+    less than the planner's `selective` (which keeps everything but the attention core) and
+    recomputes more: it is modelled as `selective`, conservatively on memory, and said so."""
+    ac = r.config.get("activation_checkpoint", {} if r.era == "toml" else None)
+    where = "activation_checkpoint"
+    if ac is None:
+        return "none"
+    if not isinstance(ac, dict):
+        raise r.refuse(where, f"got {ac!r:.40}", "give a table of activation-checkpoint settings")
+    r.section(where, _AC_KEYS)
+    if "mode" in ac or r.era == "toml":  # toml era and the python era until June 2026
+        mode = str(ac.get("mode", "selective"))
+        option = str(ac.get("selective_ac_option", "2"))
+    elif "memory_budget" in ac:
+        mode = "memory_budget"
+        option = ""
+    elif "force_recompute_mm_shapes_by_fqns" in ac:
+        mode, option = "selective", "op"
+    elif set(ac) <= _AC_BASE_KEYS:
+        mode = "full"
+        option = ""
+    else:
+        raise r.refuse(where, "an activation-checkpoint policy the planner does not recognise",
+                       "use the none, full or selective policy")
+    if mode == "none":
+        return "none"
+    if mode == "full":
+        return "full"
+    if mode == "memory_budget":
+        raise r.refuse(f"{where}.memory_budget", "the compiler's memory-budget checkpointing saves what its "
+                       "partitioner chooses, which the planner cannot predict", "use mode full or selective (op)")
+    if mode != "selective":
+        raise r.refuse(f"{where}.mode", f"unknown mode {mode!r}", "use none, full or selective")
+    if option == "op":
+        r.assumptions.append("torchtitan per-op selective activation checkpointing modelled as selective "
+                             "recomputation (keeps at least what torchtitan keeps; its extra matmul recompute not "
+                             "timed)")
+        return "selective"
+    if option == "1":
+        return "full"
+    raise r.refuse(f"{where}.selective_ac_option", f"{option!r} checkpoints one block in every {option} only, which "
+                   "the planner (one mode per stage) does not model",
+                   "use selective_ac_option = \"op\" or mode = \"full\"")
+
+
+def _batches(r: _Reader, training: dict[str, Any], par: dict[str, Any], pp: int, dp: int) -> dict[str, Any]:
+    """global_batch, micro_batch_size and sequence_length in samples of one sequence."""
+    if "num_tokens_per_microbatch_per_dp_rank" in training or "max_context_length" in training:
+        context = r.int(training, "training", "max_context_length", 2048)
+        tokens = r.int(training, "training", "num_tokens_per_microbatch_per_dp_rank", 16384)
+        if tokens % context:
+            raise r.refuse("training.num_tokens_per_microbatch_per_dp_rank", f"{tokens} tokens is not a whole number "
+                           f"of {context}-token sequences (max_context_length)",
+                           "make it a multiple of max_context_length")
+        mbs = tokens // context
+        per_step = r.int(par, "parallelism", "num_pp_microbatches", 1) if pp > 1 else 1
+        step_tokens = r.int(training, "training", "num_tokens_per_train_step", -1)
+        step_tokens = tokens * per_step * dp if step_tokens == -1 else step_tokens
+        if step_tokens % (tokens * per_step * dp):
+            raise r.refuse("training.num_tokens_per_train_step", "not a multiple of the tokens of one accumulation "
+                           "step (torchtitan refuses it)", f"give a multiple of {tokens * per_step * dp}")
+        return {"global_batch": step_tokens // context, "micro_batch_size": mbs, "sequence_length": context}
+    local = r.int(training, "training", "local_batch_size", 8)
+    global_batch = r.int(training, "training", "global_batch_size", -1)
+    global_batch = local * dp if global_batch == -1 else global_batch
+    if global_batch % (local * dp):
+        raise r.refuse("training.global_batch_size", f"{global_batch} is not a multiple of local_batch_size x DP = "
+                       f"{local * dp}", "torchtitan requires it: fix the batch sizes")
+    mbs = local
+    if pp > 1:
+        if "num_pp_microbatches" in par:
+            count = r.int(par, "parallelism", "num_pp_microbatches", 1)
+            if local % count:
+                raise r.refuse("parallelism.num_pp_microbatches", f"does not divide local_batch_size {local}",
+                               "give a divisor of local_batch_size")
+            mbs = local // count
+        else:
+            mbs = r.int(par, "parallelism", "pipeline_parallel_microbatch_size", 1)
+            if local % mbs:
+                raise r.refuse("parallelism.pipeline_parallel_microbatch_size", f"does not divide local_batch_size "
+                               f"{local}", "give a divisor of local_batch_size")
+    return {"global_batch": global_batch, "micro_batch_size": mbs,
+            "sequence_length": r.int(training, "training", "seq_len", 2048)}
+
+
+def _state(r: _Reader, training: dict[str, Any], par: dict[str, Any], tp: int, pp: int, shard: int) -> dict[str, Any]:
+    """Precision, ZeRO stage and bytes per parameter of torchtitan's state, in the planner's terms.
+
+    torchtitan keeps parameters, gradients and Adam's two moments in `training.dtype` (fp32 by
+    default) and computes in `mixed_precision_param` through FSDP, or through autocast under
+    DDP / one device; with TP or PP and no FSDP it runs without mixed precision (maybe_enable_amp).
+    FSDP reshards after forward unless PP is on (the default) or the job says never; under PP,
+    torch.distributed.pipelining keeps parameters unsharded and accumulates unsharded fp32
+    gradients until the last micro-batch. The planner's ZeRO stage and bytes per parameter are
+    chosen so that each case's total is torchtitan's."""
+    dtype = str(training.get("dtype", "float32"))
+    compute = str(training.get("mixed_precision_param", "bfloat16"))
+    for key, value in (("dtype", dtype), ("mixed_precision_param", compute)):
+        if value not in _DTYPE_BYTES:
+            raise r.refuse(f"training.{key}", f"unknown dtype {value!r}", "use bfloat16 or float32")
+    if training.get("enable_cpu_offload"):
+        raise r.refuse("training.enable_cpu_offload", "FSDP CPU offload of parameters, gradients and optimizer "
+                       "state is not modelled", "set it to false")
+    stored = _DTYPE_BYTES[dtype]
+    total = 4 * stored  # parameter, gradient, Adam's two moments
+    fsdp = shard > 1
+    c = _DTYPE_BYTES[compute] if fsdp or (tp == 1 and pp == 1) else stored
+    grads = stored
+    adam = 2 * stored
+    reshard = str(par.get("fsdp_reshard_after_forward", "default"))
+    if reshard not in ("default", "always", "never"):
+        raise r.refuse("parallelism.fsdp_reshard_after_forward", f"unknown policy {reshard!r}",
+                       "use default, always or never")
+    if not fsdp:
+        zero, optimizer = 0, stored + adam - c
+        how = "replicated"
+    elif pp > 1:
+        zero, grads, optimizer = 1, 4, stored + grads + adam
+        how = ("FSDP under PP: parameters and fp32 gradients unsharded for the step (torch pipelining), "
+               "sharded fp32 state")
+    elif reshard == "never":
+        zero, optimizer = 2, stored + adam
+        how = "FSDP without reshard after forward: parameters unsharded, the rest sharded"
+    else:
+        zero, optimizer = 3, stored + adam - c
+        how = "FSDP: all state sharded"
+    r.assumptions.append(f"torchtitan state {total} bytes/parameter ({dtype} parameters, gradients and Adam moments; {how})")
+    return {"precision": "bf16" if c == 2 else "fp32", "zero_stage": zero, "grad_bytes_per_param": grads,
+            "optimizer": {"name": "adam", "state_bytes_per_param": optimizer}}
+
+
+def _optimizer(r: _Reader) -> None:
+    """Only Adam / AdamW is modelled (two moments per parameter)."""
+    opt = r.config.get("optimizer")
+    if not isinstance(opt, dict):
+        return
+    names = [opt["name"]] if "name" in opt else []
+    names += [g.get("optimizer_name") for g in opt.get("param_groups") or [] if isinstance(g, dict)]
+    for name in names:
+        if name not in ("Adam", "AdamW", None):
+            raise r.refuse("optimizer", f"{name} is not modelled (Adam's two moments per parameter are)",
+                           "use Adam or AdamW")
+    if opt.get("implementation") == "fused_opt_states_bf16":
+        raise r.refuse("optimizer.implementation", "bf16 optimizer states are not modelled", "use fused")
+    if opt.get("early_step_in_backward"):
+        raise r.refuse("optimizer.early_step_in_backward", "the optimizer step inside backward is not modelled",
+                       "set it to false")
 
 
 def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], model: str | None = None,
                       name: str | None = None) -> dict[str, Any]:
-    """An instance document for the job a torchtitan TOML describes."""
-    config = read_toml(path)
-    par, training = config.get("parallelism", {}), config.get("training", {})
-    tp = _int(par, "tensor_parallel_degree", 1, path, "parallelism")
-    pp = _int(par, "pipeline_parallel_degree", 1, path, "parallelism")
-    replicate = _int(par, "data_parallel_replicate_degree", 1, path, "parallelism")
-    shard = _int(par, "data_parallel_shard_degree", -1, path, "parallelism")
-    for key in ("context_parallel_degree", "expert_parallel_degree"):
-        if _int(par, key, 1, path, "parallelism") != 1:
-            raise InputError(path, f"parallelism.{key}", "is above 1", "the planner models DP x PP x TP only: set it to 1")
+    """An instance document for the job a torchtitan config describes (device ids = its ranks)."""
+    config, era = read_job_config(path)
+    r = _Reader(path, config, era)
+    par = r.section("parallelism", _PARALLELISM_KEYS)
+    training = r.section("training", _TRAINING_KEYS)
+    compile_ = r.section("compile", _COMPILE_KEYS)
+    tp = r.int(par, "parallelism", "tensor_parallel_degree", 1)
+    pp = r.int(par, "parallelism", "pipeline_parallel_degree", 1)
+    replicate = r.int(par, "parallelism", "data_parallel_replicate_degree", 1)
+    shard = r.int(par, "parallelism", "data_parallel_shard_degree", -1)
+    for key in ("context_parallel_degree", "expert_parallel_degree", "expert_tensor_parallel_degree"):
+        if r.int(par, "parallelism", key, 1) != 1:
+            raise r.refuse(f"parallelism.{key}", "is above 1", "the planner models DP x PP x TP only: set it to 1")
     if shard == -1:
         if options.world_size is None:
-            raise InputError(path, "parallelism.data_parallel_shard_degree", "is -1 (the ranks left over)",
-                             "pass --world-size (the launcher's nnodes x nproc-per-node)")
+            raise r.refuse("parallelism.data_parallel_shard_degree", "is -1 (the ranks left over)",
+                           "pass --world-size (the launcher's nnodes x nproc-per-node, NGPU)")
         shard = options.world_size // (tp * pp * replicate)
+    if replicate > 1 and shard > 1:
+        raise r.refuse("parallelism.data_parallel_replicate_degree", f"HSDP ({replicate} replicas x {shard}-way "
+                       "sharding) shards state over groups of the data-parallel ranks, which the planner does not "
+                       "model", "set data_parallel_replicate_degree = 1 (FSDP over all) or "
+                       "data_parallel_shard_degree = 1 (DDP)")
     dp = replicate * shard
     world = tp * pp * dp
     if dp < 1 or (options.world_size is not None and options.world_size != world):
-        raise InputError(path, "parallelism", f"degrees give {world} ranks, --world-size is {options.world_size}",
-                         "make the degrees multiply to the world size")
-    workload = _model(config, model, path)
-    local = _int(training, "local_batch_size", _int(training, "batch_size", 8, path, "training"), path, "training")
-    global_batch = _int(training, "global_batch_size", -1, path, "training")
-    global_batch = local * dp if global_batch == -1 else global_batch
-    mbs = _int(par, "pipeline_parallel_microbatch_size", 1, path, "parallelism") if pp > 1 else local
+        raise r.refuse("parallelism", f"degrees give {world} ranks, --world-size is {options.world_size}",
+                       "make the degrees multiply to the world size")
+    if tp > 1 and par.get("disable_loss_parallel"):
+        raise r.refuse("parallelism.disable_loss_parallel", "gathers the full logits on every TP rank, which the "
+                       "planner (vocab-parallel loss) does not model", "set it to false")
+    if par.get("enable_async_tensor_parallel") or compile_.get("enable_async_tensor_parallel"):
+        r.assumptions.append("torchtitan async TP: TP collectives timed as not overlapped with matmuls")
+    if compile_.get("enable"):
+        r.assumptions.append("torchtitan torch.compile: times and activations as eager PyTorch")
+    if par.get("enable_fsdp_symm_mem"):
+        r.assumptions.append("torchtitan FSDP symmetric memory: collectives timed as NCCL's")
+    _optimizer(r)
+    workload = _model(r, model)
     layout: dict[str, Any] = {"pipeline_parallel": pp, "data_parallel": dp, "order": TORCHTITAN_ORDER}
-    parts = par.get("module_fqns_per_model_part")
-    if parts:
-        if len(parts) != pp:
-            raise InputError(path, "parallelism.module_fqns_per_model_part", f"{len(parts)} parts for {pp} ranks",
-                             "the planner models one stage per rank: give pipeline_parallel_degree parts")
-        layout["layers_per_stage"] = _layers_of_parts(parts, path)
-    elif pp > 1:
-        per_stage = par.get("pipeline_parallel_layers_per_stage")
-        if per_stage is not None:
-            raise InputError(path, "parallelism.pipeline_parallel_layers_per_stage", "is given",
-                             "give module_fqns_per_model_part instead (the layer count alone needs the model)")
-        blocks = workload_blocks(workload)
-        if blocks is not None:
-            layout["layers_per_stage"] = _default_split(
-                blocks, pp, _int(par, "pipeline_parallel_first_stage_less_layers", 1, path, "parallelism"),
-                _int(par, "pipeline_parallel_last_stage_less_layers", 1, path, "parallelism"))
-    mode = config.get("activation_checkpoint", {}).get("mode", "selective")
-    dtype = training.get("mixed_precision_param", training.get("dtype", "bfloat16"))
-    train: dict[str, Any] = {"global_batch": global_batch, "micro_batch_size": mbs,
-                             "precision": _DTYPES.get(str(dtype), "bf16"),
-                             "recomputation": mode if mode in ("none", "selective", "full") else "full",
-                             "zero_stage": 3 if shard > 1 else 0}
-    if "seq_len" in training:
-        train["sequence_length"] = _int(training, "seq_len", 2048, path, "training")
+    split = _split(r, par, pp, workload)
+    if split is not None:
+        layout["layers_per_stage"] = split
+    train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **_state(r, training, par, tp, pp, shard),
+                             "recomputation": _recomputation(r),
+                             "sequence_parallel": tp > 1 and (era == "toml" or bool(par.get("enable_sequence_parallel",
+                                                                                               True))),
+                             "assumptions": r.assumptions}
     return {"format": 1, "name": name or path.stem,
-            "description": f"imported from torchtitan config {path.name}; device ids are torchtitan global ranks",
+            "description": f"imported from torchtitan config {path.name} ({era} era); device ids are torchtitan "
+                           "global ranks",
             "cluster": cluster_document(world, options), "workload": workload, "training": train,
-            "plan": {"tensor_parallel": tp, "layout": layout}, "failures": failure_document(failed, world)}
+            "plan": {"tensor_parallel": tp, "layout": layout}, "failures": failure_document(failed, world),
+            "trainer": {"name": "torchtitan", "file": path.name, "era": era, "config": config}}
 
 
-def settings_toml(parallelism: dict[str, Any], training: dict[str, Any], header: list[str]) -> str:
-    """A `[parallelism]` + `[training]` TOML fragment (torchtitan's keys), comments first."""
+def settings_toml(document: dict[str, Any], header: list[str]) -> str:
+    """A complete TOML job config: sections of tables in order, comments first."""
     lines = [f"# {h}" for h in header]
-    for section, table in (("parallelism", parallelism), ("training", training)):
-        lines.append(f"\n[{section}]")
-        for key, value in table.items():
-            if value is not None:
-                lines.append(f"{key} = {_toml_value(value)}")
-    return "\n".join(lines) + "\n"
+    _toml_table(document, [], lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _toml_table(table: dict[str, Any], prefix: list[str], lines: list[str]) -> None:
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict) and v is not None}
+    if prefix and (scalars or not table):
+        lines.append(f"\n[{'.'.join(prefix)}]")
+    for key, value in scalars.items():
+        lines.append(f"{key} = {_toml_value(value)}")
+    for key, value in table.items():
+        if isinstance(value, dict):
+            _toml_table(value, prefix + [key], lines)
 
 
 def _toml_value(value: Any) -> str:
@@ -162,7 +483,7 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)) and math.isfinite(value):
         return repr(value)
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return json.dumps(value)
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(_toml_value(v) for v in value if v is not None) + "]"
     raise TypeError(f"no TOML form for {value!r}")

@@ -689,6 +689,7 @@ class PerfModel:
             if "catalogue efficiency" in source:
                 fitted = " (fitted on Megatron-LM GPT-3 175B)" if name.startswith("A100") else " (assumed)"
                 lines.append(f"{name} TP {tp} times: {source}{fitted}")
+        lines += training.assumptions  # the importer's mapping of the trainer's own settings
         return tuple(lines)
 
     @staticmethod

@@ -1,0 +1,239 @@
+"""torchtitan imports that are faithful or refuse, and exports that reproduce the job.
+
+Configs here are written for these tests with the keys of torchtitan's own schemas: the TOML era's
+JobConfig (torchtitan/config/job_config.py at v0.2.2) and the Python era's Trainer.Config as
+`--debug.save_config_file` dumps it (torchtitan/trainer.py `to_dict`, torchtitan/config/configs.py).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from chameleon_opt.cli import app
+from chameleon_opt.errors import InputError
+from chameleon_opt.instance.load import build_instance
+from chameleon_opt.interop.common import ClusterOptions, locate_rank
+from chameleon_opt.interop.export import export_plan
+from chameleon_opt.interop.torchtitan import default_split, import_torchtitan
+
+LLAMA70_PP4 = """
+[model]
+name = "llama3"
+flavor = "70B"
+[training]
+local_batch_size = 8
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+pipeline_parallel_degree = 4
+pipeline_parallel_microbatch_size = 1
+pipeline_parallel_schedule = "1F1B"
+[activation_checkpoint]
+mode = "full"
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "job.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _stage_layers(doc: dict) -> list[int]:
+    return [s.end - s.first for s in build_instance(doc).plan.pipelines[0].stages]
+
+
+def test_default_split_is_torchtitans_own():
+    """torchtitan's _generate_llm_fqn_per_model_part (distributed/pipeline_parallel.py): the
+    embedding and the head weigh one layer each; 80 blocks + 2 over 4 stages is 20 each with 2 left
+    over, which go to the *first* stages: effective [21, 21, 20, 20]; stage 0 = embedding + 20
+    blocks, stage 3 = 19 blocks + norm/output. As workload layers (embedding, head one each):
+    [21, 21, 20, 20]. 32 blocks over 2: [17, 17]; 30 blocks over 4: 32 / 4 = 8 each, so blocks
+    [7, 8, 8, 7]; first-stage weight 3 over 4 stages of 16 blocks: 20 / 4 = 5, stage 0 holds 2 blocks."""
+    assert default_split(80, 4, 1, 1) == [21, 21, 20, 20]
+    assert default_split(32, 2, 1, 1) == [17, 17]
+    assert default_split(30, 4, 1, 1) == [8, 8, 8, 8]
+    assert default_split(16, 4, 3, 1) == [3, 5, 5, 5]
+
+
+def test_llama70b_tp8_pp4_places_layers_as_torchtitan_and_uses_sp(tmp_path):
+    doc = import_torchtitan(_write(tmp_path, LLAMA70_PP4), ClusterOptions(world_size=64), [])
+    assert doc["plan"]["layout"]["layers_per_stage"] == [21, 21, 20, 20]
+    training = doc["training"]
+    assert training["sequence_parallel"] is True  # torchtitan's TP plan is SequenceParallel on every norm
+    assert (training["recomputation"], training["micro_batch_size"], training["global_batch"]) == ("full", 1, 16)
+    # FSDP under PP: torch pipelining keeps parameters (bf16, 2 B) and fp32 gradients (4 B) unsharded
+    # for the step; the fp32 parameter, gradient and Adam moments (16 B) are sharded: ZeRO-1 totals
+    assert (training["zero_stage"], training["grad_bytes_per_param"],
+            training["optimizer"]["state_bytes_per_param"]) == (1, 4, 16)
+    instance = build_instance(doc)
+    # torchtitan's mesh [pp, dp_shard, tp]: rank 8 is stage 0 of replica 1; rank 16 stage 1 of replica 0
+    assert (locate_rank(instance, 8).stage, locate_rank(instance, 8).pipeline) == (0, 1)
+    assert locate_rank(instance, 16).layers == (21, 42)
+    assert locate_rank(instance, 63).layers == (62, 82)
+
+
+def test_sharding_and_precision_follow_torchtitan(tmp_path):
+    """FSDP without PP reshards after forward (ZeRO-3); 'never' keeps parameters (ZeRO-2); DDP keeps
+    fp32 parameters under autocast (16 B replicated); TP without FSDP runs in fp32 (maybe_enable_amp)."""
+    base = LLAMA70_PP4.replace("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 1")
+    fsdp = import_torchtitan(_write(tmp_path, base), ClusterOptions(world_size=64), [])["training"]
+    assert (fsdp["zero_stage"], fsdp["precision"], fsdp["grad_bytes_per_param"],
+            fsdp["optimizer"]["state_bytes_per_param"]) == (3, "bf16", 4, 10)
+    never = base.replace("[parallelism]", "[parallelism]\nfsdp_reshard_after_forward = \"never\"")
+    assert import_torchtitan(_write(tmp_path, never), ClusterOptions(world_size=64), [])["training"]["zero_stage"] == 2
+    ddp = base.replace("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1\n"
+                       "data_parallel_replicate_degree = 8").replace("tensor_parallel_degree = 8",
+                                                                     "tensor_parallel_degree = 1")
+    ddp_training = import_torchtitan(_write(tmp_path, ddp), ClusterOptions(world_size=8), [])["training"]
+    assert (ddp_training["zero_stage"], ddp_training["precision"]) == (0, "bf16")
+    tp_only = base.replace("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1")
+    assert import_torchtitan(_write(tmp_path, tp_only), ClusterOptions(world_size=8), [])["training"][
+        "precision"] == "fp32"
+
+
+@pytest.mark.parametrize("edit, key", [
+    (("pipeline_parallel_schedule = \"1F1B\"", "pipeline_parallel_schedule = \"Interleaved1F1B\""),
+     "parallelism.pipeline_parallel_schedule"),
+    (("pipeline_parallel_schedule = \"1F1B\"", "pipeline_parallel_schedule = \"ZBVZeroBubble\""),
+     "parallelism.pipeline_parallel_schedule"),
+    (("pipeline_parallel_schedule = \"1F1B\"", "pipeline_parallel_schedule = \"GPipe\""),
+     "parallelism.pipeline_parallel_schedule"),
+    (("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1\ndata_parallel_replicate_degree = 2\n"
+      "context_parallel_degree = 2"), "parallelism.context_parallel_degree"),
+    (("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1\ndata_parallel_replicate_degree = 2"),
+     "parallelism"),  # 64 ranks asked, 2 x 8 x 4 = 64 fine; see the HSDP case below
+    (("mode = \"full\"", "mode = \"memory_budget\"\nmemory_budget = 0.5"), "activation_checkpoint.memory_budget"),
+    (("mode = \"full\"", "mode = \"selective\"\nselective_ac_option = \"2\""),
+     "activation_checkpoint.selective_ac_option"),
+    (("flavor = \"70B\"", "flavor = \"70B\"\nconverters = [\"float8\"]"), "model.converters"),
+    (("tensor_parallel_degree = 8", "tensor_parallel_degree = 8\ndisable_loss_parallel = true"),
+     "parallelism.disable_loss_parallel"),
+    (("tensor_parallel_degree = 8", "tensor_parallel_degree = 8\nenable_magic = true"), "parallelism.enable_magic"),
+    (("seq_len = 8192", "seq_len = 8192\nenable_cpu_offload = true"), "training.enable_cpu_offload"),
+])
+def test_what_the_planner_cannot_model_is_refused(tmp_path, edit, key):
+    text = LLAMA70_PP4.replace(*edit)
+    world = 32 if "replicate_degree = 2\n" in text and "context" not in text else 64
+    if key == "parallelism":  # DDP x TP x PP is modelled: 2 x 8 x 4 = 64 ranks
+        assert import_torchtitan(_write(tmp_path, text), ClusterOptions(world_size=64), [])["training"][
+            "zero_stage"] == 0
+        return
+    with pytest.raises(InputError) as err:
+        import_torchtitan(_write(tmp_path, text), ClusterOptions(world_size=world), [])
+    assert err.value.field == key
+
+
+def test_hsdp_is_refused_through_the_cli_in_one_line(tmp_path):
+    text = LLAMA70_PP4.replace("data_parallel_shard_degree = -1",
+                               "data_parallel_shard_degree = 2\ndata_parallel_replicate_degree = 4")
+    result = CliRunner().invoke(app, ["import", "torchtitan", str(_write(tmp_path, text)), "--world-size", "256"])
+    assert result.exit_code == 2
+    assert "data_parallel_replicate_degree" in result.output and "HSDP" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+PYTHON_ERA = {  # a Trainer.Config dump after August 2026: token budgets, num_pp_microbatches, AC policy
+    "model_spec": {"name": "llama3", "flavor": "8B"},
+    "hf_assets_path": "./assets/hf/Llama-3.1-8B",
+    "training": {"num_tokens_per_microbatch_per_dp_rank": 16384, "num_tokens_per_train_step": -1,
+                 "max_context_length": 8192, "max_norm": 1.0, "steps": 1000, "enable_cpu_offload": False,
+                 "disable_cuda_graphs": True, "dtype": "float32", "mixed_precision_param": "bfloat16",
+                 "mixed_precision_reduce": "float32", "gc_freq": 50, "gc_debug": False},
+    "parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": -1,
+                    "fsdp_reshard_after_forward": "default", "enable_fsdp_symm_mem": False,
+                    "tensor_parallel_degree": 2, "enable_sequence_parallel": False, "spmd_backend": "spmd_types",
+                    "pipeline_parallel_degree": 2, "module_fqns_per_model_part": None,
+                    "pipeline_parallel_first_stage_less_layers": 1, "pipeline_parallel_last_stage_less_layers": 1,
+                    "pipeline_parallel_layers_per_stage": None, "pipeline_parallel_schedule": "1F1B",
+                    "pipeline_parallel_schedule_csv": "", "num_pp_microbatches": 4, "context_parallel_degree": 1,
+                    "context_parallel_load_balancer": "headtail", "context_parallel_ptrr_mask_key": None,
+                    "expert_parallel_degree": 1},
+    "activation_checkpoint": {"preserve_rng_state": True, "determinism_check": "default", "debug": False},
+    "compile": {"enable": True, "enable_async_tensor_parallel": True, "components": ["model", "loss"],
+                "backend": "inductor"},
+    "debug": {"seed": None, "save_config_file": "job.json"},
+}
+
+
+def test_python_era_dump_is_read_with_its_own_keys(tmp_path):
+    path = _write(tmp_path, json.dumps(PYTHON_ERA), "job_config.json")
+    doc = import_torchtitan(path, ClusterOptions(world_size=16), [])
+    training = doc["training"]
+    # 16384 tokens of 8192-token sequences: micro-batches of 2; 4 per step on each of 4 DP ranks
+    assert (training["micro_batch_size"], training["global_batch"], training["sequence_length"]) == (2, 32, 8192)
+    assert training["sequence_parallel"] is False  # enable_sequence_parallel (since March 2026) is honoured
+    assert training["recomputation"] == "full"  # FullAC's config carries only the base fields
+    assert doc["plan"]["layout"]["layers_per_stage"] == [17, 17]
+    assert any("compile" in a for a in training["assumptions"]) and any("async TP" in a for a in
+                                                                          training["assumptions"])
+    assert any("float8" in a for a in training["assumptions"])  # the dump cannot show quantized linears
+    instance = build_instance(doc)
+    from chameleon_opt.perf.model import PerfModel
+
+    assert set(training["assumptions"]) <= set(PerfModel(instance).evaluate(instance.plan).assumptions)
+
+
+def test_python_era_memory_budget_policy_is_refused(tmp_path):
+    config = dict(PYTHON_ERA, activation_checkpoint={"memory_budget": 0.5, "visualize_memory_budget_pareto": False,
+                                                     "preserve_rng_state": True})
+    with pytest.raises(InputError) as err:
+        import_torchtitan(_write(tmp_path, json.dumps(config), "j.json"), ClusterOptions(world_size=16), [])
+    assert err.value.field == "activation_checkpoint.memory_budget"
+
+
+def test_qwen3_head_dim_is_counted(tmp_path):
+    """Qwen3-32B (its HF config.json dimensions): hidden 5120 but 64 heads of 128, so Q and the output
+    projection are 8192 wide: 32.76B parameters (30.5B if head_dim were ignored)."""
+    assets = tmp_path / "Qwen3-32B"
+    assets.mkdir()
+    (assets / "config.json").write_text(json.dumps({
+        "model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+        "max_position_embeddings": 40960, "tie_word_embeddings": False}))
+    text = ('[model]\nname = "qwen3"\nflavor = "32B"\nhf_assets_path = "Qwen3-32B"\n[training]\nlocal_batch_size = 2\n'
+            'seq_len = 4096\n[parallelism]\ndata_parallel_shard_degree = -1\n[activation_checkpoint]\nmode = "full"\n')
+    instance = build_instance(import_torchtitan(_write(tmp_path, text), ClusterOptions(world_size=64), []))
+    assert instance.workload.unique_params == pytest.approx(32.76e9, rel=2e-3)
+
+
+def test_unchanged_job_exports_its_own_layout_and_reimports_identically(tmp_path):
+    job = _write(tmp_path, LLAMA70_PP4 + "[metrics]\nlog_freq = 10\n")
+    runner = CliRunner()
+    assert runner.invoke(app, ["import", "torchtitan", str(job), "--world-size", "64", "-o",
+                               str(tmp_path / "job.json")]).exit_code == 0
+    result = runner.invoke(app, ["export-plan", str(tmp_path / "job.json"), "--format", "torchtitan", "-o",
+                                 str(tmp_path / "back.toml")])
+    assert result.exit_code == 0, result.output
+    back = tomllib.loads((tmp_path / "back.toml").read_text())
+    parts = back["parallelism"]["module_fqns_per_model_part"]
+    # torchtitan's own default for this job: stage 0 embedding + layers 0-19, stage 1 layers 20-40, ...
+    assert parts[0] == ["tok_embeddings"] + [f"layers.{i}" for i in range(20)]
+    assert parts[1] == [f"layers.{i}" for i in range(20, 41)]
+    assert parts[3] == [f"layers.{i}" for i in range(61, 80)] + ["norm", "output"]
+    assert back["parallelism"]["pipeline_parallel_schedule"] == "1F1B"  # kept
+    assert back["metrics"] == {"log_freq": 10} and back["activation_checkpoint"] == {"mode": "full"}  # complete
+    assert (back["training"]["local_batch_size"], back["training"]["global_batch_size"]) == (8, 16)
+    again = import_torchtitan(tmp_path / "back.toml", ClusterOptions(world_size=64), [])
+    original = import_torchtitan(job, ClusterOptions(world_size=64), [])
+    for key in ("plan", "training"):
+        assert again[key] == original[key]
+
+
+def test_python_era_export_keeps_its_keys(tmp_path):
+    doc = import_torchtitan(_write(tmp_path, json.dumps(PYTHON_ERA), "job.json"), ClusterOptions(world_size=16), [])
+    instance = build_instance(doc)
+    out = export_plan(instance, instance.plan, frozenset(), "torchtitan", "initial")
+    config = out["config"]
+    assert config["parallelism"]["num_pp_microbatches"] == 4 and "pipeline_parallel_microbatch_size" not in \
+        config["parallelism"]
+    assert config["training"]["num_tokens_per_microbatch_per_dp_rank"] == 16384
+    assert config["parallelism"]["data_parallel_shard_degree"] == 4
+    again = import_torchtitan(_write(tmp_path, json.dumps(config), "again.json"), ClusterOptions(world_size=16), [])
+    assert again["plan"] == doc["plan"] and again["training"] == doc["training"]
