@@ -1,4 +1,4 @@
-"""`chameleon-solve`: the operator's command line (contract: shared/docs/cli-contract.md).
+"""`chameleon-solve`: the operator's command line (contract: docs/cli-contract.md).
 
 Solver, scheduling and simulation modules are imported inside the commands that use them, so
 that start-up and `--help` stay fast (ortools alone takes half a second to import).
@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import shutil
 import sys
 from enum import Enum
 from pathlib import Path
@@ -20,11 +22,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 from rich.table import Table
 
 from chameleon_opt.describe import devices, duration, failure_title, layout_lines, percent, same_layout, sig
 from chameleon_opt.errors import ChameleonError, InputError
-from chameleon_opt.incident import FAILED, FAILED_NODE, REPLACE_FAILURES, NothingFailed, failed_devices
+from chameleon_opt.incident import (COMMAND_LINE, FAILED, FAILED_NODE, REPLACE_FAILURES, NothingFailed,
+                                    failed_devices)
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.instance.schema import InstanceSpec
 from chameleon_opt.perf.model import GIB, Estimate, PerfModel
@@ -35,7 +39,72 @@ if TYPE_CHECKING:
     from chameleon_opt.planning import RecoveryDecision
     from chameleon_opt.solve.backends import SolverOptions
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+PANELS = {
+    "Failure": ("--failed", "--failed-node", "--replace-failures", "--after-failure", "--joined", "--next-fault-s",
+                "--trace", "--suite", "--cadence", "--seeds", "--horizon-hours"),
+    "Decision": ("--policy", "--time-limit", "--deterministic"),
+    "Solver": ("--backend", "--threads", "--seed", "--solver-log", "--params"),
+    "Output": ("--json", "--stages", "--gantt", "--migration-plot", "--plot", "--output", "--force", "--format",
+               "--schema"),
+}
+"""Help panels of the commands an operator runs in an incident (PANELLED); an option keeps its
+panel across commands, so `--time-limit` is under Decision wherever it appears."""
+PANELLED = ("plan", "estimate", "export-plan", "simulate", "compare")
+HELP_WIDTH = 110
+"""Help is laid out at least this wide (TERMINAL_WIDTH overrides): at 80 columns Typer cut option
+names and choices (`--kill-in-transit…`, `reconfigur e`)."""
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+"""Click's usage-error base (BadParameter, NoSuchOption, MissingParameter...), wherever this
+Typer version keeps Click (vendored since 0.23)."""
+
+
+class _Commands(TyperGroup):
+    """Typer's command group, with the CLI contract kept for usage errors and the help tidied.
+
+    A usage error (a bad flag value, an unknown option) is reported by Click before any command
+    runs, so no command's `--json` handling sees it: here it gets the contract's one JSON object
+    on stdout too. Flags show no `<bool>` type, and the incident commands' options are grouped
+    into PANELS."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        panel_of = {name: panel for panel, names in PANELS.items() for name in names}
+        order = {panel: rank for rank, panel in enumerate(PANELS, start=1)}
+        for name, command in self.commands.items():
+            for param in getattr(command, "params", ()):
+                if getattr(param, "is_flag", False) and param.metavar is None:
+                    param.metavar = ""
+                long = next((o for o in getattr(param, "opts", ()) if o.startswith("--")), None)
+                if name in PANELLED and long in panel_of:
+                    param.rich_help_panel = panel_of[long]
+            if name in PANELLED:  # panels in PANELS' order, after the arguments and unpanelled options
+                command.params.sort(key=lambda param: order.get(getattr(param, "rich_help_panel", None), 0))
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        self.wants_json = "--json" in args
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except _CLICK_ERROR as err:
+            self._usage_json(err)
+            raise
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _CLICK_ERROR as err:
+            self._usage_json(err)
+            raise
+
+    def _usage_json(self, err: Any) -> None:
+        if getattr(self, "wants_json", False):
+            print(json.dumps({"format": 1, "error": type(err).__name__, "reason": err.format_message(),
+                              "exit_code": err.exit_code}))
+
+
+if "TERMINAL_WIDTH" not in os.environ:  # Typer reads it when it lays out help and usage errors
+    os.environ["TERMINAL_WIDTH"] = str(max(shutil.get_terminal_size((HELP_WIDTH, 24)).columns, HELP_WIDTH))
+
+app = typer.Typer(cls=_Commands, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan recovery of DP x PP x TP training jobs from accelerator failures.")
 
 
@@ -71,6 +140,12 @@ POLICY_NAMES = ("chameleon", "chameleon-paper", "hybrid", "recycle", "oobleck", 
                 "reroute-only", "reconfigure-only", "chameleon-unguarded", "templates-ablation",
                 "even-reroute-ablation", "redundancy-ablation")
 """Simulation policies (recovery.registry.POLICIES), named here so that `--help` stays fast."""
+
+
+class Backend(str, Enum):
+    cpsat = "cpsat"
+    highs = "highs"
+    cbc = "cbc"
 
 
 class Policy(str, Enum):
@@ -143,7 +218,7 @@ def _relief_cost(cost: Any) -> str:
 
 @app.command()
 def estimate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
-             as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)"),
+             as_json: bool = typer.Option(False, "--json", help="print one JSON object (docs/cli-contract.md)"),
              after_failure: bool = typer.Option(False, "--after-failure",
                                                 help="evaluate the rerouted plan after the failures (implied by "
                                                      "--failed and --failed-node)"),
@@ -206,7 +281,7 @@ def _memory_table(estimate: Estimate) -> Table:
 def calibrate(sailor: Path = typer.Option(None, "--sailor", help="Sailor's data folder (measured-plans/, "
                                           "network_coeffs_all_homo.json): fits the framework memory overhead"),
               output: Path = typer.Option(None, "-o", "--output", help="default: models/calibration/sailor.json"),
-              withhold: list[str] = typer.Option([], "--withhold", help="MODEL@DEVICE profile to leave out"),
+              withhold: list[str] = typer.Option([], "--withhold", metavar="MODEL@DEVICE", help="MODEL@DEVICE profile to leave out"),
               force: bool = typer.Option(False, "--force", help="overwrite an existing file")) -> None:
     """Fit per-device time efficiencies from the catalogue's profiles and the framework's memory
     overhead from measured plans; write them next to the catalogue, saying what each came from."""
@@ -217,7 +292,7 @@ def calibrate(sailor: Path = typer.Option(None, "--sailor", help="Sailor's data 
         pairs = set()
         for item in withhold:
             if "@" not in item:
-                raise InputError(None, "--withhold", f"{item!r}", "give MODEL@DEVICE, e.g. opt-350m@GH-96")
+                raise InputError(COMMAND_LINE, "--withhold", f"{item!r}", "give MODEL@DEVICE, e.g. opt-350m@GH-96")
             model_name, device = item.split("@", 1)
             pairs.add((model_name, device))
         if sailor is not None and not (sailor / "measured-plans").is_dir():
@@ -245,7 +320,7 @@ def _solver_options(backend: str, threads: int, seed: int, solver_log: bool, par
     for item in params:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InputError(None, "--params", f"{item!r} is not KEY=VALUE", "write e.g. --params mip_rel_gap=1e-4")
+            raise InputError(COMMAND_LINE, "--params", f"{item!r} is not KEY=VALUE", "write e.g. --params mip_rel_gap=1e-4")
         pairs[key] = value
     return SolverOptions(backend, threads, seed, solver_log, pairs)
 
@@ -282,7 +357,7 @@ def _plan_join(instance: Any, failed: frozenset[int], joined: frozenset[int], op
 
     stray = sorted(joined - failed)
     if stray:
-        raise InputError(None, "--joined", f"device {stray[0]} has not failed in the instance",
+        raise InputError(COMMAND_LINE, "--joined", f"device {stray[0]} has not failed in the instance",
                          f"pass failed devices ({sorted(failed)})")
     with stderr.status(f"planning the return of {sorted(joined)} to {instance.name}..."):
         running = plan_recovery(instance, failed, options, deadline.share(0.4))
@@ -296,11 +371,11 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          time_limit: float = typer.Option(10.0, "--time-limit", min=0.01,
                                           help="seconds for the whole decision (search, rerouting, communication); "
                                                "what runs out of time says so in `stages`"),
-         backend: str = typer.Option("cpsat", "--backend", help="plan search's level model: cpsat, highs or cbc"),
+         backend: Backend = typer.Option(Backend.cpsat, "--backend", help="the plan search's level model solver"),
          threads: int = typer.Option(1, min=1, help="solver threads"),
          seed: int = typer.Option(0, help="solver random seed"),
          solver_log: bool = typer.Option(False, "--solver-log", help="every solver's own log on stderr"),
-         params: list[str] = typer.Option([], "--params", help="KEY=VALUE passed to the --backend solver by its own "
+         params: list[str] = typer.Option([], "--params", metavar="KEY=VALUE", help="KEY=VALUE passed to the --backend solver by its own "
                                           "option name (repeat), e.g. linearization_level=1 or mip_rel_gap=1e-3"),
          next_fault_s: float = typer.Option(None, "--next-fault-s", min=0.0,
                                             help="time to the next fault D (overrides the instance)"),
@@ -309,10 +384,10 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          migration_plot: Path = typer.Option(None, "--migration-plot",
                                              help="write the migration's transfers by round (PNG, SVG or PDF)"),
          force: bool = typer.Option(False, "--force", help="overwrite existing picture files"),
-         joined: list[int] = typer.Option([], "--joined", help="a failed device that is back without state "
+         joined: list[int] = typer.Option([], "--joined", metavar="ID", help="a failed device that is back without state "
                                           "(repeat): plan its return (keep running, take back rerouted slots, or "
                                           "scale up) instead of the failure"),
-         as_json: bool = typer.Option(False, "--json", help="print one JSON object (cli-contract.md)"),
+         as_json: bool = typer.Option(False, "--json", help="print one JSON object (docs/cli-contract.md)"),
          failed_ids: list[str] = FAILED, failed_node: list[str] = FAILED_NODE,
          replace_failures: bool = REPLACE_FAILURES,
          stages_table: bool = typer.Option(False, "--stages", help="also print each plan's per-stage times, "
@@ -331,7 +406,7 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
             check_figure_output(gantt, "--gantt", force)
         if migration_plot is not None:
             check_figure_output(migration_plot, "--migration-plot", force)
-        options = PlanningOptions(policy.value, time_limit, _solver_options(backend, threads, seed, solver_log, params),
+        options = PlanningOptions(policy.value, time_limit, _solver_options(backend.value, threads, seed, solver_log, params),
                                   next_fault_s)
         instance = load_instance(file)
         failed = failed_devices(instance, failed_ids, failed_node, replace_failures)
@@ -472,10 +547,12 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
              trace: str = typer.Option("instance", "--trace",
                                        help="instance | synthetic[:mtbf_hours=H,seed=S,repair_hours=R] | llama3 | "
                                             "opt175b | a JSON trace file"),
-             policy: list[str] = typer.Option(["chameleon", "recycle", "oobleck"], "--policy",
+             policy: list[str] = typer.Option(["chameleon", "recycle", "oobleck"], "--policy", metavar="NAME",
                                               help="repeat to compare: " + ", ".join(POLICY_NAMES)),
              horizon_hours: float = typer.Option(24.0, "--horizon-hours", min=0.001, help="simulated training time"),
-             time_limit: float = typer.Option(2.0, "--time-limit", min=0.01, help="plan-search limit per decision"),
+             time_limit: float = typer.Option(2.0, "--time-limit", min=0.01,
+                                              help="seconds for each decision; 2 s, not plan's 10 s, because a "
+                                                   "run makes one decision per failure and repair"),
              deterministic: bool = typer.Option(False, "--deterministic",
                                                 help="charge each plan search the --time-limit (its worst case) "
                                                      "instead of its measured wall time, so identical runs give "
@@ -494,7 +571,7 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
     try:
         unknown = [name for name in policy if name not in POLICIES]
         if unknown:
-            raise InputError(None, "--policy", f"unknown policy {unknown[0]!r}", f"use {', '.join(POLICIES)}")
+            raise InputError(COMMAND_LINE, "--policy", f"unknown policy {unknown[0]!r}", f"use {', '.join(POLICIES)}")
         if plot is not None:
             check_figure_output(plot, "--plot", force)
         instance = load_instance(file)
@@ -534,11 +611,13 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
 
 @app.command()
 def compare(file: Path = typer.Argument(..., help="instance file (JSON or YAML) or a bundled name"),
-            suite: list[str] = typer.Option(["card", "node"], "--suite", help="card | node (repeatable)"),
-            cadence: list[str] = typer.Option(["6h", "3h", "1h", "30m", "10m", "llama3", "opt175b"], "--cadence",
+            suite: list[str] = typer.Option(["card", "node"], "--suite", metavar="card|node", help="card | node (repeatable)"),
+            cadence: list[str] = typer.Option(["6h", "3h", "1h", "30m", "10m", "llama3", "opt175b"], "--cadence", metavar="NAME",
                                               help="6h | 3h | 1h | 30m | 10m | llama3 | opt175b (repeatable)"),
             seeds: int = typer.Option(1, "--seeds", min=1, help="traces per suite and cadence"),
-            time_limit: float = typer.Option(2.0, "--time-limit", min=0.01, help="limit of each decision"),
+            time_limit: float = typer.Option(2.0, "--time-limit", min=0.01,
+                                             help="seconds for each decision; 2 s, not plan's 10 s, because every "
+                                                  "trace makes one decision per failure"),
             plot: Path = typer.Option(None, "--plot", help="write the comparison (PNG, SVG or PDF)"),
             force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
             as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
@@ -553,10 +632,10 @@ def compare(file: Path = typer.Argument(..., help="instance file (JSON or YAML) 
     try:
         for name in suite:
             if name not in SUITES:
-                raise InputError(None, "--suite", f"unknown suite {name!r}", f"use {' or '.join(SUITES)}")
+                raise InputError(COMMAND_LINE, "--suite", f"unknown suite {name!r}", f"use {' or '.join(SUITES)}")
         for name in cadence:
             if name not in CADENCES and name not in PUBLISHED:
-                raise InputError(None, "--cadence", f"unknown cadence {name!r}",
+                raise InputError(COMMAND_LINE, "--cadence", f"unknown cadence {name!r}",
                                  f"use {', '.join(list(CADENCES) + list(PUBLISHED))}")
         if plot is not None:
             check_figure_output(plot, "--plot", force)
@@ -601,20 +680,20 @@ DEMO_INSTANCE = Path("runtime-cpu-6")
 def _parse_kill(text: str, option: str) -> tuple[int, int]:
     device, _, step = text.partition("@")
     if not (device.isdigit() and step.isdigit()):
-        raise InputError(None, option, f"{text!r} is not DEVICE@STEP", "write e.g. 1@4 (device 1 dies in step 4)")
+        raise InputError(COMMAND_LINE, option, f"{text!r} is not DEVICE@STEP", "write e.g. 1@4 (device 1 dies in step 4)")
     return int(device), int(step)
 
 
 @app.command()
 def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundled name, with a GPT architecture and TP 1"),
          steps: int = typer.Option(12, "--steps", min=1, max=10_000, help="global batches to train"),
-         kill: list[str] = typer.Option(["1@3", "4@7"], "--kill", help="DEVICE@STEP: SIGKILL the worker in that step "
+         kill: list[str] = typer.Option(["1@3", "4@7"], "--kill", metavar="DEVICE@STEP", help="DEVICE@STEP: SIGKILL the worker in that step "
                                         "(repeat)"),
-         kill_in_transition: list[str] = typer.Option([], "--kill-in-transition",
+         kill_in_transition: list[str] = typer.Option([], "--kill-in-transition", metavar="DEVICE@STEP",
                                                       help="DEVICE@STEP: the worker dies inside the first "
                                                            "transition (a recovery or a hybrid's switch) at or "
                                                            "after STEP"),
-         rejoin: list[str] = typer.Option([], "--rejoin", help="DEVICE@STEP: a device killed (--kill) before STEP "
+         rejoin: list[str] = typer.Option([], "--rejoin", metavar="DEVICE@STEP", help="DEVICE@STEP: a device killed (--kill) before STEP "
                                           "comes back as a fresh worker before STEP; the planner decides its return"),
          policy: Policy = typer.Option(Policy.auto, "--policy"),
          dtype: str = typer.Option("float32", "--dtype", help="float32 or float64"),
@@ -641,23 +720,23 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
 
             return hf_demo(hf / "config.json" if hf.is_dir() else hf, restore, steps, kill, seed, as_json)
         if importlib.util.find_spec("torch") is None:
-            raise InputError(None, "demo", "torch is not installed", "pip install -e '.[runtime]'")
+            raise InputError(COMMAND_LINE, "demo", "torch is not installed", "pip install -e '.[runtime]'")
         if dtype not in ("float32", "float64"):
-            raise InputError(None, "--dtype", f"unknown dtype {dtype!r}", "use float32 or float64")
+            raise InputError(COMMAND_LINE, "--dtype", f"unknown dtype {dtype!r}", "use float32 or float64")
         kills = [_parse_kill(k, "--kill") for k in kill]
         in_transition = [_parse_kill(k, "--kill-in-transition") for k in kill_in_transition]
         instance = load_instance(file)
         for option, pairs in (("--kill", kills), ("--kill-in-transition", in_transition)):
             for device, step in pairs:
                 if device not in instance.plan.devices:
-                    raise InputError(None, option, f"device {device} is not in the plan", "pick a device of the plan")
+                    raise InputError(COMMAND_LINE, option, f"device {device} is not in the plan", "pick a device of the plan")
                 if step >= steps:
-                    raise InputError(None, option, f"step {step} is not before --steps {steps}, so it would never "
+                    raise InputError(COMMAND_LINE, option, f"step {step} is not before --steps {steps}, so it would never "
                                      "fire", f"pick a step below {steps} or raise --steps")
         rejoins = [_parse_kill(r, "--rejoin") for r in rejoin]
         for device, step in rejoins:
             if not any(d == device and k < step for d, k in kills) or step >= steps:
-                raise InputError(None, "--rejoin", f"device {device} is not killed (--kill) before step {step}, or "
+                raise InputError(COMMAND_LINE, "--rejoin", f"device {device} is not killed (--kill) before step {step}, or "
                                  f"{step} is not before --steps {steps}", "bring back a killed device in a later step")
         check_figure_output(plot, "--plot", force)  # before training, which takes minutes
         from chameleon_opt.runtime.controller import Failure, Rejoin, run_training, runtime_model
