@@ -16,6 +16,10 @@ GPT2_FAMILY = ("gpt2",)
 def architecture_from_hf(config: dict[str, Any], path: Path | str | None = None) -> dict[str, Any]:
     """The `architecture` object of a workload for a decoder-only HF config (Llama or GPT-2 family)."""
     kind = config.get("model_type")
+    experts = next((k for k in ("num_experts", "num_local_experts", "n_routed_experts") if config.get(k)), None)
+    if experts is not None:
+        raise InputError(path, experts, f"{config[experts]} experts: a mixture-of-experts model is not modelled",
+                         "give a dense model's config")
     try:
         if kind in LLAMA_FAMILY:
             heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
