@@ -72,11 +72,13 @@ _FORCE = typer.Option(False, "--force", help="overwrite an existing output file"
 
 
 @import_app.command("torchtitan")
-def import_torchtitan_command(file: Path = typer.Argument(..., help="torchtitan job config (TOML)"),
+def import_torchtitan_command(file: Path = typer.Argument(..., help="torchtitan job config: a train_configs TOML, or "
+                                                          "the JSON --debug.save_config_file writes"),
                               world_size: int = _WORLD, devices_per_node: int = _PER_NODE,
                               device_type: str = _DEVICE, model: str = _MODEL, failed: str = _FAILED,
                               output: Path = _OUT, force: bool = _FORCE) -> None:
-    """An instance from a torchtitan TOML job config (rank order: torchtitan's device mesh)."""
+    """An instance from a torchtitan job config (rank order: torchtitan's device mesh); a setting
+    the planner cannot model is refused (exit 2) with the key to change."""
     from chameleon_opt.cli import fail
     from chameleon_opt.interop.common import ClusterOptions, parse_ranks
     from chameleon_opt.interop.torchtitan import import_torchtitan
@@ -97,8 +99,9 @@ def import_torchtitan_command(file: Path = typer.Argument(..., help="torchtitan 
 def import_megatron_command(ctx: typer.Context, world_size: int = _WORLD, devices_per_node: int = _PER_NODE,
                             device_type: str = _DEVICE, model: str = _MODEL, failed: str = _FAILED,
                             output: Path = _OUT, force: bool = _FORCE) -> None:
-    """An instance from Megatron-LM arguments (the launch line's arguments, or one file of them);
-    rank order tp-dp-pp, or tp-pp-dp with --use-tp-pp-dp-mapping."""
+    """An instance from Megatron-LM arguments: the launch line's arguments, a file of them, or the
+    bash launch script (its variables expanded); rank order tp-dp-pp, or tp-pp-dp with
+    --use-tp-pp-dp-mapping. Without --vocab-size (the tokenizer's), pass --model."""
     from chameleon_opt.cli import fail
     from chameleon_opt.interop.common import ClusterOptions, parse_ranks
     from chameleon_opt.interop.megatron import import_megatron

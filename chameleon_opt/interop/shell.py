@@ -60,10 +60,17 @@ def _strip_comment(line: str) -> str:
 def _statements(text: str) -> list[tuple[int, str]]:
     """Logical statements with their line numbers: continuations joined, comments dropped, an
     array assignment gathered up to its closing parenthesis, `;`-separated `then` split off."""
-    lines = text.replace("\\\n", " ").split("\n")  # continuations joined (later line numbers shift)
+    lines: list[tuple[int, str]] = []
+    continued = ""
+    for number, raw in enumerate(text.split("\n"), 1):
+        if raw.endswith("\\"):
+            continued += raw[:-1] + " "
+            continue
+        lines.append((number, continued + raw))
+        continued = ""
     out: list[tuple[int, str]] = []
     pending, start = "", 0
-    for number, raw in enumerate(lines, 1):
+    for number, raw in lines:
         line = _strip_comment(raw).strip()
         if pending:
             pending += " " + line
