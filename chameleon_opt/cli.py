@@ -492,7 +492,8 @@ def _print_decision(instance: Any, decision: "RecoveryDecision", options: Any, j
     for heading, part in sections:
         stdout.print(f"\n[bold]{heading}[/]:")
         if part is decision and moves:
-            stdout.print(f"  first: {moves}", markup=False, highlight=False, soft_wrap=True)
+            when = "in the background, before the switch" if decision.interim is not None else "during the pause"
+            stdout.print(f"  {when}: {moves}", markup=False, highlight=False, soft_wrap=True)
         for line in layout_lines(part.plan, failed, instance.num_devices, instance.plan):
             stdout.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
         if stages_table:

@@ -1,5 +1,5 @@
 """Bad input never crashes: one line on stderr naming file, field and fix, exit code 2, no traceback,
-no partial output (shared/docs/cli-contract.md).
+no partial output (docs/cli-contract.md).
 
 The explicit cases write a mutated copy of instances/paper-example.json and run the CLI; the property
 test mutates valid instances at random and asserts a clean InputError or a sane estimate every time.
