@@ -189,10 +189,9 @@ def test_megatron_split_export_never_writes_zero_layers():
     assert megatron_split([8, 8, 8, 8]) == {}
     assert megatron_split([6, 8, 8, 10]) == {"--decoder-first-pipeline-num-layers": "6",
                                             "--decoder-last-pipeline-num-layers": "10"}
-    assert megatron_split([11, 11, 10, 0]) == {"--pipeline-model-parallel-layout": "Ettttttttttt|ttttttttttt|"
-                                                                                  "tttttttttt|L"}
-    assert megatron_split([7, 9, 8, 8]) == {"--pipeline-model-parallel-layout": "E" + "t" * 7 + "|" + "t" * 9 + "|"
-                                            + "t" * 8 + "|" + "t" * 8 + "L"}
+    assert megatron_split([11, 11, 10, 0]) == {"--pipeline-model-parallel-layout": "Et*11|t*11|t*10|L"}
+    assert megatron_split([7, 9, 8, 8]) == {"--pipeline-model-parallel-layout": "Et*7|t*9|t*8|t*8L"}
+    assert megatron_split([1, 2, 3, 1]) == {"--pipeline-model-parallel-layout": "Et|t*2|t*3|tL"}
 
 
 def test_unchanged_job_exports_its_own_arguments_and_reimports_identically(tmp_path):

@@ -182,7 +182,8 @@ def megatron_split(blocks: list[int]) -> dict[str, str]:
     """Megatron-LM's arguments for blocks per stage (embedding on the first, loss on the last):
     none when even; --decoder-first/last-pipeline-num-layers when only the first and last stages
     differ and hold at least one block (Megatron rejects 0 there); otherwise the explicit
-    --pipeline-model-parallel-layout ("E" embedding, "t" block, "L" loss, "|" between stages)."""
+    --pipeline-model-parallel-layout ("E" embedding, "t*n" n blocks, "L" loss, "|" between stages).
+    Megatron-LM unrolls "x*n" itself (PipelineParallelLayerLayout.parse_str_to_list)."""
     pp = len(blocks)
     if pp == 1 or len(set(blocks)) == 1:
         return {}
@@ -195,7 +196,7 @@ def megatron_split(blocks: list[int]) -> dict[str, str]:
         if blocks[-1] != even:
             out["--decoder-last-pipeline-num-layers"] = str(blocks[-1])
         return out
-    stages = ["t" * n for n in blocks]
+    stages = [f"t*{n}" if n > 1 else "t" * n for n in blocks]
     stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
     return {"--pipeline-model-parallel-layout": "|".join(stages)}
 
