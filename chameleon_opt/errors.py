@@ -44,10 +44,13 @@ class NoSolutionError(ChameleonError):
 
     exit_code = 4
 
-    def __init__(self, reason: str, limit_s: float, suggested_limit_s: float) -> None:
+    def __init__(self, reason: str, limit_s: float, suggested_limit_s: float | None) -> None:
         self.reason, self.limit_s, self.suggested_limit_s = reason, limit_s, suggested_limit_s
-        super().__init__(f"no answer within the {limit_s:.3g} s limit: {reason}; "
-                         f"fix: raise --time-limit (about {suggested_limit_s:.3g} s would likely suffice)")
+        fix = (f"raise --time-limit (about {suggested_limit_s:.3g} s would likely suffice)"
+               if suggested_limit_s is not None else
+               "the search ended before the limit without a plan and without a proof that none exists: give the "
+               "survivors more memory (or a lighter recomputation / relief) or plan with a checkpoint restart")
+        super().__init__(f"no answer within the {limit_s:.3g} s limit: {reason}; fix: {fix}")
 
 
 class UnrecoverableError(ChameleonError):

@@ -141,13 +141,17 @@ def executable(state: Instance, option: RecoveryOption, failed: frozenset[int], 
                             solve=option.solve, communication=comm, stages=stages)
 
 
-def suggested_limit_s(stages: tuple[StageTime, ...], limit_s: float) -> float:
+def suggested_limit_s(stages: tuple[StageTime, ...], limit_s: float) -> float | None:
     """A whole-decision limit that would likely have sufficed: each stage gets a share of the
     limit, so the limit scales by the largest ratio of a stopped stage's estimated need to what it
-    was given (twice the limit where a stage that stopped early gives no estimate)."""
+    was given (twice the limit where a stage that stopped early gives no estimate). None when no
+    stage was cut short: more time would not change the answer."""
+    stopped = [stage for stage in stages if stage.stopped_early]
+    if not stopped:
+        return None
     ratio = 2.0
-    for stage in stages:
-        if stage.stopped_early and stage.needed_s is not None and stage.limit_s > 0:
+    for stage in stopped:
+        if stage.needed_s is not None and stage.limit_s > 0:
             ratio = max(ratio, 1.2 * stage.needed_s / stage.limit_s)
     return limit_s * ratio
 
@@ -169,8 +173,8 @@ def plan_recovery(instance: Instance, failed: frozenset[int], options: PlanningO
     if decision.chosen is None:
         if decision.proven:
             raise InfeasibleError(decision.reason)
-        raise NoSolutionError(decision.reason, deadline.end - begun, suggested_limit_s(decision.stages,
-                                                                                      deadline.end - begun))
+        raise NoSolutionError(decision.reason, options.time_limit_s,
+                              suggested_limit_s(decision.stages, options.time_limit_s))
     chosen = decision.chosen
     result = executable(instance, chosen, failed, decision.reason, decision.candidates, deadline, options.solver,
                         decision.stages)

@@ -297,20 +297,28 @@ def comparison_figure(runs: Sequence[Run], title: str, baselines: Sequence[str] 
         cadences = [c for c in list(CADENCES) + list(PUBLISHED) if any(r.suite == suite and r.cadence == c
                                                                        for r in runs)]
         xs = np.arange(len(cadences))
-        for k, name in enumerate(names):
-            ys = [np.mean([r.ratio(name, "hindsight") for r in runs if r.suite == suite and r.cadence == c])
-                  for c in cadences]
-            style = "-" if name in ADAPTIVE else "--"
-            ax.plot(xs + (k - len(names) / 2) * 0.03, ys, style, marker=markers[k % len(markers)], label=name,
-                    linewidth=2.4 if name == "chameleon" else 1.3)
+        ratios = {name: [np.mean([r.ratio(name, "hindsight") for r in runs if r.suite == suite and r.cadence == c])
+                         for c in cadences] for name in names}
+        if len(cadences) == 1:  # one cadence: one bar per policy, not markers spread along a fake axis
+            bars = ax.bar(names, [ratios[name][0] for name in names],
+                          color=["#4C72B0" if name in ADAPTIVE else "#AAAAAA" for name in names])
+            ax.bar_label(bars, fmt="%.3f", fontsize=7)
+            ax.set_xlabel(f"policy (failure cadence {cadences[0]})")
+            ax.tick_params(axis="x", labelrotation=30)
+            ax.set_ylim(0, 1.08 * max(1.0, *(ratios[name][0] for name in names)))
+        else:
+            for k, name in enumerate(names):
+                style = "-" if name in ADAPTIVE else "--"
+                ax.plot(xs + (k - len(names) / 2) * 0.03, ratios[name], style, marker=markers[k % len(markers)],
+                        label=name, linewidth=2.4 if name == "chameleon" else 1.3)
+            ax.set_xticks(xs, cadences)
+            ax.set_xlabel("failure cadence")
+            if i == 0:
+                ax.legend(fontsize=8)
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.set_xticks(xs, cadences)
         ax.set_ylabel("average throughput / hindsight")
-        ax.set_xlabel("failure cadence")
         ax.set_title(f"{suite} failures")
         ax.grid(alpha=0.3)
-        if i == 0:
-            ax.legend(fontsize=8)
     figure.suptitle(title)
     figure.tight_layout()
     return figure

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
+from chameleon_opt.perf.memory import in_flight_micro_batches
 from chameleon_opt.perf.model import GIB, PerfModel
 
 GRID_POINTS = 1500
@@ -45,56 +46,113 @@ REFINED_PIPELINE_COUNTS = 12
 
 @dataclass(frozen=True)
 class MemoryFloor:
-    """The fewest stages any pipeline of the space needs to hold the model (None: none can, some
-    layer fits on no device even alone), and why."""
+    """The fewest stages any pipeline of the space needs to hold the model (None: no plan fits, and
+    `reason` is the proof)."""
 
     stages: int | None
     reason: str
 
 
+class MemoryRelaxation:
+    """Stage memory relaxed so that it never exceeds PerfModel.stage_memory_breakdown's, for any
+    device type, relief and replica count a plan can have: every stage gets the largest memory of
+    any live device type less its smallest fixed terms (framework, buffers without a gradient
+    bucket, one replica's backward working set); its layers their smallest state (ZeRO-sharded
+    over the most replicas possible, the optimizer offloaded where supported) and the least
+    activations any supported relief keeps for the micro-batches 1F1B holds in flight there
+    (perf.memory.in_flight_micro_batches, at most two under activation offload)."""
+
+    def __init__(self, model: PerfModel, groups: list[tuple[int, ...]], total: int,
+                 live: list[int] | None = None) -> None:
+        self.layers, self.groups, self.total = model.workload.num_layers, len(groups), total
+        self.virtual = model.options.virtual_stages or 1
+        tp = len(groups[0]) if groups else 1
+        members = live if live is not None else [d for g in groups for d in g]
+        representatives = {model.stage_device((d,)).name: (d,) * tp for d in members}
+        most = max(min(len(groups), total), 1)
+        self.static = np.full(self.layers, np.inf)
+        activations: dict[str, np.ndarray] = {}  # per activation mode: bytes of one micro-batch per layer
+        self.budget = -np.inf
+        for group in representatives.values():
+            device_bytes = model.stage_device(group).memory_gib * GIB
+            for relief in model.relief_options:
+                sharded = model.layer_costs(group, replicas=most, relief=relief)
+                alone = model.layer_costs(group, replicas=1, relief=relief)
+                mode = model.relief_of(relief)[0]
+                self.static = np.minimum(self.static, sharded.static_bytes)
+                activations[mode] = np.minimum(activations.get(mode, np.inf), alone.activation_bytes)
+                self.budget = max(self.budget, device_bytes - alone.stage_constant_bytes - alone.transient_bytes)
+        self.static_prefix = np.concatenate([[0.0], np.cumsum(self.static)]).tolist()
+        self.activation_prefix = {mode: np.concatenate([[0.0], np.cumsum(a)]).tolist()
+                                  for mode, a in activations.items()}
+
+    def need(self, first: int, end: int, in_flight: float) -> float:
+        """Relaxed bytes of a stage holding layers [first, end) with `in_flight` micro-batches."""
+        static = self.static_prefix[end] - self.static_prefix[first]
+        return static + min((min(in_flight, 2.0) if mode == "offload" else in_flight) * (prefix[end] - prefix[first])
+                            for mode, prefix in self.activation_prefix.items())
+
+    def fits(self, stages: int, micro_batches: int) -> bool:
+        """Whether some contiguous split into `stages` stages fits with `micro_batches` per pipeline.
+        Greedy is exact: in-flight counts never grow along the pipeline, so later stages are never
+        tighter, and reaching as far as possible at each stage is optimal."""
+        position = 0
+        for s in range(stages):
+            room = self.layers - (stages - s - 1)  # every later stage needs a layer
+            in_flight = in_flight_micro_batches(s, stages, micro_batches, 0.0, self.virtual)
+            end = position
+            while end < room and self.need(position, end + 1, in_flight) <= self.budget:
+                end += 1
+            if end == position:
+                return False
+            position = end
+        return position == self.layers
+
+    def capacity(self, stages: int) -> float:
+        """Most micro-batches one pipeline of `stages` stages can run within memory (inf: any number,
+        since past `stages` x virtual micro-batches no stage holds more in flight)."""
+        top = stages * self.virtual
+        if self.fits(stages, top):
+            return math.inf
+        low, high = 0, top  # fits(low) (0: vacuous), not fits(high); fitting only shrinks as m grows
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self.fits(stages, middle) else (low, middle)
+        return float(low)
+
+
 def memory_floor(model: PerfModel, groups: list[tuple[int, ...]], total: int,
                  live: list[int] | None = None) -> MemoryFloor:
-    """A proof of infeasibility, or the fewest stages a pipeline needs, valid for the exact memory
-    model (PerfModel.stage_memory_breakdown) under every relief and replica count a plan can have.
-
-    Relaxation: every stage gets the largest memory of any live device type and its smallest fixed
-    terms (framework, buffers without a gradient bucket, one replica's backward working set); every
-    layer its smallest state (ZeRO-sharded over the most replicas possible) plus one micro-batch's
-    activations (a stage holds at least one in flight), each the least over the supported reliefs.
-    Packing contiguous layers greedily into as few stages as fit is optimal for that relaxation, so
-    no plan has a pipeline with fewer stages; and a layer that fits nowhere alone proves that no
-    plan exists at all."""
-    layers = model.workload.num_layers
+    """A proof that no plan fits in memory, or the fewest stages a pipeline needs (see
+    MemoryRelaxation, valid under every relief and replica count). Proofs, in order: a layer fits
+    on no device even alone; no pipeline of at most min(layers, groups) stages fits; the pipelines
+    that fit, however many micro-batches each may run (an unbounded knapsack over their stage
+    counts with the surviving TP groups, device types relaxed), cannot run the whole batch."""
     if not groups:
         return MemoryFloor(None, "no surviving TP group: every node lost too many devices for one TP group")
-    tp = len(groups[0])
-    members = live if live is not None else [d for g in groups for d in g]
-    representatives = {model.stage_device((d,)).name: (d,) * tp for d in members}
-    most = max(min(len(groups), total), 1)
-    per_layer = np.full(layers, np.inf)
-    budget = -np.inf
-    for group in representatives.values():
-        device_bytes = model.stage_device(group).memory_gib * GIB
-        for relief in model.relief_options:
-            sharded = model.layer_costs(group, replicas=most, relief=relief)
-            alone = model.layer_costs(group, replicas=1, relief=relief)
-            per_layer = np.minimum(per_layer, sharded.static_bytes + alone.activation_bytes)
-            budget = max(budget, device_bytes - alone.stage_constant_bytes - alone.transient_bytes)
-    stages, load = 0, 0.0
-    for layer in range(layers):
-        need = float(per_layer[layer])
+    relaxed = MemoryRelaxation(model, groups, total, live)
+    budget = relaxed.budget
+    for layer in range(relaxed.layers):
+        need = relaxed.need(layer, layer + 1, 1.0)
         if need > budget:
             return MemoryFloor(None, f"layer {layer} alone needs {need / GIB:.3g} GiB per device (its state and one "
                                      f"micro-batch's activations under the lightest relief) and no survivor has more "
                                      f"than {max(budget, 0.0) / GIB:.3g} GiB free after the framework and buffers")
-        if stages == 0 or load + need > budget:
-            stages, load = stages + 1, 0.0
-        load += need
-    longest = min(layers, len(groups))
-    if stages > longest:
-        return MemoryFloor(None, f"the model needs at least {stages} stages of at most {budget / GIB:.3g} GiB free "
-                                 f"each to fit, and only {longest} are possible")
-    return MemoryFloor(stages, f"at least {stages} stages per pipeline")
+    longest = min(relaxed.layers, len(groups))
+    shortest = next((s for s in range(1, longest + 1) if relaxed.fits(s, 1)), None)
+    if shortest is None:
+        return MemoryFloor(None, f"no pipeline of up to {longest} stages fits even one micro-batch in memory (at most "
+                                 f"{budget / GIB:.3g} GiB free per device)")
+    caps = {s: relaxed.capacity(s) for s in range(shortest, longest + 1)}
+    if all(math.isfinite(c) for c in caps.values()):
+        best = [0.0] * (len(groups) + 1)  # best[g]: most micro-batches g groups can run (unbounded knapsack)
+        for g in range(1, len(groups) + 1):
+            best[g] = max([best[g - 1]] + [best[g - s] + c for s, c in caps.items() if s <= g])
+        if best[-1] < total:
+            return MemoryFloor(None, f"the pipelines that fit in memory can run at most {best[-1]:.0f} of the {total} "
+                                     f"micro-batches on the {len(groups)} surviving TP groups (fewer micro-batches in "
+                                     "flight is what lets them fit)")
+    return MemoryFloor(shortest, f"at least {shortest} stages per pipeline")
 
 
 class RelaxationBound:

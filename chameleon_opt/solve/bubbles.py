@@ -25,7 +25,9 @@ one tick per operation, is a valid bound in seconds):
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import sys
 import time
 from dataclasses import dataclass
 
@@ -34,8 +36,16 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Plan, Reroute
 from chameleon_opt.solve.backends import DEFAULT, SolverOptions, heuristic, solve_cpsat
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult, Status
 
+BUILD_S_PER_OP = 1e-4
+"""Building the schedule model, per operation (intervals, precedences, activation rows), measured
+at 1,000-2,500 operations on a 2-core machine; checked against the deadline before building."""
+CPSAT_IMPORT_S = 0.3
+"""Importing OR-Tools' CP-SAT (with pandas) the first time, inside the deadline."""
+MIN_SOLVE_S = 0.05
+"""Least time CP-SAT is given once its model is built."""
 TICKS = 200_000
 """Ticks in the serial schedule's makespan: rounding adds at most one tick per operation."""
 
@@ -223,6 +233,14 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
         serial: BubbleSchedule | None = serial_schedule(problem)
     except ValueError:
         serial = None  # CP-SAT may still find an order; nothing to fall back on if it does not
+    deadline = Deadline.after(time_limit_s, start_clock)
+    building = len(problem.ops()) * BUILD_S_PER_OP + (0.0 if "ortools.sat.python.cp_model" in sys.modules
+                                                      else CPSAT_IMPORT_S)
+    if serial is not None and deadline.left() < building + MIN_SOLVE_S:  # checked before anything is built
+        result = heuristic(serial, serial.makespan_s, "serial", f"no time to build the schedule model of "
+                           f"{len(problem.ops())} operations (about {building:.2f} s, {deadline.left():.2f} s left): "
+                           "the serial (Eq. 12/13) schedule", 0.0, time.perf_counter() - start_clock, options.seed)
+        return dataclasses.replace(result, stopped_early=True)
     scale = serial.makespan_s if serial is not None else sum(problem.duration(op) for op in problem.ops())
     tick = scale / TICKS if scale > 0 else 1.0
     ticks = {kind: [math.ceil(t / tick) for t in times] for kind, times in
@@ -287,7 +305,7 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
             for peer in problem.peers(s):
                 model.add_hint(choice[(j, k, s, peer)], peer == h)
     build_s = time.perf_counter() - start_clock
-    solver, outcome = solve_cpsat(model, max(time_limit_s - build_s, 0.05), options)
+    solver, outcome = solve_cpsat(model, max(deadline.left(), MIN_SOLVE_S), options)
     wall = outcome.wall_s
     operations = len(problem.ops())
     if not outcome.has_solution:
@@ -300,12 +318,11 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
         return heuristic(serial, serial.makespan_s, "serial", "CP-SAT found no schedule in time: the serial "
                          "(Eq. 12/13) schedule", wall, build_s, options.seed)
     hosts = {(j, k, s): h for (j, k, s, h), var in choice.items() if solver.value(var)}
-    orders: dict[Slot, tuple[Op, ...]] = {}
-    for op in problem.ops():
-        orders.setdefault(device_of(op, hosts), ())
-    for slot in orders:
-        mine = [op for op in problem.ops() if device_of(op, hosts) == slot]
-        orders[slot] = tuple(sorted(mine, key=lambda op: (solver.value(starts[op]), "FBW".index(op[0]))))
+    placed: dict[Slot, list[Op]] = {}
+    for op in problem.ops():  # one pass: per device in a second one was O(devices x operations)
+        placed.setdefault(device_of(op, hosts), []).append(op)
+    orders = {slot: tuple(sorted(mine, key=lambda op: (solver.value(starts[op]), "FBW".index(op[0]))))
+              for slot, mine in placed.items()}
     timed = retime(problem, orders)
     schedule = BubbleSchedule(timed[0], orders, hosts) if timed is not None else serial
     if schedule is None:
