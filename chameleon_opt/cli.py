@@ -344,7 +344,7 @@ def _plan_pictures(name: str, decision: "RecoveryDecision", failed: frozenset[in
     if migration_plot is not None:
         assert decision.communication is not None
         figure = migration_figure(decision.communication.migration, devices_per_node, failed,
-                                  f"{name}: {decision.policy} migration")
+                                  f"{name}: {decision.policy} migration", decision.num_devices)
         written.append(save_figure(figure, migration_plot, "--migration-plot", force))
     return written
 

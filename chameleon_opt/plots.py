@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from chameleon_opt.describe import ranges
 from chameleon_opt.perf.pipeline import OneFOneBSchedule, one_f_one_b_schedule
 from chameleon_opt.plan import device_list
 
@@ -21,50 +22,57 @@ if TYPE_CHECKING:
     from chameleon_opt.perf.model import Estimate
 
 FORWARD, BACKWARD, REROUTED, FAILED, SYNC = "#4C72B0", "#DD8452", "#C44E52", "#BBBBBB", "#8C8C8C"
-MAX_GANTT_ROWS = 48
-"""Rows (stage slots) drawn per panel; beyond it the slowest pipelines and those touched by the
-failure are kept, and the title says how many were left out (identical pipelines look alike)."""
+MAX_GANTT_ROWS = 64
+"""Rows (stage slots) drawn per panel after folding identical pipelines; beyond it the slowest
+groups and those touched by the failure are kept, and the title says how many were left out."""
 
 
-def _shown_pipelines(estimate: "Estimate", failed: frozenset[int]) -> list[int]:
-    """Pipeline indices to draw, at most MAX_GANTT_ROWS stage rows: the slowest, then those that
-    lost a device, then those taking rerouted work, then the rest in plan order."""
+def _pipeline_groups(estimate: "Estimate", failed: frozenset[int]) -> list[list[int]]:
+    """Pipelines that would draw the same rows (same stage times, layers, micro-batches, rerouted
+    work and failed stages), grouped: one row set per group with its count, so that 127 identical
+    data-parallel replicas take 16 rows, not 2,032. Groups are ordered slowest first, then those
+    touched by the failure, then plan order; at most MAX_GANTT_ROWS rows are kept."""
     plan = estimate.plan
-    hit = {j for j, p in enumerate(plan.pipelines) if failed.intersection(p.devices)}
-    hit |= {r.from_pipeline for r in plan.rerouted}
-    helping = {r.to_pipeline for r in plan.rerouted}
+    groups: dict[tuple, list[int]] = {}
+    for j, (pipe, cost) in enumerate(zip(plan.pipelines, estimate.pipelines)):
+        key = (tuple((s.first, s.end, bool(failed.intersection(s.devices))) for s in pipe.stages),
+               tuple((c.op_forward_s, c.op_backward_s) for c in cost.stages), pipe.micro_batches,
+               tuple(cost.extra_micro_batches),
+               tuple(sorted({(r.stage, r.from_pipeline) for r in plan.rerouted if r.to_pipeline == j})))
+        groups.setdefault(key, []).append(j)
+    hit = {r.from_pipeline for r in plan.rerouted} | {r.to_pipeline for r in plan.rerouted}
     slowest = max(range(len(plan.pipelines)), key=lambda j: estimate.pipelines[j].iteration_time_s)
-    order = sorted(range(len(plan.pipelines)), key=lambda j: (j != slowest, j not in hit, j not in helping, j))
+    lost = {j for j, p in enumerate(plan.pipelines) if failed.intersection(p.devices)}
+    order = sorted(groups.values(), key=lambda js: (slowest not in js, not lost.intersection(js),
+                                                    not hit.intersection(js), js[0]))
     shown, rows = [], 0
-    for j in order:
-        if rows + len(plan.pipelines[j].stages) > MAX_GANTT_ROWS and shown:
+    for members in order:
+        if rows + len(plan.pipelines[members[0]].stages) > MAX_GANTT_ROWS and shown:
             break
-        shown.append(j)
-        rows += len(plan.pipelines[j].stages)
-    return sorted(shown)
+        shown.append(members)
+        rows += len(plan.pipelines[members[0]].stages)
+    return sorted(shown, key=lambda js: js[0])
 
 
 def draw_gantt(ax: "Axes", estimate: "Estimate", failed: frozenset[int], title: str) -> None:
-    """One row per (pipeline, stage): its forwards and backwards over one step; rerouted work
-    (hatched red) where the model charges it, after the pipeline's own 1F1B schedule; the gradient
-    all-reduce and the optimizer step after the slowest pipeline."""
+    """One row per stage of each group of identical pipelines: its forwards and backwards over one
+    step; rerouted work (hatched red) where the model charges it, after the pipeline's own 1F1B
+    schedule; the gradient all-reduce and the optimizer step after the slowest pipeline."""
     plan = estimate.plan
-    shown = _shown_pipelines(estimate, failed)
-    schedules: dict[tuple, OneFOneBSchedule] = {}
+    groups = _pipeline_groups(estimate, failed)
     labels: list[str] = []
     row = 0
     sources: dict[tuple[int, int], list[int]] = {}
     for r in plan.rerouted:
         sources.setdefault((r.to_pipeline, r.stage), []).append(r.from_pipeline)
-    for j in shown:
+    for members in groups:
+        j = members[0]
         pipe, cost = plan.pipelines[j], estimate.pipelines[j]
         f = [c.op_forward_s for c in cost.stages]
         b = [c.op_backward_s for c in cost.stages]
-        key = (tuple(f), tuple(b), pipe.micro_batches)
-        if key not in schedules:
-            schedules[key] = one_f_one_b_schedule(f, b, pipe.micro_batches)
-        sched = schedules[key]
+        sched: OneFOneBSchedule = one_f_one_b_schedule(f, b, pipe.micro_batches)
         cursor = sched.makespan_s
+        name = f"p{j}" if len(members) == 1 else f"{len(members)} x p{ranges(members)}"
         for s, stage in enumerate(pipe.stages):
             dead = bool(failed.intersection(stage.devices))
             y = row + s
@@ -81,11 +89,15 @@ def draw_gantt(ax: "Axes", estimate: "Estimate", failed: frozenset[int], title: 
                 width = extra * (f[s] + b[s])
                 ax.broken_barh([(cursor, width)], (y - 0.4, 0.8), facecolors="#F2C4C4", edgecolors=REROUTED,
                                hatch="xx", linewidth=0.6)
-                ax.text(cursor + width / 2, y, f"{extra:.3g} mb of p{','.join(map(str, sources[(j, s)]))}",
+                ax.text(cursor + width / 2, y, f"{extra:.3g} mb of p{ranges(sources[(j, s)])}",
                         ha="center", va="center", fontsize=6,
                         bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.8, "alpha": 0.85})
                 cursor += width
-            labels.append(f"p{j} s{s} [{device_list(stage.devices)}]" + (" failed" if dead else ""))
+            held = [d for k in members for d in plan.pipelines[k].stages[s].devices]
+            shown = device_list(stage.devices) if len(members) == 1 else ranges(held)
+            if len(shown) > 28:
+                shown = shown[:26] + "..."
+            labels.append(f"{name} s{s} [{shown}]" + (" failed" if dead else ""))
         row += len(pipe.stages)
         ax.axhline(row - 0.5, color="black", linewidth=0.4)
     pipeline_time = max(p.iteration_time_s for p in estimate.pipelines)
@@ -93,12 +105,14 @@ def draw_gantt(ax: "Axes", estimate: "Estimate", failed: frozenset[int], title: 
     ax.axvspan(pipeline_time + estimate.data_parallel_s, estimate.iteration_time_s, color=SYNC, alpha=0.6,
                linewidth=0)
     ax.axvline(estimate.iteration_time_s, color="black", linestyle="--", linewidth=0.8)
-    ax.set_yticks(range(len(labels)), labels, fontsize=7 if len(labels) <= 24 else 5)
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.set_ylabel("pipelines (count x ids), stage [devices]", fontsize=8)
     ax.set_xlabel("time in the step (s)")
-    left_out = len(plan.pipelines) - len(shown)
-    ax.set_title(f"{title}: step {estimate.iteration_time_s:.4g} s"
-                 + (f" ({left_out} of {len(plan.pipelines)} pipelines not drawn)" if left_out else ""), fontsize=9)
+    drawn = sum(len(members) for members in groups)
+    left_out = len(plan.pipelines) - drawn
+    ax.set_title(f"{title}: step {estimate.iteration_time_s:.3g} s, {len(plan.pipelines)} pipelines"
+                 + (f" ({left_out} not drawn)" if left_out else ""), fontsize=9)
 
 
 def gantt_figure(panels: list[tuple[str, "Estimate"]], failed: frozenset[int]) -> "Figure":
@@ -107,7 +121,7 @@ def gantt_figure(panels: list[tuple[str, "Estimate"]], failed: frozenset[int]) -
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    heights = [min(sum(len(p.stages) for p in e.plan.pipelines), MAX_GANTT_ROWS) for _, e in panels]
+    heights = [sum(len(e.plan.pipelines[js[0]].stages) for js in _pipeline_groups(e, failed)) for _, e in panels]
     figure = Figure(figsize=(12, 1.2 + 0.22 * sum(heights) + 0.8 * len(panels)))
     axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
     for ax, (title, estimate) in zip(axes, panels):
@@ -123,12 +137,18 @@ def gantt_figure(panels: list[tuple[str, "Estimate"]], failed: frozenset[int]) -
     return figure
 
 
-def migration_figure(migration: "Migration", devices_per_node: int, failed: frozenset[int], title: str) -> "Figure":
+DEVICE_VIEW_MAX = 64
+"""Up to this many devices the migration is drawn transfer by transfer; beyond, by node pair."""
+
+
+def migration_figure(migration: "Migration", devices_per_node: int, failed: frozenset[int], title: str,
+                     num_devices: int) -> "Figure":
     """Transfers by round: bytes per round (intra- and inter-node) with each round's time, and
-    below every transfer as a line from its source device to its destination in its round."""
-    from matplotlib.collections import LineCollection
+    below who sends to whom: every transfer as a line from source to destination device (every
+    device of a job of up to DEVICE_VIEW_MAX, those that move nothing too), or, at scale, the
+    gigabytes each node sends each node."""
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
 
     transfers = migration.transfers
     if not transfers:
@@ -137,7 +157,8 @@ def migration_figure(migration: "Migration", devices_per_node: int, failed: froz
         figure.text(0.5, 0.3, "nothing migrates: every device keeps the state it has", ha="center", fontsize=9)
         return figure
     figure = Figure(figsize=(12, 8))
-    top, bottom = figure.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, 2.4]})
+    by_device = num_devices <= DEVICE_VIEW_MAX
+    top, bottom = figure.subplots(2, 1, sharex=by_device, gridspec_kw={"height_ratios": [1, 2.4]})
     rounds = range(migration.rounds)
     intra = [0.0] * migration.rounds
     inter = [0.0] * migration.rounds
@@ -147,45 +168,73 @@ def migration_figure(migration: "Migration", devices_per_node: int, failed: froz
     top.bar(rounds, intra, color="#55A868", label="intra-node GB")
     top.bar(rounds, inter, bottom=intra, color="#8172B2", label="inter-node GB")
     top.set_ylabel("GB moved")
+    top.set_xlabel("round")
+    top.xaxis.set_major_locator(MaxNLocator(integer=True))
     times = top.twinx()
     times.plot(rounds, migration.round_times_s, "k.-", linewidth=0.8, label="round time (s)")
     times.set_ylabel("round time (s)")
     times.set_ylim(bottom=0)
     handles = top.get_legend_handles_labels()[0] + times.get_legend_handles_labels()[0]
     top.legend(handles=handles, fontsize=7, loc="upper right")
-    top.set_title(f"{title}: {migration.total_bytes / 1e9:,.1f} GB in {len(transfers)} transfers, "
+    top.set_title(f"{title}: {migration.total_bytes / 1e9:,.1f} GB in {len(transfers):,} transfers, "
                   f"{migration.rounds} rounds, {migration.makespan_s:.3g} s (lower bound "
                   f"{migration.lower_bound_s:.3g} s)", fontsize=9)
-
-    involved = sorted({t.src for t in transfers} | {t.dst for t in transfers} | set(failed))
-    y = {d: i for i, d in enumerate(involved)}
-    largest = max(t.nbytes for t in transfers)
-    dense = len(transfers) > 400  # thousands of transfers: thin, faint lines and no end markers
-    segments = [[(t.round - 0.32, y[t.src]), (t.round + 0.32, y[t.dst])] for t in transfers]
-    colours = ["#55A868" if t.src // devices_per_node == t.dst // devices_per_node else "#8172B2" for t in transfers]
-    widths = [(0.2 if dense else 0.4) + (0.6 if dense else 2.6) * t.nbytes / largest for t in transfers]
-    bottom.add_collection(LineCollection(segments, colors=colours, linewidths=widths, alpha=0.25 if dense else 0.8,
-                                         capstyle="round"))
-    if not dense:
-        bottom.scatter([t.round - 0.32 for t in transfers], [y[t.src] for t in transfers], s=6, c="black", marker="o")
-        bottom.scatter([t.round + 0.32 for t in transfers], [y[t.dst] for t in transfers], s=9, c="black", marker=">")
-    bottom.set_xlim(-0.6, migration.rounds - 0.4)
-    for d in failed:
-        bottom.axhspan(y[d] - 0.5, y[d] + 0.5, color="red", alpha=0.15, linewidth=0)
-    if len(involved) <= 256:
-        for node_start in range(devices_per_node, max(involved) + 1, devices_per_node):
-            first = next((i for d, i in y.items() if d >= node_start), None)
-            if first:
-                bottom.axhline(first - 0.5, color="grey", linewidth=0.4, linestyle=":")
-    if len(involved) <= 64:
-        bottom.set_yticks(range(len(involved)), [f"{d}" + (" failed" if d in failed else "") for d in involved],
-                          fontsize=6)
-    bottom.set_ylim(len(involved) - 0.5, -0.5)
-    bottom.set_ylabel("device" + (" (dotted lines: node boundaries)" if len(involved) <= 256 else ""))
-    bottom.set_xlabel("round (each line: one transfer, from its source device on the left to its destination on the "
-                      "right; width ~ bytes)")
-    bottom.set_xticks(list(rounds))
-    bottom.legend(handles=[Line2D([], [], color="#55A868", label="intra-node"),
-                           Line2D([], [], color="#8172B2", label="inter-node")], fontsize=7, loc="upper right")
+    if by_device:
+        _transfer_lines(bottom, migration, devices_per_node, failed, num_devices)
+    else:
+        _node_matrix(figure, bottom, migration, devices_per_node, failed)
     figure.tight_layout()
     return figure
+
+
+def _transfer_lines(ax: "Axes", migration: "Migration", devices_per_node: int, failed: frozenset[int],
+                    num_devices: int) -> None:
+    """Every transfer as a line from its source device (left of its round) to its destination."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.lines import Line2D
+
+    transfers = migration.transfers
+    largest = max(t.nbytes for t in transfers)
+    segments = [[(t.round - 0.32, t.src), (t.round + 0.32, t.dst)] for t in transfers]
+    colours = ["#55A868" if t.src // devices_per_node == t.dst // devices_per_node else "#8172B2" for t in transfers]
+    widths = [0.4 + 2.6 * t.nbytes / largest for t in transfers]
+    ax.add_collection(LineCollection(segments, colors=colours, linewidths=widths, alpha=0.8, capstyle="round"))
+    ax.scatter([t.round - 0.32 for t in transfers], [t.src for t in transfers], s=6, c="black", marker="o")
+    ax.scatter([t.round + 0.32 for t in transfers], [t.dst for t in transfers], s=9, c="black", marker=">")
+    ax.set_xlim(-0.6, migration.rounds - 0.4)
+    for d in failed:
+        ax.axhspan(d - 0.5, d + 0.5, color="red", alpha=0.15, linewidth=0)
+    for boundary in range(devices_per_node, num_devices, devices_per_node):
+        ax.axhline(boundary - 0.5, color="grey", linewidth=0.4, linestyle=":")
+    ax.set_yticks(range(num_devices), [f"{d}" + (" failed" if d in failed else "") for d in range(num_devices)],
+                  fontsize=6 if num_devices > 32 else 7)
+    ax.set_ylim(num_devices - 0.5, -0.5)
+    ax.set_ylabel("device (dotted lines: node boundaries)")
+    ax.set_xlabel("round (each line: one transfer, from its source device on the left to its destination on the "
+                  "right; width ~ bytes)")
+    ax.set_xticks(list(range(migration.rounds)))
+    ax.legend(handles=[Line2D([], [], color="#55A868", label="intra-node"),
+                       Line2D([], [], color="#8172B2", label="inter-node")], fontsize=7, loc="upper right")
+
+
+def _node_matrix(figure: "Figure", ax: "Axes", migration: "Migration", devices_per_node: int,
+                 failed: frozenset[int]) -> None:
+    """Gigabytes each source node sends each destination node over the whole migration (log
+    colour scale; blank: nothing); failed nodes' rows marked."""
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    nodes = max(max(t.src, t.dst) for t in migration.transfers) // devices_per_node + 1
+    gigabytes = np.zeros((nodes, nodes))
+    for t in migration.transfers:
+        gigabytes[t.src // devices_per_node, t.dst // devices_per_node] += t.nbytes / 1e9
+    shown = np.ma.masked_equal(gigabytes, 0.0)
+    image = ax.imshow(shown, cmap="viridis", norm=LogNorm(vmin=shown.min(), vmax=shown.max()), aspect="auto",
+                      interpolation="nearest", origin="upper")
+    figure.colorbar(image, ax=ax, label="GB sent, source node -> destination node")
+    for node in sorted({d // devices_per_node for d in failed if d // devices_per_node < nodes}):
+        ax.axhline(node, color="red", linewidth=0.6, alpha=0.6)
+    ax.set_xlabel(f"destination node ({devices_per_node} devices each)")
+    ax.set_ylabel("source node (red: a node with a failed device)")
+    ax.set_title(f"{len(migration.transfers):,} transfers between {int((gigabytes > 0).sum()):,} node pairs "
+                 f"(diagonal: within a node)", fontsize=8)
