@@ -192,10 +192,10 @@ def _estimate_table(estimate: Estimate, title: str, failed: frozenset[int]) -> T
         table.add_column(column, justify="right")
     for j, (pipe, plan_pipe) in enumerate(zip(estimate.pipelines, estimate.plan.pipelines)):
         for s, (cost, stage) in enumerate(zip(pipe.stages, plan_pipe.stages)):
-            devices = stage.devices
-            shown = device_list(devices)
-            if failed.intersection(devices):
-                shown = f"[red]{shown} failed[/]"
+            shown = device_list(stage.devices)
+            dead = sorted(failed.intersection(stage.devices))
+            if dead:  # name the failed ones: in a TP group of two, "12,13 failed" would read as both
+                shown = f"{shown} [red]({device_list(dead)} failed)[/]"
             over = cost.memory_bytes > cost.memory_capacity_bytes
             table.add_row(str(j) if s == 0 else "", str(s), shown, f"{stage.first}-{stage.end - 1}",
                           f"{cost.forward_s:.4g}", f"{cost.backward_s:.4g}",
