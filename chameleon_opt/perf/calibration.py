@@ -68,6 +68,7 @@ class FrameworkCalibration:
     overhead_fitted_on: tuple[str, ...] = ()
     excluded: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    kernels: str | None = None  # the stack's kernels for activations (workload/activations.py); None: megatron
 
     # -- the model ---------------------------------------------------------------------------
     def layer_work(self, workload: Workload, tp: int) -> tuple[np.ndarray, np.ndarray]:
@@ -127,6 +128,7 @@ class FrameworkCalibration:
                         for name, d in sorted(self.devices.items())},
             "excluded": list(self.excluded),
             "notes": list(self.notes),
+            **({"kernels": self.kernels} if self.kernels else {}),
         }
 
     @classmethod
@@ -135,7 +137,7 @@ class FrameworkCalibration:
                                 tuple(v.get("fitted_on", ()))) for k, v in data["devices"].items()}
         return cls(name, data.get("attention", "flash"), data["memory_efficiency"], devices,
                    data.get("overhead_gib"), tuple(data.get("overhead_fitted_on", ())),
-                   tuple(data.get("excluded", ())), tuple(data.get("notes", ())))
+                   tuple(data.get("excluded", ())), tuple(data.get("notes", ())), data.get("kernels"))
 
 
 def affine_layers(times: dict[str, dict[str, list]], tp: int) -> tuple[np.ndarray, np.ndarray | None]:

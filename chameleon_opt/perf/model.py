@@ -38,6 +38,7 @@ from chameleon_opt.perf.memory import MemoryBreakdown, TERM_MEANING, in_flight_m
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.relief import ReliefCost, parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan
+from chameleon_opt.workload.activations import kernels_for
 
 GIB = float(1 << 30)
 STAGE_COSTS_KEPT = 200_000  # remembered stage costs per model before the memo starts afresh
@@ -235,6 +236,15 @@ class PerfModel:
             from chameleon_opt.perf.calibration import load_framework
             calibration = load_framework(training.framework)
         self.calibration = calibration
+        architecture = self.workload.architecture
+        try:
+            self.kernels = kernels_for(calibration.kernels if calibration is not None else None,
+                                       architecture.family if architecture is not None else None)
+        except ValueError as error:
+            from chameleon_opt.errors import InputError
+            raise InputError(None, "workload.architecture.family", str(error),
+                             "set the workload's family to one listed, or use a framework without Hugging Face "
+                             "kernels") from None
         if self.framework_overhead_gib is None and calibration is not None:
             self.framework_overhead_gib = calibration.overhead_gib
         network = instance.spec.cluster.network
@@ -313,7 +323,7 @@ class PerfModel:
             tp_fwd, tp_bwd = count_f * one, count_b * one
             self.time_sources[key[:2]] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
                                       "(catalogue efficiency)")
-        act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel) * mbs
+        act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels) * mbs
         table = {
             "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
             "params": w.params / tp, "act": act,
@@ -394,7 +404,7 @@ class PerfModel:
         recompute = self.recompute if mode is None else ("none" if mode == "offload" else mode)
         if (tp, recompute) not in self._transient:
             self._transient[(tp, recompute)] = self.workload.backward_transient_bytes_per_sample(
-                tp, recompute, self.attention, self.sequence_parallel) * self.micro_batch_size
+                tp, recompute, self.attention, self.sequence_parallel, self.kernels) * self.micro_batch_size
         gathered = 0.0
         if self.zero_stage >= 3 and replicas > 1:
             gathered = 2.0 * float(self.workload.params.max()) / tp * self.param_bytes

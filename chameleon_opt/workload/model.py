@@ -12,6 +12,7 @@ from functools import cached_property
 
 import numpy as np
 
+from chameleon_opt.workload.activations import MEGATRON, Kernels, block_bytes_per_sample
 from chameleon_opt.workload.schema import Architecture, Profile, WorkloadSpec
 
 
@@ -140,20 +141,19 @@ class Workload:
         return np.array([0.0] + [4.0 * s * s * a.q_dim] * a.layers + [0.0])
 
     def activation_bytes_per_sample(self, tp: int, recompute: bool | str, attention: str = "flash",
-                                    sequence_parallel: bool = False) -> np.ndarray:
+                                    sequence_parallel: bool = False, kernels: Kernels | None = None) -> np.ndarray:
         """Activation bytes one in-flight sample keeps per layer until its backward, per TP rank.
 
-        Blocks: Korthikanti et al. ("Reducing activation recomputation in large transformer models",
-        MLSys'23, arXiv 2205.05198), Sec. 4 and Table 2, at 2-byte activations: s*h*(10 + 24/t)
-        + 5*a*s^2/t with tensor parallelism, everything divided by t with sequence parallelism.
-        The 24 is 8 for attention (Q, K, V, output-projection input) and 16 for an MLP of 4h; here K
-        and V take their grouped-query width and the MLP its real width and tensor count. `eager`
-        attention keeps the a*s^2 terms (scores' softmax 2, dropout mask 1, dropout output 2 bytes);
-        `flash` and selective recomputation keep none; full recomputation keeps the block input
-        (2*s*h). Embedding: its dropout mask (s*h bytes). Head: final-norm and projection inputs
-        (4*s*h), fp32 logits for the loss (4*s*V/t, vocab-parallel) and the half-precision logits or
-        their gradient that coexist with them at the loss (the head is on the last stage, which holds
-        one micro-batch in flight, so this transient is folded in here).
+        Blocks: the saved tensors of the code that runs them (workload/activations.py; `kernels`,
+        default Megatron-LM's fused kernels, which is Korthikanti et al.'s count, MLSys'23 Table 2:
+        s*h*(10 + 24/t) + 5*a*s^2/t for MHA and a 4h GeLU MLP under eager attention, everything
+        divided by t with sequence parallelism), under `attention` (eager keeps the a*s^2 scores,
+        flash its Q, K, V, output and log-sum-exp). Selective recomputation keeps the block without
+        the attention core's scores; full recomputation keeps the block input (2*s*h). Embedding:
+        its dropout mask (s*h bytes). Head: final-norm and projection inputs (4*s*h), fp32 logits
+        for the loss (4*s*V/t, vocab-parallel) and the half-precision logits or their gradient that
+        coexist with them at the loss (the head is on the last stage, which holds one micro-batch
+        in flight, so this transient is folded in here).
         """
         mode = _recompute_mode(recompute)
         if self.spec.layer_bytes is not None:
@@ -167,31 +167,23 @@ class Workload:
         if mode == "full":
             block = 2.0 * s * h / shard * scale
         else:
-            block = s * h * (10.0 / shard + self._parallel_sbh_terms() / tp) * scale
-            if attention == "eager" and mode == "none":
-                block += 5.0 * a.heads * s * s / tp * scale
+            chosen = (kernels or MEGATRON).with_attention(attention)
+            block = block_bytes_per_sample(a, chosen, s, float(self.dtype_bytes), tp, sequence_parallel,
+                                           recompute_core=mode == "selective")
         embedding = s * h / shard
         head = 4.0 * s * h / shard * scale + (4.0 + self.dtype_bytes) * s * a.vocab / tp
         return np.array([embedding] + [block] * a.layers + [head])
 
-    def _parallel_sbh_terms(self) -> float:
-        """Korthikanti's TP-sharded s*h*b coefficients of a block (24 for MHA and a 4h GeLU MLP):
-        Q and the attention output-projection input (2 each at the heads' width q), K and V (2 each
-        at their KV width),
-        the MLP's inner tensors (2 bytes x width/h each: two for GeLU, three for SwiGLU)."""
-        a = self.architecture
-        assert a is not None
-        q, kv = a.q_dim / a.hidden, a.kv_dim / a.hidden
-        mlp_tensors = 3 if a.gated_mlp else 2
-        return 4.0 * q + 4.0 * kv + 2.0 * (a.ffn / a.hidden) * mlp_tensors
-
     def backward_transient_bytes_per_sample(self, tp: int, recompute: bool | str, attention: str = "flash",
-                                            sequence_parallel: bool = False) -> float:
+                                            sequence_parallel: bool = False, kernels: Kernels | None = None
+                                            ) -> float:
         """Working set of one block's backward beyond its stored activations, per sample and TP rank:
         only one block is in backward at a time, so a stage adds this once.
 
-        The largest op's input and output gradients are alive together (2 bytes each): the softmax
-        backward under eager attention (4*a*s^2/t) or the MLP activation's (4*s*f/t). Selective
+        The largest op's input and output gradients are alive together: the softmax backward under
+        eager attention (2 tensors of a*s^2/t at the softmax's precision: 4*a*s^2/t in half
+        precision, 8 when the stack computes the softmax in float32) or the MLP activation's
+        (4*s*f/t). Selective
         recomputation first rematerialises the attention core (5*a*s^2/t under eager attention, a
         flash kernel's working set otherwise); full recomputation rematerialises the whole block."""
         mode = _recompute_mode(recompute)
@@ -202,12 +194,13 @@ class Workload:
         a, s = self.architecture, self.sequence_length
         scale = self.dtype_bytes / 2.0
         scores = a.heads * s * s / tp * scale
-        working = max(4.0 * scores if attention == "eager" else 0.0, 4.0 * s * a.ffn / tp * scale)
+        softmax = float((kernels or MEGATRON).softmax_bytes or self.dtype_bytes) / self.dtype_bytes
+        working = max(4.0 * softmax * scores if attention == "eager" else 0.0, 4.0 * s * a.ffn / tp * scale)
         if mode == "selective" and attention == "eager":
             working += 5.0 * scores
         if mode == "full":
-            working += float(self.activation_bytes_per_sample(tp, "none", attention, sequence_parallel)[1:-1].max(
-                initial=0.0))
+            working += float(self.activation_bytes_per_sample(tp, "none", attention, sequence_parallel, kernels)[
+                1:-1].max(initial=0.0))
         return working
 
     @cached_property

@@ -31,6 +31,9 @@ class Architecture(Strict):
     gated_mlp: bool = Field(False, description="SwiGLU-style MLP with three matrices (Llama)")
     tied_embeddings: bool = Field(False, description="head shares the embedding matrix")
     learned_positions: bool = Field(True, description="learned position embeddings (GPT); false for RoPE")
+    family: str | None = Field(
+        None, description="the model's code family (Hugging Face model_type: gpt2, opt, gpt_neo, llama, qwen2...): "
+        "with a stack that runs Hugging Face's modelling code it decides the activations kept for backward")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "Architecture":
