@@ -28,7 +28,7 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import search_plan
 
-CASES = Path(__file__).resolve().parents[2] / "shared" / "cases" / "search"
+CASES = Path(__file__).resolve().parent / "data" / "cases" / "search"  # copies of ../shared/cases/search
 EXAMPLES = int(os.environ.get("CHAMELEON_BRUTE_EXAMPLES", "120"))
 
 

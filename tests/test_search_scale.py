@@ -38,7 +38,7 @@ def test_previous_plan_restricted_to_survivors_is_a_warm_start():
     instance = load_instance(INSTANCES / "gpt3-175b-1024.json")
     model = PerfModel(instance)
     space = search_space(instance, instance.failed_devices, model)
-    mix = restricted_mix(instance.plan, instance.failed_devices, space.templates, space.total, model)
+    mix = restricted_mix(instance.plan, instance.failed_devices, space.templates, space.budget, space.total, model)
     assert mix is not None
     assert sum(mix.counts) == len(instance.plan.pipelines) - 1  # one pipeline lost a device
     assert sum(sum(shares) for shares in mix.micro_batches) == instance.global_micro_batches

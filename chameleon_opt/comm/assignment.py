@@ -172,11 +172,14 @@ def assign_slots(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int])
                 choice[slots[i]] = groups[i]
             else:
                 pending.append(col)
+        cursor = dict.fromkeys(pool, 0)  # each class's pool is scanned once over all pending slots
         for col in pending:
             sc = s_class[s_key[col]]
             gc = int(np.flatnonzero(remaining[:, sc] > 0)[0])
             remaining[gc, sc] -= 1
-            gi = next(g for g in pool[gc] if g not in taken)
+            while pool[gc][cursor[gc]] in taken:
+                cursor[gc] += 1
+            gi = pool[gc][cursor[gc]]
             taken.add(gi)
             choice[slots[s_of[col]]] = groups[gi]
     pipelines = tuple(

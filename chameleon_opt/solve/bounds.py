@@ -44,6 +44,18 @@ REFINE_STEPS = 40
 REFINED_PIPELINE_COUNTS = 12
 
 
+def live_types(model: PerfModel, groups: list[tuple[int, ...]], live: list[int] | None) -> dict[str, tuple[int, ...]]:
+    """A TP-sized group of one device per device type among the survivors (`live`, else the groups'
+    members): every type may head a TP group, whatever grouping the survivor list shows. Read from
+    the instance's per-device types, not the model's per-group memo (131,072 lookups: 0.3 s)."""
+    tp = len(groups[0]) if groups else 1
+    types = model.instance.device_types
+    first: dict[str, int] = {}
+    for d in (live if live is not None else [d for g in groups for d in g]):
+        first.setdefault(types[d].name, d)
+    return {name: (d,) * tp for name, d in first.items()}
+
+
 @dataclass(frozen=True)
 class MemoryFloor:
     """The fewest stages any pipeline of the space needs to hold the model (None: no plan fits, and
@@ -66,9 +78,7 @@ class MemoryRelaxation:
                  live: list[int] | None = None) -> None:
         self.layers, self.groups, self.total = model.workload.num_layers, len(groups), total
         self.virtual = model.options.virtual_stages or 1
-        tp = len(groups[0]) if groups else 1
-        members = live if live is not None else [d for g in groups for d in g]
-        representatives = {model.stage_device((d,)).name: (d,) * tp for d in members}
+        representatives = live_types(model, groups, live)
         most = max(min(len(groups), total), 1)
         self.static = np.full(self.layers, np.inf)
         activations: dict[str, np.ndarray] = {}  # per activation mode: bytes of one micro-batch per layer
@@ -165,8 +175,7 @@ class RelaxationBound:
         self.model, self.total, self.groups = model, total, len(groups)
         layers = model.workload.num_layers
         tp = len(groups[0]) if groups else 1
-        members = live if live is not None else [d for g in groups for d in g]
-        representatives = {model.stage_device((d,)).name: (d,) * tp for d in members}
+        representatives = live_types(model, groups, live)
         forward = np.full(layers, np.inf)
         backward = np.full(layers, np.inf)
         update = np.full(layers, np.inf)

@@ -114,8 +114,8 @@ def heuristic_mix(templates: list[Template], budget: dict[str, int], total: int)
     return None if best is None else best[1]
 
 
-def restricted_mix(plan: Plan, failed: frozenset[int], templates: list[Template], total: int,
-                   model: PerfModel) -> Mix | None:
+def restricted_mix(plan: Plan, failed: frozenset[int], templates: list[Template], budget: dict[str, int],
+                   total: int, model: PerfModel) -> Mix | None:
     """The previous plan restricted to the survivors, as a warm start: its untouched pipelines,
     each mapped to the template of its device type and length (whose split is at least as good),
     with the micro-batches spread over them exactly. None when no pipeline survived intact."""
@@ -124,11 +124,15 @@ def restricted_mix(plan: Plan, failed: frozenset[int], templates: list[Template]
     for pipe in plan.pipelines:
         if failed.intersection(pipe.devices):
             continue
-        key = (model.stage_device(pipe.stages[0].devices).name, len(pipe.stages))
-        if key not in index:
+        types = {model.stage_device(stage.devices).name for stage in pipe.stages}
+        key = (types.pop(), len(pipe.stages))
+        if types or key not in index:  # a pipeline of mixed device types has no template
             return None
         chosen.append(index[key])
-    if not chosen or len(chosen) > total:
+    used: dict[str, int] = {}
+    for k in chosen:
+        used[templates[k].device_type] = used.get(templates[k].device_type, 0) + templates[k].stages
+    if not chosen or len(chosen) > total or any(n > budget.get(name, 0) for name, n in used.items()):
         return None
     spread = allocate_greedy([templates[k].fill_s for k in chosen], [templates[k].per_micro_batch_s for k in chosen],
                              total).solution or ()
@@ -677,7 +681,8 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
     space = search_space(instance, failed, model, deadline.end)
     templates, budget, total = space.templates, space.budget, space.total
     everything = max((t.pipeline_time(total) for t in templates), default=0.0) + 1.0
-    starts = [heuristic_mix(templates, budget, total), restricted_mix(instance.plan, failed, templates, total, model),
+    starts = [heuristic_mix(templates, budget, total),
+              restricted_mix(instance.plan, failed, templates, budget, total, model),
               cover_mix(templates, list(range(len(templates))), budget, total, everything)]
     starts = [mix for mix in starts if mix is not None] if templates else []
     if not starts and deadline.expired():
@@ -703,28 +708,33 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
         plan = lower(templates, mix, space.groups_by_type, tp)
         # Exact polish: the model's 1F1B and sync terms are surrogates, so its neighbours are
         # evaluated exactly and the faster plan kept (ties in the surrogate hide real differences).
+        evaluating = time.perf_counter()
         plan, best_time = _relieved(model, plan, failed)
+        # The polish is optional: each of its exact evaluations (0.1-0.5 s at 16,384-131,072 devices)
+        # starts only while one more and the final check still fit before the deadline.
+        evaluation_s = time.perf_counter() - evaluating
+        polish = Deadline(deadline.end - 2 * evaluation_s)
         if not math.isfinite(best_time) and mix is not hint:  # the exact memory model refuses the solver's mix
             plan, best_time = _relieved(model, lower(templates, hint, space.groups_by_type, tp), failed)
             mix, why = hint, why + "; the solver's mix overflows the exact memory model, the incumbent kept"
         objective = modelled_time(templates, mix)  # the model's answer; the polish below may beat it
-        balanced = rebalance_exact(model, plan, deadline.end)
-        if balanced != plan:
+        balanced = rebalance_exact(model, plan, polish.end)
+        if balanced != plan and not polish.expired():
             balanced, value = _relieved(model, balanced, failed)
             if value < best_time * (1 - 1e-12):
                 plan, best_time = balanced, value
                 why += "; micro-batches rebalanced on exact 1F1B times"
-        neighbours = [] if deadline.expired() else neighbour_mixes(templates, budget, total, mix)  # 0.05 s at 16k
+        neighbours = [] if polish.expired() else neighbour_mixes(templates, budget, total, mix)  # 0.05 s at 16k
         for other in neighbours[:POLISH_CANDIDATES]:
-            if deadline.expired():
+            if polish.left() < evaluation_s:
                 break
             candidate, value = _relieved(model, rebalance_exact(
-                model, lower(templates, other, space.groups_by_type, tp), deadline.end), failed)
+                model, lower(templates, other, space.groups_by_type, tp), polish.end), failed)
             if value < best_time * (1 - 1e-12):
                 plan, best_time, mix = candidate, value, other
                 why += "; a neighbouring mix is faster when evaluated exactly"
-        polished = rebalance_exact(model, polish_splits(model, plan, deadline.end), deadline.end) \
-            if not deadline.expired() else plan
+        polished = rebalance_exact(model, polish_splits(model, plan, polish.end), polish.end) \
+            if polish.left() >= evaluation_s else plan
         if polished != plan:
             polished, value = _relieved(model, polished, failed)
             if value < best_time * (1 - 1e-12):
