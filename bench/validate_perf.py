@@ -13,8 +13,16 @@
    architecture alone. The A100's sustained efficiency is fitted on DP 4 and the others are
    predictions. Target: within 15%.
 
+3. The published tables (../shared/data/published: Megatron-LM, llm-foundry, DeepSpeed, NeMo), each
+   row an instance (chameleon_opt/perf/published.py; rows with fp8, context parallelism, MoE, CPU
+   offload or an unknown GPU refused and counted by reason). Before: the catalogue's FLOP
+   efficiencies. After: per-GPU compute efficiency and one memory-traffic efficiency fitted
+   leave-one-family-out (every family predicted from a fit on the others only). Per-source and
+   per-family error tables and a predicted-vs-measured plot (validate_perf_published.png).
+
 Writes bench/out/validate_perf.{json,md,png} and prints the tables.
-Run: python bench/validate_perf.py [--sailor-dir ../shared/data/sailor] [--out bench/out]
+Run: python bench/validate_perf.py [--sailor-dir ../shared/data/sailor] [--published-dir
+../shared/data/published] [--out bench/out]
 """
 
 from __future__ import annotations
@@ -302,11 +310,121 @@ def plot(sailor: dict | None, megatron: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def published_validation(directory: Path) -> dict:
+    """Every priceable published row, before (catalogue efficiencies) and leave-one-family-out."""
+    from collections import Counter
+
+    from chameleon_opt.instance.devices import CATALOGUE
+    from chameleon_opt.perf.published import (Refused, fit_efficiencies, load_rows, predict_calibrated,
+                                              predict_step, step_terms, to_run)
+    runs, refused = [], Counter()
+    for row in load_rows(directory):
+        try:
+            runs.append(to_run(row))
+        except Refused as why:
+            refused[f"{row['_source']}: {why}"] += 1
+    terms = {r.id: step_terms(r) for r in runs}
+    families = sorted({r.family for r in runs})
+    rows, fits = [], {}
+    for family in families:
+        fit = fit_efficiencies([r for r in runs if r.family != family], terms)
+        fits[family] = {"compute": fit.compute, "memory_efficiency": fit.memory_efficiency,
+                        "fitted_on": list(fit.fitted_on)}
+        for r in (r for r in runs if r.family == family):
+            before = predict_step(r, CATALOGUE[r.gpu].efficiency)
+            held = r.gpu in fit.compute
+            after = predict_calibrated(r, fit.compute[r.gpu], fit.memory_efficiency) if held else before
+            rows.append({"id": r.id, "source": r.source, "family": family, "gpu": r.gpu, "label": r.label,
+                         "metric": r.metric, "measured_s": r.measured_step_s, "before_s": before, "lofo_s": after,
+                         "error_before": before / r.measured_step_s - 1, "error_lofo": after / r.measured_step_s - 1,
+                         "gpu_fitted_elsewhere": held})
+
+    def summary(key: str, value: str) -> list[dict]:
+        out = []
+        for name in sorted({r[key] for r in rows}):
+            chosen = [r for r in rows if r[key] == name]
+            b = np.abs([r["error_before"] for r in chosen])
+            a = np.abs([r["error_lofo"] for r in chosen])
+            out.append({value: name, "n": len(chosen), "median_before": float(np.median(b)),
+                        "worst_before": float(b.max()), "median_lofo": float(np.median(a)), "worst_lofo": float(a.max()),
+                        "gpu_not_fitted_elsewhere": sum(not r["gpu_fitted_elsewhere"] for r in chosen)})
+        return out
+    return {"rows": rows, "refused": dict(refused), "fits": fits, "by_source": summary("source", "source"),
+            "by_family": summary("family", "family")}
+
+
+def render_published(published: dict, out: Path) -> list[str]:
+    """The per-source and per-family tables (markdown lines, also printed) and the plot."""
+    lines = ["## Published runs: step time, before and leave-one-family-out", ""]
+    for key, title in (("by_source", "source"), ("by_family", "family")):
+        table = Table(title=f"Published runs by {title}: |error| before (catalogue) and leave-one-family-out")
+        for col in (title, "n", "median before", "worst before", "median LOFO", "worst LOFO", "GPU unfitted"):
+            table.add_column(col, justify="right")
+        lines += [f"| {title} | n | median before | worst before | median LOFO | worst LOFO | GPU fitted nowhere else |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in published[key]:
+            cells = [s[title], str(s["n"]), f"{100 * s['median_before']:.1f}%", f"{100 * s['worst_before']:.1f}%",
+                     f"{100 * s['median_lofo']:.1f}%", f"{100 * s['worst_lofo']:.1f}%",
+                     str(s["gpu_not_fitted_elsewhere"])]
+            table.add_row(*cells)
+            lines.append("| " + " | ".join(cells) + " |")
+        console.print(table)
+        lines.append("")
+    lines += ["Fits (each family's runs predicted from the others' fit):", ""]
+    for family, fit in published["fits"].items():
+        effs = ", ".join(f"{g} {e:.3f}" for g, e in sorted(fit["compute"].items()))
+        lines.append(f"- held out {family}: compute efficiency {effs}; memory-traffic efficiency "
+                     f"{fit['memory_efficiency']:.3f}; fitted on {', '.join(fit['fitted_on'])}")
+    lines += ["", "Refused rows (not priced as something else):", ""]
+    lines += [f"- {n} x {why}" for why, n in sorted(published["refused"].items())]
+    plot_published(published, out / "validate_perf_published.png")
+    return lines + [""]
+
+
+def plot_published(published: dict, path: Path) -> None:
+    """Predicted against measured step time per family, before and leave-one-family-out (log-log)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 5.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    families = sorted({r["family"] for r in published["rows"]})
+    for ax, key, title in ((axes[0], "before_s", "before: catalogue FLOP efficiencies"),
+                           (axes[1], "lofo_s", "after: fitted leave-one-family-out")):
+        for k, family in enumerate(families):
+            chosen = [r for r in published["rows"] if r["family"] == family]
+            ax.scatter([r["measured_s"] for r in chosen], [r[key] for r in chosen], s=12, label=family,
+                       marker="osD^v<>"[k % 7])
+        low = min(min(r["measured_s"], r[key]) for r in published["rows"]) * 0.8
+        high = max(max(r["measured_s"], r[key]) for r in published["rows"]) * 1.25
+        ax.plot([low, high], [low, high], "k-", lw=0.8)
+        ax.fill_between([low, high], [low * 0.85, high * 0.85], [low * 1.15, high * 1.15], color="grey", alpha=0.15,
+                        label="±15%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured step time (s)")
+        ax.set_ylabel("predicted step time (s)")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sailor-dir", type=Path, default=ROOT.parent / "shared" / "data" / "sailor")
+    parser.add_argument("--published-dir", type=Path, default=ROOT.parent / "shared" / "data" / "published")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     args = parser.parse_args()
+    if args.published_dir.is_dir():
+        published = published_validation(args.published_dir)
+        args.out.mkdir(parents=True, exist_ok=True)
+        lines = render_published(published, args.out)
+        (args.out / "validate_perf_published.md").write_text("\n".join(lines) + "\n")
+        (args.out / "validate_perf_published.json").write_text(json.dumps(published, indent=1))
+    else:
+        console.print(f"[yellow]no published tables at {args.published_dir}: skipping them[/]")
     sailor = sailor_validation(args.sailor_dir) if args.sailor_dir.is_dir() else None
     if sailor is None:
         console.print(f"[yellow]no Sailor data at {args.sailor_dir}: skipping the measured-plan check[/]")

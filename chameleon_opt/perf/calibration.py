@@ -53,6 +53,7 @@ class DeviceFit:
 class Transferred:
     table: LayerTable
     source: str  # how the times were obtained, for `estimate`
+    includes_collectives: bool = True  # scaled from a profile at this TP (which timed its collectives)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class FrameworkCalibration:
     excluded: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
     kernels: str | None = None  # the stack's kernels for activations (workload/activations.py); None: megatron
+    tp_exposed: float = 1.0     # share of the TP collectives not hidden behind GEMMs (Megatron --tp-comm-overlap: 0)
 
     # -- the model ---------------------------------------------------------------------------
     def layer_work(self, workload: Workload, tp: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +117,8 @@ class FrameworkCalibration:
             label = f"FLOPs and activation traffic at {device}'s fitted efficiencies ({self.name} calibration)"
         forward_share = 1.0 / 3.0  # forward is a third of forward + backward FLOPs
         zeros = np.zeros_like(times)
-        return Transferred(LayerTable(times * forward_share, times * (1 - forward_share), zeros, True), label)
+        return Transferred(LayerTable(times * forward_share, times * (1 - forward_share), zeros, True), label,
+                           includes_collectives=bool(predictions))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +132,7 @@ class FrameworkCalibration:
             "excluded": list(self.excluded),
             "notes": list(self.notes),
             **({"kernels": self.kernels} if self.kernels else {}),
+            **({"tp_exposed": self.tp_exposed} if self.tp_exposed != 1.0 else {}),
         }
 
     @classmethod
@@ -137,7 +141,8 @@ class FrameworkCalibration:
                                 tuple(v.get("fitted_on", ()))) for k, v in data["devices"].items()}
         return cls(name, data.get("attention", "flash"), data["memory_efficiency"], devices,
                    data.get("overhead_gib"), tuple(data.get("overhead_fitted_on", ())),
-                   tuple(data.get("excluded", ())), tuple(data.get("notes", ())), data.get("kernels"))
+                   tuple(data.get("excluded", ())), tuple(data.get("notes", ())), data.get("kernels"),
+                   float(data.get("tp_exposed", 1.0)))
 
 
 def affine_layers(times: dict[str, dict[str, list]], tp: int) -> tuple[np.ndarray, np.ndarray | None]:

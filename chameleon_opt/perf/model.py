@@ -304,14 +304,17 @@ class PerfModel:
         if profile is not None or transferred is not None:
             table = profile if profile is not None else transferred.table
             fwd, bwd = table.forward_s, table.backward_s
-            tp_fwd = tp_bwd = np.zeros_like(fwd)  # a profile at this TP already includes its collectives
+            # A profile at this TP (or one scaled from it) already includes its collectives; times
+            # from the fitted efficiencies alone do not.
+            timed = profile is not None or transferred.includes_collectives
+            tp_fwd, tp_bwd = (np.zeros_like(fwd), np.zeros_like(fwd)) if timed else (count_f * one, count_b * one)
             if table.update_s.max() > 0:
                 update = table.update_s.max() * w.params / max(self.total_params, 1.0)
             # Profiles are measured without recomputation: add the recomputed forward work.
             core = np.divide(w.attention_core_flops_per_sample, w.forward_flops_per_sample,
                              out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
             bwd = bwd + (fwd if recompute == "full" else fwd * core if recompute == "selective" else 0.0)
-            if recompute == "full":
+            if recompute == "full" and timed:
                 tp_bwd = (count_b - w.tp_allreduce_counts("none")[1]) * one
             self.time_sources[key[:2]] = "profile" if profile is not None else transferred.source
         else:
@@ -323,6 +326,8 @@ class PerfModel:
             tp_fwd, tp_bwd = count_f * one, count_b * one
             self.time_sources[key[:2]] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
                                       "(catalogue efficiency)")
+        if self.calibration is not None:  # the stack's overlap of TP collectives with its GEMMs
+            tp_fwd, tp_bwd = tp_fwd * self.calibration.tp_exposed, tp_bwd * self.calibration.tp_exposed
         act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels) * mbs
         table = {
             "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,

@@ -1,0 +1,263 @@
+"""Published measured training runs (../shared/data/published/*.json) as instances to predict.
+
+Why: Sailor's plans are one model family on one stack. The published tables (Megatron-LM,
+llm-foundry, DeepSpeed, NeMo) cover other families, sizes, layouts and GPUs, so a constant fitted
+on one family can be reported on the others. Each row becomes an instance (the architecture, a
+uniform TP x PP x DP plan on its GPU type, its batch and recomputation) and a measured step time in
+seconds, derived from the row's own metric: the step time where printed, else tokens per second,
+else its TFLOP/s under the FLOP formula its `metric_definition` names (Megatron 2021 and
+DeepSpeed count the recompute forward, Megatron 2024 counts model FLOPs). A row whose setting the
+model does not price is refused with the setting named (fp8, context parallelism, MoE, CPU
+offload, an unknown GPU, missing dimensions): it is never priced as something else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SOURCES = ("megatron_lm", "llm_foundry", "deepspeed", "nemo")
+
+NETWORKS = {  # per GPU: NCCL bus bandwidth inside a node, and the node's NICs shared per GPU
+    "H100-80": {"intra_node_gbps": 360.0, "intra_node_latency_us": 5.0, "inter_node_gbps": 45.0,
+                "inter_node_latency_us": 10.0},   # DGX H100: NVLink4, 8 x 400 Gb/s
+    "A100-80": {"intra_node_gbps": 230.0, "intra_node_latency_us": 5.0, "inter_node_gbps": 22.0,
+                "inter_node_latency_us": 10.0},   # DGX A100: NVLink3, 8 x 200 Gb/s
+    "A100-40": {"intra_node_gbps": 230.0, "intra_node_latency_us": 5.0, "inter_node_gbps": 22.0,
+                "inter_node_latency_us": 10.0},
+    "V100-32": {"intra_node_gbps": 120.0, "intra_node_latency_us": 5.0, "inter_node_gbps": 10.0,
+                "inter_node_latency_us": 10.0},   # DGX-1/2 V100: NVLink2, 100 Gb/s per GPU
+}
+"""Assumed from the DGX data sheets at typical NCCL efficiency: the rows do not state their links."""
+
+
+class Refused(Exception):
+    """A row the model does not price, with the setting that makes it so."""
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    id: str
+    source: str          # file stem: megatron_lm, llm_foundry, deepspeed, nemo
+    family: str          # model family and stack, the unit of leave-one-family-out
+    gpu: str             # catalogue device type
+    label: str
+    document: dict[str, Any]  # the instance
+    measured_step_s: float
+    metric: str          # how measured_step_s was derived
+    tp_comm_overlap: bool = False  # Megatron's --tp-comm-overlap stated
+
+
+def load_rows(directory: Path) -> list[dict[str, Any]]:
+    rows = []
+    for source in SOURCES:
+        path = directory / f"{source}.json"
+        if path.is_file():
+            rows += [{**row, "_source": source} for row in json.loads(path.read_text())]
+    return rows
+
+
+def _gpu(row: dict[str, Any]) -> str:
+    name = row["hardware"]["gpu"]
+    if "H100" in name:
+        return "H100-80"
+    if "A100" in name:
+        return "A100-40" if "40GB" in name else "A100-80"
+    if "V100" in name:
+        return "V100-32"
+    raise Refused(f"hardware.gpu {name!r}: not in the device catalogue")
+
+
+def _family(row: dict[str, Any]) -> str:
+    name, source = row["model"]["name"] or "", row["_source"]
+    if source == "llm_foundry":
+        return "MPT (llm-foundry FSDP)"
+    if source == "megatron_lm":
+        if "GPT-2 style" in name:
+            return "GPT-2 (Megatron 2020)"
+        return "GPT (Megatron 2024, H100)" if "H100" in row["hardware"]["gpu"] else "GPT (Megatron 2021, A100)"
+    if source == "deepspeed":
+        return "GPT (Megatron-DeepSpeed)"
+    return "NeMo"
+
+
+def _refuse_unsupported(row: dict[str, Any]) -> None:
+    p, precision = row["parallel"], str(row["precision"] or "").lower()
+    if "fp8" in precision:
+        raise Refused(f"precision {row['precision']!r}: fp8 linears are not modelled (priced as bf16 they would be wrong)")
+    if (p.get("cp") or 1) > 1:
+        raise Refused(f"parallel.cp {p['cp']}: context parallelism is not modelled")
+    if (p.get("ep") or 1) > 1 or "mixtral" in (row["model"]["name"] or "").lower():
+        raise Refused("mixture of experts (parallel.ep / Mixtral): not modelled")
+    if (p.get("vp") or 1) > 1:
+        raise Refused(f"parallel.vp {p['vp']}: validated on one virtual stage only")
+    notes = " ".join(str(x) for x in (p.get("notes"), row.get("activation_checkpointing"), row.get("notes")))
+    if "offload" in notes.lower() and "activation_cpu_offload=false" not in notes.lower().replace(" ", ""):
+        raise Refused("CPU offload of ZeRO-3 state / activations: not validated")
+    m = row["model"]
+    missing = [k for k in ("layers", "hidden", "ffn_hidden", "vocab", "seq_len") if not m.get(k)]
+    if missing:
+        raise Refused(f"model.{missing[0]} not stated")
+
+
+def _flops_2021(b: int, s: int, layers: int, h: int, vocab: int) -> float:
+    """Megatron-LM 2021 (SC'21 Eq. 3) and DeepSpeed: counts the recompute forward."""
+    return 96.0 * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
+
+
+def _flops_2024(b: int, s: int, m: dict[str, Any]) -> float:
+    """Megatron-LM 2024 num_floating_point_operations: model FLOPs, no recompute term."""
+    h, layers, heads = m["hidden"], m["layers"], m["heads"]
+    kv = m.get("kv_heads") or heads
+    gated = 1.5 if _gated(m) else 1.0
+    return 12.0 * b * s * layers * h * h * ((1 + kv / heads + s / h) + m["ffn_hidden"] / h * gated
+                                            + m["vocab"] / (2 * layers * h))
+
+
+def _gated(m: dict[str, Any]) -> bool:
+    return "llama" in (m.get("name") or "").lower()
+
+
+def _measured(row: dict[str, Any], global_batch: int, gpus: int) -> tuple[float, str]:
+    me, m, s = row["measured"], row["model"], row["model"]["seq_len"]
+    if me.get("step_time_s"):
+        return float(me["step_time_s"]), "step time printed"
+    if me.get("tokens_per_s_per_gpu"):
+        return global_batch * s / (me["tokens_per_s_per_gpu"] * gpus), "tokens/s/GPU"
+    tflops = me.get("tflops_per_gpu")
+    definition = row["metric_definition"]
+    if tflops and "96*B*s*l*h^2" in definition.replace(" ", ""):
+        flops = _flops_2021(global_batch, s, m["layers"], m["hidden"], m["vocab"])
+        return flops / (tflops * 1e12 * gpus), "TFLOP/s, Megatron 2021 formula (recompute counted)"
+    if tflops and "num_floating_point_operations" in definition:
+        return _flops_2024(global_batch, s, m) / (tflops * 1e12 * gpus), "TFLOP/s, Megatron 2024 model FLOPs"
+    raise Refused(f"metric: no step time, tokens/s or TFLOP/s with a stated formula ({definition[:60]}...)")
+
+
+def to_run(row: dict[str, Any]) -> PublishedRun:
+    """The row as an instance and a measured step time (Refused when it cannot be priced faithfully)."""
+    _refuse_unsupported(row)
+    gpu = _gpu(row)
+    m, p, b, hw = row["model"], row["parallel"], row["batch"], row["hardware"]
+    gpus = int(hw["num_gpus"] or 0)
+    tp, pp = int(p.get("tp") or 1), int(p.get("pp") or 1)
+    if not gpus or gpus % (tp * pp):
+        raise Refused("hardware.num_gpus not a multiple of TP x PP")
+    dp = gpus // (tp * pp)
+    mbs = b.get("micro_batch") or 1
+    global_batch = b.get("global_batch") or mbs * dp * (b.get("grad_accum") or 1)
+    if global_batch % (mbs * dp):
+        raise Refused("batch.global_batch not a whole number of micro-batches per replica")
+    ac = str(row.get("activation_checkpointing") or "none").lower()
+    source = row["_source"]
+    definition = row["metric_definition"]
+    if source == "megatron_lm" and ("2021 formula" in definition or "counted activation recompute" in definition):
+        ac = "full" if ac == "none" else ac  # the 2020/2021 Megatron runs checkpoint every block
+    recomputation = "full" if ac.startswith("full") or ac.startswith("activation") else (
+        "selective" if ac.startswith("selective") else "none")
+    zero = p.get("zero_stage") or 0
+    per_node = min(int(hw.get("gpus_per_node") or 8), gpus)
+    gated = _gated(m)
+    # Heads unstated (Megatron's 2021 table): h / 128, which changes no FLOP and, under flash
+    # attention, no byte the model counts beyond the log-sum-exp.
+    heads = m.get("heads") or max(m["hidden"] // 128, 1)
+    architecture = {"layers": m["layers"], "hidden": m["hidden"], "heads": heads, "ffn": m["ffn_hidden"],
+                    "vocab": m["vocab"], "seq_len": m["seq_len"], "gated_mlp": gated,
+                    "learned_positions": not gated, **({"kv_heads": m["kv_heads"]} if m.get("kv_heads") else {})}
+    from chameleon_opt.instance.devices import CATALOGUE
+    device = CATALOGUE[gpu]
+    document = {
+        "format": 1, "name": row["id"],
+        "cluster": {"nodes": gpus // per_node, "devices_per_node": per_node,
+                    "device_type": {"name": gpu, "memory_gib": device.memory_gib, "peak_tflops": device.peak_tflops,
+                                    "efficiency": device.efficiency,
+                                    "memory_bandwidth_gbps": device.memory_bandwidth_gbps},
+                    "network": NETWORKS[gpu]},
+        "workload": {"inline": {"name": row["id"], "architecture": architecture}},
+        "training": {"global_batch": global_batch, "micro_batch_size": mbs, "sequence_length": m["seq_len"],
+                     "recomputation": recomputation, "zero_stage": zero, "attention": "flash",
+                     "sequence_parallel": bool(p.get("sequence_parallel")) and tp > 1,
+                     "overlap_grad_reduce": True},
+        "plan": {"tensor_parallel": tp, "layout": {"pipeline_parallel": pp, "data_parallel": dp}},
+    }
+    measured, metric = _measured(row, global_batch, gpus)
+    label = f"{m['name']} {gpu} {gpus}g TP{tp} PP{pp} DP{dp} s{m['seq_len']} mbs{mbs} {recomputation}"
+    overlap = "--tp-comm-overlap" in str(p.get("notes") or "")
+    return PublishedRun(row["id"], source, _family(row), gpu, label, document, measured, metric, overlap)
+
+
+def predict_step(run: PublishedRun, efficiency: float) -> float:
+    """The model's step time for a run with the GPU's sustained efficiency set to `efficiency`."""
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.perf.model import PerfModel
+    document = json.loads(json.dumps(run.document))
+    document["cluster"]["device_type"]["efficiency"] = efficiency
+    instance = build_instance(document, f"<{run.id}>")
+    return PerfModel(instance).evaluate(instance.plan).iteration_time_s
+
+
+TP_OVERLAP_EXPOSED = 0.0
+"""Exposed share of TP collectives under Megatron's --tp-comm-overlap (stated in the rows' notes):
+assumed fully hidden behind the GEMMs it is pipelined with; fitted on nothing (only one family uses it)."""
+
+
+def tp_exposed(run: PublishedRun) -> float:
+    return TP_OVERLAP_EXPOSED if run.tp_comm_overlap else 1.0
+
+
+def efficiency_calibration(compute: dict[str, float], memory_efficiency: float,
+                           exposed: float = 1.0) -> "FrameworkCalibration":
+    """A calibration pricing a block as FLOPs / (peak x e_gpu) + activation bytes / (bandwidth x e_mem)
+    (perf/calibration.py's form, no profiles): the second term is what makes small models slower than
+    their FLOPs say."""
+    from chameleon_opt.instance.devices import CATALOGUE
+    from chameleon_opt.perf.calibration import DeviceFit, FrameworkCalibration
+    devices = {gpu: DeviceFit(CATALOGUE[gpu].peak_tflops, CATALOGUE[gpu].memory_bandwidth_gbps, e, ())
+               for gpu, e in compute.items()}
+    return FrameworkCalibration("published", "flash", memory_efficiency, devices, tp_exposed=exposed)
+
+
+def predict_calibrated(run: PublishedRun, compute: float, memory_efficiency: float) -> float:
+    """The run's step time under efficiency_calibration."""
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.perf.model import PerfModel
+    instance = build_instance(run.document, f"<{run.id}>")
+    calibration = efficiency_calibration({run.gpu: compute}, memory_efficiency, tp_exposed(run))
+    return PerfModel(instance, calibration=calibration).evaluate(instance.plan).iteration_time_s
+
+
+def step_terms(run: PublishedRun) -> tuple[float, float, float]:
+    """(a, b, c) with step time ~ a / e_gpu + b / e_mem + c: the model evaluated at three points
+    (exactly linear while the bottleneck stage and the exposed communication stay the same)."""
+    base = predict_calibrated(run, 0.5, 0.05)
+    a = (predict_calibrated(run, 0.25, 0.05) - base) / 2.0
+    b = (predict_calibrated(run, 0.5, 0.025) - base) / 20.0
+    return a, b, base - 2.0 * a - 20.0 * b
+
+
+@dataclass(frozen=True)
+class EfficiencyFit:
+    compute: dict[str, float]   # per GPU type
+    memory_efficiency: float
+    fitted_on: tuple[str, ...]  # families
+
+
+def fit_efficiencies(runs: list[PublishedRun], terms: dict[str, tuple[float, float, float]]) -> EfficiencyFit:
+    """Per-GPU compute efficiency and one shared memory efficiency minimising the squared relative
+    step-time errors of `runs` (non-negative least squares in 1/e)."""
+    import numpy as np
+    from chameleon_opt.perf.calibration import _nonnegative_lstsq
+    gpus = sorted({r.gpu for r in runs})
+    design = np.zeros((len(runs), len(gpus) + 1))
+    target = np.zeros(len(runs))
+    for i, r in enumerate(runs):
+        a, b, c = terms[r.id]
+        design[i, gpus.index(r.gpu)] = a / r.measured_step_s
+        design[i, -1] = b / r.measured_step_s
+        target[i] = 1.0 - c / r.measured_step_s
+    coef = _nonnegative_lstsq(design, target)
+    compute = {g: float(1.0 / coef[k]) if coef[k] > 0 else 1.0 for k, g in enumerate(gpus)}
+    return EfficiencyFit(compute, float(1.0 / coef[-1]) if coef[-1] > 0 else 1e9,
+                         tuple(sorted({r.family for r in runs})))
