@@ -25,7 +25,8 @@ from rich.console import Console
 
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.perf.model import PerfModel
-from chameleon_opt.recovery.baselines import Chameleon, DecisionSource, cached_search
+from chameleon_opt.recovery.chameleon import Chameleon, DecisionSource
+from chameleon_opt.recovery.interface import cached_search
 from chameleon_opt.recovery.simulate import published_rate_trace, simulate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -137,7 +137,7 @@ def _options(version: bool = typer.Option(False, "--version", is_eager=True, cal
 
 
 POLICY_NAMES = ("chameleon", "chameleon-paper", "hybrid", "recycle", "oobleck", "bamboo", "checkpoint",
-                "reroute-only", "reconfigure-only", "chameleon-unguarded", "templates-ablation",
+                "reroute-only", "reconfigure-only", "templates-ablation",
                 "even-reroute-ablation", "redundancy-ablation")
 """Simulation policies (recovery.registry.POLICIES), named here so that `--help` stays fast."""
 

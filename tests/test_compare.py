@@ -9,7 +9,7 @@ import pytest
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.recovery.bamboo import FALLBACK_SLOWDOWN, USEFUL_FRACTION, Bamboo
-from chameleon_opt.recovery.baselines import PolicyState, at_state
+from chameleon_opt.recovery.interface import PolicyState, at_state
 from chameleon_opt.recovery.compare import PerturbedModel, make_trace, run_one, summary
 from chameleon_opt.recovery.recycle import ReCycle
 

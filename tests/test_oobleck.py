@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chameleon_opt.instance.load import load_instance
-from chameleon_opt.recovery.baselines import PolicyState, at_state
+from chameleon_opt.recovery.interface import PolicyState, at_state
 from chameleon_opt.recovery.oobleck import Oobleck, rendezvous_s
 
 START = [(0, 1), (2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12, 13)]  # Oobleck's test_dynamic_reconfiguration

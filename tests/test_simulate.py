@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.reroute import even_reroute
-from chameleon_opt.recovery.baselines import (Chameleon, CheckpointRestart, DecisionSource, EvenRerouteAblation,
-                                              Option, Policy, PolicyState, ReconfigureOnly, RedundancyAblation,
-                                              Response, TemplatesAblation, select)
+from chameleon_opt.recovery.ablations import EvenRerouteAblation, RedundancyAblation, TemplatesAblation
+from chameleon_opt.recovery.chameleon import Chameleon, Choice, DecisionSource, best_choice
+from chameleon_opt.recovery.checkpoint import CheckpointRestart
+from chameleon_opt.recovery.interface import Policy, PolicyState, Response
 from chameleon_opt.recovery.registry import POLICIES, make_policy
 from chameleon_opt.recovery.policy import GROUP_REBUILD_S, break_even_next_fault
 from chameleon_opt.recovery.simulate import (PUBLISHED_RATES, fixed_trace, load_trace, parse_trace, plot_timeline,
@@ -118,7 +119,8 @@ def test_samples_equal_the_integral_of_throughput(paper32, source):
     assert recycle.samples == pytest.approx(batch / s0 * t + batch / s1 * (horizon - t), rel=1e-12)
     hybrid = simulate(paper32, fixed_trace([t], [13]), family(source, "hybrid"), horizon)
     record = hybrid.transitions[0]
-    rr, rc, _ = source.candidates(dataclasses.replace(paper32, failed_devices=failed), failed)
+    decision = source.decision(dataclasses.replace(paper32, failed_devices=failed), failed)
+    rr, rc = (next(c for c in decision.candidates if c.policy == name) for name in ("reroute", "reconfigure"))
     assert record.action == "hybrid" and record.transition_s == GROUP_REBUILD_S
     expected = (batch / s0 * t + batch / rr.iteration_time_s * record.interim_s
                 + batch / rc.iteration_time_s * (horizon - t - record.interim_s - GROUP_REBUILD_S))
@@ -190,8 +192,9 @@ def test_cascade_restarts_the_decision_from_the_committed_layout(paper32, source
     result = simulate(paper32, fixed_trace([100.0, 102.0], [13, 5]), policy, 600.0)
     first, second = result.transitions
     assert first.interrupted and second.action == "reconfigure"
-    direct = source.candidates(dataclasses.replace(paper32, failed_devices=frozenset({5, 13})), frozenset({5, 13}))
-    assert second.step_s == direct[1].iteration_time_s  # decided from the original layout, both devices down
+    direct = source.decision(dataclasses.replace(paper32, failed_devices=frozenset({5, 13})), frozenset({5, 13}))
+    rc = next(c for c in direct.candidates if c.policy == "reconfigure")
+    assert second.step_s == rc.iteration_time_s  # decided from the original layout, both devices down
 
 
 def test_repair_during_a_transition_is_deferred(paper32):
@@ -259,45 +262,59 @@ def test_hybrid_never_loses_to_both_pure_policies(paper32, source, seed):
     assert averages["hybrid"] >= averages["reconfigure-only"] * (1 - 1e-9), averages
 
 
+def _choices(reroute_step: float, reconfigure_step: float, transition: float) -> list[Choice]:
+    from chameleon_opt.recovery.policy import RecoveryOption
+    return [Choice("reroute", RecoveryOption("reroute", True, ""), reroute_step, 0.0),
+            Choice("reconfigure", RecoveryOption("reconfigure", True, ""), reconfigure_step, transition)]
+
+
 def test_eq8_break_even_example():
     """B = 10; rerouting 2 s/step with no transition, reconfiguration 1 s/step after 10 s."""
-    options = [Option("reroute", 2.0, 0.0), Option("reconfigure", 1.0, 10.0)]
+    choices = _choices(2.0, 1.0, 10.0)
     assert break_even_next_fault(2.0, 1.0, 10.0) == pytest.approx(20.0)
-    assert select(options, 10, next_fault_s=15)[0].name == "reroute"
-    assert select(options, 10, next_fault_s=40)[0].name == "reconfigure"
-    _, scores = select(options, 10, next_fault_s=20)
+    assert best_choice(choices, 10, 15.0, None)[0].name == "reroute"
+    assert best_choice(choices, 10, 40.0, None)[0].name == "reconfigure"
+    _, scores = best_choice(choices, 10, 20.0, None)
     assert scores["reroute"] == pytest.approx(scores["reconfigure"]) == pytest.approx(5.0)
 
 
 def test_chameleon_policy_applies_eq8_to_those_numbers(paper32):
-    options = [Option("reroute", 2.0, 0.0), Option("reconfigure", 1.0, 10.0)]
+    choices = _choices(2.0, 1.0, 10.0)
     policy = Chameleon()
     for d, expected in ((15.0, "reroute"), (40.0, "reconfigure")):
         failures = paper32.spec.failures.model_copy(update={"next_fault_s": d})
         instance = dataclasses.replace(paper32, spec=paper32.spec.model_copy(update={"failures": failures}))
-        chosen, _ = policy.choose(PolicyState(instance, frozenset({13}), "fail", frozenset({13})), options)
+        chosen, _ = policy.choose(PolicyState(instance, frozenset({13}), "fail", frozenset({13})), choices)
         assert chosen.name == expected
 
 
-def test_chameleon_agrees_with_decide(paper32, source):
-    """With the measured search time charged, the policy's pick is decide()'s."""
+@pytest.mark.parametrize("failed", [frozenset({13}), frozenset({24, 25}), frozenset({0, 8, 16})])
+def test_chameleon_decides_as_the_product(paper32, failed):
+    """With the instance's fault statistics and the measured search charged, the simulated policy
+    takes decide()'s own choice, at decide()'s step and transition: the bench measures what ships."""
+    policy = Chameleon(source=DecisionSource(LIMIT))
+    state = PolicyState(dataclasses.replace(paper32, failed_devices=failed), failed, "fail", failed)
+    response = policy.respond(state)
+    decision = policy.source.decision(state.instance, failed)
+    assert decision.chosen is not None and response.action == decision.policy
+    assert response.plan == decision.chosen.plan
+    assert response.step_s == decision.chosen.iteration_time_s
+    assert response.transition_s == pytest.approx(decision.chosen.transition_s, abs=1e-9)
+
+
+def test_a_checker_rejection_propagates(paper32, monkeypatch):
+    """A plan the checker rejects is a bug: the simulator reports it, it does not swap in another plan."""
+    from chameleon_opt.check import PlanRejected
+    from chameleon_opt.recovery import chameleon
+
+    def rejected(*args, **kwargs):
+        raise PlanRejected("reroute", ("stage 0 over memory",))
+
+    monkeypatch.setattr(chameleon, "decide", rejected)
     failed = frozenset({13})
-    policy = Chameleon(source=DecisionSource(LIMIT), guards=False)
     state = PolicyState(dataclasses.replace(paper32, failed_devices=failed), failed, "fail", failed)
-    assert policy.respond(state).action == policy.source.candidates(state.instance, failed)[2]
-
-
-def test_guards_only_ever_speed_up_the_candidates(paper32, source):
-    failed = frozenset({24})
-    state = PolicyState(dataclasses.replace(paper32, failed_devices=failed), failed, "fail", failed)
-    guarded = family(source, "reconfigure-only").respond(state)
-    plain = ReconfigureOnly(time_limit_s=LIMIT, search_charge_s=CHARGE, source=source, guards=False).respond(state)
-    assert guarded.step_s <= plain.step_s
-    if guarded.step_s < plain.step_s:
-        assert "guard: the search's own device mapping" in guarded.notes
-    rerouted = family(source, "reroute-only").respond(state)
-    even = PerfModel(paper32).evaluate(even_reroute(paper32.plan, failed), failed).iteration_time_s
-    assert rerouted.step_s <= even * (1 + 1e-12)
+    with pytest.raises(PlanRejected):
+        Chameleon(source=DecisionSource(LIMIT)).respond(state)
 
 
 def test_oobleck_and_bamboo_shapes(paper32):

@@ -20,7 +20,7 @@ Oobleck's simulator (SymbioticLab/Oobleck, sosp23-artifact, tools/simulator/bamb
 
 from __future__ import annotations
 
-from chameleon_opt.recovery.baselines import SEARCH_TIME_LIMIT_S, Policy, PolicyState, Response, cached_search, \
+from chameleon_opt.recovery.interface import SEARCH_TIME_LIMIT_S, Policy, PolicyState, Response, cached_search, \
     restart_response
 from chameleon_opt.recovery.policy import lost_layers, migration_lower_bound_s
 

@@ -30,7 +30,8 @@ from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.reroute import even_reroute
-from chameleon_opt.recovery.baselines import Chameleon, DecisionSource, PolicyState, Response
+from chameleon_opt.recovery.chameleon import Chameleon, DecisionSource
+from chameleon_opt.recovery.interface import PolicyState, Response
 from chameleon_opt.recovery.registry import BASELINES, make_policy
 from chameleon_opt.recovery.simulate import (PUBLISHED_RATES, SimulationResult, Trace, TraceEvent, _generate,
                                              simulate, with_failure_rate)

@@ -22,7 +22,7 @@ abstract and overview (arXiv 2405.14009): each is marked with what it rests on.
 from __future__ import annotations
 
 from chameleon_opt.errors import InfeasibleError
-from chameleon_opt.recovery.baselines import (CHECKPOINT_INTERVAL_S, RESTART_S, SEARCH_TIME_LIMIT_S, Policy,
+from chameleon_opt.recovery.interface import (CHECKPOINT_INTERVAL_S, RESTART_S, SEARCH_TIME_LIMIT_S, Policy,
                                               PolicyState, Response, restart_response)
 from chameleon_opt.solve.bubbles import rerouted_step
 

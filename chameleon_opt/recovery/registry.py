@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Callable
 
 from chameleon_opt.recovery.bamboo import Bamboo
-from chameleon_opt.recovery.baselines import (SEARCH_TIME_LIMIT_S, Chameleon, ChameleonPaper, CheckpointRestart,
-                                              DecisionSource, EvenRerouteAblation, Hybrid, Policy, ReconfigureOnly,
-                                              RedundancyAblation, RerouteOnly, TemplatesAblation, _ChameleonFamily)
+from chameleon_opt.recovery.ablations import EvenRerouteAblation, RedundancyAblation, TemplatesAblation
+from chameleon_opt.recovery.chameleon import (Chameleon, ChameleonPaper, DecisionSource, Hybrid, ReconfigureOnly,
+                                              RerouteOnly, _ChameleonFamily)
+from chameleon_opt.recovery.checkpoint import CheckpointRestart
+from chameleon_opt.recovery.interface import SEARCH_TIME_LIMIT_S, Policy
 from chameleon_opt.recovery.oobleck import Oobleck
 from chameleon_opt.recovery.recycle import ReCycle
 
@@ -24,7 +26,6 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "checkpoint": CheckpointRestart,
     "reroute-only": RerouteOnly,
     "reconfigure-only": ReconfigureOnly,
-    "chameleon-unguarded": Chameleon,  # decide's candidates exactly as built (guards off)
     "templates-ablation": TemplatesAblation,
     "even-reroute-ablation": EvenRerouteAblation,
     "redundancy-ablation": RedundancyAblation,
@@ -42,11 +43,7 @@ def make_policy(name: str, time_limit_s: float = SEARCH_TIME_LIMIT_S, search_cha
         raise ValueError(f"unknown policy {name!r}: use one of {', '.join(POLICIES)}")
     cls = POLICIES[name]
     if issubclass(cls, _ChameleonFamily):
-        policy = cls(time_limit_s=time_limit_s, search_charge_s=search_charge_s, source=source,
-                     guards=name != "chameleon-unguarded")
-        if name == "chameleon-unguarded":
-            policy.name = name
-        return policy
+        return cls(time_limit_s=time_limit_s, search_charge_s=search_charge_s, source=source)
     if cls is ChameleonPaper:
         return cls(time_limit_s=time_limit_s, search_charge_s=search_charge_s)
     if cls in (ReCycle, Bamboo, CheckpointRestart, EvenRerouteAblation, RedundancyAblation):

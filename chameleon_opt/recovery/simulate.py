@@ -8,7 +8,7 @@ migrates in the background), then `transition_s` with no training, then the new 
 - Cascades: a failure that arrives before the running response's transition is over interrupts
   it: the work of that transition is lost (its plan was never adopted) and the policy responds
   again from the layout committed before it, with every device down at that moment.
-- Repairs: a repaired device is live again; the policy decides what to do (see `baselines`); one
+- Repairs: a repaired device is live again; the policy decides what to do (see recovery/chameleon.py); one
   it leaves idle (`Response.idle`: keep running without it) counts as down for later decisions
   and is offered again with the next repair. A repair that arrives during a transition is
   deferred to the end of that transition; a repair whose own transition is interrupted by a
@@ -42,7 +42,7 @@ import numpy as np
 
 from chameleon_opt.errors import InputError
 from chameleon_opt.instance.load import Instance
-from chameleon_opt.recovery.baselines import Policy, PolicyState, Response, at_state
+from chameleon_opt.recovery.interface import Policy, PolicyState, Response, at_state
 
 EventKind = Literal["fail", "repair"]
 
@@ -507,7 +507,8 @@ def simulate_policies(instance: Instance, trace: Sequence[TraceEvent], policies:
     """Run several policies by name (see `registry.POLICIES`) on one trace, the Chameleon family
     sharing one cache of `decide` results. `mtbf_hours_per_device` sets the fault statistics the
     policies read (None keeps the instance's); `progress(policy, done, total)` per trace event."""
-    from chameleon_opt.recovery.baselines import SEARCH_TIME_LIMIT_S, DecisionSource
+    from chameleon_opt.recovery.chameleon import DecisionSource
+    from chameleon_opt.recovery.interface import SEARCH_TIME_LIMIT_S
     from chameleon_opt.recovery.registry import make_policy
 
     limit = SEARCH_TIME_LIMIT_S if time_limit_s is None else time_limit_s
