@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 from rich.table import Table
 
+from chameleon_opt.console import emit_json, fail, parse_kill, stderr, stdout
 from chameleon_opt.describe import devices, duration, failure_title, layout_lines, percent, same_layout, sig
 from chameleon_opt.errors import ChameleonError, InputError
 from chameleon_opt.incident import (COMMAND_LINE, FAILED, FAILED_NODE, REPLACE_FAILURES, NothingFailed,
@@ -152,23 +152,6 @@ class Policy(str, Enum):
     auto = "auto"  # reroute, reconfigure and the hybrid of both, chosen by Eq. 8
     reroute = "reroute"
     reconfigure = "reconfigure"
-
-
-stdout = Console(width=None if sys.stdout.isatty() else 120)
-stderr = Console(stderr=True)
-
-
-def fail(error: ChameleonError, as_json: bool = False) -> NoReturn:
-    """One line on stderr (and a JSON object on stdout with --json), then the contract's exit code."""
-    stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
-    if as_json:
-        print(json.dumps({"format": 1, "error": type(error).__name__, "reason": str(error),
-                          "exit_code": error.exit_code}))
-    raise typer.Exit(error.exit_code)
-
-
-def emit_json(payload: dict[str, Any]) -> None:
-    print(json.dumps(payload, indent=None, separators=(",", ":"), allow_nan=False))
 
 
 @app.command()
@@ -678,13 +661,6 @@ DEMO_INSTANCE = Path("runtime-cpu-6")
 """A bundled instance, found by name (chameleon_opt.bundled) in a source tree and in a wheel alike."""
 
 
-def _parse_kill(text: str, option: str) -> tuple[int, int]:
-    device, _, step = text.partition("@")
-    if not (device.isdigit() and step.isdigit()):
-        raise InputError(COMMAND_LINE, option, f"{text!r} is not DEVICE@STEP", "write e.g. 1@4 (device 1 dies in step 4)")
-    return int(device), int(step)
-
-
 @app.command()
 def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundled name, with a GPT architecture and TP 1"),
          steps: int = typer.Option(12, "--steps", min=1, max=10_000, help="global batches to train"),
@@ -724,8 +700,8 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
             raise InputError(COMMAND_LINE, "demo", "torch is not installed", "pip install -e '.[runtime]'")
         if dtype not in ("float32", "float64"):
             raise InputError(COMMAND_LINE, "--dtype", f"unknown dtype {dtype!r}", "use float32 or float64")
-        kills = [_parse_kill(k, "--kill") for k in kill]
-        in_transition = [_parse_kill(k, "--kill-in-transition") for k in kill_in_transition]
+        kills = [parse_kill(k, "--kill") for k in kill]
+        in_transition = [parse_kill(k, "--kill-in-transition") for k in kill_in_transition]
         instance = load_instance(file)
         for option, pairs in (("--kill", kills), ("--kill-in-transition", in_transition)):
             for device, step in pairs:
@@ -734,7 +710,7 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
                 if step >= steps:
                     raise InputError(COMMAND_LINE, option, f"step {step} is not before --steps {steps}, so it would never "
                                      "fire", f"pick a step below {steps} or raise --steps")
-        rejoins = [_parse_kill(r, "--rejoin") for r in rejoin]
+        rejoins = [parse_kill(r, "--rejoin") for r in rejoin]
         for device, step in rejoins:
             if not any(d == device and k < step for d, k in kills) or step >= steps:
                 raise InputError(COMMAND_LINE, "--rejoin", f"device {device} is not killed (--kill) before step {step}, or "

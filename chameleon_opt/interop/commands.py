@@ -16,6 +16,7 @@ from typing import Any
 
 import typer
 
+from chameleon_opt.console import emit_json, fail, parse_kill, stderr, stdout
 from chameleon_opt.errors import ChameleonError, InputError
 from chameleon_opt.incident import FAILED, FAILED_NODE, REPLACE_FAILURES, failed_devices
 from chameleon_opt.plan import device_list
@@ -49,7 +50,6 @@ def _write_json(document: dict[str, Any], output: Path | None, force: bool) -> N
 
 def _report_failed(document: dict[str, Any]) -> None:
     """Name the stage and TP group of every failed rank (on stderr: stdout may carry the instance)."""
-    from chameleon_opt.cli import stderr
     from chameleon_opt.instance.load import build_instance
     from chameleon_opt.interop.common import locate_rank
 
@@ -79,7 +79,6 @@ def import_torchtitan_command(file: Path = typer.Argument(..., help="torchtitan 
                               output: Path = _OUT, force: bool = _FORCE) -> None:
     """An instance from a torchtitan job config (rank order: torchtitan's device mesh); a setting
     the planner cannot model is refused (exit 2) with the key to change."""
-    from chameleon_opt.cli import fail
     from chameleon_opt.interop.common import ClusterOptions, parse_ranks
     from chameleon_opt.interop.torchtitan import import_torchtitan
     from chameleon_opt.output import check_output
@@ -102,7 +101,6 @@ def import_megatron_command(ctx: typer.Context, world_size: int = _WORLD, device
     """An instance from Megatron-LM arguments: the launch line's arguments, a file of them, or the
     bash launch script (its variables expanded); rank order tp-dp-pp, or tp-pp-dp with
     --use-tp-pp-dp-mapping. Without --vocab-size (the tokenizer's), pass --model."""
-    from chameleon_opt.cli import fail
     from chameleon_opt.interop.common import ClusterOptions, parse_ranks
     from chameleon_opt.interop.megatron import import_megatron
     from chameleon_opt.output import check_output
@@ -135,7 +133,6 @@ def export_plan_command(file: Path = typer.Argument(None, help="instance file (i
     --failed/--failed-node; with none, the current plan) as parallelism settings when uniform,
     per-rank module lists and micro-batch counts always. Says what it wrote (on stderr when the
     plan itself goes to stdout)."""
-    from chameleon_opt.cli import fail, stderr, stdout
     from chameleon_opt.interop.export import export_plan, export_schema
 
     if schema:
@@ -201,12 +198,11 @@ def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, 
     latencies (kill to next committed step); `verify` migrates and checks against the checkpoint."""
     from rich.table import Table
 
-    from chameleon_opt.cli import _parse_kill, emit_json, stdout
     from chameleon_opt.runtime.pipelined import PipelinedController, reference_losses, runtime_instance
 
     if restore not in ("migration", "checkpoint", "verify"):
         raise InputError(None, "--restore", f"unknown restore {restore!r}", "use migration, checkpoint or verify")
-    kills = {step: (device, 2) for device, step in (_parse_kill(k, "--kill") for k in kill)}
+    kills = {step: (device, 2) for device, step in (parse_kill(k, "--kill") for k in kill)}
     instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=2)
     for step, (device, _) in kills.items():
         if device not in instance.plan.devices or step >= steps:
