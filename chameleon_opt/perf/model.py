@@ -267,13 +267,6 @@ class PerfModel:
         """Whether some state is sharded over data-parallel replicas (ZeRO stage >= 1)."""
         return self.zero_stage >= 1
 
-    @property
-    def sharded_bytes_per_param(self) -> float:
-        """Bytes per parameter (before TP) that ZeRO divides by the replicas: the optimizer state at
-        stage 1, plus gradients at 2, plus parameters at 3 (the rest of static_bytes is replicated)."""
-        return ((self.optimizer_bytes if self.zero_stage >= 1 else 0.0) + (self.grad_bytes if self.zero_stage >= 2 else 0.0)
-                + (self.param_bytes if self.zero_stage >= 3 else 0.0))
-
     def with_options(self, options: ScheduleOptions) -> "PerfModel":
         """The same instance under other schedule options (unset fields keep this model's)."""
         merged = ScheduleOptions(*(getattr(options, f) if getattr(options, f) is not None else getattr(self.options, f)

@@ -343,10 +343,6 @@ class SimulationResult:
                 return s.samples_per_s
         return 0.0
 
-    def steady_after(self, t: float) -> float:
-        """The training rate of the first 'train' segment starting at or after t (post-recovery)."""
-        return next((s.samples_per_s for s in self.segments if s.start_s >= t - 1e-9 and s.phase == "train"), 0.0)
-
     def to_json(self) -> dict[str, Any]:
         return {
             "policy": self.policy, "instance": self.instance, "horizon_s": self.horizon_s,

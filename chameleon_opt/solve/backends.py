@@ -101,7 +101,8 @@ class Outcome:
 
     @property
     def has_solution(self) -> bool:
-        return self.status in (Status.OPTIMAL, Status.FEASIBLE)
+        """`Status.has_solution`: one definition (a backend never answers HEURISTIC itself)."""
+        return self.status.has_solution
 
 
 def heuristic(solution: T, objective: float, backend: str, reason: str, wall_s: float = 0.0,
