@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
@@ -62,10 +61,20 @@ def test_protocol_reports_ratios_regret_and_the_post_failure_window(paper32):
                                  "hindsight"}
     for name, m in run.measures.items():
         assert 0 < m.post_failure <= m.average * 1.5 and m.downtime_s >= 0, name
-    assert run.measures["hindsight"].average >= run.measures["chameleon"].average * (1 - 1e-9)
+    # The row is arithmetic on the measures (no claim about which policy wins: a 1 s search decides
+    # that, and the bench reports it): each ratio, the regret and the best-baseline verdict.
     row = summary([run])[0]
-    assert row["chameleon regret"] >= -1e-9 and math.isfinite(row["chameleon/oobleck"])
-    assert row["chameleon/best baseline"] >= 0.99
+    measures = run.measures
+    for adaptive in ("chameleon", "chameleon-blind"):
+        for base in ("oobleck", "recycle", "bamboo", "checkpoint"):
+            assert row[f"{adaptive}/{base}"] == pytest.approx(measures[adaptive].average / measures[base].average)
+            assert row[f"{adaptive}/{base} post-failure"] == pytest.approx(
+                measures[adaptive].post_failure / measures[base].post_failure)
+        assert row[f"{adaptive} regret"] == pytest.approx(1 - measures[adaptive].average / measures["hindsight"].average)
+        best = max(measures[b].average for b in ("oobleck", "recycle", "bamboo", "checkpoint"))
+        assert row[f"{adaptive}/best baseline"] == pytest.approx(measures[adaptive].average / best)
+    assert row["seeds"] == 1 and (row["suite"], row["cadence"]) == ("node", "1h")
+    assert row["checkpoint restarts"] == len(make_trace(paper32, "node", "1h", 0)[0])  # one restart a failure
 
 
 def test_compare_command_json_plot_and_refusals(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import time
 from collections import Counter
 from itertools import combinations, combinations_with_replacement, product
 from pathlib import Path
@@ -236,8 +237,12 @@ def test_empty_dp_range_is_infeasible() -> None:
 def test_time_limit_is_respected_on_paper_32(limit: float) -> None:
     instance = load_instance(PAPER_32)
     failed = frozenset({13})
+    started = time.perf_counter()
     result = enumerate_plans(instance, failed, time_limit_s=limit)
-    assert result.wall_s <= limit * 1.1 + 0.5
+    elapsed = time.perf_counter() - started
+    # The deadline is checked between candidates: the overrun is one candidate's evaluation (about
+    # 2 ms here), not a share of the limit; 50 ms leaves room for a loaded 2-core machine.
+    assert result.wall_s <= limit + 0.05 and elapsed <= limit + 0.05, (result.wall_s, elapsed)
     assert result.status in (Status.OPTIMAL, Status.FEASIBLE)
     if result.status is Status.FEASIBLE:
         assert result.bound is None and "time limit" in result.reason

@@ -145,9 +145,14 @@ def test_plan_backend_flag(backend):
 
 
 def test_plan_params_reach_the_backend_and_bad_ones_are_refused():
-    ok = runner.invoke(app, ["plan", "paper-example", "--backend", "cpsat", "--params", "linearization_level=1",
-                             "--json"])
+    """CP-SAT's log names every parameter that differs from its default: the operator's value is
+    there (linearization_level defaults to 1), so it was applied, not only accepted."""
+    ok = runner.invoke(app, ["plan", "paper-example", "--backend", "cpsat", "--params", "linearization_level=0",
+                             "--solver-log", "--json"])
     assert ok.exit_code == 0, ok.output
+    parameters = [line for line in ok.stderr.splitlines() if line.startswith("Parameters:")]
+    assert parameters and all("linearization_level: 0" in line for line in parameters), parameters
+    json.loads(ok.stdout)
     bad = runner.invoke(app, ["plan", "paper-example", "--params", "no_such_parameter=1"])
     assert bad.exit_code == 2 and "no_such_parameter" in bad.output
     malformed = runner.invoke(app, ["plan", "paper-example", "--params", "novalue"])
@@ -156,10 +161,12 @@ def test_plan_params_reach_the_backend_and_bad_ones_are_refused():
     assert backend.exit_code == 2 and "gurobi" in backend.output
 
 
-def test_solver_log_goes_to_stderr_and_json_stays_clean():
+def test_solver_log_goes_to_stderr_and_json_stays_clean(capfd: pytest.CaptureFixture[str]):
     done = runner.invoke(app, ["plan", "paper-32", "--solver-log", "--json"])
     assert done.exit_code == 0, done.output
     json.loads(done.stdout)  # exactly one JSON object on stdout
+    logged = done.stderr + capfd.readouterr().err  # CP-SAT's through Python, HiGHS's from C on fd 2
+    assert "Running HiGHS" in logged, logged[:500]  # the rerouting MILP's own log
 
 
 def test_log_level_is_a_global_flag():
