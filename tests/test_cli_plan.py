@@ -63,10 +63,10 @@ def test_plan_unrecoverable_exits_5(tmp_path):
 
 def test_plan_without_usable_candidate_exits_3_with_the_reason():
     """Reconfiguration alone, but the next fault comes before its transition ends (Eq. 8: unusable)."""
-    result = runner.invoke(app, ["plan", EXAMPLE, "--policy", "reconfigure", "--next-fault-s", "1", "--json"])
+    result = runner.invoke(app, ["plan", EXAMPLE, "--policy", "reconfigure", "--next-fault-s", "0.001", "--json"])
     assert result.exit_code == 3
     payload = json.loads(result.stdout)
-    assert "outlasts D = 1.0 s" in payload["reason"]
+    assert "outlasts D = 0.001 s" in payload["reason"]
 
 
 @pytest.mark.parametrize("fmt,suffix", [("mps", ".mps"), ("lp", ".lp"), ("proto", ".pb.txt")])

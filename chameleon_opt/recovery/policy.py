@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from chameleon_opt.check import check_plan
@@ -34,11 +35,14 @@ from chameleon_opt.solve.bubbles import rerouted_step
 from chameleon_opt.solve.deadline import Deadline, DeadlinePassed, StageTime
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.reroute import reroute_plan
-from chameleon_opt.solve.search import search_plan
+from chameleon_opt.solve.local import disruption, local_plans
+from chameleon_opt.solve.search import OPTIMALITY_TOLERANCE, search_plan
 
 GROUP_REBUILD_S = 5.0
-"""Re-forming the process groups of the new plan (NCCL communicator creation at scale takes
-seconds); paid by reconfiguration, not by rerouting, which keeps its groups minus the dead."""
+"""Re-forming every process group of a plan (NCCL communicator creation at scale takes seconds;
+assumed, not measured here). A reconfiguration pays it in proportion to the communicators it
+changes (solve/local.py `disruption`: TP groups and data-parallel rings whose membership is new);
+rerouting keeps its groups minus the dead and pays none."""
 
 
 def eq8_score(global_batch: int, step_s: float, transition_s: float, next_fault_s: float) -> float:
@@ -141,6 +145,7 @@ Communication = tuple[Migration, list[list[str]], CommInfo]
 
 REROUTE_SHARE = 0.3   # of the time left, for the rerouting MILP (ms at small scale: the rest passes on)
 SEARCH_SHARE = 0.6    # of the time left after rerouting, for the plan search
+LOCAL_SHARE = 0.15    # of the time left after rerouting, for the local re-plans (a few exact evaluations)
 COMM_SHARE = 0.75     # of the time left after the search, for the reconfiguration's communication
 REMAP_S_PER_DEVICE = 25e-6
 """Re-mapping the searched plan's groups onto slots and listing the state each device lacks, per
@@ -164,6 +169,11 @@ class RecoveryOption:
     solve: SolveResult[Plan] | None = None
     interim: RecoveryOption | None = None
     communication: Communication | None = None
+    scope: str = ""               # a reconfiguration's: "local" (intact pipelines kept) or "global"
+    rebuild_s: float = 0.0        # of transition_s: re-creating the communicators the change touches
+    devices_touched: int = 0      # live devices whose stage, TP rank or neighbours change
+    groups_rebuilt: int = 0       # communicators (TP groups, data-parallel rings) created anew
+    bytes_moved: int = 0          # state migrated before training resumes
 
     @property
     def iteration_time_s(self) -> float:
@@ -181,7 +191,9 @@ class RecoveryOption:
     def to_json(self) -> dict[str, object]:
         return {"policy": self.policy, "feasible": self.feasible, "reason": self.reason,
                 "iteration_time_s": self.step_s, "transition_time_s": self.transition_s, "score": self.score,
-                "solve": None if self.solve is None else self.solve.to_json()}
+                "solve": None if self.solve is None else self.solve.to_json(),
+                **({"scope": self.scope, "rebuild_s": self.rebuild_s, "devices_touched": self.devices_touched,
+                    "groups_rebuilt": self.groups_rebuilt, "bytes_moved": self.bytes_moved} if self.scope else {})}
 
 
 Candidate = RecoveryOption
@@ -237,62 +249,120 @@ def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfMod
 
 def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float = 10.0,
                           threads: int = 1, seed: int = 0, *, deadline: Deadline | None = None,
-                          options: SolverOptions | None = None) -> tuple[RecoveryOption, tuple[StageTime, ...]]:
-    """Re-plan over the survivors; transition = search time + the scheduled state migration
-    + group rebuild. The plan's TP groups are re-mapped onto slots so that the state to move is
-    least, unless that makes the step slower (neighbouring stages pushed onto different nodes).
-    The search takes SEARCH_SHARE of `deadline`, the communication COMM_SHARE of what is left."""
+                          options: SolverOptions | None = None,
+                          worth: Callable[[float, float], float] | None = None
+                          ) -> tuple[RecoveryOption, tuple[StageTime, ...]]:
+    """Re-plan over the survivors, locally first (solve/local.py: intact pipelines kept, only the
+    damaged ones' survivors and spares re-planned; LOCAL_SHARE of `deadline`), then globally (the
+    search, SEARCH_SHARE of what is left); each with its own transition = the time to find it + its
+    scheduled migration + the rebuild of the communicators it changes. The one `worth` scores
+    higher (Eq. 8: `decide` passes it; else the faster step) is the candidate. The global plan's
+    migration is only scheduled when its step beats the local one's (else it cannot win: a larger
+    change for no faster step)."""
     deadline = deadline or Deadline.after(time_limit_s)
     options = options or SolverOptions("cpsat", threads, seed)
+    worth = worth or (lambda step, transition: -step)
+    stages: list[StageTime] = []
+    start = time.perf_counter()
+    searching = deadline.share(LOCAL_SHARE)
+    local = local_plans(instance, failed, model, searching)
+    local_s = time.perf_counter() - start
+    stages.append(StageTime("local search", max(searching.end - start, 0.0), local_s, searching.expired(),
+                            f"{len(local)} local plan(s) fit" + (f"; best: {local[0].how}" if local else "")))
+    local_option = None
+    if local:
+        local_option = _scheduled(instance, failed, model, local[0].plan, None, local_s, "local", deadline,
+                                  options, stages, assign=False, note=local[0].how)
     start = time.perf_counter()
     searching = deadline.share(SEARCH_SHARE)
     result = search_plan(instance, failed, model=model, deadline=searching, options=options)
     search_s = time.perf_counter() - start
-    stages = [_stage("search", searching, start, result)]
+    stages.append(_stage("search", searching, start, result))
     if not result.status.has_solution or result.solution is None:
-        return RecoveryOption("reconfigure", False, result.reason or result.status.value, solve=result), tuple(stages)
+        global_option = RecoveryOption("reconfigure", False, result.reason or result.status.value, solve=result)
+    elif local_option is not None and local_option.feasible and \
+            model.evaluate(result.solution, failed).iteration_time_s >= local_option.iteration_time_s * (1 - 1e-9):
+        global_option = RecoveryOption("reconfigure", False, "the global plan is no faster than the local one, whose "
+                                       "change is smaller: not scheduled", solve=result)
+    else:
+        global_option = _scheduled(instance, failed, model, result.solution, result, search_s, "global", deadline,
+                                   options, stages, assign=True)
+    usable = [o for o in (local_option, global_option) if o is not None and o.feasible]
+    if not usable:
+        if local_option is not None:
+            return dataclasses.replace(global_option, reason=f"local: {local_option.reason}; global: "
+                                       f"{global_option.reason}"), tuple(stages)
+        return global_option, tuple(stages)
+    best = max(usable, key=lambda o: worth(o.iteration_time_s, o.transition_s))
+    others = [o for o in (local_option, global_option) if o is not None and o is not best]
+    reason = best.reason + "".join(f"; the {o.scope} plan: {o.reason}" if not o.feasible else
+                                   f"; the {o.scope} plan ({o.iteration_time_s:.4g} s per step, transition "
+                                   f"{o.transition_s:.3g} s) scores lower" for o in others)
+    solve = best.solve
+    if best.scope == "local":  # a plan of the search's space, bounded by the search's own bound
+        bound = None if result.bound is None else min(result.bound, best.iteration_time_s)
+        proven = bound is not None and best.iteration_time_s - bound <= OPTIMALITY_TOLERANCE * best.iteration_time_s
+        solve = SolveResult(Status.OPTIMAL if proven else Status.FEASIBLE, best.plan, best.iteration_time_s, bound,
+                            local_s, "local", 0.0, options.seed, f"local re-plan ({local[0].how}); bound from the "
+                            f"global search: {result.reason}", stopped_early=result.stopped_early)
+    return dataclasses.replace(best, reason=reason, solve=solve), tuple(stages)
+
+
+def _scheduled(instance: Instance, failed: frozenset[int], model: PerfModel, plan: Plan,
+               result: SolveResult[Plan] | None, found_s: float, scope: str, deadline: Deadline,
+               options: SolverOptions, stages: list[StageTime], assign: bool, note: str = "") -> RecoveryOption:
+    """`plan` with its migration scheduled within COMM_SHARE of `deadline` (appending the stage's
+    time to `stages`): an option whose transition is `found_s` + migration + the rebuild of the
+    communicators it changes, or an unusable one saying why (the deadline passed first)."""
     started = time.perf_counter()
+    label = f"communication ({scope})"
     comm_deadline = deadline.share(COMM_SHARE)
     if deadline.expired():  # no schedule, no transition time: the option cannot be weighed or run
-        stages.append(StageTime("communication", 0.0, 0.0, True, "not started"))
-        return (RecoveryOption("reconfigure", False, "stopped early: the deadline passed before the migration of "
-                               "the searched plan could be scheduled (raise --time-limit)", solve=result),
-                tuple(stages))
+        stages.append(StageTime(label, 0.0, 0.0, True, "not started"))
+        return RecoveryOption("reconfigure", False, f"stopped early: the deadline passed before the migration of the "
+                              f"{scope} plan could be scheduled (raise --time-limit)", solve=result, scope=scope)
     survivors = instance.num_devices - len(failed)
-    if deadline.left() < survivors * REMAP_S_PER_DEVICE:  # the re-mapping alone would outlast the deadline
+    if assign and deadline.left() < survivors * REMAP_S_PER_DEVICE:  # the re-mapping alone would outlast it
         needed = survivors * REMAP_S_PER_DEVICE
-        stages.append(StageTime("communication", deadline.left(), time.perf_counter() - started, True,
+        stages.append(StageTime(label, deadline.left(), time.perf_counter() - started, True,
                                 f"not started: re-mapping {survivors:,} devices takes about {needed:.2f} s, "
                                 f"{deadline.left():.2f} s left", needed))
-        return (RecoveryOption("reconfigure", False, f"stopped early: re-mapping and scheduling the migration of "
-                               f"{survivors:,} devices takes about {needed:.2f} s and {deadline.left():.2f} s are left "
-                               "(raise --time-limit)", solve=result), tuple(stages))
-    # The re-mapped plan is priced before any migration is scheduled (one schedule, not two: 0.5 s
-    # each at 1,024 devices): it is kept unless it is slower (neighbouring stages pushed apart).
-    remapped = assign_slots(model, instance.plan, result.solution, failed)
-    searched = model.evaluate(result.solution, failed)
-    slower = searched.iteration_time_s < model.evaluate(remapped[0], failed).iteration_time_s
+        return RecoveryOption("reconfigure", False, f"stopped early: re-mapping and scheduling the migration of "
+                              f"{survivors:,} devices takes about {needed:.2f} s and {deadline.left():.2f} s are left "
+                              "(raise --time-limit)", solve=result, scope=scope)
+    assigned, slower = None, True
+    if assign:
+        # The re-mapped plan is priced before any migration is scheduled (one schedule, not two: 0.5 s
+        # each at 1,024 devices): it is kept unless it is slower (neighbouring stages pushed apart).
+        assigned = assign_slots(model, instance.plan, plan, failed)
+        slower = model.evaluate(plan, failed).iteration_time_s < model.evaluate(assigned[0], failed).iteration_time_s
     try:  # a large migration that cannot be cut by the deadline: unusable, said so (not a second late)
-        migration, rounds, comm = communication_plan(instance, instance.plan, result.solution, failed,
-                                                     assign=not slower, model=model, deadline=comm_deadline,
-                                                     options=options, assigned=None if slower else remapped,
-                                                     abandon=deadline)
+        migration, rounds, comm = communication_plan(instance, instance.plan, plan, failed,
+                                                     assign=assign and not slower, model=model,
+                                                     deadline=comm_deadline, options=options,
+                                                     assigned=None if slower else assigned, abandon=deadline)
     except DeadlinePassed as stopped:
         needed = None if stopped.needed_s is None else time.perf_counter() - started + stopped.needed_s
-        stages.append(StageTime("communication", max(comm_deadline.end - started, 0.0),
-                                time.perf_counter() - started, True, str(stopped), needed))
-        return (RecoveryOption("reconfigure", False, f"stopped early: {stopped}, so the migration of the searched "
-                               "plan has no schedule (raise --time-limit)", solve=result), tuple(stages))
+        stages.append(StageTime(label, max(comm_deadline.end - started, 0.0), time.perf_counter() - started, True,
+                                str(stopped), needed))
+        return RecoveryOption("reconfigure", False, f"stopped early: {stopped}, so the migration of the {scope} plan "
+                              "has no schedule (raise --time-limit)", solve=result, scope=scope)
     estimate = model.evaluate(comm.plan, failed)
-    stages.append(StageTime("communication", max(comm_deadline.end - started, 0.0), time.perf_counter() - started,
+    stages.append(StageTime(label, max(comm_deadline.end - started, 0.0), time.perf_counter() - started,
                             comm.stopped_early, f"migration {migration.solve.backend} "
                             f"{migration.solve.status.value}, all-reduce {comm.allreduce.solve.status.value}"))
-    transition = search_s + migration.makespan_s + GROUP_REBUILD_S
-    why = (f"{len(comm.plan.pipelines)} pipelines over the survivors; transition = search {search_s:.2f} s "
-           f"+ migration {migration.makespan_s:.2f} s in {migration.rounds} rounds (bound "
-           f"{migration.lower_bound_s:.2f} s) + group rebuild {GROUP_REBUILD_S:.0f} s")
-    return (RecoveryOption("reconfigure", True, why, comm.plan, estimate, transition, solve=result,
-                           communication=(migration, rounds, comm)), tuple(stages))
+    change = disruption(model, instance.plan, comm.plan, failed)
+    rebuild = GROUP_REBUILD_S * change.rebuilt_share
+    transition = found_s + migration.makespan_s + rebuild
+    what = f"{scope}: {note}" if note else f"{scope}: {len(comm.plan.pipelines)} pipelines over the survivors"
+    why = (f"{what}; transition = {'search' if scope == 'global' else 'local search'} {found_s:.2f} s + migration "
+           f"{migration.makespan_s:.2f} s in {migration.rounds} rounds (bound {migration.lower_bound_s:.2f} s) + "
+           f"rebuilding {change.groups_rebuilt} of {change.groups_total} process groups {rebuild:.2f} s "
+           f"({change.devices_touched} devices change role)")
+    return RecoveryOption("reconfigure", True, why, comm.plan, estimate, transition, solve=result,
+                          communication=(migration, rounds, comm), scope=scope, rebuild_s=rebuild,
+                          devices_touched=change.devices_touched, groups_rebuilt=change.groups_rebuilt,
+                          bytes_moved=migration.total_bytes)
 
 
 def lost_layers(instance: Instance, failed: frozenset[int]) -> list[int]:
@@ -347,7 +417,10 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
         candidates.append(candidate)
         stages.append(_stage("reroute", rerouting, started, candidate.solve))
     if policy in ("auto", "reconfigure"):
-        candidate, searched = reconfigure_candidate(instance, failed, model, deadline=deadline, options=options)
+        batch = instance.spec.training.global_batch
+        candidate, searched = reconfigure_candidate(
+            instance, failed, model, deadline=deadline, options=options,
+            worth=lambda step, transition: score_option(batch, step, transition, explicit, mean))
         candidates.append(candidate)
         stages += searched
     batch = instance.spec.training.global_batch
@@ -357,17 +430,17 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
     rr = next((c for c in scored if c.policy == "reroute" and c.feasible), None)
     rc = next((c for c in scored if c.policy == "reconfigure" and c.feasible), None)
     if policy == "auto" and rr is not None and rc is not None:
-        background = rc.transition_s - GROUP_REBUILD_S
-        score = score_option(batch, rc.iteration_time_s, GROUP_REBUILD_S, explicit, mean,
+        background = rc.transition_s - rc.rebuild_s
+        score = score_option(batch, rc.iteration_time_s, rc.rebuild_s, explicit, mean,
                              interim_step_s=rr.iteration_time_s, background_s=background)
-        scored.append(RecoveryOption("hybrid", True, f"reroute now; switch to the reconfigured plan after "
-                                     f"{background:.2f} s of background search and migration, pausing "
-                                     f"{GROUP_REBUILD_S:.0f} s", rc.plan, rc.estimate, GROUP_REBUILD_S, score,
-                                     rc.solve, interim=rr, communication=rc.communication))
+        scored.append(dataclasses.replace(rc, policy="hybrid", reason=f"reroute now; switch to the reconfigured "
+                                          f"({rc.scope}) plan after {background:.2f} s of background search and "
+                                          f"migration, pausing {rc.rebuild_s:.2f} s", transition_s=rc.rebuild_s,
+                                          score=score, interim=rr))
     usable = [c for c in scored if c.feasible and c.score > 0]
     if not usable:
         reasons = "; ".join(f"{c.policy}: {c.reason}" if not c.feasible else
-                            f"{c.policy}: its transition of {c.transition_s:.1f} s outlasts D = {mean:.1f} s"
+                            f"{c.policy}: its transition of {c.transition_s:.3g} s outlasts D = {mean:.3g} s"
                             for c in scored)
         proven = all(c.feasible or c.proven_infeasible for c in scored)
         return Decision("none", f"no usable candidate ({reasons})", None, tuple(scored), mean, tuple(stages), proven)

@@ -41,6 +41,16 @@ CPSAT_INT_LIMIT = 2 ** 53
 (objective x tie weights) and exact in a float. A model that would need more is not built."""
 
 
+CPSAT_IMPORT_S = 0.3
+"""Importing OR-Tools' CP-SAT (it brings pandas) the first time: inside a decision's deadline."""
+
+
+def cpsat_start_s() -> float:
+    """What using CP-SAT costs before any model is built: its first import, 0 once imported. A
+    caller with less time left than this and its model's build does not start it."""
+    return 0.0 if "ortools.sat.python.cp_model" in sys.modules else CPSAT_IMPORT_S
+
+
 class OutOfRange(ValueError):
     """A number a backend cannot take (CP-SAT's int64); the caller falls back and says so."""
 

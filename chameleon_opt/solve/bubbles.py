@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from dataclasses import dataclass
 
@@ -35,15 +34,13 @@ from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Plan, Reroute
-from chameleon_opt.solve.backends import DEFAULT, SolverOptions, heuristic, solve_cpsat
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions, cpsat_start_s, heuristic, solve_cpsat
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult, Status
 
 BUILD_S_PER_OP = 1e-4
 """Building the schedule model, per operation (intervals, precedences, activation rows), measured
 at 1,000-2,500 operations on a 2-core machine; checked against the deadline before building."""
-CPSAT_IMPORT_S = 0.3
-"""Importing OR-Tools' CP-SAT (with pandas) the first time, inside the deadline."""
 MIN_SOLVE_S = 0.05
 """Least time CP-SAT is given once its model is built."""
 TICKS = 200_000
@@ -234,8 +231,7 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
     except ValueError:
         serial = None  # CP-SAT may still find an order; nothing to fall back on if it does not
     deadline = Deadline.after(time_limit_s, start_clock)
-    building = len(problem.ops()) * BUILD_S_PER_OP + (0.0 if "ortools.sat.python.cp_model" in sys.modules
-                                                      else CPSAT_IMPORT_S)
+    building = len(problem.ops()) * BUILD_S_PER_OP + cpsat_start_s()
     if serial is not None and deadline.left() < building + MIN_SOLVE_S:  # checked before anything is built
         result = heuristic(serial, serial.makespan_s, "serial", f"no time to build the schedule model of "
                            f"{len(problem.ops())} operations (about {building:.2f} s, {deadline.left():.2f} s left): "

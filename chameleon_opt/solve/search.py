@@ -35,7 +35,7 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_greedy
-from chameleon_opt.solve.backends import OutOfRange, SolverOptions, cpsat_int, solve_cpsat, solve_pulp
+from chameleon_opt.solve.backends import OutOfRange, SolverOptions, cpsat_int, cpsat_start_s, solve_cpsat, solve_pulp
 from chameleon_opt.solve.bounds import memory_floor, relaxation_bound
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.exact import exact_search
@@ -754,7 +754,7 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
         return finish(hint, Status.OPTIMAL, relaxation, 0.0, "bound", time.perf_counter() - start,
                       "the constructive plan meets the relaxation bound")
     remaining = deadline.left()
-    if remaining < 0.05:
+    if remaining < 0.05 + (cpsat_start_s() if backend == "cpsat" else 0.0):
         return finish(hint, Status.HEURISTIC, relaxation, 0.0, "knapsack", time.perf_counter() - start,
                       "no time left for the level model: the knapsack-guided incumbent")
     lm = level_model(templates, budget, total, hint, relaxation)

@@ -1,0 +1,178 @@
+"""Local reconfiguration: pipelines that lost nothing stay exactly as they are; only the damaged
+pipelines' surviving TP groups (and spare groups the old plan left idle) are re-planned.
+
+Why: a global re-plan after one failed GPU re-cuts every pipeline, so every device's layers and
+process groups change (at 1,024 devices: 10,889 transfers, 967 of 1,023 survivors sending state,
+every group rebuilt). Oobleck's local reconfiguration and TrainMover's "rebuild only the changed
+group members" show what operators expect: the survivors that were not hit keep their state and
+their groups, so the transition is the few devices that change. The decision then weighs the local
+plan against the global one by Eq. 8, each with its own transition (recovery/policy.py).
+
+Candidates, all with the intact pipelines unchanged (devices, layers, reliefs kept):
+- drop: the damaged pipelines' survivors idle;
+- replace: a damaged pipeline keeps its split and each failed slot takes a spare group of the same
+  device type (only the spares receive state: the lost stage's layers);
+- re-cut: the damaged pipelines' surviving groups, plus spares, re-cut into pipelines of one
+  template (solve/templates.py: the min-max split of S stages on that device type) for every S that
+  fits, in the groups' old order so early stages keep early layers where they can.
+Micro-batches are spread over all pipelines by the exact water-filling on each pipeline's fill and
+bottleneck (solve/microbatch.py), then rebalanced on exact 1F1B times; every candidate is priced
+by the performance model with its best reliefs, and one that does not fit in memory is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from chameleon_opt.instance.load import Instance
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.groups import survivor_groups
+from chameleon_opt.solve.microbatch import allocate_greedy
+from chameleon_opt.solve.templates import build_template
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """A local candidate: its plan (reliefs chosen), exact step and how it was formed."""
+
+    plan: Plan
+    step_s: float
+    how: str
+
+
+def _spread(model: PerfModel, pipelines: list[Pipeline], tp: int, total: int) -> Plan | None:
+    """The pipelines with `total` micro-batches spread by water-filling on their exact stage times."""
+    fills, steps = [], []
+    for j, pipe in enumerate(pipelines):
+        costs = model.stage_costs(Plan(tp, (pipe,)), 0, [0.0] * len(pipe.stages))
+        times = [c.op_forward_s + c.op_backward_s for c in costs]
+        fills.append(sum(times))
+        steps.append(max(times))
+    shares = allocate_greedy(fills, steps, total).solution
+    if shares is None:
+        return None
+    return Plan(tp, tuple(Pipeline(p.stages, m) for p, m in zip(pipelines, shares)))
+
+
+def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline
+                ) -> list[LocalPlan]:
+    """Every local candidate that fits in memory, fastest first (empty when no pipeline is intact
+    or the deadline passes before any is priced). Each candidate costs one exact evaluation."""
+    from chameleon_opt.solve.search import _relieved, rebalance_exact  # the exact polish the search uses
+
+    old, tp, total = instance.plan, instance.plan.tensor_parallel, instance.global_micro_batches
+    intact = [Pipeline(p.stages, p.micro_batches) for p in old.pipelines if not failed.intersection(p.devices)]
+    damaged = [p for p in old.pipelines if failed.intersection(p.devices)]
+    if not intact or not damaged:
+        return []
+    used = set(old.devices)
+    spares = [g for g in survivor_groups(instance, failed, tp) if used.isdisjoint(g)]
+    survivors = [st.devices for p in damaged for st in p.stages if not failed.intersection(st.devices)]
+    shapes: list[tuple[str, list[Pipeline]]] = [("drop: the damaged pipelines' survivors idle", [])]
+    replaced, free = [], list(spares)
+    for pipe in damaged:  # replace: each failed slot by a spare group of the same device type
+        stages = []
+        for st in pipe.stages:
+            if not failed.intersection(st.devices):
+                stages.append(st)
+                continue
+            kind = model.stage_device(st.devices).name
+            donor = next((g for g in free if model.stage_device(g).name == kind), None)
+            if donor is None:
+                break
+            free.remove(donor)
+            stages.append(Stage(donor, st.first, st.end, st.relief))
+        if len(stages) == len(pipe.stages):
+            replaced.append(Pipeline(tuple(stages), pipe.micro_batches))
+    if replaced:
+        shapes.append((f"replace: {len(replaced)} damaged pipeline(s) keep their split, spare groups take the "
+                       "failed slots", replaced))
+    pool = survivors + spares
+    by_type: dict[str, list[tuple[int, ...]]] = {}
+    for group in pool:
+        by_type.setdefault(model.stage_device(group).name, []).append(group)
+    for kind, groups in by_type.items():  # re-cut: pipelines of one template over the pool's groups of a type
+        for stages in range(1, min(len(groups), instance.workload.num_layers) + 1):
+            if deadline.expired():
+                break
+            count = len(groups) // stages
+            template = build_template(model, groups[0], stages, count + len(intact))
+            if template is None:
+                continue
+            recut = [Pipeline(tuple(Stage(groups[i * stages + s], template.boundaries[s], template.boundaries[s + 1])
+                                    for s in range(stages)), 1) for i in range(count)]
+            shapes.append((f"re-cut: the damaged pipelines' survivors and spares on {kind} as {count} pipeline(s) of "
+                           f"{stages} stage(s)", recut))
+    found: list[LocalPlan] = []
+    for how, new in shapes:
+        if deadline.expired():
+            break
+        spread = _spread(model, intact + new, tp, total)
+        if spread is None:
+            continue
+        plan, step = _relieved(model, rebalance_exact(model, spread, deadline.end), failed)
+        if math.isfinite(step):
+            found.append(LocalPlan(plan, step, how))
+    return sorted(found, key=lambda candidate: candidate.step_s)
+
+
+@dataclass(frozen=True)
+class Disruption:
+    """What a plan change does to the job beyond moving state: devices whose role changes, and
+    the process groups (TP groups, data-parallel rings) that must be created anew: every group of
+    the new plan whose exact membership did not exist before (a group that lost a member is
+    rebuilt too: its communicator still names the dead device)."""
+
+    devices_touched: int
+    groups_rebuilt: int
+    groups_total: int
+
+    @property
+    def rebuilt_share(self) -> float:
+        return self.groups_rebuilt / self.groups_total if self.groups_total else 0.0
+
+
+def _groups(model: PerfModel, plan: Plan, failed: frozenset[int]) -> set[frozenset[int]]:
+    """The plan's communicators as device sets: each live TP group, each pipeline's chain of stages
+    at one TP rank (Megatron's pipeline groups), and each data-parallel ring (the slots holding one
+    set of layers, PerfModel.slot_reduce_times' groups)."""
+    dead = model.failed_slots(plan, failed)
+    found = {frozenset(st.devices) for j, p in enumerate(plan.pipelines) for s, st in enumerate(p.stages)
+             if (j, s) not in dead}
+    for j, pipe in enumerate(plan.pipelines):
+        if len(pipe.stages) > 1 and not any((j, s) in dead for s in range(len(pipe.stages))):
+            found.update(frozenset(st.devices[rank] for st in pipe.stages) for rank in range(plan.tensor_parallel))
+    rings: dict[tuple, None] = {}
+    for slots in model.layer_holders(plan, dead).values():
+        rings.setdefault(tuple(slots))
+    for slots in rings:
+        if len(slots) > 1:
+            found.add(frozenset(d for j, s in slots for d in plan.pipelines[j].stages[s].devices))
+    return found
+
+
+def disruption(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int]) -> Disruption:
+    """Devices touched and communicators rebuilt going from `old` to `new` (a communicator whose
+    device set existed before is kept; the survivors of a damaged one are rebuilt)."""
+    before, after = _groups(model, old, frozenset()), _groups(model, new, failed)
+    return Disruption(len(touched_devices(old, new, failed)), len(after - before), len(after))
+
+
+def touched_devices(old: Plan, new: Plan, failed: frozenset[int]) -> set[int]:
+    """Live devices whose role changes: a different layer range, TP rank or stage neighbours, or
+    newly used: their process groups must be rebuilt (the others keep theirs)."""
+    def roles(plan: Plan) -> dict[int, tuple]:
+        found = {}
+        for pipe in plan.pipelines:
+            for s, st in enumerate(pipe.stages):
+                before = pipe.stages[s - 1].devices if s > 0 else None
+                after = pipe.stages[s + 1].devices if s + 1 < len(pipe.stages) else None
+                for rank, d in enumerate(st.devices):
+                    found[d] = (st.first, st.end, rank, st.devices, before, after)
+        return found
+
+    was, now = roles(old), roles(new)
+    return {d for d, role in now.items() if d not in failed and was.get(d) != role}
