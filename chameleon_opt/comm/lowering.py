@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from chameleon_opt.comm.allreduce import allreduce_groups
@@ -195,6 +196,51 @@ class LoweredPlan(Mapping[int, dict[str, Any]]):
             "release_after_round": release,
         }
         return self._cache[d]
+
+
+def absent_rank_plan(instance: Instance, device: int, role: str) -> dict[str, Any]:
+    """The executable plan of a device with no part in the plan (`failed`, or an `idle` spare):
+    the same keys as a trainer's, no work, so that every process of a job can ask the same question."""
+    return {"format": FORMAT, "rank": device, "node": instance.node_of(device), "role": role, "pipeline": None,
+            "stage": None, "layers": None, "modules": [], "micro_batches": [], "allreduce": [], "transfers": [],
+            "release_after_round": None}
+
+
+@dataclass(frozen=True)
+class StateShare:
+    """One scheduled transfer as the part [lo, hi) of the receiver's state of `layer` (fractions of
+    its flat parameters and both optimizer moments): the byte shares of the layer's sources laid
+    end to end. `tag` is one global order, so that both ends of a transfer match it."""
+
+    src: int
+    dst: int
+    layer: int
+    round: int
+    tag: int
+    lo: float
+    hi: float
+
+    def elements(self, count: int) -> tuple[int, int]:
+        """[lo, hi) in elements of a flat state of `count` elements (both runtimes cut the same way)."""
+        return round(self.lo * count), round(self.hi * count)
+
+
+def state_shares(migration: Migration | None) -> list[StateShare]:
+    """The migration's transfers cut into state ranges, once, for every runtime."""
+    if migration is None:
+        return []
+    moves = sorted(migration.transfers, key=lambda t: (t.dst, t.layer, t.round, t.src))
+    totals: dict[tuple[int, int], int] = {}
+    for t in moves:
+        totals[(t.dst, t.layer)] = totals.get((t.dst, t.layer), 0) + t.nbytes
+    cursor: dict[tuple[int, int], int] = {}
+    shares = []
+    for tag, t in enumerate(moves):
+        key = (t.dst, t.layer)
+        lo = cursor.get(key, 0)
+        cursor[key] = lo + t.nbytes
+        shares.append(StateShare(t.src, t.dst, t.layer, t.round, tag, lo / totals[key], cursor[key] / totals[key]))
+    return shares
 
 
 def lower_plan(instance: Instance, plan: Plan, migration: Migration | None, allreduce_rounds: list[list[str]],

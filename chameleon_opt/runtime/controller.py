@@ -38,13 +38,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch.distributed as dist
 
 from chameleon_opt.comm import communication_plan
 from chameleon_opt.comm.allreduce import schedule_allreduce
-from chameleon_opt.comm.lowering import lower_plan
+from chameleon_opt.comm.lowering import LoweredPlan, absent_rank_plan, state_shares
 from chameleon_opt.comm.migration import Migration
 from chameleon_opt.errors import InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance
@@ -226,35 +227,27 @@ class Controller:
 
     # ---- generations --------------------------------------------------------------------------
     def _transfers(self, migration: Migration | None) -> dict[int, list[dict[str, Any]]]:
-        """The schedule's byte shares as element ranges of each layer's flat state (params and
-        both AdamW moments), matched by a tag per transfer."""
+        """Per device, its sends and receives: the lowering's state shares (`state_shares`) in
+        elements of each layer's flat state (params and both AdamW moments)."""
         out: dict[int, list[dict[str, Any]]] = {}
-        if migration is None:
-            return out
-        moves = sorted(migration.transfers, key=lambda t: (t.dst, t.layer, t.round, t.src))
-        totals: dict[tuple[int, int], int] = {}
-        for t in moves:
-            totals[(t.dst, t.layer)] = totals.get((t.dst, t.layer), 0) + t.nbytes
-        cursor: dict[tuple[int, int], int] = {}
-        for tag, t in enumerate(moves):
-            key, n = (t.dst, t.layer), self.state_elements[t.layer]
-            lo_b = cursor.get(key, 0)
-            cursor[key] = lo_b + t.nbytes
-            lo, hi = round(lo_b / totals[key] * n), round(cursor[key] / totals[key] * n)
+        for share in state_shares(migration):
+            lo, hi = share.elements(self.state_elements[share.layer])
             if hi > lo:
-                common = {"round": t.round, "layer": t.layer, "lo": lo, "hi": hi, "tag": tag}
-                out.setdefault(t.src, []).append({**common, "op": "send", "peer": t.dst})
-                out.setdefault(t.dst, []).append({**common, "op": "recv", "peer": t.src})
+                common = {"round": share.round, "layer": share.layer, "lo": lo, "hi": hi, "tag": share.tag}
+                out.setdefault(share.src, []).append({**common, "op": "send", "peer": share.dst})
+                out.setdefault(share.dst, []).append({**common, "op": "recv", "peer": share.src})
         return out
 
     def _start_generation(self, run_plan: Plan, migration: Migration | None, rounds: list[list[str]],
                           policy: str, predicted_s: float, step: int, recovery: Recovery | None,
-                          transition: bool = True) -> bool:
-        """Lower, order, form groups, migrate. True when every rank is ready and committed; the
-        plan (rerouting stripped) is then the layout the state is in."""
+                          transition: bool = True, rank_plans: Mapping[int, dict[str, Any]] | None = None) -> bool:
+        """Order, form groups, migrate: `rank_plans` are the decision's lowering (lowered here only
+        for the job's start and a switch re-scheduled from a moved layout). True when every rank is
+        ready and committed; the plan (rerouting stripped) is then the layout the state is in."""
         t0 = time.perf_counter()
         inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
-        rank_plans = lower_plan(inst, run_plan, migration, rounds, self.failed)
+        if rank_plans is None:
+            rank_plans = LoweredPlan(inst, run_plan, migration, rounds, self.failed)
         orders = order_operations(rank_plans, self.mbs)
         transfers = self._transfers(migration)
         if recovery is not None:
@@ -270,7 +263,7 @@ class Controller:
         self.attempts += 1
         for d in live:
             self._send(d, {"cmd": "generation", "generation": name, "rank_of": rank_of,
-                           "plan": rank_plans.get(d, {"role": "idle"}), "ops": orders.get(d, []),
+                           "plan": rank_plans[d] if d in rank_plans else absent_rank_plan(inst, d, "idle"), "ops": orders.get(d, []),
                            "transfers": transfers.get(d, []), "die_in_transition": d in victims})
         replies, dead = self._collect(set(live))
         failed_ranks = [d for d, r in replies.items() if r["event"] != "ready"]
@@ -329,11 +322,12 @@ class Controller:
             interim = decision.interim
             recovery.predicted_step_s = interim.iteration_time_s
             rounds = [list(r) for r in interim.allreduce_rounds]
-            if self._start_generation(interim.plan, None, rounds, "reroute", interim.iteration_time_s, step, recovery):
+            if self._start_generation(interim.plan, None, rounds, "reroute", interim.iteration_time_s, step, recovery,
+                                      rank_plans=interim.rank_plans):
                 self.pending_switch = switch
         elif decision.migration is None:  # a rerouting: nothing migrates
             self._start_generation(decision.plan, None, [list(r) for r in decision.allreduce_rounds], "reroute",
-                                   decision.iteration_time_s, step, recovery)
+                                   decision.iteration_time_s, step, recovery, rank_plans=decision.rank_plans)
         else:
             self._switch(decision, self.layout, step, recovery)
 
@@ -343,13 +337,15 @@ class Controller:
         migration is scheduled again from the layout the state is in now."""
         assert decision.migration is not None
         migration, rounds = decision.migration, [list(r) for r in decision.allreduce_rounds]
+        rank_plans: Mapping[int, dict[str, Any]] | None = decision.rank_plans
         if self.layout is not planned_from:
+            rank_plans = None
             inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
             migration, rounds, _ = communication_plan(inst, self.layout, decision.plan, self.failed,
                                                       time_limit_s=max(self.time_limit_s / 2, 1.0), assign=False,
                                                       model=self.model)
         self._start_generation(decision.plan, migration, rounds, "reconfigure", decision.iteration_time_s, step,
-                               recovery)
+                               recovery, rank_plans=rank_plans)
 
     def _rejoin(self, step: int, devices: tuple[int, ...]) -> None:
         """Failed `devices` are back, as fresh processes: plan their return from the layout the state
@@ -371,7 +367,7 @@ class Controller:
         self.failed, self.newcomers = decision.failed, joined
         assert decision.migration is not None
         self._start_generation(decision.plan, decision.migration, [list(r) for r in decision.allreduce_rounds],
-                               decision.policy, decision.iteration_time_s, step, None)
+                               decision.policy, decision.iteration_time_s, step, None, rank_plans=decision.rank_plans)
         self.newcomers = frozenset()
 
     def _drop_newcomers(self) -> set[int]:

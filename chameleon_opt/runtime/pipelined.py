@@ -23,6 +23,7 @@ optimizer steps), so the step a failure interrupts is redone whole.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import multiprocessing as mp
 import os
@@ -40,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 
+from chameleon_opt.comm.lowering import state_shares
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.plan import Plan
 from chameleon_opt.runtime import hf
@@ -522,26 +524,6 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
                 "transfers": transfers} for d in live}
 
 
-def planned_transfers(migration: Any) -> list[dict[str, Any]]:
-    """The schedule's transfers as fractions [lo, hi) of each receiver's layer shard (the byte
-    shares of several sources laid end to end), tagged in one global order."""
-    if migration is None:
-        return []
-    moves = sorted(migration.transfers, key=lambda t: (t.dst, t.layer, t.round, t.src))
-    totals: dict[tuple[int, int], int] = {}
-    for t in moves:
-        totals[(t.dst, t.layer)] = totals.get((t.dst, t.layer), 0) + t.nbytes
-    cursor: dict[tuple[int, int], int] = {}
-    out = []
-    for tag, t in enumerate(moves):
-        key = (t.dst, t.layer)
-        lo = cursor.get(key, 0)
-        cursor[key] = lo + t.nbytes
-        out.append({"src": t.src, "dst": t.dst, "layer": t.layer, "round": t.round, "tag": tag,
-                    "lo": lo / totals[key], "hi": cursor[key] / totals[key]})
-    return out
-
-
 class PipelinedController:
     """Runs `steps` global batches of an HF model on the instance's plan, killing workers in given
     steps and recovering by reconfiguration (planned migration, or a checkpoint re-shard)."""
@@ -603,7 +585,8 @@ class PipelinedController:
 
     def _generation(self, plan: Plan, migration: Any, restore: str) -> dict[int, dict[str, Any]]:
         live = sorted(self.procs)
-        messages = generation_message(plan, live, self.instance, planned_transfers(migration))
+        messages = generation_message(plan, live, self.instance,
+                                      [dataclasses.asdict(share) for share in state_shares(migration)])
         name = self.generations
         self.generations += 1
         for d in live:

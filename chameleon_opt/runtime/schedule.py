@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +72,7 @@ def work_items(rank_plan: dict[str, Any], mbs: int) -> list[WorkItem | None]:
     return items
 
 
-def order_operations(rank_plans: dict[int, dict[str, Any]], mbs: int) -> dict[int, list[Op]]:
+def order_operations(rank_plans: Mapping[int, dict[str, Any]], mbs: int) -> dict[int, list[Op]]:
     """Rank -> its operations in execution order (see the module docstring)."""
     trainers = {d: p for d, p in rank_plans.items() if p.get("role") == "train"}
     items = {d: work_items(p, mbs) for d, p in trainers.items()}
