@@ -17,7 +17,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from rich.console import Console

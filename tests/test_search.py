@@ -14,7 +14,7 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.groups import survivor_groups
-from chameleon_opt.solve.microbatch import allocate_cpsat, allocate_greedy, pipeline_time
+from chameleon_opt.solve.microbatch import allocate_greedy, pipeline_time
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import (Mix, heuristic_mix, level_model, lp_lower_bound, modelled_time,
                                         _template_plan, search_plan, solve_level_model)
@@ -43,11 +43,6 @@ def test_micro_batch_allocation_is_exact(pipes, total):
     exact = brute_force_allocation(fill, per, total)
     assert sum(greedy.solution) == total
     assert greedy.objective == pytest.approx(exact, rel=1e-12)
-    cpsat = allocate_cpsat(fill, per, total, time_limit_s=5)
-    assert cpsat.status is Status.OPTIMAL
-    assert sum(cpsat.solution) == total
-    assert cpsat.objective == pytest.approx(exact, abs=1e-5)
-    assert cpsat.bound <= exact + 1e-9
 
 
 def brute_force_mix(templates, budget, total):

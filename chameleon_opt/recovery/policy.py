@@ -196,10 +196,6 @@ class RecoveryOption:
                     "groups_rebuilt": self.groups_rebuilt, "bytes_moved": self.bytes_moved} if self.scope else {})}
 
 
-Candidate = RecoveryOption
-"""The former name, kept for the simulator's policies (recovery/baselines.py)."""
-
-
 @dataclass(frozen=True)
 class Decision:
     """The policy's choice among its candidates; `chosen` is None when none is usable, and

@@ -41,10 +41,6 @@ class Deadline:
         left = max(self.end - now, 0.0)
         return Deadline(min(now + max(left * fraction, min(at_least, left)), self.end))
 
-    def sooner(self, seconds: float) -> Deadline:
-        """This deadline or `seconds` from now, whichever comes first."""
-        return Deadline(min(self.end, time.perf_counter() + seconds))
-
 
 class DeadlinePassed(Exception):
     """A stage's deadline passed before it had any valid answer to return, and the caller asked

@@ -30,7 +30,7 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.groups import survivor_groups
-from chameleon_opt.solve.microbatch import allocate_greedy
+from chameleon_opt.solve.polish import rebalance_exact, relieved, spread
 from chameleon_opt.solve.templates import build_template
 
 
@@ -43,26 +43,10 @@ class LocalPlan:
     how: str
 
 
-def _spread(model: PerfModel, pipelines: list[Pipeline], tp: int, total: int) -> Plan | None:
-    """The pipelines with `total` micro-batches spread by water-filling on their exact stage times."""
-    fills, steps = [], []
-    for j, pipe in enumerate(pipelines):
-        costs = model.stage_costs(Plan(tp, (pipe,)), 0, [0.0] * len(pipe.stages))
-        times = [c.op_forward_s + c.op_backward_s for c in costs]
-        fills.append(sum(times))
-        steps.append(max(times))
-    shares = allocate_greedy(fills, steps, total).solution
-    if shares is None:
-        return None
-    return Plan(tp, tuple(Pipeline(p.stages, m) for p, m in zip(pipelines, shares)))
-
-
 def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline
                 ) -> list[LocalPlan]:
     """Every local candidate that fits in memory, fastest first (empty when no pipeline is intact
     or the deadline passes before any is priced). Each candidate costs one exact evaluation."""
-    from chameleon_opt.solve.search import _relieved, rebalance_exact  # the exact polish the search uses
-
     old, tp, total = instance.plan, instance.plan.tensor_parallel, instance.global_micro_batches
     intact = [Pipeline(p.stages, p.micro_batches) for p in old.pipelines if not failed.intersection(p.devices)]
     damaged = [p for p in old.pipelines if failed.intersection(p.devices)]
@@ -110,10 +94,10 @@ def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, de
     for how, new in shapes:
         if deadline.expired():
             break
-        spread = _spread(model, intact + new, tp, total)
-        if spread is None:
+        spread_plan = spread(model, intact + new, tp, total)
+        if spread_plan is None:
             continue
-        plan, step = _relieved(model, rebalance_exact(model, spread, deadline.end), failed)
+        plan, step = relieved(model, rebalance_exact(model, spread_plan, deadline.end), failed)
         if math.isfinite(step):
             found.append(LocalPlan(plan, step, how))
     return sorted(found, key=lambda candidate: candidate.step_s)

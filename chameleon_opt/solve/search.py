@@ -29,12 +29,12 @@ from chameleon_opt.check import assert_sound
 from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import GIB, PerfModel
-from chameleon_opt.perf.pipeline import one_f_one_b_time
-from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_greedy
+from chameleon_opt.solve.mixed import mixed_plans
+from chameleon_opt.solve.polish import polish_splits, rebalance_exact, relieved
 from chameleon_opt.solve.backends import OutOfRange, SolverOptions, cpsat_int, cpsat_start_s, solve_cpsat, solve_pulp
 from chameleon_opt.solve.bounds import memory_floor, relaxation_bound
 from chameleon_opt.solve.deadline import Deadline
@@ -50,6 +50,7 @@ TIME_SCALE = 1e6  # seconds -> integer microseconds
 LINEARIZATION = 2
 HIGHS_RESERVE_S = 0.4
 TEMPLATE_SHARE = 0.5  # of the search's time, for the template path (the rest: exact search, bound)
+MIXED_SHARE = 0.3  # of what is left after it, for pipelines of mixed device types
 MIN_SEARCH_S = 0.02  # less time left than this: the search does not start (NO_SOLUTION, stopped early)
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
 ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
@@ -294,88 +295,6 @@ def neighbour_mixes(templates: list[Template], budget: dict[str, int], total: in
                 if all(not c or len(chosen) >= templates[i].min_pipelines for i, c in enumerate(candidate.counts)):
                     found.append(candidate)
     return sorted(found, key=lambda candidate: _rank(templates, candidate))
-
-
-def _relieved(model: PerfModel, plan: Plan, failed: frozenset[int] = frozenset()) -> tuple[Plan, float]:
-    """The plan with its best memory relief per stage and its exact step (inf when some stage fits
-    no supported relief)."""
-    chosen = choose_reliefs(model, plan, failed)
-    return (plan, math.inf) if chosen is None else (chosen[0], chosen[1].iteration_time_s)
-
-
-def _pipeline_exact(model: PerfModel, pipe: Pipeline, tp: int) -> float:
-    """Exact 1F1B time (Eq. 11) of one pipeline under its best reliefs, inf when a stage fits none."""
-    chosen = choose_reliefs(model, Plan(tp, (pipe,)))
-    if chosen is None:
-        return math.inf
-    costs = chosen[1].pipelines[0].stages
-    return one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs], pipe.micro_batches)
-
-
-def rebalance_exact(model: PerfModel, plan: Plan, deadline: float) -> Plan:
-    """Move micro-batches one at a time from the slowest pipeline to the one that finishes
-    earliest after taking it, judged by exact 1F1B times, while the slowest pipeline speeds up.
-    (The surrogate sees pipelines of equal fill and bottleneck as equal; their exact schedules
-    are not.)"""
-    tp = plan.tensor_parallel
-    shares = [p.micro_batches for p in plan.pipelines]
-    cache: dict[tuple, float] = {}
-
-    def exact(j: int, m: int) -> float:
-        pipe = plan.pipelines[j]
-        key = (tuple((st.first, st.end) for st in pipe.stages), model.stage_device(pipe.stages[0].devices).name, m)
-        if key not in cache:
-            cache[key] = _pipeline_exact(model, Pipeline(pipe.stages, m), tp) if m > 0 else 0.0
-        return cache[key]
-
-    while time.perf_counter() < deadline:
-        times = [exact(j, m) for j, m in enumerate(shares)]
-        slow = max(range(len(shares)), key=lambda j: times[j])
-        if shares[slow] <= 1:
-            break
-        target = min((j for j in range(len(shares)) if j != slow), key=lambda j: exact(j, shares[j] + 1), default=None)
-        if target is None or max(exact(target, shares[target] + 1), exact(slow, shares[slow] - 1)) >= times[slow]:
-            break
-        shares[slow] -= 1
-        shares[target] += 1
-    return Plan(tp, tuple(Pipeline(p.stages, m) for p, m in zip(plan.pipelines, shares)), plan.rerouted)
-
-
-def polish_splits(model: PerfModel, plan: Plan, deadline: float) -> Plan:
-    """Exact split polish: the templates' min-max split ignores fill and the forward/backward
-    asymmetry that matter when a pipeline runs few micro-batches, so each distinct pipeline
-    shape (stage count, split, micro-batches) has its boundaries moved one layer at a time while
-    its exact 1F1B time falls and memory fits; all pipelines of that shape take the result."""
-    improved: dict[tuple, tuple[int, ...]] = {}
-    for pipe in plan.pipelines:
-        bounds = (pipe.stages[0].first,) + tuple(st.end for st in pipe.stages)
-        key = (bounds, pipe.micro_batches, model.stage_device(pipe.stages[0].devices).name)
-        if key in improved or len(pipe.stages) < 2:
-            continue
-        best = list(bounds)
-        best_time = _pipeline_exact(model, pipe, plan.tensor_parallel)
-        moved = True
-        while moved and time.perf_counter() < deadline:
-            moved = False
-            for i in range(1, len(best) - 1):
-                for step in (-1, 1):
-                    trial = best.copy()
-                    trial[i] += step
-                    if not trial[i - 1] < trial[i] < trial[i + 1]:
-                        continue
-                    candidate = Pipeline(tuple(Stage(st.devices, trial[s], trial[s + 1])
-                                               for s, st in enumerate(pipe.stages)), pipe.micro_batches)
-                    value = _pipeline_exact(model, candidate, plan.tensor_parallel)
-                    if value < best_time * (1 - 1e-12):
-                        best, best_time, moved = trial, value, True
-        improved[key] = tuple(best)
-    pipelines = []
-    for pipe in plan.pipelines:
-        bounds = (pipe.stages[0].first,) + tuple(st.end for st in pipe.stages)
-        new = improved.get((bounds, pipe.micro_batches, model.stage_device(pipe.stages[0].devices).name), bounds)
-        pipelines.append(Pipeline(tuple(Stage(st.devices, new[s], new[s + 1]) for s, st in enumerate(pipe.stages)),
-                                  pipe.micro_batches))
-    return Plan(plan.tensor_parallel, tuple(pipelines), plan.rerouted)
 
 
 def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int,
@@ -709,18 +628,18 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
         # Exact polish: the model's 1F1B and sync terms are surrogates, so its neighbours are
         # evaluated exactly and the faster plan kept (ties in the surrogate hide real differences).
         evaluating = time.perf_counter()
-        plan, best_time = _relieved(model, plan, failed)
+        plan, best_time = relieved(model, plan, failed)
         # The polish is optional: each of its exact evaluations (0.1-0.5 s at 16,384-131,072 devices)
         # starts only while one more and the final check still fit before the deadline.
         evaluation_s = time.perf_counter() - evaluating
         polish = Deadline(deadline.end - 2 * evaluation_s)
         if not math.isfinite(best_time) and mix is not hint:  # the exact memory model refuses the solver's mix
-            plan, best_time = _relieved(model, lower(templates, hint, space.groups_by_type, tp), failed)
+            plan, best_time = relieved(model, lower(templates, hint, space.groups_by_type, tp), failed)
             mix, why = hint, why + "; the solver's mix overflows the exact memory model, the incumbent kept"
         objective = modelled_time(templates, mix)  # the model's answer; the polish below may beat it
         balanced = rebalance_exact(model, plan, polish.end)
         if balanced != plan and not polish.expired():
-            balanced, value = _relieved(model, balanced, failed)
+            balanced, value = relieved(model, balanced, failed)
             if value < best_time * (1 - 1e-12):
                 plan, best_time = balanced, value
                 why += "; micro-batches rebalanced on exact 1F1B times"
@@ -728,7 +647,7 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
         for other in neighbours[:POLISH_CANDIDATES]:
             if polish.left() < evaluation_s:
                 break
-            candidate, value = _relieved(model, rebalance_exact(
+            candidate, value = relieved(model, rebalance_exact(
                 model, lower(templates, other, space.groups_by_type, tp), polish.end), failed)
             if value < best_time * (1 - 1e-12):
                 plan, best_time, mix = candidate, value, other
@@ -736,7 +655,7 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
         polished = rebalance_exact(model, polish_splits(model, plan, polish.end), polish.end) \
             if polish.left() >= evaluation_s else plan
         if polished != plan:
-            polished, value = _relieved(model, polished, failed)
+            polished, value = relieved(model, polished, failed)
             if value < best_time * (1 - 1e-12):
                 plan = polished
                 why += "; layer splits polished on the exact 1F1B time"
@@ -772,7 +691,7 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
 
 def _exact_value(model: PerfModel, plan: Plan | None, failed: frozenset[int]) -> tuple[Plan | None, float]:
     """A plan with its best reliefs and its exact step (inf when none or it fits no relief)."""
-    return (None, math.inf) if plan is None else _relieved(model, plan, failed)
+    return (None, math.inf) if plan is None else relieved(model, plan, failed)
 
 
 def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_limit_s: float = 10.0,
@@ -819,6 +738,11 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
             template, plan, value, used = plain, plain_plan, plain_value, plain.backend
     notes = [f"template path ({template.backend}): {template.reason}" if plan is not None
              else f"template path: {template.reason}"]
+    if not deadline.expired():  # pipelines of mixed device types, largest memory in front (solve/mixed.py)
+        mixed = mixed_plans(instance, failed, model, deadline.share(MIXED_SHARE), floor.stages)
+        if mixed and mixed[0][1] < value * (1 - 1e-12):
+            plan, value, used = mixed[0][0], mixed[0][1], "mixed"
+            notes.append(f"a pipeline set of mixed device types is faster ({len(mixed[0][0].pipelines)} pipelines)")
     exact = None
     if not deadline.expired():
         exact = exact_search(instance, model, failed, value, deadline.end)

@@ -1,0 +1,112 @@
+"""The exact polish every constructive path shares (templates, local re-plans, mixed pipelines):
+the performance model's own prices, not a surrogate's. Best reliefs per stage with the exact step,
+one pipeline's exact 1F1B time, micro-batches spread by water-filling on exact stage times and
+rebalanced on exact 1F1B times, and layer boundaries moved one at a time while the exact time falls.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.perf.pipeline import one_f_one_b_time
+from chameleon_opt.perf.relief import choose_reliefs
+from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.microbatch import allocate_greedy
+
+
+def spread(model: PerfModel, pipelines: list[Pipeline], tp: int, total: int) -> Plan | None:
+    """The pipelines with `total` micro-batches spread by water-filling on their exact stage times."""
+    fills, steps = [], []
+    for pipe in pipelines:
+        costs = model.stage_costs(Plan(tp, (pipe,)), 0, [0.0] * len(pipe.stages))
+        times = [c.op_forward_s + c.op_backward_s for c in costs]
+        fills.append(sum(times))
+        steps.append(max(times))
+    shares = allocate_greedy(fills, steps, total).solution
+    if shares is None:
+        return None
+    return Plan(tp, tuple(Pipeline(p.stages, m) for p, m in zip(pipelines, shares)))
+
+
+def relieved(model: PerfModel, plan: Plan, failed: frozenset[int] = frozenset()) -> tuple[Plan, float]:
+    """The plan with its best memory relief per stage and its exact step (inf when some stage fits
+    no supported relief)."""
+    chosen = choose_reliefs(model, plan, failed)
+    return (plan, math.inf) if chosen is None else (chosen[0], chosen[1].iteration_time_s)
+
+
+def pipeline_exact(model: PerfModel, pipe: Pipeline, tp: int) -> float:
+    """Exact 1F1B time (Eq. 11) of one pipeline under its best reliefs, inf when a stage fits none."""
+    chosen = choose_reliefs(model, Plan(tp, (pipe,)))
+    if chosen is None:
+        return math.inf
+    costs = chosen[1].pipelines[0].stages
+    return one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs], pipe.micro_batches)
+
+
+def rebalance_exact(model: PerfModel, plan: Plan, deadline: float) -> Plan:
+    """Move micro-batches one at a time from the slowest pipeline to the one that finishes
+    earliest after taking it, judged by exact 1F1B times, while the slowest pipeline speeds up.
+    (The surrogate sees pipelines of equal fill and bottleneck as equal; their exact schedules
+    are not.)"""
+    tp = plan.tensor_parallel
+    shares = [p.micro_batches for p in plan.pipelines]
+    cache: dict[tuple, float] = {}
+
+    def exact(j: int, m: int) -> float:
+        pipe = plan.pipelines[j]
+        key = (tuple((st.first, st.end) for st in pipe.stages), model.stage_device(pipe.stages[0].devices).name, m)
+        if key not in cache:
+            cache[key] = pipeline_exact(model, Pipeline(pipe.stages, m), tp) if m > 0 else 0.0
+        return cache[key]
+
+    while time.perf_counter() < deadline:
+        times = [exact(j, m) for j, m in enumerate(shares)]
+        slow = max(range(len(shares)), key=lambda j: times[j])
+        if shares[slow] <= 1:
+            break
+        target = min((j for j in range(len(shares)) if j != slow), key=lambda j: exact(j, shares[j] + 1), default=None)
+        if target is None or max(exact(target, shares[target] + 1), exact(slow, shares[slow] - 1)) >= times[slow]:
+            break
+        shares[slow] -= 1
+        shares[target] += 1
+    return Plan(tp, tuple(Pipeline(p.stages, m) for p, m in zip(plan.pipelines, shares)), plan.rerouted)
+
+
+def polish_splits(model: PerfModel, plan: Plan, deadline: float) -> Plan:
+    """Exact split polish: the templates' min-max split ignores fill and the forward/backward
+    asymmetry that matter when a pipeline runs few micro-batches, so each distinct pipeline
+    shape (stage count, split, micro-batches) has its boundaries moved one layer at a time while
+    its exact 1F1B time falls and memory fits; all pipelines of that shape take the result."""
+    improved: dict[tuple, tuple[int, ...]] = {}
+    for pipe in plan.pipelines:
+        bounds = (pipe.stages[0].first,) + tuple(st.end for st in pipe.stages)
+        key = (bounds, pipe.micro_batches, model.stage_device(pipe.stages[0].devices).name)
+        if key in improved or len(pipe.stages) < 2:
+            continue
+        best = list(bounds)
+        best_time = pipeline_exact(model, pipe, plan.tensor_parallel)
+        moved = True
+        while moved and time.perf_counter() < deadline:
+            moved = False
+            for i in range(1, len(best) - 1):
+                for step in (-1, 1):
+                    trial = best.copy()
+                    trial[i] += step
+                    if not trial[i - 1] < trial[i] < trial[i + 1]:
+                        continue
+                    candidate = Pipeline(tuple(Stage(st.devices, trial[s], trial[s + 1])
+                                               for s, st in enumerate(pipe.stages)), pipe.micro_batches)
+                    value = pipeline_exact(model, candidate, plan.tensor_parallel)
+                    if value < best_time * (1 - 1e-12):
+                        best, best_time, moved = trial, value, True
+        improved[key] = tuple(best)
+    pipelines = []
+    for pipe in plan.pipelines:
+        bounds = (pipe.stages[0].first,) + tuple(st.end for st in pipe.stages)
+        new = improved.get((bounds, pipe.micro_batches, model.stage_device(pipe.stages[0].devices).name), bounds)
+        pipelines.append(Pipeline(tuple(Stage(st.devices, new[s], new[s + 1]) for s, st in enumerate(pipe.stages)),
+                                  pipe.micro_batches))
+    return Plan(plan.tensor_parallel, tuple(pipelines), plan.rerouted)
