@@ -152,17 +152,17 @@ class _ChameleonFamily(Policy):
 
     def choices(self, decision: Decision) -> list[Choice]:
         """`decide`'s usable candidates with the search charged as this policy says. `decide`
-        charges a reconfiguration search + migration + rebuild and its hybrid the rebuild after
-        a background of search + migration: the same terms, with the search replaced."""
+        charges a reconfiguration search + migration + its rebuild (`rebuild_s`) and its hybrid
+        the rebuild after a background of search + migration: the same terms, the search replaced."""
         rr, rc, hybrid = _usable(decision, "reroute"), _usable(decision, "reconfigure"), _usable(decision, "hybrid")
         found = []
         if rr is not None:
             found.append(Choice("reroute", rr, rr.iteration_time_s, rr.transition_s))
         if rc is not None:
             migration = rc.communication[0].makespan_s if rc.communication else 0.0
-            search = self.charged(max(rc.transition_s - migration - GROUP_REBUILD_S, 0.0))
+            search = self.charged(max(rc.transition_s - migration - rc.rebuild_s, 0.0))
             background = search + migration
-            found.append(Choice("reconfigure", rc, rc.iteration_time_s, background + GROUP_REBUILD_S, search))
+            found.append(Choice("reconfigure", rc, rc.iteration_time_s, background + rc.rebuild_s, search))
             if hybrid is not None and hybrid.interim is not None:
                 found.append(Choice("hybrid", hybrid, hybrid.iteration_time_s, hybrid.transition_s, search, background,
                                     hybrid.interim.iteration_time_s))
