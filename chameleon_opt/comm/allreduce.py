@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from chameleon_opt.perf.comm import ring_allreduce_time
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.solve.backends import SolverOptions, solve_cpsat
+from chameleon_opt.solve.backends import SolverOptions, cpsat_start_s, solve_cpsat
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult, Status
 
@@ -195,7 +195,7 @@ def schedule_allreduce(model: PerfModel, plan: Plan, failed: frozenset[int] = fr
     colouring, status, backend, wall, proven = greedy, Status.OPTIMAL, "bound", 0.0, float(bound)
     reason = f"{len(groups)} groups; DSATUR {greedy_count} colours, clique bound {bound}"
     stopped = False
-    if greedy_count > bound and deadline.left() < MIN_SOLVE_S:
+    if greedy_count > bound and deadline.left() < MIN_SOLVE_S + cpsat_start_s():  # its first import included
         status, backend, stopped = Status.HEURISTIC, "dsatur", True
         reason += "; no time left for CP-SAT: DSATUR's colouring"
     elif greedy_count > bound:
