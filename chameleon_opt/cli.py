@@ -58,6 +58,16 @@ _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "Clic
 Typer version keeps Click (vendored since 0.23)."""
 
 
+def _flag_help(make: Any) -> Any:
+    """Click builds --help per context, after the flags were tidied: it shows no `<bool>` either."""
+    def help_option(ctx: Any) -> Any:
+        option = make(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+    return help_option
+
+
 class _Commands(TyperGroup):
     """Typer's command group, with the CLI contract kept for usage errors and the help tidied.
 
@@ -79,6 +89,8 @@ class _Commands(TyperGroup):
                     param.rich_help_panel = panel_of[long]
             if name in PANELLED:  # panels in PANELS' order, after the arguments and unpanelled options
                 command.params.sort(key=lambda param: order.get(getattr(param, "rich_help_panel", None), 0))
+            command.get_help_option = _flag_help(command.get_help_option)
+        self.get_help_option = _flag_help(self.get_help_option)
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
         self.wants_json = "--json" in args

@@ -21,11 +21,11 @@ class InputError(ChameleonError):
     exit_code = 2
 
     def __init__(self, file: str | Path | None, field: str, problem: str, fix: str) -> None:
-        self.file = str(file) if file is not None else "<input>"
+        self.file = str(file) if file is not None else None  # None: a setting given in code, not a file
         self.field = field
         self.problem = problem
         self.fix = fix
-        super().__init__(f"{self.file}: {field}: {problem}; fix: {fix}")
+        super().__init__(f"{'' if self.file is None else self.file + ': '}{field}: {problem}; fix: {fix}")
 
 
 class InfeasibleError(ChameleonError):

@@ -150,26 +150,26 @@ STAGE = ("plan", "pipelines", 0, "stages")
 
 CASES = [
     # malformed documents
-    pytest.param(raw(lambda: EXAMPLE.read_text().rstrip()[:-1]), "<file>", id="json-truncated"),
-    pytest.param(raw(lambda: '{"format": 1,}'), "<file>", id="json-trailing-comma"),
-    pytest.param(raw(lambda: ""), "<file>", id="json-empty-file"),
+    pytest.param(raw(lambda: EXAMPLE.read_text().rstrip()[:-1]), "file", id="json-truncated"),
+    pytest.param(raw(lambda: '{"format": 1,}'), "file", id="json-trailing-comma"),
+    pytest.param(raw(lambda: ""), "file", id="json-empty-file"),
     pytest.param(raw(json_text('"inter_node_gbps": 10', '"inter_node_gbps": NaN')),
                  "cluster.network.inter_node_gbps", id="json-nan"),
     pytest.param(raw(json_text('"intra_node_gbps": 100', '"intra_node_gbps": 1e400')),
                  "cluster.network.intra_node_gbps", id="json-overflowing-float"),
-    pytest.param(raw(json_text('"nodes": 3', '"nodes": 3' + "0" * 5000)), "<file>", id="json-5000-digit-int"),
+    pytest.param(raw(json_text('"nodes": 3', '"nodes": 3' + "0" * 5000)), "file", id="json-5000-digit-int"),
     pytest.param(mutated(put(*PROFILE, "times", "1", "1", 1, value=[1e308, 3, 0])),
                  "workload.inline.profiles[0].times.1.1[1][0]", id="float-that-overflows-a-sum"),
     pytest.param(mutated(put("cluster", "network", "inter_node_gbps", value=5e-324)),
                  "cluster.network.inter_node_gbps", id="float-that-underflows"),
     pytest.param(raw(json_text('"description": ', '"notes": ' + "[" * 100_000 + "]" * 100_000 + ', "description": ')),
-                 "<file>", id="json-nested-too-deep"),
+                 "file", id="json-nested-too-deep"),
     pytest.param(raw(lambda: "[1, 2]"), "<root>", id="root-is-a-list"),
-    pytest.param(directory, "<file>", id="file-is-a-directory"),
-    pytest.param(missing_file, "<file>", id="file-not-found"),
+    pytest.param(directory, "file", id="file-is-a-directory"),
+    pytest.param(missing_file, "file", id="file-not-found"),
     # YAML
-    pytest.param(raw(lambda: "cluster: [unclosed\n", ".yaml"), "<file>", id="yaml-malformed"),
-    pytest.param(raw(lambda: "name: 2024-13-45\n", ".yaml"), "<file>", id="yaml-impossible-date"),
+    pytest.param(raw(lambda: "cluster: [unclosed\n", ".yaml"), "file", id="yaml-malformed"),
+    pytest.param(raw(lambda: "name: 2024-13-45\n", ".yaml"), "file", id="yaml-impossible-date"),
     pytest.param(raw(yaml_text("description: &loop [*loop]\n", without="description"), ".yaml"), "description",
                  id="yaml-recursive-alias"),
     pytest.param(raw(yaml_text("1.5: x\n"), ".yaml"), "['1.5']", id="yaml-float-key"),
@@ -226,7 +226,7 @@ CASES = [
     pytest.param(mutated(put("workload", value={"model": "no-such-model"})), "workload.model", id="model-not-found"),
     pytest.param(mutated(put("workload", value={"model": "m" * 5000})), "workload.model", id="model-name-too-long"),
     pytest.param(mutated(put("workload", value={"model": "bad\0name"})), "workload.model", id="model-name-nul-byte"),
-    pytest.param(with_model_file("{"), "<file>", id="model-file-malformed"),
+    pytest.param(with_model_file("{"), "file", id="model-file-malformed"),
     pytest.param(with_model_file(negative_params()), "layer_bytes.params[1]", id="model-file-negative-size"),
     pytest.param(with_model_file(HUGE_ARCHITECTURE), "architecture.layers", id="model-file-too-many-layers"),
     # devices
@@ -330,7 +330,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("write, field", [
-    pytest.param(raw(lambda: EXAMPLE.read_text().rstrip()[:-1]), "<file>", id="json-truncated"),
+    pytest.param(raw(lambda: EXAMPLE.read_text().rstrip()[:-1]), "file", id="json-truncated"),
     pytest.param(explicit(put(*STAGE, 1, "layers", value=[1, 3])), "plan.pipelines[0].stages[1].layers",
                  id="layers-overlap"),
 ])

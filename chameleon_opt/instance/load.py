@@ -49,25 +49,25 @@ def read_document(path: Path) -> Any:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise InputError(path, "<file>", "file not found", "check the path") from None
+        raise InputError(path, "file", "file not found", "check the path") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise InputError(path, "<file>", f"cannot be read ({type(err).__name__})", "give a readable text file") from None
+        raise InputError(path, "file", f"cannot be read ({type(err).__name__})", "give a readable text file") from None
     syntax = "YAML" if path.suffix.lower() in (".yaml", ".yml") else "JSON"
     try:
         return yaml.safe_load(text) if syntax == "YAML" else json.loads(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise InputError(path, "<file>", f"malformed YAML{where}", "fix the YAML syntax") from None
+        raise InputError(path, "file", f"malformed YAML{where}", "fix the YAML syntax") from None
     except json.JSONDecodeError as err:
-        raise InputError(path, "<file>", f"malformed JSON at line {err.lineno}, column {err.colno} ({err.msg})",
+        raise InputError(path, "file", f"malformed JSON at line {err.lineno}, column {err.colno} ({err.msg})",
                          "fix the JSON syntax") from None
     except ValueError as err:  # an integer of more than 4300 digits, a YAML date like 2024-13-45
         reason = str(err).split(";")[0].splitlines()[0][:80]
-        raise InputError(path, "<file>", f"a value cannot be read ({reason})",
+        raise InputError(path, "file", f"a value cannot be read ({reason})",
                          "correct it, or quote it to make it a string") from None
     except RecursionError:
-        raise InputError(path, "<file>", f"{syntax} nested too deeply", "flatten the document") from None
+        raise InputError(path, "file", f"{syntax} nested too deeply", "flatten the document") from None
 
 
 def _path_text(keys: list[Any]) -> str:
@@ -413,7 +413,7 @@ def load_instance(path: str | Path) -> Instance:
     if not _is_file(path):
         bundled = bundled_instance(str(path))
         if bundled is None and not path.suffix and path.name == str(path):
-            raise InputError(path, "<file>", "no such file or bundled instance",
+            raise InputError(path, "file", "no such file or bundled instance",
                              f"give a path or one of: {', '.join(bundled_instance_names())}")
         path = bundled or path
     return build_instance(read_document(path), path)

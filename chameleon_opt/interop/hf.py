@@ -49,9 +49,9 @@ def workload_from_hf(path: Path) -> dict[str, Any]:
     try:
         config = json.loads(file.read_text())
     except FileNotFoundError:
-        raise InputError(file, "<file>", "file not found", "give the path of a Hugging Face config.json") from None
+        raise InputError(file, "file", "file not found", "give the path of a Hugging Face config.json") from None
     except (OSError, json.JSONDecodeError) as err:
-        raise InputError(file, "<file>", f"cannot be read ({type(err).__name__})", "give a JSON config.json") from None
+        raise InputError(file, "file", f"cannot be read ({type(err).__name__})", "give a JSON config.json") from None
     if not isinstance(config, dict):
         raise InputError(file, "<root>", "not a JSON object", "give a Hugging Face config.json")
     name = str(config.get("_name_or_path") or config.get("model_type") or file.parent.name) or "hf-model"

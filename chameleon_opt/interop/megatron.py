@@ -75,7 +75,7 @@ def read_arguments(args: list[str]) -> tuple[list[str], list[str], Path | None]:
         try:
             text = file.read_text()
         except (OSError, UnicodeDecodeError) as err:
-            raise InputError(file, "<file>", f"cannot be read ({type(err).__name__})",
+            raise InputError(file, "file", f"cannot be read ({type(err).__name__})",
                              "give a launch script or a file of Megatron-LM arguments") from None
         if file.suffix == ".sh" or text.startswith("#!") or re.search(r"^\s*(torchrun|python\S*)\s", text, re.M):
             launch = read_launch_script(file)
@@ -83,7 +83,7 @@ def read_arguments(args: list[str]) -> tuple[list[str], list[str], Path | None]:
         try:
             return shlex.split(text, comments=True), [], file
         except ValueError as err:
-            raise InputError(file, "<file>", f"cannot be read ({err})", "fix the quoting") from None
+            raise InputError(file, "file", f"cannot be read ({err})", "fix the quoting") from None
     return list(args), [], None
 
 

@@ -162,7 +162,7 @@ def read_launch_script(path: Path) -> LaunchLine:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
-        raise InputError(path, "<file>", f"cannot be read ({type(err).__name__})", "give a launch script") from None
+        raise InputError(path, "file", f"cannot be read ({type(err).__name__})", "give a launch script") from None
     script = _Script(path)
     active = [True]   # is each enclosing if-branch running
     taken = [True]    # has a branch of each enclosing if already run

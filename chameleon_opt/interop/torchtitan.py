@@ -111,9 +111,9 @@ def read_job_config(path: Path) -> tuple[dict[str, Any], str]:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise InputError(path, "<file>", "file not found", "check the path") from None
+        raise InputError(path, "file", "file not found", "check the path") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise InputError(path, "<file>", f"cannot be read ({type(err).__name__})", "give a TOML or JSON job config") \
+        raise InputError(path, "file", f"cannot be read ({type(err).__name__})", "give a TOML or JSON job config") \
             from None
     config: Any = None
     errors = []
@@ -126,7 +126,7 @@ def read_job_config(path: Path) -> tuple[dict[str, Any], str]:
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
             errors.append(str(err))
     if config is None:
-        raise InputError(path, "<file>", f"neither TOML nor JSON ({errors[0]})",
+        raise InputError(path, "file", f"neither TOML nor JSON ({errors[0]})",
                          "give a train_configs/*.toml, or the JSON that --debug.save_config_file writes")
     if not isinstance(config, dict):
         raise InputError(path, "<root>", "not a table of sections", "give a torchtitan job config")

@@ -322,7 +322,7 @@ def _load_workload(workload: str | Path | WorkloadSpec) -> WorkloadSpec:
         return workload
     found = resolve_workload_path(str(workload), None)
     if found is None:
-        raise InputError(workload, "<file>", "no such workload file or models/ name",
+        raise InputError(workload, "file", "no such workload file or models/ name",
                          "run python -m chameleon_opt.runtime.profile -o FILE first")
     return load_workload_file(found)
 

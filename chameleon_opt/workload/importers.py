@@ -80,11 +80,11 @@ def read_sailor_profile(path: Path, device_type: str | None = None, source: str 
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise InputError(path, "<file>", "file not found", "check the path") from None
+        raise InputError(path, "file", "file not found", "check the path") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise InputError(path, "<file>", f"cannot be read ({type(err).__name__})", "give a readable JSON file") from None
+        raise InputError(path, "file", f"cannot be read ({type(err).__name__})", "give a readable JSON file") from None
     except json.JSONDecodeError as err:
-        raise InputError(path, "<file>", f"malformed JSON at line {err.lineno}, column {err.colno} ({err.msg})",
+        raise InputError(path, "file", f"malformed JSON at line {err.lineno}, column {err.colno} ({err.msg})",
                          "fix the JSON syntax") from None
     shape = 'give {"MBS": {"TP": {"0": [fwd, bwd, update], "1": [...], ...}}}'
     if not isinstance(data, dict) or not data:
@@ -284,11 +284,11 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise InputError(path, "<file>", "file not found", "check the path") from None
+        raise InputError(path, "file", "file not found", "check the path") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise InputError(path, "<file>", f"cannot be read ({type(err).__name__})", "give a readable JSON file") from None
+        raise InputError(path, "file", f"cannot be read ({type(err).__name__})", "give a readable JSON file") from None
     except json.JSONDecodeError as err:
-        raise InputError(path, "<file>", f"malformed JSON at line {err.lineno}, column {err.colno} ({err.msg})",
+        raise InputError(path, "file", f"malformed JSON at line {err.lineno}, column {err.colno} ({err.msg})",
                          "fix the JSON syntax") from None
 
 
