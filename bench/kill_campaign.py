@@ -81,7 +81,7 @@ def replay(scenario: Scenario) -> Expected:
     the state is in. Exit 5 as soon as some layer has no live holder in that layout."""
     from chameleon_opt.errors import UnrecoverableError
     from chameleon_opt.instance.load import load_instance
-    from chameleon_opt.recovery.policy import decide
+    from chameleon_opt.decision import decide
 
     base = load_instance(INSTANCES[scenario.instance])
     state = {"layout": base.plan, "failed": frozenset(), "switch": None}

@@ -38,7 +38,7 @@ from chameleon_opt.instance.load import Instance, build_instance, load_instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import POLICIES, PlanningOptions, RecoveryDecision, plan_recovery
-from chameleon_opt.recovery.policy import RecoveryOption, with_stale_copies
+from chameleon_opt.decision import RecoveryOption, with_stale_copies
 from chameleon_opt.rejoin import plan_join
 from chameleon_opt.solve.backends import SolverOptions
 

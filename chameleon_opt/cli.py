@@ -514,7 +514,7 @@ def _print_decision(instance: Any, decision: "RecoveryDecision", options: Any, j
 def _why(instance: Any, decision: "RecoveryDecision", options: Any) -> str:
     """Eq. 8 in words: the winner's rate against the others', the time to the next fault it
     assumed, and from which time to the next fault reconfiguring pays off."""
-    from chameleon_opt.recovery.policy import break_even_next_fault, mean_next_fault_s
+    from chameleon_opt.decision import break_even_next_fault, mean_next_fault_s
 
     scored = [c for c in decision.candidates if c.feasible]
     best = next(c for c in scored if c.policy == decision.policy)

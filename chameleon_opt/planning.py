@@ -1,9 +1,9 @@
 """The one planning path: failure -> candidates -> Eq. 8 -> communication -> checked, lowered plan.
 
 `plan_recovery` is what the CLI (`plan`), the library (`api.Planner`) and the runtime controller
-call; the simulator's policies reach the same candidates through `recovery.policy.decide`. One
+call; the simulator's policies reach the same candidates through `decision.decide`. One
 `Deadline` bounds all of it: rerouting, the plan search and the reconfiguration's communication
-each take a share of what is left when they start (`recovery/policy.py`) of all but FINISH_SHARE,
+each take a share of what is left when they start (`decision.py`) of all but FINISH_SHARE,
 then the chosen option's remaining communication (a rerouting's gradient rounds) takes what is left. Each stage's
 limit, time and whether it stopped early travel in `RecoveryDecision.stages`. Lowering to
 per-rank plans is lazy (`comm.lowering.LoweredPlan`): a rank's plan is built when it is asked
@@ -28,7 +28,7 @@ from chameleon_opt.errors import InfeasibleError, InputError, NoSolutionError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate
 from chameleon_opt.plan import Plan
-from chameleon_opt.recovery.policy import RecoveryOption, decide
+from chameleon_opt.decision import RecoveryOption, decide
 from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.deadline import Deadline, StageTime
 from chameleon_opt.solve.result import SolveResult

@@ -1,7 +1,7 @@
 """Devices that come back: the scale-up decision, on the one planning path's terms.
 
 A repaired or replaced device returns holding no model state. Three candidates, scored by the
-same Eq. 8 rule as a failure's (`recovery.policy.score_option`):
+same Eq. 8 rule as a failure's (`decision.score_option`):
 
 - keep-running: the running plan goes on, the newcomers idle (no transition);
 - rejoin-slots: when the running plan reroutes the work of slots whose devices are all back, those
@@ -27,7 +27,7 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, RecoveryDecision, executable
-from chameleon_opt.recovery.policy import GROUP_REBUILD_S, RecoveryOption, mean_next_fault_s, score_option
+from chameleon_opt.decision import GROUP_REBUILD_S, RecoveryOption, mean_next_fault_s, score_option
 from chameleon_opt.solve.result import SolveResult
 from chameleon_opt.solve.deadline import Deadline, StageTime
 from chameleon_opt.solve.search import search_plan

@@ -159,7 +159,7 @@ def test_a_stale_copy_is_named_in_the_error():
     """When a rerouting does leave a device idle (its pipeline's micro-batches all moved), a later
     loss of the layers only that idle device held ends with the stale copy named."""
     from chameleon_opt.plan import Plan
-    from chameleon_opt.recovery.policy import with_stale_copies
+    from chameleon_opt.decision import with_stale_copies
     import dataclasses
     original = load_instance(ROOT / "instances" / "runtime-cpu-4.json")
     idle = Plan(original.plan.tensor_parallel, original.plan.pipelines[:1])  # pipeline 1 (devices 2, 3) dropped

@@ -10,7 +10,7 @@ from chameleon_opt.bundled import bundled_instance
 from chameleon_opt.instance.load import build_instance, load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.planning import PlanningOptions, plan_recovery
-from chameleon_opt.recovery.policy import decide
+from chameleon_opt.decision import decide
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.local import disruption, local_plans, touched_devices
 

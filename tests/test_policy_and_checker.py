@@ -11,7 +11,7 @@ from chameleon_opt.check import PlanRejected, assert_sound, check_plan
 from chameleon_opt.errors import UnrecoverableError
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.plan import Pipeline, Plan, Stage
-from chameleon_opt.recovery.policy import break_even_next_fault, decide, eq8_score, expected_score
+from chameleon_opt.decision import break_even_next_fault, decide, eq8_score, expected_score
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "instances" / "paper-example.json"
 
@@ -48,7 +48,7 @@ def test_decide_picks_by_next_fault_time():
 
 
 def test_hybrid_rate_closed_forms():
-    from chameleon_opt.recovery.policy import hybrid_samples_per_s
+    from chameleon_opt.decision import hybrid_samples_per_s
     # Point D: 10 s rerouted at 5 samples/s, 5 s pause, 25 s at 10 samples/s over D = 40 s.
     assert hybrid_samples_per_s(10, 2.0, 1.0, 10.0, 5.0, 40.0, None) == pytest.approx((50 + 250) / 40)
     import numpy as np

@@ -11,7 +11,7 @@ from chameleon_opt.comm.allreduce import schedule_allreduce
 from chameleon_opt.comm.lowering import lower_plan
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.perf.model import PerfModel
-from chameleon_opt.recovery.policy import decide
+from chameleon_opt.decision import decide
 from chameleon_opt.runtime.schedule import order_operations, sample_range, work_items
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from chameleon_opt.recovery.chameleon import Chameleon, Choice, DecisionSource, 
 from chameleon_opt.recovery.checkpoint import CheckpointRestart
 from chameleon_opt.recovery.interface import Policy, PolicyState, Response
 from chameleon_opt.recovery.registry import POLICIES, make_policy
-from chameleon_opt.recovery.policy import GROUP_REBUILD_S, break_even_next_fault
+from chameleon_opt.decision import GROUP_REBUILD_S, break_even_next_fault
 from chameleon_opt.recovery.simulate import (PUBLISHED_RATES, fixed_trace, load_trace, parse_trace, plot_timeline,
                                              published_rate_trace, simulate, simulate_policies, synthetic_trace,
                                              trace_to_json, with_failure_rate)
@@ -265,7 +265,7 @@ def test_hybrid_never_loses_to_both_pure_policies(paper32, source, seed):
 
 
 def _choices(reroute_step: float, reconfigure_step: float, transition: float) -> list[Choice]:
-    from chameleon_opt.recovery.policy import RecoveryOption
+    from chameleon_opt.decision import RecoveryOption
     return [Choice("reroute", RecoveryOption("reroute", True, ""), reroute_step, 0.0),
             Choice("reconfigure", RecoveryOption("reconfigure", True, ""), reconfigure_step, transition)]
 

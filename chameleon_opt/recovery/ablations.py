@@ -37,7 +37,7 @@ from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Plan
 from chameleon_opt.recovery.interface import (CHECKPOINT_INTERVAL_S, RESTART_S, SEARCH_TIME_LIMIT_S, Policy,
                                               PolicyState, Response, cached_search, restart_response, structure_key)
-from chameleon_opt.recovery.policy import GROUP_REBUILD_S, lost_layers, migration_lower_bound_s
+from chameleon_opt.decision import GROUP_REBUILD_S, lost_layers, migration_lower_bound_s
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.search import Mix, lower
 from chameleon_opt.solve.templates import Template, build_templates

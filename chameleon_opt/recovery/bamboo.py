@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from chameleon_opt.recovery.interface import SEARCH_TIME_LIMIT_S, Policy, PolicyState, Response, cached_search, \
     restart_response
-from chameleon_opt.recovery.policy import lost_layers, migration_lower_bound_s
+from chameleon_opt.decision import lost_layers, migration_lower_bound_s
 
 USEFUL_FRACTION = 1 - 0.1971
 FALLBACK_SLOWDOWN = 1.5

@@ -1,9 +1,9 @@
 """Our policy in the failure-trace simulator, deciding as the product does.
 
-`DecisionSource` asks `recovery.policy.decide(policy="auto")` (what `planning.plan_recovery`, the
+`DecisionSource` asks `decision.decide(policy="auto")` (what `planning.plan_recovery`, the
 CLI, the API and the runtime call) for each state, once, and keeps its candidates: the
 rerouting, the searched reconfiguration and their hybrid, exactly as built. Every policy here
-scores them with the product's one Eq. 8 scorer, `recovery.policy.score_option`; only two things
+scores them with the product's one Eq. 8 scorer, `decision.score_option`; only two things
 may differ from `decide`'s own choice, and both on purpose:
 
 - the fault statistics: the told policy reads the instance's, the blind one estimates them from
@@ -45,7 +45,7 @@ from chameleon_opt.planning import PlanningOptions
 from chameleon_opt.recovery.interface import (CHECKPOINT_INTERVAL_S, RESTART_S, SEARCH_TIME_LIMIT_S, Policy,
                                               PolicyState, Response, at_state, cached_search, restart_response,
                                               structure_key)
-from chameleon_opt.recovery.policy import (GROUP_REBUILD_S, Decision, RecoveryOption, break_even_next_fault, decide,
+from chameleon_opt.decision import (GROUP_REBUILD_S, Decision, RecoveryOption, break_even_next_fault, decide,
                                            lost_layers, mean_next_fault_s, migration_lower_bound_s,
                                            reroute_candidate, score_option)
 from chameleon_opt.rejoin import join_candidates

@@ -7,7 +7,7 @@ down now, what just happened) and answers a `Response`: the plan to run, its ste
 with no training before it runs (`transition_s`) and, for the hybrid, a phase of training at an
 interim step while the reconfiguration proceeds in the background (`interim_s`). Responses are
 cached per (layout, dead devices, event): plan search can take seconds, and traces revisit states.
-The policies themselves: recovery/chameleon.py (ours, deciding through `recovery.policy.decide`),
+The policies themselves: recovery/chameleon.py (ours, deciding through `decision.decide`),
 recovery/ablations.py, recovery/checkpoint.py and the published baselines (oobleck.py,
 recycle.py, bamboo.py); recovery/registry.py names them all.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.recovery.policy import GROUP_REBUILD_S, migration_lower_bound_s
+from chameleon_opt.decision import GROUP_REBUILD_S, migration_lower_bound_s
 from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.search import search_plan

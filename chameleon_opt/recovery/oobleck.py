@@ -35,7 +35,7 @@ import numpy as np
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.recovery.interface import Policy, PolicyState, Response, restart_response, structure_key
-from chameleon_opt.recovery.policy import lost_layers, migration_lower_bound_s
+from chameleon_opt.decision import lost_layers, migration_lower_bound_s
 from chameleon_opt.solve.microbatch import allocate_greedy
 from chameleon_opt.solve.templates import Template, build_template
 

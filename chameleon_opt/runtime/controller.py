@@ -52,7 +52,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recovery
-from chameleon_opt.recovery.policy import with_stale_copies
+from chameleon_opt.decision import with_stale_copies
 from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime.gpt import GPTConfig, state_elements
 from chameleon_opt.runtime.replies import collect_replies, step_loss

@@ -6,7 +6,7 @@ process groups change (at 1,024 devices: 10,889 transfers, 967 of 1,023 survivor
 every group rebuilt). Oobleck's local reconfiguration and TrainMover's "rebuild only the changed
 group members" show what operators expect: the survivors that were not hit keep their state and
 their groups, so the transition is the few devices that change. The decision then weighs the local
-plan against the global one by Eq. 8, each with its own transition (recovery/policy.py).
+plan against the global one by Eq. 8, each with its own transition (decision.py).
 
 Candidates, all with the intact pipelines unchanged (devices, layers, reliefs kept):
 - drop: the damaged pipelines' survivors idle;

@@ -1,5 +1,7 @@
-"""Recovery decisions: a rerouting and a reconfiguration candidate, their transition costs, and
-the paper's Eq. 8 choice between them for the expected time to the next fault.
+"""The decision core: a rerouting and a reconfiguration candidate, their transition costs, and
+the paper's Eq. 8 choice between them for the expected time to the next fault. It sits below
+`planning.py` (which adds communication, the check and lowering) and below every simulated policy
+in `recovery/` (which decide through `decide` and score with `score_option`).
 
 Eq. 8: score = (B / t_step) x (D - t_transition) / D; a candidate with D <= t_transition is
 unusable. With D unknown but exponential with mean mu (per-device MTBF / survivors), the
