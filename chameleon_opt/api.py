@@ -54,7 +54,7 @@ class Planner:
     `threads` and `seed` go to the solvers."""
 
     def __init__(self, instance: Instance | str | Path | Mapping[str, Any], policy: str = "auto",
-                 time_limit_s: float = 10.0, threads: int = 1, seed: int = 0) -> None:
+                 time_limit_s: float = 10.0, threads: int = 1, seed: int = 0, target: str = "any") -> None:
         if policy not in POLICIES:
             raise InputError(None, "policy", f"unknown policy {policy!r}", f"use one of {', '.join(POLICIES)}")
         if not time_limit_s > 0:
@@ -68,7 +68,7 @@ class Planner:
         else:
             base = load_instance(instance)
         self.policy, self.time_limit_s, self.threads, self.seed = policy, time_limit_s, threads, seed
-        self.options = PlanningOptions(policy, time_limit_s, SolverOptions(threads=threads, seed=seed))
+        self.options = PlanningOptions(policy, time_limit_s, SolverOptions(threads=threads, seed=seed), target=target)
         self._base = dataclasses.replace(base, failed_devices=frozenset())
         self._layout = base.plan
         self._layouts = [base.plan]   # every layout so far: who held what, to explain stale copies

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 PANELS = {
     "Failure": ("--failed", "--failed-node", "--replace-failures", "--after-failure", "--joined", "--next-fault-s",
                 "--trace", "--suite", "--cadence", "--seeds", "--horizon-hours"),
-    "Decision": ("--policy", "--time-limit", "--deterministic"),
+    "Decision": ("--policy", "--target", "--time-limit", "--deterministic"),
     "Solver": ("--backend", "--threads", "--seed", "--solver-log", "--params"),
     "Output": ("--json", "--stages", "--gantt", "--migration-plot", "--plot", "--output", "--force", "--format",
                "--schema"),
@@ -164,6 +164,12 @@ class Policy(str, Enum):
     auto = "auto"  # reroute, reconfigure and the hybrid of both, chosen by Eq. 8
     reroute = "reroute"
     reconfigure = "reconfigure"
+
+
+class Target(str, Enum):
+    any = "any"                # the full plan space (rerouting, uneven pipelines, per-stage relief)
+    megatron = "megatron"      # uniform replicas, equal micro-batches: what Megatron-LM runs as it is
+    torchtitan = "torchtitan"  # the same restriction for torchtitan
 
 
 @app.command()
@@ -363,6 +369,9 @@ def _plan_join(instance: Any, failed: frozenset[int], joined: frozenset[int], op
 @app.command()
 def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          policy: Policy = typer.Option(Policy.auto, help="auto: choose by Eq. 8; or force one candidate"),
+         target: Target = typer.Option(Target.any, "--target",
+                                       help="plan only what this trainer runs as it is (uniform replicas, equal "
+                                            "micro-batches, no rerouting) and say what that costs"),
          time_limit: float = typer.Option(10.0, "--time-limit", min=0.01,
                                           help="seconds for the whole decision (search, rerouting, communication); "
                                                "what runs out of time says so in `stages`"),
@@ -402,7 +411,7 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
         if migration_plot is not None:
             check_figure_output(migration_plot, "--migration-plot", force)
         options = PlanningOptions(policy.value, time_limit, _solver_options(backend.value, threads, seed, solver_log, params),
-                                  next_fault_s)
+                                  next_fault_s, target=target.value)
         instance = load_instance(file)
         failed = failed_devices(instance, failed_ids, failed_node, replace_failures)
         if not failed:

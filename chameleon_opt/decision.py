@@ -28,7 +28,7 @@ from chameleon_opt.check import check_plan
 from chameleon_opt.comm import assign_slots, communication_plan
 from chameleon_opt.comm.api import CommInfo
 from chameleon_opt.comm.migration import Migration
-from chameleon_opt.errors import InfeasibleError, UnrecoverableError
+from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
@@ -39,6 +39,7 @@ from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.reroute import reroute_plan
 from chameleon_opt.solve.local import disruption, local_plans
 from chameleon_opt.solve.search import OPTIMALITY_TOLERANCE, search_plan
+from chameleon_opt.solve.target import target_plan
 
 GROUP_REBUILD_S = 5.0
 """Re-forming every process group of a plan (NCCL communicator creation at scale takes seconds;
@@ -148,6 +149,7 @@ Communication = tuple[Migration, list[list[str]], CommInfo]
 REROUTE_SHARE = 0.3   # of the time left, for the rerouting MILP (ms at small scale: the rest passes on)
 SEARCH_SHARE = 0.6    # of the time left after rerouting, for the plan search
 LOCAL_SHARE = 0.15    # of the time left after rerouting, for the local re-plans (a few exact evaluations)
+FREE_SHARE = 0.35     # with a target trainer, for the free search that prices the restriction
 COMM_SHARE = 0.75     # of the time left after the search, for the reconfiguration's communication
 REMAP_S_PER_DEVICE = 25e-6
 """Re-mapping the searched plan's groups onto slots and listing the state each device lacks, per
@@ -306,6 +308,36 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
     return dataclasses.replace(best, reason=reason, solve=solve), tuple(stages)
 
 
+def target_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, target: str, *,
+                     deadline: Deadline, options: SolverOptions,
+                     worth: Callable[[float, float], float] | None = None
+                     ) -> tuple[RecoveryOption, tuple[StageTime, ...]]:
+    """The reconfiguration `target` can run (solve/target.py: uniform replicas, equal micro-batches,
+    global recomputation), weighed against the free plan: the free search first (FREE_SHARE of the
+    time, for its plan and its bound), then the uniform space, then the migration. The reason says
+    what the restriction costs against the free plan."""
+    stages: list[StageTime] = []
+    start = time.perf_counter()
+    searching = deadline.share(FREE_SHARE)
+    free = search_plan(instance, failed, model=model, deadline=searching, options=options)
+    stages.append(_stage("search (free)", searching, start, free))
+    start = time.perf_counter()
+    searching = deadline.share(SEARCH_SHARE)
+    result = target_plan(instance, failed, target, model, searching, bound=free.bound)
+    found_s = time.perf_counter() - start
+    stages.append(_stage(f"search ({target})", searching, start, result))
+    if result.solution is None:
+        return RecoveryOption("reconfigure", False, result.reason, solve=result, scope=target), tuple(stages)
+    option = _scheduled(instance, failed, model, result.solution, result, found_s, target, deadline, options, stages,
+                        assign=True, note=f"uniform plan {target} runs as it is")
+    if free.objective is not None and option.feasible:
+        cost = option.iteration_time_s / free.objective - 1
+        option = dataclasses.replace(option, reason=option.reason + (
+            f"; the free plan takes {free.objective:.4g} s per step: the restriction to {target} costs "
+            f"{cost:+.1%}" if cost > 1e-9 else f"; as fast as the free plan found ({free.objective:.4g} s)"))
+    return option, tuple(stages)
+
+
 def _scheduled(instance: Instance, failed: frozenset[int], model: PerfModel, plan: Plan,
                result: SolveResult[Plan] | None, found_s: float, scope: str, deadline: Deadline,
                options: SolverOptions, stages: list[StageTime], assign: bool, note: str = "") -> RecoveryOption:
@@ -353,7 +385,7 @@ def _scheduled(instance: Instance, failed: frozenset[int], model: PerfModel, pla
     rebuild = GROUP_REBUILD_S * change.rebuilt_share
     transition = found_s + migration.makespan_s + rebuild
     what = f"{scope}: {note}" if note else f"{scope}: {len(comm.plan.pipelines)} pipelines over the survivors"
-    why = (f"{what}; transition = {'search' if scope == 'global' else 'local search'} {found_s:.2f} s + migration "
+    why = (f"{what}; transition = {'local search' if scope == 'local' else 'search'} {found_s:.2f} s + migration "
            f"{migration.makespan_s:.2f} s in {migration.rounds} rounds (bound {migration.lower_bound_s:.2f} s) + "
            f"rebuilding {change.groups_rebuilt} of {change.groups_total} process groups {rebuild:.2f} s "
            f"({change.devices_touched} devices change role)")
@@ -390,9 +422,11 @@ def with_stale_copies(error: UnrecoverableError, earlier: list[Plan], instance: 
 def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", time_limit_s: float = 10.0,
            threads: int = 1, seed: int = 0, next_fault_s: float | None = None, *, deadline: Deadline | None = None,
            options: SolverOptions | None = None, model: PerfModel | None = None,
-           bubble_filling: bool = True) -> Decision:
+           bubble_filling: bool = True, target: str = "any") -> Decision:
     """Build the candidates the policy asks for within `deadline` (else `time_limit_s` from now),
-    score them (Eq. 8, `score_option`) and pick the best.
+    score them (Eq. 8, `score_option`) and pick the best. With a `target` trainer other than `any`
+    the only candidate is the reconfiguration that trainer can run (`target_candidate`): neither
+    rerouting nor the hybrid is something Megatron-LM or torchtitan can execute.
 
     Raises UnrecoverableError when some layer lost every replica (only a checkpoint has it)."""
     deadline = deadline or Deadline.after(time_limit_s)
@@ -407,14 +441,25 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", tim
     mean = explicit if explicit is not None else mean_next_fault_s(instance, survivors)
     candidates: list[RecoveryOption] = []
     stages: list[StageTime] = []
-    if policy in ("auto", "reroute"):
+    if target != "any":
+        if policy == "reroute":
+            raise InputError(None, "--target", f"{target} cannot run a rerouting (peers taking a failed stage's "
+                             "work)", "use --policy auto or reconfigure with a target, or --target any")
+        batch = instance.spec.training.global_batch
+        candidate, searched = target_candidate(
+            instance, failed, model, target, deadline=deadline, options=options,
+            worth=lambda step, transition: score_option(batch, step, transition, explicit, mean))
+        candidates.append(candidate)
+        stages += searched
+        policy = "reconfigure"
+    elif policy in ("auto", "reroute"):
         started = time.perf_counter()
         rerouting = deadline.share(REROUTE_SHARE) if policy == "auto" else deadline
         candidate = reroute_candidate(instance, failed, model, deadline=rerouting, options=options,
                                       bubble_filling=bubble_filling)
         candidates.append(candidate)
         stages.append(_stage("reroute", rerouting, started, candidate.solve))
-    if policy in ("auto", "reconfigure"):
+    if policy in ("auto", "reconfigure") and target == "any":
         batch = instance.spec.training.global_batch
         candidate, searched = reconfigure_candidate(
             instance, failed, model, deadline=deadline, options=options,

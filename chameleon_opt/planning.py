@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from chameleon_opt.check import assert_sound
 from chameleon_opt.comm import Migration, communication_plan
 from chameleon_opt.comm.api import CommInfo
-from chameleon_opt.comm.lowering import FORMAT, LoweredPlan
+from chameleon_opt.comm.lowering import LoweredPlan, RankPlan, absent_rank_plan
 from chameleon_opt.errors import InfeasibleError, InputError, NoSolutionError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate
@@ -32,6 +30,7 @@ from chameleon_opt.decision import RecoveryOption, decide
 from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.deadline import Deadline, StageTime
 from chameleon_opt.solve.result import SolveResult
+from chameleon_opt.solve.target import TARGETS
 
 POLICIES = ("auto", "reroute", "reconfigure")
 FINISH_SHARE = 0.1
@@ -51,10 +50,13 @@ class PlanningOptions:
     solver: SolverOptions = field(default_factory=SolverOptions)
     next_fault_s: float | None = None
     bubble_filling: bool = True  # also place rerouted work into the peers' idle time (solve/bubbles.py)
+    target: str = "any"  # the trainer whose vocabulary the plan must fit (solve/target.py)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise InputError(None, "policy", f"unknown policy {self.policy!r}", f"use one of {', '.join(POLICIES)}")
+        if self.target not in TARGETS:
+            raise InputError(None, "target", f"unknown target {self.target!r}", f"use one of {', '.join(TARGETS)}")
         if not self.time_limit_s > 0:
             raise InputError(None, "time_limit_s", f"got {self.time_limit_s!r}", "give a positive number of seconds")
         if self.next_fault_s is not None and not self.next_fault_s > 0:
@@ -86,7 +88,7 @@ class RecoveryDecision:
     candidates: tuple[RecoveryOption, ...]
     migration: Migration | None
     allreduce_rounds: tuple[tuple[str, ...], ...]
-    rank_plans: Mapping[int, dict[str, Any]]
+    rank_plans: LoweredPlan
     interim: RecoveryDecision | None = None
     solve: SolveResult[Plan] | None = None
     communication: CommInfo | None = None
@@ -101,18 +103,16 @@ class RecoveryDecision:
         """The stages the deadline cut short."""
         return [s.stage for s in self.stages if s.stopped_early]
 
-    def for_rank(self, device: int) -> dict[str, Any]:
+    def for_rank(self, device: int) -> RankPlan:
         """The executable plan of `device`; a device with no part in the plan (failed, or a spare
-        the plan leaves out) gets one with role `failed` or `idle` and no work, so that every
-        process of a job can ask the same question."""
+        the plan leaves out) gets the lowering's absent record (role `failed` or `idle`, no work),
+        so that every process of a job can ask the same question."""
         if device in self.rank_plans:
             return self.rank_plans[device]
         if not 0 <= device < self.num_devices:
             raise InputError(None, "device", f"{device} is not a device of the instance",
                              f"use 0..{self.num_devices - 1}")
-        return {"format": FORMAT, "rank": device, "role": "failed" if device in self.failed else "idle",
-                "pipeline": None, "stage": None, "layers": None, "modules": [], "micro_batches": [],
-                "allreduce": [], "transfers": [], "release_after_round": None}
+        return absent_rank_plan(self.rank_plans.instance, device, "failed" if device in self.failed else "idle")
 
 
 def executable(state: Instance, option: RecoveryOption, failed: frozenset[int], reason: str,
@@ -168,7 +168,7 @@ def plan_recovery(instance: Instance, failed: frozenset[int], options: PlanningO
     deadline = deadline or Deadline.after(options.time_limit_s, begun)
     deciding = deadline.share(1 - FINISH_SHARE)
     decision = decide(instance, failed, options.policy, next_fault_s=options.next_fault_s, deadline=deciding,
-                      bubble_filling=options.bubble_filling,
+                      bubble_filling=options.bubble_filling, target=options.target,
                       options=options.solver)
     if decision.chosen is None:
         if decision.proven:

@@ -126,6 +126,9 @@ def export_plan_command(file: Path = typer.Argument(None, help="instance file (i
                                                             help="the same default decision as `plan` (auto)"),
                         time_limit: float = typer.Option(10.0, "--time-limit", min=0.01,
                                                          help="seconds for the whole decision, as `plan`"),
+                        target: str = typer.Option(None, "--target", metavar="any|megatron|torchtitan",
+                                                   help="the plan space (default: the --format's trainer, so the "
+                                                        "export runs as it is; `any` for every plan)"),
                         schema: bool = typer.Option(False, "--schema", help="print the format's JSON Schema"),
                         force: bool = _FORCE, failed_ids: list[str] = FAILED, failed_node: list[str] = FAILED_NODE,
                         replace_failures: bool = REPLACE_FAILURES) -> None:
@@ -155,7 +158,9 @@ def export_plan_command(file: Path = typer.Argument(None, help="instance file (i
         if failed:
             from chameleon_opt.api import Planner
 
-            decision = Planner(instance, policy=policy.value, time_limit_s=time_limit).on_failure(sorted(failed))
+            space = target or (fmt.value if fmt.value in ("megatron", "torchtitan") else "any")
+            decision = Planner(instance, policy=policy.value, time_limit_s=time_limit,
+                               target=space).on_failure(sorted(failed))
             plan, chosen = decision.plan, decision.policy
         document = export_plan(instance, plan, failed, fmt.value, chosen)
         if toml:

@@ -1,0 +1,146 @@
+"""Plans a target trainer can run as they are: the search restricted to its vocabulary.
+
+Megatron-LM and torchtitan both describe a job by degrees: every data-parallel replica is the same
+pipeline (the same stage count and layer split: Megatron's --pipeline-model-parallel-layout or its
+first/last-stage counts, torchtitan's module lists per model part), every replica runs the same
+number of whole micro-batches (global batch = DP x micro-batches x micro-batch size), TP is one
+degree for all, and activation recomputation is one global setting (no per-stage relief). Neither
+can express rerouting a failed stage's work to its peers: after a failure the job restarts in a
+new layout. (`any` keeps the full space of `solve/search.py`.)
+
+The space searched: stage count S, replica count P with P dividing the micro-batches, every
+contiguous layer split (all compositions while there are at most SPLIT_ENUMERATION of them for an S,
+else the min-max template split of each device type present and the even split), and every ordered
+choice of the surviving TP groups while there are at most PLACEMENT_ENUMERATION (else two orders:
+pipeline by pipeline, and stage by stage as the trainers number their ranks). Within those limits the
+search is exact (each candidate priced by the performance model, pruned only by a valid lower bound:
+the slowest pipeline's own 1F1B time), and `tests/test_target.py` checks it against a brute force
+over every uniform plan; beyond them the splits and orders are heuristic. The bound reported is the
+free search's (a lower bound on every plan, so on these too): the gap says what the restriction may
+cost at most.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+from chameleon_opt.instance.load import Instance
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.groups import survivor_groups
+from chameleon_opt.solve.result import SolveResult, Status
+from chameleon_opt.solve.templates import build_template
+
+TARGETS = ("any", "megatron", "torchtitan")
+SPLIT_ENUMERATION = 2_000
+"""Most layer splits tried per stage count by enumeration; beyond, the template and even splits."""
+PLACEMENT_ENUMERATION = 720
+"""Most orders of the TP groups tried per (stages, replicas); beyond, by pipeline and by stage."""
+SPACE = ("uniform pipelines (one stage count and layer split for every replica, TP kept), whole and "
+         "equal micro-batches per replica, the training's own recomputation: what Megatron-LM and "
+         "torchtitan express")
+
+
+def even_split(layers: int, stages: int) -> tuple[int, ...]:
+    """Boundaries of the split that gives the first stages one layer more (torchtitan's default rule
+    and Megatron's even division when it divides)."""
+    base, extra = divmod(layers, stages)
+    bounds = [0]
+    for s in range(stages):
+        bounds.append(bounds[-1] + base + (1 if s < extra else 0))
+    return tuple(bounds)
+
+
+def splits(model: PerfModel, groups: list[tuple[int, ...]], layers: int, stages: int, replicas: int
+           ) -> list[tuple[int, ...]]:
+    """The layer splits tried for `stages` stages: every composition when few, else the min-max
+    template split of each device type among `groups` and the even split."""
+    if math.comb(layers - 1, stages - 1) <= SPLIT_ENUMERATION:
+        return [(0,) + cut + (layers,) for cut in itertools.combinations(range(1, layers), stages - 1)]
+    found = {even_split(layers, stages)}
+    for group in {model.stage_device(g).name: g for g in groups}.values():
+        template = build_template(model, group, stages, replicas)
+        if template is not None:
+            found.add(template.boundaries)
+    return sorted(found)
+
+
+def placements(groups: list[tuple[int, ...]], stages: int, replicas: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Orders of TP groups, read as pipeline j's stage s = order[j * stages + s]: every ordered choice
+    while there are at most PLACEMENT_ENUMERATION of them, else the survivors in order pipeline by
+    pipeline (neighbouring stages on one node) and stage by stage (the trainers' own rank order,
+    pipeline-parallel outermost: each stage's replicas on one node)."""
+    needed = replicas * stages
+    if math.perm(len(groups), needed) <= PLACEMENT_ENUMERATION:
+        return list(itertools.permutations(groups, needed))
+    by_pipeline = tuple(groups[:needed])
+    by_stage = tuple(groups[s * replicas + j] for j in range(replicas) for s in range(stages))
+    return [by_pipeline] if by_stage == by_pipeline else [by_pipeline, by_stage]
+
+
+def uniform_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline
+                  ) -> tuple[Plan | None, float, int, bool]:
+    """(best plan, its exact step, candidates priced in full, complete) over the uniform space;
+    complete is False when the deadline stopped the enumeration. A split is priced in full only
+    when it fits in memory and the slowest of its distinct pipelines alone (exact 1F1B, a lower
+    bound on the step) beats the best so far: pruning that keeps the search exact."""
+    tp, total, layers = instance.plan.tensor_parallel, instance.global_micro_batches, instance.workload.num_layers
+    node = instance.node_of
+    groups = survivor_groups(instance, failed, tp)
+    virtual = model.options.virtual_stages or 1
+    best: tuple[Plan | None, float] = (None, math.inf)
+    priced = 0
+    for stages in range(1, min(layers, len(groups)) + 1):
+        for replicas in range(len(groups) // stages, 0, -1):
+            if total % replicas:
+                continue
+            holders = {layer: replicas for layer in range(layers)}
+            for used in placements(groups, stages, replicas):
+                # pipelines alike in device types and node boundaries cost alike: one stands for all
+                shapes = {tuple((model.stage_device(used[j * stages + s]).name,
+                                 s + 1 < stages and node(used[j * stages + s][0]) == node(used[j * stages + s + 1][0]))
+                                for s in range(stages)): j for j in range(replicas)}
+                for bounds in splits(model, list(used), layers, stages, replicas):
+                    if deadline.expired():
+                        return best[0], best[1], priced, False
+                    plan = Plan(tp, tuple(Pipeline(tuple(Stage(used[j * stages + s], bounds[s], bounds[s + 1])
+                                                         for s in range(stages)), total // replicas)
+                                          for j in range(replicas)))
+                    floor = 0.0
+                    for j in shapes.values():
+                        costs = model.stage_costs(plan, j, [0.0] * stages, holders)
+                        if any(c.memory_bytes > c.memory_capacity_bytes for c in costs):
+                            floor = math.inf
+                            break
+                        floor = max(floor, model.pipeline_time(costs, total // replicas, virtual))
+                    if floor >= best[1] * (1 - 1e-12):
+                        continue
+                    estimate = model.evaluate(plan, failed)
+                    priced += 1
+                    if estimate.memory_ok and estimate.iteration_time_s < best[1] * (1 - 1e-12):
+                        best = (plan, estimate.iteration_time_s)
+    return best[0], best[1], priced, True
+
+
+def target_plan(instance: Instance, failed: frozenset[int], target: str, model: PerfModel, deadline: Deadline,
+                bound: float | None = None) -> SolveResult[Plan]:
+    """The fastest plan `target` can run over the survivors (see the module docstring), with the
+    free search's `bound` when given. INFEASIBLE only when the uniform space was searched whole and
+    nothing fits."""
+    start = time.perf_counter()
+    plan, step, priced, complete = uniform_plans(instance, failed, model, deadline)
+    wall = time.perf_counter() - start
+    note = f"{target}: {priced} uniform plans priced" + ("" if complete else " (stopped at the deadline)")
+    if plan is None:
+        status = Status.INFEASIBLE if complete else Status.NO_SOLUTION
+        why = "no uniform plan fits in memory" if complete else "no uniform plan found in time"
+        return SolveResult(status, None, None, None, wall, "uniform", 0.0, None, f"{why}; {note}; space: {SPACE}",
+                           stopped_early=not complete)
+    bound = None if bound is None else min(bound, step)
+    proven = bound is not None and step - bound <= 1e-6 * step
+    return SolveResult(Status.OPTIMAL if proven else Status.FEASIBLE, plan, step, bound, wall, "uniform", 0.0, None,
+                       f"{note}; best of the uniform space" + ("" if complete else " so far") + f"; space: {SPACE}",
+                       stopped_early=not complete)

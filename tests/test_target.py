@@ -1,0 +1,93 @@
+"""Plans a target trainer runs as they are (issue 23): the uniform space of solve/target.py against a
+brute force written apart from it, which also tries every choice and order of the TP groups (the
+search takes them in survivor order); the decision with --target has no rerouting and prices the
+restriction; export-plan's default space is its format's trainer."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from chameleon_opt.cli import app
+from chameleon_opt.errors import InputError
+from chameleon_opt.instance.load import build_instance, load_instance
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.planning import PlanningOptions, plan_recovery
+from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.groups import survivor_groups
+from chameleon_opt.solve.target import even_split, uniform_plans
+from tests.helpers import tiny_instance
+
+runner = CliRunner()
+
+
+def brute_force_uniform(instance, failed: frozenset[int]) -> float:
+    """Least step over every uniform plan: stage count, replica count dividing the micro-batches,
+    every composition of the layers, every ordered choice of the surviving TP groups."""
+    model = PerfModel(instance)
+    tp, total, layers = instance.plan.tensor_parallel, instance.global_micro_batches, instance.workload.num_layers
+    groups = survivor_groups(instance, failed, tp)
+    best = math.inf
+    for stages in range(1, min(layers, len(groups)) + 1):
+        cuts = [(0,) + c + (layers,) for c in itertools.combinations(range(1, layers), stages - 1)]
+        for replicas in range(1, len(groups) // stages + 1):
+            if total % replicas:
+                continue
+            for chosen in itertools.permutations(groups, replicas * stages):
+                for bounds in cuts:
+                    plan = Plan(tp, tuple(Pipeline(tuple(Stage(chosen[j * stages + s], bounds[s], bounds[s + 1])
+                                                         for s in range(stages)), total // replicas)
+                                          for j in range(replicas)))
+                    estimate = model.evaluate(plan, failed)
+                    if estimate.memory_ok:
+                        best = min(best, estimate.iteration_time_s)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_uniform_search_equals_the_brute_force(seed: int) -> None:
+    spec = tiny_instance(seed, nodes=2, per_node=2, blocks=3, micro_batches=4,
+                         memory_gib=[100.0, 0.5, 0.3][seed % 3])
+    instance = build_instance(spec, f"tiny-{seed}")
+    failed = frozenset({seed % 4})
+    plan, step, _, complete = uniform_plans(instance, failed, PerfModel(instance), Deadline.after(60))
+    expected = brute_force_uniform(instance, failed)
+    assert complete
+    if math.isinf(expected):
+        assert plan is None
+    else:
+        assert step == pytest.approx(expected, rel=1e-9)
+        assert len({tuple((st.first, st.end) for st in p.stages) for p in plan.pipelines}) == 1  # one split
+        assert len({p.micro_batches for p in plan.pipelines}) == 1  # equal micro-batches
+
+
+def test_even_split_gives_the_first_stages_the_extra_layers() -> None:
+    assert even_split(82, 4) == (0, 21, 42, 62, 82)  # torchtitan's default: [21, 21, 20, 20]
+
+
+def test_decision_with_a_target_is_uniform_and_prices_the_restriction() -> None:
+    instance = load_instance("paper-32")
+    failed = frozenset(d for e in instance.spec.failures.events for d in e.devices)
+    decision = plan_recovery(instance, failed, PlanningOptions(time_limit_s=10, target="megatron"))
+    assert [c.policy for c in decision.candidates] == ["reconfigure"]  # Megatron cannot reroute
+    assert decision.interim is None
+    plan = decision.plan
+    assert len({tuple((st.first, st.end) for st in p.stages) for p in plan.pipelines}) == 1
+    assert len({p.micro_batches for p in plan.pipelines}) == 1
+    assert all(st.relief in (None, instance.spec.training.recompute) for p in plan.pipelines for st in p.stages)
+    assert "the restriction to megatron costs" in decision.candidates[0].reason or "as fast as" in \
+        decision.candidates[0].reason
+    with pytest.raises(InputError, match="cannot run a rerouting"):
+        plan_recovery(instance, failed, PlanningOptions(policy="reroute", target="megatron"))
+
+
+def test_export_plan_defaults_to_its_trainers_space(tmp_path) -> None:
+    out = tmp_path / "megatron.json"
+    done = runner.invoke(app, ["export-plan", "paper-32", "--format", "megatron", "-o", str(out), "--time-limit", "5"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(out.read_text())["uniform"] is True
