@@ -697,8 +697,9 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
          dtype: str = typer.Option("float32", "--dtype", help="float32 or float64"),
          seed: int = typer.Option(0, "--seed"),
          compare: bool = typer.Option(True, "--compare/--no-compare", help="also train failure-free and compare losses"),
-         plot: Path = typer.Option(Path("chameleon-demo.png"), "--plot",
-                                   help="timeline plot (PNG, SVG or PDF); never over an existing file without --force"),
+         plot: Path = typer.Option(None, "--plot", show_default=False,
+                                   help="timeline plot (PNG, SVG or PDF); never over an existing file without --force "
+                                        "[default: chameleon-demo.png, none with --json]"),
          force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
          hf: Path = typer.Option(None, "--hf", help="a Hugging Face config.json (e.g. models/hf/tiny-llama): "
@@ -736,7 +737,10 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
             if not any(d == device and k < step for d, k in kills) or step >= steps:
                 raise InputError(COMMAND_LINE, "--rejoin", f"device {device} is not killed (--kill) before step {step}, or "
                                  f"{step} is not before --steps {steps}", "bring back a killed device in a later step")
-        check_figure_output(plot, "--plot", force)  # before training, which takes minutes
+        if plot is None and not as_json:
+            plot = Path("chameleon-demo.png")
+        if plot is not None:
+            check_figure_output(plot, "--plot", force)  # before training, which takes minutes
         from chameleon_opt.runtime.controller import Failure, Rejoin, run_training, runtime_model
         from chameleon_opt.runtime.report import loss_deviation, parameter_deviation, report_json, run_figure
 
@@ -752,12 +756,14 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
             report = run_training(instance, steps, failures, tuple(Rejoin(step, (d,)) for d, step in rejoins),
                                   **options, progress=lambda line: status.update(line[:100]))
         batch = instance.spec.training.global_batch
-        figure = run_figure(report, reference, batch, f"{instance.name}: {len(report.dead)} workers killed")
-        path = save_figure(figure, plot, "--plot", force, dpi=110)
+        path = None
+        if plot is not None:
+            figure = run_figure(report, reference, batch, f"{instance.name}: {len(report.dead)} workers killed")
+            path = save_figure(figure, plot, "--plot", force, dpi=110)
     except ChameleonError as err:
         fail(err, as_json)
     if as_json:
-        emit_json({**report_json(report, reference, batch), "plot": str(path)})
+        emit_json({**report_json(report, reference, batch), "plot": None if path is None else str(path)})
         return
     timeline = Table(title=f"{instance.name}: timeline")
     for column in ("t s", "event", "detail"):

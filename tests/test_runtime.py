@@ -192,6 +192,26 @@ def test_a_kill_during_the_hybrid_switch_is_its_own_recovery(four, reference_fou
     run = run_training(four, STEPS, failures, policy="auto")
     assert [(r.step, r.dead) for r in run.recoveries] == [(1, (0,)), (2, (3,)), (3, (1,))]
     assert run.generations[2].policy == "reroute"          # the aborted switch's recovery
+    assert [r.aborted_transitions for r in run.recoveries] == [0, 1, 0]  # the switch it aborted
     for r in run.recoveries:
         assert 0 < r.detection_s < 1.0 and r.total_s >= r.first_step_s > 0, r
     assert_same_training(reference_four, run, 1e-4)
+
+
+def test_demo_json_counts_the_aborted_switch_and_writes_no_plot(tmp_path, monkeypatch) -> None:
+    """A kill inside the hybrid's switch: the JSON's recoveries count as many aborted transitions
+    as its events log, and --json without --plot writes no file into the working directory."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from chameleon_opt.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["demo", "runtime-cpu-4.json", "--policy", "auto", "--steps", "5", "--kill", "1@2",
+                                      "--kill-in-transition", "2@3", "--json", "--no-compare"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    aborted = sum(e["kind"] == "transition aborted" for e in out["events"])
+    assert aborted == 1 and sum(r["aborted_transitions"] for r in out["recoveries"]) == aborted
+    assert out["plot"] is None and list(tmp_path.iterdir()) == []

@@ -274,7 +274,10 @@ class Controller:
             for d in self._live():
                 self._send(d, {"cmd": "discard"})
             self._event("transition aborted", f"devices {sorted(dead)} died during it")
+            opened = len(self.recoveries)
             self._recover(step, tuple(sorted(dead | self._drop_newcomers())), recovery)
+            if recovery is None:  # a switch or rejoin outside any recovery: the one it opened counts it
+                self.recoveries[opened].aborted_transitions += 1
             return False
         for d in live:
             self._send(d, {"cmd": "go"})
