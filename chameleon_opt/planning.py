@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from chameleon_opt.check import assert_sound
 from chameleon_opt.comm import Migration, communication_plan
 from chameleon_opt.comm.api import CommInfo
-from chameleon_opt.comm.lowering import FORMAT, LoweredPlan
+from chameleon_opt.comm.lowering import LoweredPlan, RankPlan, absent_rank_plan
 from chameleon_opt.errors import InfeasibleError, InputError, NoSolutionError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate
@@ -90,7 +88,7 @@ class RecoveryDecision:
     candidates: tuple[RecoveryOption, ...]
     migration: Migration | None
     allreduce_rounds: tuple[tuple[str, ...], ...]
-    rank_plans: Mapping[int, dict[str, Any]]
+    rank_plans: LoweredPlan
     interim: RecoveryDecision | None = None
     solve: SolveResult[Plan] | None = None
     communication: CommInfo | None = None
@@ -105,18 +103,16 @@ class RecoveryDecision:
         """The stages the deadline cut short."""
         return [s.stage for s in self.stages if s.stopped_early]
 
-    def for_rank(self, device: int) -> dict[str, Any]:
+    def for_rank(self, device: int) -> RankPlan:
         """The executable plan of `device`; a device with no part in the plan (failed, or a spare
-        the plan leaves out) gets one with role `failed` or `idle` and no work, so that every
-        process of a job can ask the same question."""
+        the plan leaves out) gets the lowering's absent record (role `failed` or `idle`, no work),
+        so that every process of a job can ask the same question."""
         if device in self.rank_plans:
             return self.rank_plans[device]
         if not 0 <= device < self.num_devices:
             raise InputError(None, "device", f"{device} is not a device of the instance",
                              f"use 0..{self.num_devices - 1}")
-        return {"format": FORMAT, "rank": device, "role": "failed" if device in self.failed else "idle",
-                "pipeline": None, "stage": None, "layers": None, "modules": [], "micro_batches": [],
-                "allreduce": [], "transfers": [], "release_after_round": None}
+        return absent_rank_plan(self.rank_plans.instance, device, "failed" if device in self.failed else "idle")
 
 
 def executable(state: Instance, option: RecoveryOption, failed: frozenset[int], reason: str,

@@ -94,8 +94,8 @@ def main() -> None:
             elif t.dst == args.device:
                 dist.recv(flat, alive.index(t.src))
         mbs = spec["training"]["micro_batch_size"]
-        samples = [i for m in decision.for_rank(args.device)["micro_batches"]
-                   for i in range(round((m["id"] + m["lo"]) * mbs), round((m["id"] + m["hi"]) * mbs))]
+        samples = [i for m in decision.for_rank(args.device).micro_batches
+                   for i in range(round((m.id + m.lo) * mbs), round((m.id + m.hi) * mbs))]
         if rank == 0:
             print(f"world {world}: nodes {alive} after losing {failed}; {decision.policy}, migration "
                   f"{len(moves)} transfers", flush=True)

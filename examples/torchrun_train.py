@@ -134,8 +134,8 @@ def main() -> None:
         box = [decision if rank == 0 else None]  # chameleon
         dist.broadcast_object_list(box, src=0)  # chameleon
         mbs = spec["training"]["micro_batch_size"]  # chameleon: micro-batch k holds samples [k * mbs, (k + 1) * mbs)
-        samples = [i for m in box[0].for_rank(rank)["micro_batches"]  # chameleon: none for a failed device
-                   for i in range(round((m["id"] + m["lo"]) * mbs), round((m["id"] + m["hi"]) * mbs))]  # chameleon
+        samples = [i for m in box[0].for_rank(rank).micro_batches  # chameleon: none for a failed device
+                   for i in range(round((m.id + m.lo) * mbs), round((m.id + m.hi) * mbs))]  # chameleon
 
     ddp = DistributedDataParallel(model)
     scale = world / GLOBAL_BATCH  # DDP averages over the workers: the loss is the global batch's mean

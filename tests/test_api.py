@@ -29,13 +29,13 @@ def assert_executable(planner: Planner, decision: RecoveryDecision) -> None:
     assert check_plan(planner.instance, plan, failed, require_tp_in_node=decision.policy != "reroute").ok
     live = set(plan.devices) - failed
     assert failed.isdisjoint(decision.rank_plans)
-    assert {d for d, p in decision.rank_plans.items() if p["role"] == "train"} == live
+    assert {d for d, p in decision.rank_plans.items() if p.role == "train"} == live
     covered: dict[tuple[int, int, int], float] = {}
     for rank_plan in decision.rank_plans.values():
-        if rank_plan["role"] == "train" and rank_plan["tp_rank"] == 0:
-            for item in rank_plan["micro_batches"]:
-                key = (item["pipeline"], rank_plan["stage"], item["id"])
-                covered[key] = covered.get(key, 0.0) + item["hi"] - item["lo"]
+        if rank_plan.role == "train" and rank_plan.tp_rank == 0:
+            for item in rank_plan.micro_batches:
+                key = (item.pipeline, rank_plan.stage, item.id)
+                covered[key] = covered.get(key, 0.0) + item.hi - item.lo
     first = 0
     for j, pipe in enumerate(plan.pipelines):
         for s in range(len(pipe.stages)):
@@ -44,7 +44,8 @@ def assert_executable(planner: Planner, decision: RecoveryDecision) -> None:
         first += pipe.micro_batches
     assert not covered
     for d in failed:
-        assert decision.for_rank(d)["role"] == "failed" and decision.for_rank(d)["micro_batches"] == []
+        absent = decision.for_rank(d)
+        assert absent.role == "failed" and absent.micro_batches == () and absent.node == planner.instance.node_of(d)
 
 
 def test_module_does_not_import_torch():
@@ -89,10 +90,10 @@ def test_paper32_hybrid_with_migration_and_a_second_failure():
     assert_executable(planner, decision)
     assert decision.migration is not None and decision.migration.rounds > 0
     assert decision.allreduce_rounds
-    senders = {d for d, p in decision.rank_plans.items() if p["role"] == "source"}
-    assert all(p["transfers"] for d, p in decision.rank_plans.items() if d in senders)
+    senders = {d for d, p in decision.rank_plans.items() if p.role == "source"}
+    assert all(p.transfers for d, p in decision.rank_plans.items() if d in senders)
     spare = set(range(32)) - decision.failed - set(decision.rank_plans)
-    assert all(decision.for_rank(d)["role"] == "idle" for d in spare)
+    assert all(decision.for_rank(d).role == "idle" for d in spare)
     second = planner.on_failure([20])
     assert_executable(planner, second)
     assert planner.failed == {13, 20}
@@ -180,7 +181,7 @@ def test_a_failed_device_rejoins_without_state_and_receives_it():
     assert {c.policy for c in back.candidates} == {"keep-running", "scale-up"}
     keep = next(c for c in back.candidates if c.policy == "keep-running")
     assert keep.transition_s == 0.0 and keep.iteration_time_s > back.iteration_time_s
-    assert 3 in back.plan.devices and back.for_rank(3)["role"] == "train"
+    assert 3 in back.plan.devices and back.for_rank(3).role == "train"
     assert back.migration is not None and any(t.dst == 3 for t in back.migration.transfers)
     assert_executable(planner, back)
     with pytest.raises(InputError, match="has not failed"):

@@ -21,6 +21,7 @@ from chameleon_opt.comm import (allreduce_groups, assign_slots, check_release_sa
 from chameleon_opt.comm import migration as migration_module
 from chameleon_opt.comm.allreduce import Group, cpsat_colouring, dsatur_colouring
 from chameleon_opt.comm.assignment import FIGURE3_COSTS, _slot_state
+from chameleon_opt.comm.lowering import RankPlan, absent_rank_plan
 from chameleon_opt.comm.migration import fluid_makespan, transfer_time
 from chameleon_opt.comm.state import old_holdings, tensor_bytes
 from chameleon_opt.errors import UnrecoverableError
@@ -292,7 +293,8 @@ def test_lost_layer_is_unrecoverable() -> None:
 
 
 # -- lowering ------------------------------------------------------------------------------------
-def _check_lowered(inst, plan: Plan, ranks: dict[int, dict], failed: frozenset[int]) -> None:
+def _check_lowered(inst, plan: Plan, lowered: dict[int, RankPlan], failed: frozenset[int]) -> None:
+    ranks = {d: r.to_json() for d, r in lowered.items()}
     json.dumps(ranks)
     assert all(r["format"] == 1 for r in ranks.values())
     share: dict[tuple[int, int], float] = defaultdict(float)
@@ -318,8 +320,9 @@ def _check_lowered(inst, plan: Plan, ranks: dict[int, dict], failed: frozenset[i
 def test_lowered_plans(seed: int, tp: int, memory: float) -> None:
     inst, failed, new = _search(seed, tp, 1, memory)
     migration, rounds, info = communication_plan(inst, inst.plan, new, failed, 2.0)
-    ranks = lower_plan(inst, info.plan, migration, rounds, failed)
-    _check_lowered(inst, info.plan, ranks, failed)
+    lowered = lower_plan(inst, info.plan, migration, rounds, failed)
+    _check_lowered(inst, info.plan, lowered, failed)
+    ranks = {d: r.to_json() for d, r in lowered.items()}
     sends = sum(1 for r in ranks.values() for t in r["transfers"] if t["op"] == "send")
     recvs = sum(1 for r in ranks.values() for t in r["transfers"] if t["op"] == "recv")
     assert sends == recvs == len(migration.transfers)
@@ -330,5 +333,13 @@ def test_lowered_plans(seed: int, tp: int, memory: float) -> None:
             slot = (r["pipeline"], r["stage"])
             mine = {g.name for g in allreduce_groups(PerfModel(inst), info.plan, failed).values() if slot in g.slots}
             assert {e["group"] for e in r["allreduce"]} == mine
+    absent = ["format", "rank", "node", "role", "pipeline", "stage", "layers", "modules", "micro_batches",
+              "allreduce", "transfers", "release_after_round"]
+    train = absent[:6] + ["num_stages", "tensor_parallel", "tp_rank", "tp_group", "layers", "modules",
+                          "tied_embedding", "p2p"] + absent[8:]
+    for r in ranks.values():  # the JSON's keys, in order, per role
+        assert list(r) == (train if r["role"] == "train" else absent)
+        assert all(list(t) == ["round", "op", "peer", "tensor", "bytes"] for t in r["transfers"])
+    assert list(absent_rank_plan(inst, next(iter(failed)), "failed").to_json()) == absent
     with pytest.raises(ValueError):
         lower_plan(inst, info.plan, migration, [["no-such-group"]], failed)

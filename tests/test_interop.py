@@ -190,7 +190,7 @@ def test_runtime_orders_in_torch_action_notation():
     assert torch_actions(plans[0], orders[0]) == ["0F0", "0F1", "0B0", "0F2", "0B1", "0F3", "0B2", "0B3"]
     assert torch_actions(plans[1], orders[1]) == ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2", "1F3", "1B3"]
     decision = Planner(instance, policy="reroute").on_failure([1])
-    orders = order_operations(dict(decision.rank_plans), instance.micro_batch_size)
+    orders = order_operations(decision.rank_plans, instance.micro_batch_size)
     for device, ops in orders.items():
         actions = torch_actions(decision.rank_plans[device], ops)
         forwards = sorted(a.replace("F", "?") for a in actions if "F" in a)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_blocking(rank_plans: dict, orders: dict, mbs: int) -> None:
     """Execute every rank's order: a receive waits until the sender has run the operation that
     sends it. Fails on a deadlock (no rank can move)."""
-    items = {d: work_items(p, mbs) for d, p in rank_plans.items() if p.get("role") == "train"}
+    items = {d: work_items(p, mbs) for d, p in rank_plans.items() if p.role == "train"}
     done: set[tuple[int, str, int]] = set()  # (rank, kind, first sample of the piece)
 
     def sent(peer: int, kind: str, sample: int) -> bool:
@@ -75,7 +75,7 @@ def test_every_decided_plan_runs_without_deadlock(name: str, dead: tuple[int, ..
     for d, ops in orders.items():
         its = work_items(plans[d], mbs)
         assert sorted(ops) == sorted([(k, i) for i, it in enumerate(its) if it is not None for k in "FB"])
-        in_flight, cap = 0, plans[d]["num_stages"] - plans[d]["stage"]
+        in_flight, cap = 0, plans[d].num_stages - plans[d].stage
         for kind, _ in ops:
             in_flight += 1 if kind == "F" else -1
             assert in_flight <= cap  # 1F1B: at most stages - stage forwards in flight
@@ -86,7 +86,7 @@ def test_initial_plan_is_1f1b() -> None:
     plans = lowered(instance, instance.plan, frozenset())
     orders = order_operations(plans, 1)
     run_blocking(plans, orders, 1)
-    first_stage = next(d for d, p in plans.items() if p["stage"] == 0)
+    first_stage = next(d for d, p in plans.items() if p.stage == 0)
     kinds = "".join(k for k, _ in orders[first_stage])
     assert kinds == "FFF" + "BF" * 2 + "BBB"  # 3-stage warm-up, steady 1F1B, cool-down
 

@@ -121,7 +121,7 @@ def test_plan_recovery_reports_every_stage_within_a_generous_bound():
     assert set(decision.stopped_early) <= {s.stage for s in decision.stages}
     assert decision.solve is not None and decision.communication is not None
     rank = next(iter(decision.rank_plans))  # lowered on access
-    assert decision.for_rank(rank)["rank"] == rank
+    assert decision.for_rank(rank).rank == rank
 
 
 def test_plan_json_has_stages_and_honest_status(tmp_path):

@@ -2,8 +2,10 @@
 
 Everything a rank needs without seeing the global plan: which modules it owns, which micro-batch
 (pieces) it computes and whom it receives them from and sends them to, which all-reduce rings it
-joins in which round, which state it sends or receives in which migration round, and when it may
-free its old state. Plain JSON types only, versioned by `"format"`.
+joins in which round, which state it sends or receives in which migration round (as a range of the
+receiver's state, `StateShare`), and when it may free its old state. One frozen record per rank
+(`RankPlan`), built here once and read by both runtimes, the API and `export-plan`; its `to_json`
+is the versioned (`"format"`) JSON a trainer in another language reads.
 
 Micro-batch ids: global ids 0..N-1, pipeline j owning the next m_j ids in pipeline order. Rerouted
 work (plan.rerouted: pipeline j's micro-batches of stage s computed by pipeline k's stage s) is cut
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from chameleon_opt.comm.allreduce import allreduce_groups
 from chameleon_opt.comm.migration import Migration
@@ -30,6 +32,154 @@ FORMAT = 1
 EPS = 1e-9
 
 Piece = tuple[int, float, float, tuple[int, int]]  # (micro-batch id, lo, hi, computing slot)
+
+
+@dataclass(frozen=True)
+class StateShare:
+    """One scheduled transfer (`nbytes` of `tensor`) as the part [lo, hi) of the receiver's state
+    of `layer` (fractions of its flat parameters and both optimizer moments): the byte shares of
+    the layer's sources laid end to end. `tag` is one global order, so that both ends of a
+    transfer match it."""
+
+    src: int
+    dst: int
+    layer: int
+    round: int
+    tag: int
+    lo: float
+    hi: float
+    tensor: str
+    nbytes: int
+
+    def elements(self, count: int) -> tuple[int, int]:
+        """[lo, hi) in elements of a flat state of `count` elements (both runtimes cut the same way)."""
+        return round(self.lo * count), round(self.hi * count)
+
+
+def state_shares(migration: Migration | None) -> list[StateShare]:
+    """The migration's transfers cut into state ranges, once, for every runtime."""
+    if migration is None:
+        return []
+    moves = sorted(migration.transfers, key=lambda t: (t.dst, t.layer, t.round, t.src))
+    totals: dict[tuple[int, int], int] = {}
+    for t in moves:
+        totals[(t.dst, t.layer)] = totals.get((t.dst, t.layer), 0) + t.nbytes
+    cursor: dict[tuple[int, int], int] = {}
+    shares = []
+    for tag, t in enumerate(moves):
+        key = (t.dst, t.layer)
+        lo = cursor.get(key, 0)
+        cursor[key] = lo + t.nbytes
+        shares.append(StateShare(t.src, t.dst, t.layer, t.round, tag, lo / totals[key], cursor[key] / totals[key],
+                                 t.tensor, t.nbytes))
+    return shares
+
+
+@dataclass(frozen=True)
+class Link:
+    """The part [lo, hi) of a piece that `device` (same TP rank) computes at the neighbouring stage."""
+
+    device: int
+    lo: float
+    hi: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device": self.device, "lo": self.lo, "hi": self.hi}
+
+
+@dataclass(frozen=True)
+class WorkPiece:
+    """The piece [lo, hi) of micro-batch `id` (owned by `pipeline`) that a rank computes, and the
+    ranks it receives it from (`prev`) and sends it to (`next`)."""
+
+    id: int
+    lo: float
+    hi: float
+    pipeline: int
+    prev: tuple[Link, ...]
+    next: tuple[Link, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "lo": self.lo, "hi": self.hi, "pipeline": self.pipeline,
+                "prev": [p.to_json() for p in self.prev], "next": [n.to_json() for n in self.next]}
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A gradient all-reduce group this rank joins: its devices (this rank's TP rank), the layers
+    whose gradients it sums and the round it runs in."""
+
+    round: int
+    group: str
+    layers: tuple[int, ...]
+    ring: tuple[int, ...]
+    nbytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round": self.round, "group": self.group, "layers": list(self.layers), "ring": list(self.ring),
+                "bytes": self.nbytes}
+
+
+@dataclass(frozen=True)
+class RankTransfer:
+    """This rank's side (`send` to or `recv` from `peer`) of one migration transfer."""
+
+    op: Literal["send", "recv"]
+    peer: int
+    share: StateShare
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round": self.share.round, "op": self.op, "peer": self.peer, "tensor": self.share.tensor,
+                "bytes": self.share.nbytes}
+
+
+Role = Literal["train", "source", "idle", "failed"]
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """What one rank runs next: a `train` rank's slot (pipeline, stage, TP rank and group,
+    layers and modules, point-to-point neighbours), its micro-batch pieces and all-reduce rings;
+    for every role its migration transfers and the round after which it may free its old state.
+    A `source` only sends state; an `idle` spare and a `failed` device have no work, so that every
+    process of a job can ask the same question. The train-only fields are None (or empty) for the
+    other roles."""
+
+    rank: int
+    node: int
+    role: Role
+    pipeline: int | None = None
+    stage: int | None = None
+    num_stages: int | None = None
+    tensor_parallel: int | None = None
+    tp_rank: int | None = None
+    tp_group: tuple[int, ...] = ()
+    layers: tuple[int, int] | None = None
+    modules: tuple[str, ...] = ()
+    tied_embedding: bool = False
+    prev_device: int | None = None  # the previous stage's device of this TP rank (None on the first stage)
+    next_device: int | None = None  # the next stage's device of this TP rank (None on the last stage)
+    micro_batches: tuple[WorkPiece, ...] = ()
+    allreduce: tuple[Ring, ...] = ()
+    transfers: tuple[RankTransfer, ...] = ()
+    release_after_round: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The rank plan as plain JSON types (format FORMAT; the train-only keys on train ranks only)."""
+        out: dict[str, Any] = {"format": FORMAT, "rank": self.rank, "node": self.node, "role": self.role,
+                               "pipeline": self.pipeline, "stage": self.stage}
+        if self.role == "train":
+            assert self.layers is not None
+            out.update({"num_stages": self.num_stages, "tensor_parallel": self.tensor_parallel,
+                        "tp_rank": self.tp_rank, "tp_group": list(self.tp_group)})
+        out.update({"layers": list(self.layers) if self.layers is not None else None, "modules": list(self.modules)})
+        if self.role == "train":
+            out.update({"tied_embedding": self.tied_embedding, "p2p": {"prev": self.prev_device, "next": self.next_device}})
+        out.update({"micro_batches": [m.to_json() for m in self.micro_batches],
+                    "allreduce": [r.to_json() for r in self.allreduce],
+                    "transfers": [t.to_json() for t in self.transfers],
+                    "release_after_round": self.release_after_round})
+        return out
 
 
 def module_names(num_layers: int, first: int, end: int) -> list[str]:
@@ -82,8 +232,8 @@ def _device(plan: Plan, slot: tuple[int, int], rank: int) -> int:
     return plan.pipelines[slot[0]].stages[slot[1]].devices[rank]
 
 
-class LoweredPlan(Mapping[int, dict[str, Any]]):
-    """Rank -> its executable plan, built per rank on first access (JSON-serialisable).
+class LoweredPlan(Mapping[int, RankPlan]):
+    """Rank -> its executable plan, built per rank on first access.
 
     The shared indexes (pieces per slot, all-reduce groups and rounds, transfers per device) are
     built once, on the first access; a rank's plan only when asked for. A trainer process asks
@@ -97,7 +247,7 @@ class LoweredPlan(Mapping[int, dict[str, Any]]):
                         if not self.failed.intersection(stage.devices) for d in stage.devices}
         self.sources = sorted({t.src for t in migration.transfers} - self.slot_of.keys()) if migration else []
         self._index: dict[str, Any] | None = None
-        self._cache: dict[int, dict[str, Any]] = {}
+        self._cache: dict[int, RankPlan] = {}
         self._slot_items: dict[tuple[int, int], tuple[list, list]] = {}
 
     def __len__(self) -> int:
@@ -129,12 +279,10 @@ class LoweredPlan(Mapping[int, dict[str, Any]]):
             if g.name in round_of:
                 for slot in g.slots:
                     groups_of.setdefault(slot, []).append(g.name)
-        transfers: dict[int, list[dict[str, Any]]] = {}
-        for t in (self.migration.transfers if self.migration is not None else ()):
-            transfers.setdefault(t.src, []).append({"round": t.round, "op": "send", "peer": t.dst,
-                                                    "tensor": t.tensor, "bytes": t.nbytes})
-            transfers.setdefault(t.dst, []).append({"round": t.round, "op": "recv", "peer": t.src,
-                                                    "tensor": t.tensor, "bytes": t.nbytes})
+        transfers: dict[int, list[RankTransfer]] = {}
+        for share in state_shares(self.migration):
+            transfers.setdefault(share.src, []).append(RankTransfer("send", share.dst, share))
+            transfers.setdefault(share.dst, []).append(RankTransfer("recv", share.src, share))
         self._index = {"groups": groups, "round_of": round_of, "index": index, "by_slot": by_slot,
                        "groups_of": groups_of, "transfers": transfers,
                        "release": self.migration.release_after_round if self.migration is not None else {}}
@@ -154,18 +302,16 @@ class LoweredPlan(Mapping[int, dict[str, Any]]):
             self._slot_items[slot] = (mine, names)
         return self._slot_items[slot]
 
-    def __getitem__(self, d: int) -> dict[str, Any]:
+    def __getitem__(self, d: int) -> RankPlan:
         if d in self._cache:
             return self._cache[d]
         if d not in self:
             raise KeyError(d)
         shared, plan, instance = self._shared(), self.plan, self.instance
-        moves = sorted(shared["transfers"].get(d, []), key=lambda e: (e["round"], e["op"], e["peer"]))
+        moves = tuple(sorted(shared["transfers"].get(d, []), key=lambda t: (t.share.round, t.op, t.peer)))
         release = shared["release"].get(d)
         if d not in self.slot_of:
-            self._cache[d] = {"format": FORMAT, "rank": d, "node": instance.node_of(d), "role": "source",
-                              "pipeline": None, "stage": None, "layers": None, "modules": [], "micro_batches": [],
-                              "allreduce": [], "transfers": moves, "release_after_round": release}
+            self._cache[d] = RankPlan(d, instance.node_of(d), "source", transfers=moves, release_after_round=release)
             return self._cache[d]
         j, s = self.slot_of[d]
         pipe, stage = plan.pipelines[j], plan.pipelines[j].stages[s]
@@ -174,78 +320,32 @@ class LoweredPlan(Mapping[int, dict[str, Any]]):
         groups, round_of = shared["groups"], shared["round_of"]
         num_layers = instance.workload.num_layers
         tied = instance.workload.architecture is not None and instance.workload.architecture.tied_embeddings
-        items = [{"id": mb, "lo": lo, "hi": hi, "pipeline": owner,
-                  "prev": [{"device": _device(plan, slot, rank), "lo": a, "hi": b} for slot, a, b in prev],
-                  "next": [{"device": _device(plan, slot, rank), "lo": a, "hi": b} for slot, a, b in nxt]}
-                 for mb, lo, hi, owner, prev, nxt in mine]
-        rings = [{"round": round_of[name], "group": name, "layers": list(groups[name].layers),
-                  "ring": [_device(plan, slot, rank) for slot in groups[name].slots],
-                  "bytes": groups[name].nbytes} for name in names]
-        neighbours = {"prev": _device(plan, (j, s - 1), rank) if s > 0 else None,
-                      "next": _device(plan, (j, s + 1), rank) if s + 1 < len(pipe.stages) else None}
-        self._cache[d] = {
-            "format": FORMAT, "rank": d, "node": instance.node_of(d), "role": "train",
-            "pipeline": j, "stage": s, "num_stages": len(pipe.stages),
-            "tensor_parallel": plan.tensor_parallel, "tp_rank": rank, "tp_group": list(stage.devices),
-            "layers": [stage.first, stage.end], "modules": module_names(num_layers, stage.first, stage.end),
-            "tied_embedding": bool(tied and (stage.first == 0 or stage.end == num_layers)),
-            "p2p": neighbours,
-            "micro_batches": items,
-            "allreduce": rings,
-            "transfers": moves,
-            "release_after_round": release,
-        }
+        items = tuple(WorkPiece(mb, lo, hi, owner, tuple(Link(_device(plan, slot, rank), a, b) for slot, a, b in prev),
+                                tuple(Link(_device(plan, slot, rank), a, b) for slot, a, b in nxt))
+                      for mb, lo, hi, owner, prev, nxt in mine)
+        rings = tuple(Ring(round_of[name], name, tuple(groups[name].layers),
+                           tuple(_device(plan, slot, rank) for slot in groups[name].slots), groups[name].nbytes)
+                      for name in names)
+        self._cache[d] = RankPlan(
+            d, instance.node_of(d), "train", pipeline=j, stage=s, num_stages=len(pipe.stages),
+            tensor_parallel=plan.tensor_parallel, tp_rank=rank, tp_group=tuple(stage.devices),
+            layers=(stage.first, stage.end), modules=tuple(module_names(num_layers, stage.first, stage.end)),
+            tied_embedding=bool(tied and (stage.first == 0 or stage.end == num_layers)),
+            prev_device=_device(plan, (j, s - 1), rank) if s > 0 else None,
+            next_device=_device(plan, (j, s + 1), rank) if s + 1 < len(pipe.stages) else None,
+            micro_batches=items, allreduce=rings, transfers=moves, release_after_round=release)
         return self._cache[d]
 
 
-def absent_rank_plan(instance: Instance, device: int, role: str) -> dict[str, Any]:
+def absent_rank_plan(instance: Instance, device: int, role: Literal["idle", "failed"]) -> RankPlan:
     """The executable plan of a device with no part in the plan (`failed`, or an `idle` spare):
-    the same keys as a trainer's, no work, so that every process of a job can ask the same question."""
-    return {"format": FORMAT, "rank": device, "node": instance.node_of(device), "role": role, "pipeline": None,
-            "stage": None, "layers": None, "modules": [], "micro_batches": [], "allreduce": [], "transfers": [],
-            "release_after_round": None}
-
-
-@dataclass(frozen=True)
-class StateShare:
-    """One scheduled transfer as the part [lo, hi) of the receiver's state of `layer` (fractions of
-    its flat parameters and both optimizer moments): the byte shares of the layer's sources laid
-    end to end. `tag` is one global order, so that both ends of a transfer match it."""
-
-    src: int
-    dst: int
-    layer: int
-    round: int
-    tag: int
-    lo: float
-    hi: float
-
-    def elements(self, count: int) -> tuple[int, int]:
-        """[lo, hi) in elements of a flat state of `count` elements (both runtimes cut the same way)."""
-        return round(self.lo * count), round(self.hi * count)
-
-
-def state_shares(migration: Migration | None) -> list[StateShare]:
-    """The migration's transfers cut into state ranges, once, for every runtime."""
-    if migration is None:
-        return []
-    moves = sorted(migration.transfers, key=lambda t: (t.dst, t.layer, t.round, t.src))
-    totals: dict[tuple[int, int], int] = {}
-    for t in moves:
-        totals[(t.dst, t.layer)] = totals.get((t.dst, t.layer), 0) + t.nbytes
-    cursor: dict[tuple[int, int], int] = {}
-    shares = []
-    for tag, t in enumerate(moves):
-        key = (t.dst, t.layer)
-        lo = cursor.get(key, 0)
-        cursor[key] = lo + t.nbytes
-        shares.append(StateShare(t.src, t.dst, t.layer, t.round, tag, lo / totals[key], cursor[key] / totals[key]))
-    return shares
+    no work, so that every process of a job can ask the same question."""
+    return RankPlan(device, instance.node_of(device), role)
 
 
 def lower_plan(instance: Instance, plan: Plan, migration: Migration | None, allreduce_rounds: list[list[str]],
-               failed: frozenset[int] | None = None) -> dict[int, dict[str, Any]]:
-    """Rank -> its executable plan (JSON-serialisable), every rank at once: every live device of
+               failed: frozenset[int] | None = None) -> dict[int, RankPlan]:
+    """Rank -> its executable plan, every rank at once: every live device of
     `plan` and every device that only sources migration transfers (see `LoweredPlan`)."""
     lowered = LoweredPlan(instance, plan, migration, allreduce_rounds, failed)
     return {d: lowered[d] for d in lowered}

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from chameleon_opt.comm import communication_plan
 from chameleon_opt.comm.allreduce import schedule_allreduce
-from chameleon_opt.comm.lowering import LoweredPlan, absent_rank_plan, state_shares
+from chameleon_opt.comm.lowering import LoweredPlan, RankPlan, absent_rank_plan
 from chameleon_opt.comm.migration import Migration
 from chameleon_opt.errors import InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance
@@ -54,7 +54,7 @@ from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recovery
 from chameleon_opt.decision import with_stale_copies
 from chameleon_opt.rejoin import plan_join
-from chameleon_opt.runtime.gpt import GPTConfig, state_elements
+from chameleon_opt.runtime.gpt import GPTConfig
 from chameleon_opt.runtime.replies import collect_replies, step_loss
 from chameleon_opt.runtime.schedule import order_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
@@ -161,7 +161,6 @@ class Controller:
         self.progress = progress or (lambda _: None)
         self.layout: Plan = instance.plan
         self.failed: frozenset[int] = frozenset()  # the job starts whole; failures are injected
-        self.state_elements = {layer: state_elements(self.cfg, layer) for layer in range(self.cfg.num_layers)}
         self.events: list[tuple[float, str, str]] = []
         self.generations: list[Generation] = []
         self.layouts: list[Plan] = [self.layout]       # every layout so far, to explain stale copies
@@ -226,30 +225,18 @@ class Controller:
         self._event("kill", f"SIGKILL devices {live}")
 
     # ---- generations --------------------------------------------------------------------------
-    def _transfers(self, migration: Migration | None) -> dict[int, list[dict[str, Any]]]:
-        """Per device, its sends and receives: the lowering's state shares (`state_shares`) in
-        elements of each layer's flat state (params and both AdamW moments)."""
-        out: dict[int, list[dict[str, Any]]] = {}
-        for share in state_shares(migration):
-            lo, hi = share.elements(self.state_elements[share.layer])
-            if hi > lo:
-                common = {"round": share.round, "layer": share.layer, "lo": lo, "hi": hi, "tag": share.tag}
-                out.setdefault(share.src, []).append({**common, "op": "send", "peer": share.dst})
-                out.setdefault(share.dst, []).append({**common, "op": "recv", "peer": share.src})
-        return out
-
     def _start_generation(self, run_plan: Plan, migration: Migration | None, rounds: list[list[str]],
                           policy: str, predicted_s: float, step: int, recovery: Recovery | None,
-                          transition: bool = True, rank_plans: Mapping[int, dict[str, Any]] | None = None) -> bool:
+                          transition: bool = True, rank_plans: Mapping[int, RankPlan] | None = None) -> bool:
         """Order, form groups, migrate: `rank_plans` are the decision's lowering (lowered here only
-        for the job's start and a switch re-scheduled from a moved layout). True when every rank is
+        for the job's start and a switch re-scheduled from a moved layout); each worker runs its
+        record, migration transfers included. True when every rank is
         ready and committed; the plan (rerouting stripped) is then the layout the state is in."""
         t0 = time.perf_counter()
         inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
         if rank_plans is None:
             rank_plans = LoweredPlan(inst, run_plan, migration, rounds, self.failed)
         orders = order_operations(rank_plans, self.mbs)
-        transfers = self._transfers(migration)
         if recovery is not None:
             recovery.planning_s += time.perf_counter() - t0
         index = len(self.generations)
@@ -263,8 +250,8 @@ class Controller:
         self.attempts += 1
         for d in live:
             self._send(d, {"cmd": "generation", "generation": name, "rank_of": rank_of,
-                           "plan": rank_plans[d] if d in rank_plans else absent_rank_plan(inst, d, "idle"), "ops": orders.get(d, []),
-                           "transfers": transfers.get(d, []), "die_in_transition": d in victims})
+                           "plan": rank_plans[d] if d in rank_plans else absent_rank_plan(inst, d, "idle"),
+                           "ops": orders.get(d, []), "die_in_transition": d in victims})
         replies, dead = self._collect(set(live))
         failed_ranks = [d for d, r in replies.items() if r["event"] != "ready"]
         if dead or failed_ranks:
@@ -340,7 +327,7 @@ class Controller:
         migration is scheduled again from the layout the state is in now."""
         assert decision.migration is not None
         migration, rounds = decision.migration, [list(r) for r in decision.allreduce_rounds]
-        rank_plans: Mapping[int, dict[str, Any]] | None = decision.rank_plans
+        rank_plans: Mapping[int, RankPlan] | None = decision.rank_plans
         if self.layout is not planned_from:
             rank_plans = None
             inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)

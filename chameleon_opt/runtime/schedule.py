@@ -1,6 +1,6 @@
 """The order in which each rank runs its forward and backward work items (no torch).
 
-A lowered plan (`chameleon_opt.comm.lowering`) tells each rank *what* to compute: pieces of
+A rank plan (`chameleon_opt.comm.lowering.RankPlan`) tells each rank *what* to compute: pieces of
 micro-batches, including pieces rerouted from a failed peer, with the ranks that feed them and that
 they feed. This module decides *when*, globally: it list-schedules the operation graph of all
 ranks (forward after the pieces it receives, backward after the pieces downstream and after its own
@@ -21,7 +21,8 @@ import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from chameleon_opt.comm.lowering import Link, RankPlan
 
 Op = tuple[str, int]  # ("F" | "B", index into the rank plan's micro_batches)
 
@@ -54,27 +55,27 @@ class WorkItem:
     send_to: tuple[Message, ...]       # forward outputs (and, mirrored, where output gradients come from)
 
 
-def work_items(rank_plan: dict[str, Any], mbs: int) -> list[WorkItem | None]:
+def work_items(rank_plan: RankPlan, mbs: int) -> list[WorkItem | None]:
     """The rank plan's pieces as sample ranges; None for a piece that rounds to no sample."""
     items: list[WorkItem | None] = []
-    for entry in rank_plan["micro_batches"]:
-        start, stop = sample_range(entry["id"], entry["lo"], entry["hi"], mbs)
+    for piece in rank_plan.micro_batches:
+        start, stop = sample_range(piece.id, piece.lo, piece.hi, mbs)
 
-        def messages(peers: list[dict[str, Any]]) -> tuple[Message, ...]:
+        def messages(links: tuple[Link, ...]) -> tuple[Message, ...]:
             out = []
-            for p in sorted(peers, key=lambda e: e["lo"]):
-                a, b = sample_range(entry["id"], p["lo"], p["hi"], mbs)
+            for link in sorted(links, key=lambda e: e.lo):
+                a, b = sample_range(piece.id, link.lo, link.hi, mbs)
                 if b > a:
-                    out.append(Message(p["device"], a, b))
+                    out.append(Message(link.device, a, b))
             return tuple(out)
 
-        items.append(WorkItem(start, stop, messages(entry["prev"]), messages(entry["next"])) if stop > start else None)
+        items.append(WorkItem(start, stop, messages(piece.prev), messages(piece.next)) if stop > start else None)
     return items
 
 
-def order_operations(rank_plans: Mapping[int, dict[str, Any]], mbs: int) -> dict[int, list[Op]]:
+def order_operations(rank_plans: Mapping[int, RankPlan], mbs: int) -> dict[int, list[Op]]:
     """Rank -> its operations in execution order (see the module docstring)."""
-    trainers = {d: p for d, p in rank_plans.items() if p.get("role") == "train"}
+    trainers = {d: p for d, p in rank_plans.items() if p.role == "train"}
     items = {d: work_items(p, mbs) for d, p in trainers.items()}
     producers: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for d, its in items.items():
@@ -97,7 +98,7 @@ def _owner(items: dict[int, list[WorkItem | None]], device: int, sample: int) ->
     raise AssertionError(f"rank {device} computes no piece holding sample {sample} (a lowering bug)")
 
 
-def _list_schedule(trainers: dict[int, dict[str, Any]], items: dict[int, list[WorkItem | None]],
+def _list_schedule(trainers: dict[int, RankPlan], items: dict[int, list[WorkItem | None]],
                    producers: dict[tuple[int, int], list[tuple[int, int]]], capped: bool) -> dict[int, list[Op]] | None:
     """Event simulation: each idle rank starts its highest-priority ready operation. Duration of a
     piece = samples x layers (backward twice the forward). None when it stalls."""
@@ -117,9 +118,10 @@ def _list_schedule(trainers: dict[int, dict[str, Any]], items: dict[int, list[Wo
         if busy_until[d] > now:
             continue
         plan, its = trainers[d], items[d]
-        layers = plan["layers"][1] - plan["layers"][0]
-        last = plan["stage"] == plan["num_stages"] - 1
-        cap = plan["num_stages"] - plan["stage"] if capped else math.inf
+        assert plan.layers is not None and plan.stage is not None and plan.num_stages is not None
+        layers = plan.layers[1] - plan.layers[0]
+        last = plan.stage == plan.num_stages - 1
+        cap = plan.num_stages - plan.stage if capped else math.inf
         op = None
         for i in pending_b[d]:
             it = its[i]
@@ -163,14 +165,14 @@ def _list_schedule(trainers: dict[int, dict[str, Any]], items: dict[int, list[Wo
     return order if finished == total else None
 
 
-def torch_actions(rank_plan: dict[str, Any], ops: list[Op]) -> list[str]:
+def torch_actions(rank_plan: RankPlan, ops: list[Op]) -> list[str]:
     """A rank's operation order in torch.distributed.pipelining's action notation: stage index,
     F or B, micro-batch id (`0F0`, `1B3`), so that this scheduler's orders (rerouted plans run on
     it) read side by side with torch's schedules. A piece of a micro-batch (rerouted work) keeps
     its fraction: `1F3[0.5:1]`."""
     out = []
     for kind, i in ops:
-        entry = rank_plan["micro_batches"][i]
-        piece = "" if (entry["lo"], entry["hi"]) == (0.0, 1.0) else f"[{entry['lo']:g}:{entry['hi']:g}]"
-        out.append(f"{rank_plan['stage']}{kind}{entry['id']}{piece}")
+        entry = rank_plan.micro_batches[i]
+        piece = "" if (entry.lo, entry.hi) == (0.0, 1.0) else f"[{entry.lo:g}:{entry.hi:g}]"
+        out.append(f"{rank_plan.stage}{kind}{entry.id}{piece}")
     return out

@@ -1,7 +1,7 @@
 """One training process: a device of the plan, driven by the controller over a pipe.
 
-The worker holds model state per layer (module + AdamW moments), runs the work the controller's
-lowered plan gives it, and follows a small protocol (messages are dicts with a "cmd"):
+The worker holds model state per layer (module + AdamW moments), runs the work its rank plan
+(`comm.lowering.RankPlan`) gives it, and follows a small protocol (messages are dicts with a "cmd"):
 
 - `generation`: form generation g's process group (gloo over a PrefixStore, so groups of
   earlier generations never collide), the all-reduce ring groups, then run the migration rounds
@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 
+from chameleon_opt.comm.lowering import RankPlan, RankTransfer
 from chameleon_opt.runtime.gpt import GPTConfig, batch_tokens, build_layer, sample_loss, state_elements
 from chameleon_opt.runtime.schedule import WorkItem, work_items
 
@@ -70,7 +71,7 @@ class Worker:
             for layer in range(*spec.initial_layers):
                 self.layers[layer] = build_layer(spec.model, layer, spec.seed, self.dtype)
             self._activate(spec.initial_layers)
-        self.plan: dict[str, Any] = {}
+        self.plan: RankPlan | None = None
         self.rank_of: dict[int, int] = {}
         self.ring_groups: dict[str, Any] = {}
         self.incoming: dict[int, torch.nn.Module] = {}
@@ -158,20 +159,21 @@ class Worker:
         """Form the groups of generation g and migrate state; old state is kept until `go`."""
         t0 = time.perf_counter()
         self.plan, self.ops = msg["plan"], [tuple(op) for op in msg["ops"]]
+        assert self.plan is not None
         self.rank_of = {int(d): r for d, r in msg["rank_of"].items()}
         try:
             self._shutdown_groups()
             dist.init_process_group("gloo", store=dist.PrefixStore(f"gen{msg['generation']}/", self.store),
                                     rank=self.rank_of[self.spec.device], world_size=len(self.rank_of),
                                     timeout=timedelta(seconds=self.spec.group_timeout_s))
-            for ring in sorted(self.plan.get("allreduce", []), key=lambda r: r["group"]):
-                ranks = sorted(self.rank_of[d] for d in ring["ring"])
+            for ring in sorted(self.plan.allreduce, key=lambda r: r.group):
+                ranks = sorted(self.rank_of[d] for d in ring.ring)
                 if len(ranks) > 1:
-                    self.ring_groups[ring["group"]] = dist.new_group(ranks, use_local_synchronization=True)
+                    self.ring_groups[ring.group] = dist.new_group(ranks, use_local_synchronization=True)
             t1 = time.perf_counter()
             if msg.get("die_in_transition"):
                 self._die()
-            self._migrate(msg["transfers"])
+            self._migrate(self.plan.transfers)
             t2 = time.perf_counter()
         except Exception as error:  # a peer died during the transition
             self._shutdown_groups()
@@ -180,26 +182,29 @@ class Worker:
             return {"event": "failed", "device": self.spec.device, "error": _short(error)}
         return {"event": "ready", "device": self.spec.device, "group_s": t1 - t0, "migration_s": t2 - t1}
 
-    def _migrate(self, transfers: list[dict[str, Any]]) -> None:
+    def _migrate(self, transfers: tuple[RankTransfer, ...]) -> None:
         """Round by round: post every send and receive of the round, then wait for all of them.
-        A transfer carries elements [lo, hi) of a layer's flat state (the schedule may split a layer
-        over several sources)."""
+        A transfer carries elements [lo, hi) of a layer's flat state (`StateShare.elements`: the
+        schedule may split a layer over several sources)."""
         buffers: dict[int, torch.Tensor] = {}
         for t in transfers:
-            if t["op"] == "recv" and t["layer"] not in buffers:
-                buffers[t["layer"]] = torch.empty(state_elements(self.spec.model, t["layer"]), dtype=self.dtype)
+            if t.op == "recv" and t.share.layer not in buffers:
+                buffers[t.share.layer] = torch.empty(state_elements(self.spec.model, t.share.layer), dtype=self.dtype)
         flats: dict[int, torch.Tensor] = {}
-        for rnd in sorted({t["round"] for t in transfers}):
+        for rnd in sorted({t.share.round for t in transfers}):
             works = []
-            for t in (t for t in transfers if t["round"] == rnd):
-                peer = self.rank_of[t["peer"]]
-                if t["op"] == "send":
-                    flat = flats.get(t["layer"])
+            for t in (t for t in transfers if t.share.round == rnd):
+                share, peer = t.share, self.rank_of[t.peer]
+                lo, hi = share.elements(state_elements(self.spec.model, share.layer))
+                if hi <= lo:
+                    continue
+                if t.op == "send":
+                    flat = flats.get(share.layer)
                     if flat is None:
-                        flat = flats[t["layer"]] = self._flat_state(t["layer"])
-                    works.append(dist.isend(flat[t["lo"]:t["hi"]].contiguous(), peer, tag=t["tag"]))
+                        flat = flats[share.layer] = self._flat_state(share.layer)
+                    works.append(dist.isend(flat[lo:hi].contiguous(), peer, tag=share.tag))
                 else:
-                    works.append(dist.irecv(buffers[t["layer"]][t["lo"]:t["hi"]], peer, tag=t["tag"]))
+                    works.append(dist.irecv(buffers[share.layer][lo:hi], peer, tag=share.tag))
             for w in works:
                 w.wait()
         for layer, flat in buffers.items():
@@ -214,7 +219,8 @@ class Worker:
         self.moments.update(self.incoming_moments)
         self.incoming.clear()
         self.incoming_moments.clear()
-        layers = tuple(self.plan["layers"]) if self.plan.get("role") == "train" else None
+        assert self.plan is not None
+        layers = self.plan.layers if self.plan.role == "train" else None
         keep = set(range(*layers)) if layers else set()
         self.layers = {k: v for k, v in self.layers.items() if k in keep}
         self.moments = {k: v for k, v in self.moments.items() if k in keep}
@@ -226,7 +232,7 @@ class Worker:
     def _step(self, msg: dict[str, Any]) -> dict[str, Any]:
         step = msg["step"]
         t0 = time.perf_counter()
-        if self.plan.get("role") != "train":
+        if self.plan is None or self.plan.role != "train":
             if msg.get("die_after_ops") is not None:  # an idle device has no operations to count
                 self._die()
             return {"event": "ready", "device": self.spec.device, "step": step, "losses": {}, "compute_s": 0.0}
@@ -247,7 +253,8 @@ class Worker:
 
     def _run_operations(self, step: int, die_after_ops: int | None) -> tuple[dict[int, float], float]:
         spec, plan = self.spec, self.plan
-        first, end = plan["layers"]
+        assert plan is not None and plan.layers is not None
+        first, end = plan.layers
         has_embedding, has_head = first == 0, end == spec.model.num_layers
         modules = [self.layers[layer] for layer in range(first, end)]
         items = work_items(plan, spec.micro_batch_size)
@@ -306,19 +313,20 @@ class Worker:
 
     def _allreduce(self) -> None:
         """Gradient rings round by round; the rings of one round run concurrently."""
-        rings = [r for r in self.plan.get("allreduce", []) if r["group"] in self.ring_groups]
-        for rnd in sorted({r["round"] for r in rings}):
+        assert self.plan is not None
+        rings = [r for r in self.plan.allreduce if r.group in self.ring_groups]
+        for rnd in sorted({r.round for r in rings}):
             launched = []
-            for ring in (r for r in rings if r["round"] == rnd):
+            for ring in (r for r in rings if r.round == rnd):
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p)
-                         for layer in ring["layers"] for p in self.layers[layer].parameters()]
+                         for layer in ring.layers for p in self.layers[layer].parameters()]
                 flat = torch.cat([g.reshape(-1) for g in grads])
-                launched.append((dist.all_reduce(flat, group=self.ring_groups[ring["group"]], async_op=True),
+                launched.append((dist.all_reduce(flat, group=self.ring_groups[ring.group], async_op=True),
                                  ring, flat))
             for work, ring, flat in launched:
                 work.wait()
                 offset = 0
-                for layer in ring["layers"]:
+                for layer in ring.layers:
                     for p in self.layers[layer].parameters():
                         n = p.numel()
                         p.grad = flat[offset:offset + n].view_as(p).clone()
