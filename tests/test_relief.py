@@ -12,7 +12,7 @@ import pytest
 from chameleon_opt.check import check_plan
 from chameleon_opt.instance.load import build_instance
 from chameleon_opt.perf.model import PerfModel
-from chameleon_opt.perf.relief import parse_relief, relief_options
+from chameleon_opt.perf.relief_kinds import parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import search_plan

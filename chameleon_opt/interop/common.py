@@ -10,7 +10,7 @@ from typing import Any
 
 from chameleon_opt.errors import InputError
 from chameleon_opt.instance.load import MODELS_DIR, Instance, grid_position, load_workload_file, resolve_workload_path
-from chameleon_opt.interop.hf import workload_from_hf
+from chameleon_opt.workload.hf import workload_from_hf
 
 TORCHTITAN_ORDER = "tp-dp-pp"
 """torchtitan's device mesh ["pp", "dp_replicate", "dp_shard", "cp", "tp"] with CP 1, innermost first."""

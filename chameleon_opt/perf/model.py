@@ -36,7 +36,7 @@ from chameleon_opt.instance.schema import DeviceType
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
 from chameleon_opt.perf.memory import MemoryBreakdown, TERM_MEANING, in_flight_micro_batches, zero_shards
 from chameleon_opt.perf.pipeline import one_f_one_b_time
-from chameleon_opt.perf.relief import ReliefCost, parse_relief, relief_options
+from chameleon_opt.perf.relief_kinds import ReliefCost, parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan
 from chameleon_opt.workload.activations import kernels_for
 

@@ -1,12 +1,7 @@
-"""Memory relief per stage: which activations a stage keeps, and where its optimizer state lives.
-
-A relief is an activation mode, optionally with the optimizer state offloaded to host memory:
-`none`, `selective`, `full` (recomputation, Korthikanti et al. 2022), `offload` (every activation
-copied to host memory over the device-host link as the forward produces it and fetched back for the
-backward, the copies overlapped with compute), each optionally `+opt-offload` (fp32 master weights
-and moments live on the host and the CPU runs the optimizer step, as ZeRO-Offload does). The
-performance model prices each relief per stage (time and memory, perf/model.py); the instance says
-which ones the trainer supports (`training.reliefs`, default only its global recomputation).
+"""Memory relief per stage: choosing, per stage, which activations it keeps and where its optimizer
+state lives (what a relief is: perf/relief_kinds.py). The performance model prices each relief per
+stage (time and memory, perf/model.py); the instance says which ones the trainer supports
+(`training.reliefs`, default only its global recomputation).
 
 Why choosing per stage is cheap and exact: a pipeline's 1F1B time is the longest path of its
 operation graph, non-decreasing in every operation's duration, and a stage's relief changes only
@@ -20,55 +15,18 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
+
+from chameleon_opt.perf.relief_kinds import ReliefCost
 
 if TYPE_CHECKING:
     from chameleon_opt.perf.model import Estimate, PerfModel
     from chameleon_opt.plan import Plan
 
-ACTIVATION_MODES = ("none", "selective", "full", "offload")
-OPT_OFFLOAD = "opt-offload"
 ENUMERATION_LIMIT = 4096
 """Most relief combinations tried per pipeline and threshold; beyond it each stage takes its fastest
 (forward + backward) Pareto option, which is still optimal when those options are ordered."""
-
-
-def parse_relief(name: str) -> tuple[str, bool]:
-    """(activation mode, optimizer offloaded) of a relief name such as `full+opt-offload`."""
-    parts = name.split("+")
-    offload = OPT_OFFLOAD in parts
-    rest = [p for p in parts if p != OPT_OFFLOAD]
-    mode = rest[0] if rest else "none"
-    if len(rest) > 1 or mode not in ACTIVATION_MODES or parts.count(OPT_OFFLOAD) > 1:
-        raise ValueError(f"unknown relief {name!r}: use one of {', '.join(ACTIVATION_MODES)}, "
-                         f"optionally with +{OPT_OFFLOAD}")
-    return mode, offload
-
-
-def relief_name(mode: str, optimizer_offload: bool) -> str:
-    if optimizer_offload:
-        return OPT_OFFLOAD if mode == "none" else f"{mode}+{OPT_OFFLOAD}"
-    return mode
-
-
-def relief_options(supported: list[str] | None, recompute: str) -> tuple[str, ...]:
-    """Every per-stage relief the trainer supports: its activation modes (the global recomputation
-    when none is listed), each also with the optimizer offloaded when `opt-offload` is listed."""
-    given = list(supported or [recompute])
-    modes = [m for m in ACTIVATION_MODES if m in given] or [recompute]
-    with_offload = [False, True] if OPT_OFFLOAD in given else [False]
-    return tuple(relief_name(m, o) for o in with_offload for m in modes)
-
-
-@dataclass(frozen=True)
-class ReliefCost:
-    """One relief on one stage slot: its op durations, optimizer step and whether it fits."""
-
-    relief: str
-    forward_s: float
-    backward_s: float
-    optimizer_s: float
 
 
 def pareto(options: list[ReliefCost]) -> list[ReliefCost]:

@@ -680,7 +680,7 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
     """An instance of CPU worker processes (one per device) training an HF config's model with a
     regular layout, for the runtime's tests and the demo."""
     from chameleon_opt.instance.load import build_instance
-    from chameleon_opt.interop.hf import workload_from_hf
+    from chameleon_opt.workload.hf import workload_from_hf
 
     devices = pipeline_parallel * data_parallel * tensor_parallel
     return build_instance({
