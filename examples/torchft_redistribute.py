@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from chameleon_opt.api import Planner, RecoveryDecision
+from chameleon_opt.api import Planner
 from chameleon_opt.errors import InfeasibleError, NoSolutionError, UnrecoverableError
 
 GLOBAL_BATCH = 48
@@ -91,12 +91,6 @@ class Assignment:
         return sum(len(s) for s in self.samples.values())
 
 
-def rank_plan(decision: RecoveryDecision, device: int) -> dict:
-    """`device`'s executable plan as JSON (the per-rank record is a typed object in newer trees)."""
-    plan = decision.for_rank(device)
-    return plan.to_json() if hasattr(plan, "to_json") else plan
-
-
 def decide(planner: Planner, replicas: int, lost: list[int], max_slowdown: float) -> Assignment:
     """At a quorum change: redistribute the lost replicas' micro-batches as the planner's plan for
     the survivors deals them, unless the planner finds no plan keeping the global batch or its
@@ -113,8 +107,8 @@ def decide(planner: Planner, replicas: int, lost: list[int], max_slowdown: float
     if slowdown > max_slowdown:
         return Assignment("shrink", shrunk, f"the planner's {decision.policy} keeps the batch at {slowdown:.2f}x "
                                             f"the step, over the {max_slowdown:.2f}x allowed")
-    samples = {r: [i for m in rank_plan(decision, r)["micro_batches"]
-                   for i in range(round((m["id"] + m["lo"]) * MICRO_BATCH), round((m["id"] + m["hi"]) * MICRO_BATCH))]
+    samples = {r: [i for m in decision.for_rank(r).micro_batches
+                   for i in range(round((m.id + m.lo) * MICRO_BATCH), round((m.id + m.hi) * MICRO_BATCH))]
                for r in survivors}
     return Assignment("redistribute", samples, f"the planner's {decision.policy} keeps the batch at "
                                                f"{slowdown:.2f}x the step ({decision.reason})")
