@@ -22,8 +22,9 @@ from rich.table import Table
 
 from chameleon_opt.instance.load import build_instance
 from chameleon_opt.perf.model import PerfModel
-from chameleon_opt.solve.search import (heuristic_mix, level_model, lp_lower_bound, search_plan, search_space,
-                                        solve_level_model)
+from chameleon_opt.solve.constructive import heuristic_mix
+from chameleon_opt.solve.levels import level_model, lp_lower_bound, solve_level_model
+from chameleon_opt.solve.search import search_plan, search_space
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=160)

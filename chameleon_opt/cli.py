@@ -803,7 +803,8 @@ def export(file: Path = typer.Argument(..., help="instance file (JSON or YAML)")
            force: bool = typer.Option(False, "--force", help="overwrite an existing output file")) -> None:
     """Write the reconfiguration search model for the instance's failures, for any solver."""
     from chameleon_opt.output import check_output, write_output
-    from chameleon_opt.solve.search import build_level_cpsat, build_level_milp, level_model_for
+    from chameleon_opt.solve.levels import build_level_cpsat, build_level_milp
+    from chameleon_opt.solve.search import level_model_for
 
     try:
         check_output(output, "--output", force)

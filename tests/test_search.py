@@ -16,8 +16,9 @@ from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.microbatch import allocate_greedy, pipeline_time
 from chameleon_opt.solve.result import Status
-from chameleon_opt.solve.search import (Mix, heuristic_mix, level_model, lp_lower_bound, modelled_time,
-                                        _template_plan, search_plan, solve_level_model)
+from chameleon_opt.solve.constructive import Mix, heuristic_mix, modelled_time
+from chameleon_opt.solve.levels import level_model, lp_lower_bound, solve_level_model
+from chameleon_opt.solve.search import _template_plan, search_plan
 from chameleon_opt.solve.templates import build_templates
 from tests.helpers import tiny_instance
 

@@ -11,8 +11,9 @@ from chameleon_opt.check import check_plan
 from chameleon_opt.instance.load import build_instance, load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.solve.result import Status
-from chameleon_opt.solve.search import (heuristic_mix, level_model, lp_lower_bound, modelled_time, restricted_mix,
-                                        search_plan, search_space, solve_level_model)
+from chameleon_opt.solve.constructive import heuristic_mix, modelled_time, restricted_mix
+from chameleon_opt.solve.levels import level_model, lp_lower_bound, solve_level_model
+from chameleon_opt.solve.search import search_plan, search_space
 
 INSTANCES = Path(__file__).resolve().parents[1] / "instances"
 

@@ -39,7 +39,7 @@ from chameleon_opt.recovery.interface import (CHECKPOINT_INTERVAL_S, RESTART_S, 
                                               PolicyState, Response, cached_search, restart_response, structure_key)
 from chameleon_opt.decision import GROUP_REBUILD_S, lost_layers, migration_lower_bound_s
 from chameleon_opt.solve.groups import survivor_groups
-from chameleon_opt.solve.search import Mix, lower
+from chameleon_opt.solve.constructive import Mix, lower
 from chameleon_opt.solve.templates import Template, build_templates
 
 BAMBOO_TAKEOVER_S = 2.0
