@@ -26,6 +26,7 @@ from chameleon_opt.comm import communication_plan, lower_plan
 from chameleon_opt.comm.allreduce import cpsat_colouring, dsatur_colouring
 from chameleon_opt.instance.load import build_instance
 from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.search import search_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,14 +57,15 @@ def run_one(devices: int, limit: float) -> dict:
         model = PerfModel(instance)
         failed = instance.failed_devices
         start = time.perf_counter()
-        search = search_plan(instance, failed, time_limit_s=10.0, model=model)
+        search = search_plan(instance, failed, Deadline.after(10.0), model=model)
         search_s = time.perf_counter() - start
         if search.solution is not None:
             break
     else:
         return {"devices": devices, "model": None, "reason": search.reason}
     start = time.perf_counter()
-    migration, rounds, info = communication_plan(instance, instance.plan, search.solution, failed, limit, model=model)
+    migration, rounds, info = communication_plan(instance, instance.plan, search.solution, failed, Deadline.after(limit),
+                                                 model=model)
     comm_s = time.perf_counter() - start
     start = time.perf_counter()
     ranks = lower_plan(instance, info.plan, migration, rounds, failed)
@@ -72,7 +74,7 @@ def run_one(devices: int, limit: float) -> dict:
     # CP-SAT run even where DSATUR meets the clique bound (communication_plan skips it there)
     greedy = dsatur_colouring(info.allreduce.groups)
     k = max(greedy.values(), default=-1) + 1
-    cp_status, cp_colouring, _, cp_wall = cpsat_colouring(info.allreduce.groups, k, 2.0, 1, 0, greedy) if k else \
+    cp_status, cp_colouring, _, cp_wall = cpsat_colouring(info.allreduce.groups, k, Deadline.after(2.0), hint=greedy) if k else \
         (None, {}, 0.0, 0.0)
     step_before = model.evaluate(search.solution, failed).iteration_time_s
     step_after = model.evaluate(info.plan, failed).iteration_time_s

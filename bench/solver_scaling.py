@@ -22,9 +22,11 @@ from rich.table import Table
 
 from chameleon_opt.instance.load import build_instance
 from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.constructive import heuristic_mix
 from chameleon_opt.solve.levels import level_model, lp_lower_bound, solve_level_model
 from chameleon_opt.solve.search import search_plan, search_space
+from chameleon_opt.solve.deadline import Deadline
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=160)
@@ -62,7 +64,7 @@ def enumerate_baseline(instance, failed, limit: float) -> dict:
     except ImportError:
         return {"status": "absent"}
     start = time.perf_counter()
-    result = enumerate_plans(instance, failed, time_limit_s=limit)
+    result = enumerate_plans(instance, failed, Deadline.after(limit))
     wall = time.perf_counter() - start
     step = PerfModel(instance).evaluate(result.solution, failed).iteration_time_s if result.solution else None
     return {"status": result.status.value, "wall_s": wall, "step_s": step, "reason": result.reason}
@@ -73,7 +75,7 @@ def run_one(workload: str, devices: int, limit: float, enumerator_limit: float) 
     failed = instance.failed_devices
     model = PerfModel(instance)
     start = time.perf_counter()
-    result = search_plan(instance, failed, time_limit_s=limit, model=model)
+    result = search_plan(instance, failed, Deadline.after(limit), model=model)
     total = time.perf_counter() - start
     row = {"workload": workload, "devices": devices, "status": result.status.value, "backend": result.backend,
            "total_s": total, "solve_s": result.wall_s, "build_s": result.build_s, "gap": result.gap,
@@ -88,7 +90,7 @@ def run_one(workload: str, devices: int, limit: float, enumerator_limit: float) 
         bound = lp_lower_bound(space.templates, space.budget, space.total)
         lm = level_model(space.templates, space.budget, space.total, warm, bound)
         for backend in ("cpsat", "highs"):
-            status, _, _, build_s, wall = solve_level_model(lm, backend, limit, 1, 0)
+            status, _, _, build_s, wall = solve_level_model(lm, Deadline.after(limit), SolverOptions(backend))
             row[f"{backend}_level_s"] = wall + build_s
             row[f"{backend}_level_status"] = status.value if status else "NO_SOLUTION"
     row["enumerator"] = enumerate_baseline(instance, failed, enumerator_limit)

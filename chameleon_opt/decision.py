@@ -32,7 +32,7 @@ from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.solve.backends import SolverOptions
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions
 from chameleon_opt.solve.bubbles import rerouted_step
 from chameleon_opt.solve.deadline import Deadline, DeadlinePassed, StageTime
 from chameleon_opt.solve.result import SolveResult, Status
@@ -222,21 +222,18 @@ def _stage(name: str, deadline: Deadline, started: float, result: SolveResult | 
     return StageTime(name, max(deadline.end - started, 0.0), wall, stopped, note)
 
 
-def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float = 5.0,
-                      threads: int = 1, seed: int = 0, *, deadline: Deadline | None = None,
-                      options: SolverOptions | None = None, bubble_filling: bool = True) -> RecoveryOption:
+def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
+                      options: SolverOptions = DEFAULT, *, bubble_filling: bool = True) -> RecoveryOption:
     """Keep the layout, give the failed stages' work to their peers in decided shares (transition ~ 0);
     with `bubble_filling`, also in whole micro-batches placed into the peers' idle time."""
-    options = options or SolverOptions("highs", threads, seed)
-    result = reroute_plan(instance, failed, time_limit_s, model=model, deadline=deadline, options=options)
+    result = reroute_plan(instance, failed, deadline, options, model=model)
     if not result.status.has_solution or result.solution is None:
         return RecoveryOption("reroute", False, result.reason or result.status.value, solve=result)
     estimate = model.evaluate(result.solution, failed)
     plan, reason = result.solution, f"layout kept; {result.reason}"
-    if bubble_filling and not (deadline and deadline.expired()):
+    if bubble_filling and not deadline.expired():
         try:  # the same work in whole micro-batches, placed into the peers' idle time
-            step, how, whole = rerouted_step(model, instance.plan, failed,
-                                             deadline.left() if deadline else time_limit_s, options, floor_ok=False)
+            step, how, whole = rerouted_step(model, instance.plan, failed, deadline, options, floor_ok=False)
         except InfeasibleError:
             step = math.inf
         # The schedule model keeps its own activation limits: the checker's memory model decides.
@@ -247,10 +244,8 @@ def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfMod
     return RecoveryOption("reroute", True, reason, plan, estimate, 0.0, solve=result)
 
 
-def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, time_limit_s: float = 10.0,
-                          threads: int = 1, seed: int = 0, *, deadline: Deadline | None = None,
-                          options: SolverOptions | None = None,
-                          worth: Callable[[float, float], float] | None = None
+def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
+                          options: SolverOptions = DEFAULT, *, worth: Callable[[float, float], float] | None = None
                           ) -> tuple[RecoveryOption, tuple[StageTime, ...]]:
     """Re-plan over the survivors, locally first (solve/local.py: intact pipelines kept, only the
     damaged ones' survivors and spares re-planned; LOCAL_SHARE of `deadline`), then globally (the
@@ -259,8 +254,6 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
     higher (Eq. 8: `decide` passes it; else the faster step) is the candidate. The global plan's
     migration is only scheduled when its step beats the local one's (else it cannot win: a larger
     change for no faster step)."""
-    deadline = deadline or Deadline.after(time_limit_s)
-    options = options or SolverOptions("cpsat", threads, seed)
     worth = worth or (lambda step, transition: -step)
     stages: list[StageTime] = []
     start = time.perf_counter()
@@ -419,18 +412,15 @@ def with_stale_copies(error: UnrecoverableError, earlier: list[Plan], instance: 
                               "any copy left there is stale (it missed every update since)")
 
 
-def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", time_limit_s: float = 10.0,
-           threads: int = 1, seed: int = 0, next_fault_s: float | None = None, *, deadline: Deadline | None = None,
-           options: SolverOptions | None = None, model: PerfModel | None = None,
+def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", *, deadline: Deadline,
+           options: SolverOptions = DEFAULT, next_fault_s: float | None = None, model: PerfModel | None = None,
            bubble_filling: bool = True, target: str = "any") -> Decision:
-    """Build the candidates the policy asks for within `deadline` (else `time_limit_s` from now),
-    score them (Eq. 8, `score_option`) and pick the best. With a `target` trainer other than `any`
-    the only candidate is the reconfiguration that trainer can run (`target_candidate`): neither
+    """Build the candidates the policy asks for within `deadline`, score them (Eq. 8,
+    `score_option`) and pick the best. With a `target` trainer other than `any` the only
+    candidate is the reconfiguration that trainer can run (`target_candidate`): neither
     rerouting nor the hybrid is something Megatron-LM or torchtitan can execute.
 
     Raises UnrecoverableError when some layer lost every replica (only a checkpoint has it)."""
-    deadline = deadline or Deadline.after(time_limit_s)
-    options = options or SolverOptions("cpsat", threads, seed)
     gone = lost_layers(instance, failed)
     if gone:
         raise UnrecoverableError(f"layers {gone[0]}-{gone[-1]} ({len(gone)} layers) lost every replica: no surviving "

@@ -9,6 +9,7 @@ import pytest
 
 from chameleon_opt.solve.bubbles import (BubbleProblem, device_of, even_hosts, one_f_one_b_orders, retime,
                                          solve_bubbles)
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import Status
 
 
@@ -59,7 +60,7 @@ CASES = [
 @pytest.mark.parametrize("problem", CASES)
 def test_bubble_filling_equals_brute_force(problem):
     exact = brute_force(problem)
-    result = solve_bubbles(problem, time_limit_s=20)
+    result = solve_bubbles(problem, Deadline.after(20))
     assert result.status is Status.OPTIMAL
     assert result.objective == pytest.approx(exact, rel=1e-3)
     assert result.objective >= exact - 1e-9  # a real schedule: never below the true optimum
@@ -74,7 +75,7 @@ def test_bubble_filling_beats_the_serial_step_when_the_backward_splits():
                             in_flight=((4, 3, 2, 1), (4, 3, 2, 1)))
     appended = retime(problem, one_f_one_b_orders(problem, even_hosts(problem), interleave=False))[0]
     assert appended == pytest.approx(32.0)  # Eq. 12/13: 4 x 2 own + 4 x 3 hosted ... after the peer's own work
-    result = solve_bubbles(problem, time_limit_s=20)
+    result = solve_bubbles(problem, Deadline.after(20))
     assert result.status.has_solution
     assert result.objective <= 29.0 + 1e-9 < appended * 0.95
     assert 25.9 <= result.bound <= result.objective  # CP-SAT proves 26 less the one-tick-per-op rounding
@@ -86,4 +87,4 @@ def test_bubble_filling_beats_the_serial_step_when_the_backward_splits():
 def test_stage_without_peers_cannot_reroute():
     problem = BubbleProblem((1.0,), (1.0,), (0.0,), (1, 1), frozenset({(0, 0), (1, 0)}))
     with pytest.raises(ValueError, match="lost every replica"):
-        solve_bubbles(problem)
+        solve_bubbles(problem, Deadline.after(10.0))

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from chameleon_opt.cli import app
 from chameleon_opt.instance.load import load_instance
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.search import search_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,5 +89,5 @@ def test_exported_mps_solved_by_cbc_matches_the_search(tmp_path):
     problem.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=20))
     assert pulp.LpStatus[problem.status] == "Optimal"
     instance = load_instance(EXAMPLE)
-    result = search_plan(instance, instance.failed_devices, time_limit_s=5)
+    result = search_plan(instance, instance.failed_devices, Deadline.after(5))
     assert pulp.value(problem.objective) == pytest.approx(result.objective, rel=1e-6)

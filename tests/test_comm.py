@@ -29,6 +29,7 @@ from chameleon_opt.instance.load import build_instance, load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.search import search_plan
 from tests.helpers import tiny_instance
 
@@ -58,7 +59,7 @@ def _search(seed: int, tp: int, failures: int, memory_gib: float = 100.0):
                                        tp=tp), "<tiny>")
     rng = random.Random(seed)
     failed = frozenset(rng.sample(range(inst.num_devices), failures))
-    result = search_plan(inst, failed, 2.0)
+    result = search_plan(inst, failed, Deadline.after(2.0))
     assert result.solution is not None, result.reason
     return inst, failed, result.solution
 
@@ -122,7 +123,7 @@ def test_allreduce_colouring_has_no_shared_device_and_cpsat_beats_dsatur(slot_se
               for i, slots in enumerate(slot_sets)}
     greedy = dsatur_colouring(groups)
     k = max(greedy.values()) + 1
-    status, exact, bound, _ = cpsat_colouring(groups, k, 5.0, 1, 0, greedy)
+    status, exact, bound, _ = cpsat_colouring(groups, k, Deadline.after(5.0), hint=greedy)
     assert exact is not None and status.value == "OPTIMAL"
     assert max(exact.values()) + 1 <= k
     for colouring in (greedy, exact):
@@ -142,7 +143,7 @@ def test_allreduce_rounds_on_uneven_pipelines() -> None:
                               Stage((16, 17), 30, 40)), 128),
                     Pipeline((Stage((18, 19), 0, 20), Stage((20, 21), 20, 40)), 256)))
     failed = frozenset({13})
-    schedule = schedule_allreduce(model, plan, failed, 2.0)
+    schedule = schedule_allreduce(model, plan, failed, Deadline.after(2.0))
     names = [n for r in schedule.rounds for n in r]
     assert sorted(names) == sorted(schedule.groups) and len(names) == len(set(names))
     covered = Counter(layer for g in schedule.groups.values() if g.name != "tied_embedding" for layer in g.layers)
@@ -199,7 +200,7 @@ def _check_migration(inst, failed: frozenset[int], old: Plan, migration) -> None
                                                      (3, 2, 1, 12.0), (5, 2, 2, 100.0), (6, 1, 2, 8.0)])
 def test_migration_on_random_tiny_instances(seed: int, tp: int, failures: int, memory: float) -> None:
     inst, failed, new = _search(seed, tp, failures, memory)
-    migration, rounds, info = communication_plan(inst, inst.plan, new, failed, 2.0)
+    migration, rounds, info = communication_plan(inst, inst.plan, new, failed, Deadline.after(2.0))
     assert migration.plan is info.plan
     _check_migration(inst, failed, inst.plan, migration)
     assert migration.solve.status.value == "OPTIMAL"  # the full LP: its optimum is the bound
@@ -215,10 +216,10 @@ def test_random_failures_end_to_end(seed: int, tp: int, failures: int, memory: f
     inst = build_instance(tiny_instance(seed, nodes=nodes, per_node=4, blocks=6, micro_batches=8, memory_gib=memory,
                                        tp=tp), "<tiny>")
     failed = frozenset(random.Random(seed).sample(range(inst.num_devices), failures))
-    result = search_plan(inst, failed, 2.0)
+    result = search_plan(inst, failed, Deadline.after(2.0))
     assume(result.solution is not None)
     try:
-        migration, rounds, info = communication_plan(inst, inst.plan, result.solution, failed, 2.0)
+        migration, rounds, info = communication_plan(inst, inst.plan, result.solution, failed, Deadline.after(2.0))
     except UnrecoverableError:  # only when some shard lost every replica
         held = old_holdings(inst.plan, failed)
         alive = {(layer, h.rank) for h in held.values() for layer in range(h.first, h.end)}
@@ -231,16 +232,16 @@ def test_random_failures_end_to_end(seed: int, tp: int, failures: int, memory: f
 def test_migration_paper_32_both_backends_and_restricted(monkeypatch: pytest.MonkeyPatch) -> None:
     inst = load_instance(ROOT / "instances" / "paper-32.json")
     failed = frozenset({13})
-    new = search_plan(inst, failed, 5.0).solution
+    new = search_plan(inst, failed, Deadline.after(5.0)).solution
     model = PerfModel(inst)
     plan, _ = assign_slots(model, inst.plan, new, failed)
-    highs = schedule_migration(model, inst.plan, plan, failed, 5.0)
-    cbc = schedule_migration(model, inst.plan, plan, failed, 5.0, backend="cbc")
+    highs = schedule_migration(model, inst.plan, plan, failed, Deadline.after(5.0))
+    cbc = schedule_migration(model, inst.plan, plan, failed, Deadline.after(5.0), backend="cbc")
     assert highs.solve.backend == "highs" and cbc.solve.backend == "cbc"
     assert abs(highs.fluid_makespan_s - cbc.fluid_makespan_s) <= 1e-6 * highs.fluid_makespan_s
     monkeypatch.setattr(migration_module, "FULL_VARIABLES", 10)
     monkeypatch.setattr(migration_module, "INTER_CANDIDATES", 1)
-    restricted = schedule_migration(model, inst.plan, plan, failed, 5.0)
+    restricted = schedule_migration(model, inst.plan, plan, failed, Deadline.after(5.0))
     assert "restricted" in restricted.solve.reason
     assert restricted.fluid_makespan_s >= highs.fluid_makespan_s - 1e-9
     for m in (highs, cbc, restricted):
@@ -250,13 +251,13 @@ def test_migration_paper_32_both_backends_and_restricted(monkeypatch: pytest.Mon
 def test_paper_example_device_4() -> None:
     inst = load_instance(ROOT / "instances" / "paper-example.json")
     failed = frozenset({4})
-    new = search_plan(inst, failed, 5.0).solution
-    migration, rounds, info = communication_plan(inst, inst.plan, new, failed, 2.0)
+    new = search_plan(inst, failed, Deadline.after(5.0)).solution
+    migration, rounds, info = communication_plan(inst, inst.plan, new, failed, Deadline.after(2.0))
     _check_migration(inst, failed, inst.plan, migration)
     assert migration.transfers == () and migration.makespan_s == 0.0  # its layers carry no bytes
     # the rerouted plan keeps the layout: nothing to migrate, the failed slot drops out of the groups
     rerouted = even_reroute(inst.plan, failed)
-    migration, rounds, info = communication_plan(inst, inst.plan, rerouted, failed, 2.0)
+    migration, rounds, info = communication_plan(inst, inst.plan, rerouted, failed, Deadline.after(2.0))
     assert migration.transfers == () and info.plan.pipelines == rerouted.pipelines
     ranks = lower_plan(inst, info.plan, migration, rounds, failed)
     _check_lowered(inst, info.plan, ranks, failed)
@@ -264,7 +265,7 @@ def test_paper_example_device_4() -> None:
 
 def test_release_safety_detects_early_release() -> None:
     inst, failed, new = _search(0, 1, 1, 12.0)
-    migration, _, info = communication_plan(inst, inst.plan, new, failed, 2.0)
+    migration, _, info = communication_plan(inst, inst.plan, new, failed, Deadline.after(2.0))
     assert migration.transfers
     src = migration.transfers[-1].src
     early = dataclasses.replace(migration, release_after_round={**migration.release_after_round, src: -1})
@@ -281,15 +282,15 @@ def test_lost_layer_is_unrecoverable() -> None:
     new = Plan(1, (Pipeline((Stage((survivors[0],), 0, end), Stage((survivors[1],), end, inst.workload.num_layers)),
                             inst.global_micro_batches),))
     with pytest.raises(UnrecoverableError, match="checkpoint"):
-        schedule_migration(PerfModel(inst), inst.plan, new, stage0)
+        schedule_migration(PerfModel(inst), inst.plan, new, stage0, Deadline.after(5.0))
     with pytest.raises(UnrecoverableError):
-        communication_plan(inst, inst.plan, new, stage0)
+        communication_plan(inst, inst.plan, new, stage0, Deadline.after(5.0))
     # with TP 2, losing one TP rank of every replica loses those shards even though rank 0 survives
     inst = build_instance(tiny_instance(2, nodes=2, per_node=4, tp=2), "<tiny>")
     rank1 = frozenset(p.stages[0].devices[1] for p in inst.plan.pipelines)
     new = Plan(2, (Pipeline((Stage((2, 3), 0, inst.workload.num_layers),), inst.global_micro_batches),))
     with pytest.raises(UnrecoverableError, match=r"TP ranks \[1\]"):
-        schedule_migration(PerfModel(inst), inst.plan, new, rank1)
+        schedule_migration(PerfModel(inst), inst.plan, new, rank1, Deadline.after(5.0))
 
 
 # -- lowering ------------------------------------------------------------------------------------
@@ -319,7 +320,7 @@ def _check_lowered(inst, plan: Plan, lowered: dict[int, RankPlan], failed: froze
 @pytest.mark.parametrize("seed,tp,memory", [(0, 1, 12.0), (3, 2, 12.0)])
 def test_lowered_plans(seed: int, tp: int, memory: float) -> None:
     inst, failed, new = _search(seed, tp, 1, memory)
-    migration, rounds, info = communication_plan(inst, inst.plan, new, failed, 2.0)
+    migration, rounds, info = communication_plan(inst, inst.plan, new, failed, Deadline.after(2.0))
     lowered = lower_plan(inst, info.plan, migration, rounds, failed)
     _check_lowered(inst, info.plan, lowered, failed)
     ranks = {d: r.to_json() for d, r in lowered.items()}

@@ -20,6 +20,7 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recovery, suggested_limit_s
 from chameleon_opt.solve.backends import OutOfRange, cpsat_int
 from chameleon_opt.solve.bounds import memory_floor
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.deadline import StageTime
 from chameleon_opt.solve.exact import INVENTORY_BUDGET, inventories
 from chameleon_opt.solve.groups import survivor_groups
@@ -81,7 +82,7 @@ def test_memory_impossible_cluster_is_proven_infeasible_at_once() -> None:
     floor = memory_floor(model, survivor_groups(instance, failed, instance.plan.tensor_parallel),
                          instance.global_micro_batches)
     assert floor.stages is None and "layer 0 alone needs" in floor.reason
-    result = search_plan(instance, failed, time_limit_s=5)
+    result = search_plan(instance, failed, Deadline.after(5))
     assert result.status is Status.INFEASIBLE and result.wall_s < 1.0
 
 

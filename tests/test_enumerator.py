@@ -18,6 +18,7 @@ from chameleon_opt.instance.load import MODELS_DIR, build_instance, load_instanc
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.enumerator import (enumerate_plans, layer_splits, one_f_one_b_lower_bound, partitions,
                                            placements, split_count)
 from chameleon_opt.solve.groups import survivor_groups
@@ -146,7 +147,7 @@ def test_placements_sum_to_the_batch_and_dedupe_equal_lengths() -> None:
 # -- exactness -----------------------------------------------------------------------------------
 def test_paper_example_without_failure_beats_the_current_plan() -> None:
     instance = load_instance(EXAMPLE)
-    result = enumerate_plans(instance, frozenset())
+    result = enumerate_plans(instance, frozenset(), Deadline.after(10.0))
     assert result.status is Status.OPTIMAL
     assert result.bound == result.objective
     assert result.objective <= 35.0 + 1e-9
@@ -160,7 +161,7 @@ def test_paper_example_without_failure_beats_the_current_plan() -> None:
 def test_paper_example_with_device_4_failed_matches_brute_force() -> None:
     instance = load_instance(EXAMPLE)
     failed = frozenset({4})
-    result = enumerate_plans(instance, failed)
+    result = enumerate_plans(instance, failed, Deadline.after(10.0))
     assert result.status is Status.OPTIMAL
     assert_good(instance, result, failed)
     assert 4 not in result.solution.devices
@@ -177,7 +178,7 @@ def test_matches_brute_force_on_tiny_instances(seed: int, memory_gib: float, fai
     tight enough in some cases that many candidates are dropped."""
     instance = build_instance(tiny_instance(seed, nodes=2, per_node=3, blocks=5, micro_batches=7,
                                             memory_gib=memory_gib))
-    result = enumerate_plans(instance, failed)
+    result = enumerate_plans(instance, failed, Deadline.after(10.0))
     expected = brute_force(instance, failed)
     if math.isinf(expected):
         assert result.status is Status.INFEASIBLE
@@ -191,7 +192,7 @@ def test_matches_brute_force_on_tiny_instances(seed: int, memory_gib: float, fai
 def test_matches_brute_force_with_tensor_parallel_groups(failed: frozenset[int]) -> None:
     """TP 2 on three nodes of four: a node with three live devices offers one group."""
     instance = build_instance(tiny_instance(6, nodes=3, per_node=4, blocks=6, micro_batches=9, tp=2))
-    result = enumerate_plans(instance, failed)
+    result = enumerate_plans(instance, failed, Deadline.after(10.0))
     assert result.status is Status.OPTIMAL
     assert_good(instance, result, failed)
     assert all(len(stage.devices) == 2 for p in result.solution.pipelines for stage in p.stages)
@@ -200,18 +201,18 @@ def test_matches_brute_force_with_tensor_parallel_groups(failed: frozenset[int])
 
 def test_dp_range_restricts_the_degree() -> None:
     instance = build_instance(tiny_instance(7, nodes=2, per_node=3, blocks=5, micro_batches=7))
-    result = enumerate_plans(instance, frozenset(), dp_range=(2, 2))
+    result = enumerate_plans(instance, frozenset(), Deadline.after(10.0), dp_range=(2, 2))
     assert result.status is Status.OPTIMAL
     assert len(result.solution.pipelines) == 2
     assert_good(instance, result, frozenset())
-    unrestricted = enumerate_plans(instance, frozenset())
+    unrestricted = enumerate_plans(instance, frozenset(), Deadline.after(10.0))
     assert unrestricted.objective <= result.objective + 1e-12
 
 
 # -- infeasibility -------------------------------------------------------------------------------
 def test_model_that_does_not_fit_is_infeasible_with_a_reason_in_gib() -> None:
     instance = build_instance(tiny_instance(0, nodes=2, per_node=3, blocks=5, micro_batches=7, memory_gib=0.5))
-    result = enumerate_plans(instance, frozenset({1}))
+    result = enumerate_plans(instance, frozenset({1}), Deadline.after(10.0))
     assert result.status is Status.INFEASIBLE
     assert result.solution is None and result.objective is None
     assert "no split fits in memory" in result.reason and "GiB" in result.reason
@@ -219,14 +220,14 @@ def test_model_that_does_not_fit_is_infeasible_with_a_reason_in_gib() -> None:
 
 def test_no_survivor_is_infeasible() -> None:
     instance = load_instance(EXAMPLE)
-    result = enumerate_plans(instance, frozenset(range(instance.num_devices)))
+    result = enumerate_plans(instance, frozenset(range(instance.num_devices)), Deadline.after(10.0))
     assert result.status is Status.INFEASIBLE
     assert "no surviving TP group" in result.reason
 
 
 def test_empty_dp_range_is_infeasible() -> None:
     instance = load_instance(EXAMPLE)
-    result = enumerate_plans(instance, frozenset(), dp_range=(30, 40))
+    result = enumerate_plans(instance, frozenset(), Deadline.after(10.0), dp_range=(30, 40))
     assert result.status is Status.INFEASIBLE
     assert "space is empty" in result.reason
 
@@ -238,7 +239,7 @@ def test_time_limit_is_respected_on_paper_32(limit: float) -> None:
     instance = load_instance(PAPER_32)
     failed = frozenset({13})
     started = time.perf_counter()
-    result = enumerate_plans(instance, failed, time_limit_s=limit)
+    result = enumerate_plans(instance, failed, Deadline.after(limit))
     elapsed = time.perf_counter() - started
     # The deadline is checked between candidates: the overrun is one candidate's evaluation (about
     # 2 ms here), not a share of the limit; 50 ms leaves room for a loaded 2-core machine.
@@ -254,7 +255,7 @@ def test_paper_32_with_a_failure_is_enumerated_completely() -> None:
     instance = load_instance(PAPER_32)
     failed = frozenset({13})
     calls: list[int] = []
-    result = enumerate_plans(instance, failed, time_limit_s=20.0, progress=calls.append)
+    result = enumerate_plans(instance, failed, Deadline.after(20.0), progress=calls.append)
     assert result.status is Status.OPTIMAL
     assert_good(instance, result, failed)
     assert calls and all(c % 100 == 0 for c in calls) and calls == sorted(calls)
@@ -265,7 +266,7 @@ def test_paper_32_with_a_failure_is_enumerated_completely() -> None:
 def test_progress_is_reported_every_hundred_candidates() -> None:
     instance = load_instance(EXAMPLE)
     calls: list[int] = []
-    result = enumerate_plans(instance, frozenset(), progress=calls.append)
+    result = enumerate_plans(instance, frozenset(), Deadline.after(10.0), progress=calls.append)
     examined = int(result.reason.split("; ")[-1].split(" candidates examined")[0])
     assert calls == list(range(100, examined + 1, 100))
 

@@ -182,9 +182,9 @@ def test_runtime_orders_in_torch_action_notation():
     from chameleon_opt.comm.lowering import lower_plan
     from chameleon_opt.perf.model import PerfModel
     from chameleon_opt.runtime.schedule import order_operations, torch_actions
-
+    from chameleon_opt.solve.deadline import Deadline
     instance = dataclasses.replace(load_instance("runtime-cpu-4"), failed_devices=frozenset())
-    rounds = schedule_allreduce(PerfModel(instance), instance.plan, frozenset(), 1.0).rounds
+    rounds = schedule_allreduce(PerfModel(instance), instance.plan, frozenset(), Deadline.after(1.0)).rounds
     plans = lower_plan(instance, instance.plan, None, rounds, frozenset())
     orders = order_operations(plans, instance.micro_batch_size)
     assert torch_actions(plans[0], orders[0]) == ["0F0", "0F1", "0B0", "0F2", "0B1", "0F3", "0B2", "0B3"]

@@ -12,6 +12,7 @@ from chameleon_opt.errors import UnrecoverableError
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.decision import break_even_next_fault, decide, eq8_score, expected_score
+from chameleon_opt.solve.deadline import Deadline
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "instances" / "paper-example.json"
 
@@ -38,8 +39,8 @@ def test_decide_picks_by_next_fault_time():
     instance = load_instance(EXAMPLE)
     # With a fault due before the switch could even complete, rerouting (no transition) wins; the
     # reconfiguration's transition is its search, migration and the rebuild of the groups it changes.
-    short = decide(instance, instance.failed_devices, next_fault_s=0.5)
-    long = decide(instance, instance.failed_devices, next_fault_s=7200.0)
+    short = decide(instance, instance.failed_devices, deadline=Deadline.after(10.0), next_fault_s=0.5)
+    long = decide(instance, instance.failed_devices, deadline=Deadline.after(10.0), next_fault_s=7200.0)
     assert short.policy == "reroute"
     assert long.policy == "hybrid"  # the reconfigured plan, reached while rerouting in the meantime
     assert all(c.feasible for c in long.candidates)
@@ -60,12 +61,12 @@ def test_hybrid_rate_closed_forms():
 def test_layer_without_surviving_replica_is_unrecoverable():
     instance = load_instance(EXAMPLE)
     with pytest.raises(UnrecoverableError, match="checkpoint"):
-        decide(instance, frozenset({1, 4, 7, 10}))
+        decide(instance, frozenset({1, 4, 7, 10}), deadline=Deadline.after(10.0))
 
 
 def test_rerouting_infeasible_when_a_stage_lost_every_replica_reason():
     instance = load_instance(EXAMPLE)
-    decision = decide(instance, frozenset({1, 4, 7}), policy="reroute")
+    decision = decide(instance, frozenset({1, 4, 7}), policy="reroute", deadline=Deadline.after(10.0))
     assert decision.candidates[0].feasible  # one replica of stage 1 survives
 
 

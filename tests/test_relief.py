@@ -14,6 +14,7 @@ from chameleon_opt.instance.load import build_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.relief_kinds import parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import search_plan
 from test_search_exact import all_plans
@@ -113,7 +114,7 @@ def test_search_with_relief_equals_brute_force(seed: int) -> None:
     data, failed = _instance(seed)
     instance = build_instance(data)
     best = brute_force(instance, failed)
-    result = search_plan(instance, failed, time_limit_s=20)
+    result = search_plan(instance, failed, Deadline.after(20))
     if math.isinf(best):
         assert result.status is Status.INFEASIBLE, (result.status, result.reason)
         return
@@ -134,7 +135,7 @@ def test_relief_matters_in_the_random_cases() -> None:
         data, failed = _instance(seed)
         with_relief = brute_force(build_instance(data), failed)
         data["training"]["reliefs"] = None
-        plain = search_plan(build_instance(data), failed, time_limit_s=20)
+        plain = search_plan(build_instance(data), failed, Deadline.after(20))
         plain_value = plain.objective if plain.solution is not None else math.inf
         admitted += math.isinf(plain_value) and math.isfinite(with_relief)
         faster += math.isfinite(plain_value) and with_relief < plain_value * (1 - 1e-9)

@@ -13,6 +13,7 @@ from chameleon_opt.instance.load import load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.decision import decide
 from chameleon_opt.runtime.schedule import order_operations, sample_range, work_items
+from chameleon_opt.solve.deadline import Deadline
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +48,7 @@ def run_blocking(rank_plans: dict, orders: dict, mbs: int) -> None:
 
 def lowered(instance, plan, failed, migration=None, rounds=None):
     model = PerfModel(instance)
-    rounds = rounds if rounds is not None else schedule_allreduce(model, plan, failed, 1.0).rounds
+    rounds = rounds if rounds is not None else schedule_allreduce(model, plan, failed, Deadline.after(1.0)).rounds
     return lower_plan(instance, plan, migration, rounds, failed)
 
 
@@ -60,7 +61,7 @@ CASES = [("paper-example.json", (4,)), ("paper-example.json", (1, 6)), ("paper-3
 def test_every_decided_plan_runs_without_deadlock(name: str, dead: tuple[int, ...], policy: str) -> None:
     instance = load_instance(ROOT / "instances" / name)
     failed = frozenset(dead)
-    decision = decide(instance, failed, policy, time_limit_s=5.0)
+    decision = decide(instance, failed, policy, deadline=Deadline.after(5.0))
     chosen = decision.chosen
     assert chosen is not None and chosen.plan is not None, decision.reason
     if chosen.communication is not None:

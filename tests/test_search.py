@@ -102,7 +102,7 @@ def test_template_path_matches_brute_force_over_the_template_space(seed, failed,
     assert lp_lower_bound(templates, budget, total) <= exact + 1e-9
     lm = level_model(templates, budget, total, heuristic_mix(templates, budget, total), 0.0)
     for backend in ("cpsat", "highs"):
-        status, mix, bound, _, _ = solve_level_model(lm, backend, 5.0, 1, 0)
+        status, mix, bound, _, _ = solve_level_model(lm, Deadline.after(5.0), SolverOptions(backend))
         assert status is Status.OPTIMAL, backend
         assert mix is not None and modelled_time(templates, mix) == pytest.approx(exact, abs=1e-4), backend
         assert bound <= exact + 1e-6, backend
@@ -110,12 +110,12 @@ def test_template_path_matches_brute_force_over_the_template_space(seed, failed,
 
 def test_search_reports_memory_infeasibility_with_sizes():
     instance = build_instance(tiny_instance(1, memory_gib=0.5), "<tiny>")
-    result = search_plan(instance, frozenset({0, 1, 2}), time_limit_s=2)
+    result = search_plan(instance, frozenset({0, 1, 2}), Deadline.after(2))
     assert result.status is Status.INFEASIBLE
     assert "GiB" in result.reason and "layer 0 alone needs" in result.reason
 
 
 def test_search_without_survivors_is_infeasible():
     instance = build_instance(tiny_instance(2), "<tiny>")
-    result = search_plan(instance, frozenset(range(6)), time_limit_s=2)
+    result = search_plan(instance, frozenset(range(6)), Deadline.after(2))
     assert result.status is Status.INFEASIBLE and "no surviving TP group" in result.reason

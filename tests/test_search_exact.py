@@ -25,6 +25,7 @@ from chameleon_opt.check import check_plan
 from chameleon_opt.instance.load import build_instance, load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import search_plan
 
@@ -145,7 +146,7 @@ def random_instance(seed: int) -> tuple[dict[str, Any], frozenset[int]]:
 
 def assert_exact(instance, failed: frozenset[int]) -> None:
     best, best_plan = brute_force(instance, failed)
-    result = search_plan(instance, failed, time_limit_s=20)
+    result = search_plan(instance, failed, Deadline.after(20))
     if math.isinf(best):
         assert result.status is Status.INFEASIBLE, (result.status, result.objective, result.reason)
         return
@@ -190,7 +191,7 @@ def test_reproducers(name):
         for micro, stages in ISSUE_PLANS[name]))
     assert check_plan(instance, found, instance.failed_devices).ok
     target = model.evaluate(found, instance.failed_devices).iteration_time_s
-    result = search_plan(instance, instance.failed_devices, time_limit_s=10)
+    result = search_plan(instance, instance.failed_devices, Deadline.after(10))
     assert result.status is Status.OPTIMAL
     assert result.objective <= target * (1 + 1e-9) and result.objective < REPORTED[name]
     estimate = model.evaluate(result.solution, instance.failed_devices)

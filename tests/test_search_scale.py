@@ -10,10 +10,12 @@ from bench.solver_scaling import job
 from chameleon_opt.check import check_plan
 from chameleon_opt.instance.load import build_instance, load_instance
 from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.constructive import heuristic_mix, modelled_time, restricted_mix
 from chameleon_opt.solve.levels import level_model, lp_lower_bound, solve_level_model
 from chameleon_opt.solve.search import search_plan, search_space
+from chameleon_opt.solve.deadline import Deadline
 
 INSTANCES = Path(__file__).resolve().parents[1] / "instances"
 
@@ -23,7 +25,7 @@ def test_bundled_instances_recover_with_a_sound_plan(name):
     instance = load_instance(INSTANCES / f"{name}.json")
     failed = instance.failed_devices
     model = PerfModel(instance)
-    result = search_plan(instance, failed, time_limit_s=10, model=model)
+    result = search_plan(instance, failed, Deadline.after(10), model=model)
     assert result.status in (Status.OPTIMAL, Status.FEASIBLE)
     # The gap the relaxation proves for the exact model (measured 2-8%; see bench/solver_scaling.py).
     assert result.gap is not None and result.gap <= 0.10
@@ -31,7 +33,7 @@ def test_bundled_instances_recover_with_a_sound_plan(name):
     assert result.objective == pytest.approx(model.evaluate(result.solution, failed).iteration_time_s, rel=1e-12)
     assert check_plan(instance, result.solution, failed).ok
     assert not failed.intersection(result.solution.devices)
-    intact = search_plan(instance, frozenset(), time_limit_s=10, model=model)
+    intact = search_plan(instance, frozenset(), Deadline.after(10), model=model)
     assert intact.objective <= result.objective * (1 + 1e-9)  # more survivors never plan slower
 
 
@@ -43,7 +45,7 @@ def test_previous_plan_restricted_to_survivors_is_a_warm_start():
     assert mix is not None
     assert sum(mix.counts) == len(instance.plan.pipelines) - 1  # one pipeline lost a device
     assert sum(sum(shares) for shares in mix.micro_batches) == instance.global_micro_batches
-    result = search_plan(instance, instance.failed_devices, time_limit_s=10, model=model)
+    result = search_plan(instance, instance.failed_devices, Deadline.after(10), model=model)
     assert result.objective <= modelled_time(space.templates, mix) + 1e-9
 
 
@@ -60,7 +62,7 @@ def test_time_limit_is_respected(backend, limit):
     warm = heuristic_mix(space.templates, space.budget, space.total)
     lm = level_model(space.templates, space.budget, space.total, warm,
                      lp_lower_bound(space.templates, space.budget, space.total))
-    status, mix, bound, build_s, wall = solve_level_model(lm, backend, limit, 1, 0)
+    status, mix, bound, build_s, wall = solve_level_model(lm, Deadline.after(limit), SolverOptions(backend))
     assert wall <= 3 * limit, (backend, wall)
     if mix is not None:
         assert bound <= modelled_time(space.templates, mix) + 1e-6

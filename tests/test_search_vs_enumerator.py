@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from chameleon_opt.check import check_plan
 from chameleon_opt.instance.load import build_instance
 from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import search_plan
@@ -28,8 +29,8 @@ def test_search_plan_is_never_slower_than_the_enumerators_best(seed, failed, blo
                                             memory_gib=memory), "<tiny>")
     failed = frozenset(failed)
     model = PerfModel(instance)
-    enumerated = enumerate_plans(instance, failed, time_limit_s=20, model=model)
-    searched = search_plan(instance, failed, time_limit_s=10, model=model)
+    enumerated = enumerate_plans(instance, failed, Deadline.after(20), model=model)
+    searched = search_plan(instance, failed, Deadline.after(10), model=model)
     if enumerated.status is Status.INFEASIBLE:
         return  # the paper's space is narrower: ours may still find a plan
     assert enumerated.status is Status.OPTIMAL

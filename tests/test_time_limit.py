@@ -79,7 +79,7 @@ def test_colouring_past_the_deadline_is_greedy_valid_and_says_so():
 def test_migration_past_its_deadline_is_complete_and_stopped_early():
     instance = load_instance("paper-32")
     failed = instance.failed_devices
-    found = search_plan(instance, failed, time_limit_s=5.0)
+    found = search_plan(instance, failed, Deadline.after(5.0))
     model = PerfModel(instance)
     migration = schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0))
     assert migration.solve.stopped_early and migration.solve.status is Status.HEURISTIC
@@ -89,7 +89,7 @@ def test_migration_past_its_deadline_is_complete_and_stopped_early():
 def test_large_migration_past_its_deadline_is_abandoned_when_asked():
     instance = load_instance("gpt3-175b-1024")  # 2,520 shards to move after its failure
     failed = instance.failed_devices
-    found = search_plan(instance, failed, time_limit_s=2.0)
+    found = search_plan(instance, failed, Deadline.after(2.0))
     model = PerfModel(instance)
     with pytest.raises(DeadlinePassed, match="shards to move"):
         schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0),
@@ -106,7 +106,7 @@ def test_relaxation_bound_cut_by_its_deadline_is_weaker_but_valid(stop_after_s):
     groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
     live = [d for d in range(instance.num_devices) if d not in failed]
     full = relaxation_bound(model, groups, instance.global_micro_batches, live)
-    cut = relaxation_bound(model, groups, instance.global_micro_batches, live, time.perf_counter() + stop_after_s)
+    cut = relaxation_bound(model, groups, instance.global_micro_batches, live, Deadline.after(stop_after_s))
     assert 0.0 <= cut <= full
 
 

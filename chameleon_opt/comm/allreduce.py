@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from chameleon_opt.perf.comm import ring_allreduce_time
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.solve.backends import SolverOptions, cpsat_start_s, solve_cpsat
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions, cpsat_start_s, solve_cpsat
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult, Status
 
@@ -137,11 +137,13 @@ def dsatur_colouring(groups: dict[str, Group]) -> dict[str, int]:
     return colour
 
 
-def cpsat_colouring(groups: dict[str, Group], upper: int, time_limit_s: float, threads: int = 1, seed: int = 0,
+def cpsat_colouring(groups: dict[str, Group], upper: int, deadline: Deadline, options: SolverOptions = DEFAULT,
                     hint: dict[str, int] | None = None) -> tuple[Status, dict[str, int] | None, float, float]:
     """Minimum colouring: x[g, c] = group g in round c, y[c] = round c used; per clique and
     colour sum x <= y; every group one colour; y non-increasing (symmetry); the largest clique's
-    groups fixed to distinct colours (symmetry). Returns status, colouring, bound, wall."""
+    groups fixed to distinct colours (symmetry). Returns status, colouring, bound, wall. CP-SAT is
+    given what is left of `deadline` on entry (building the model is not charged to it)."""
+    time_limit_s = deadline.left()
     names = sorted(groups)
     cliques = _conflict_cliques(groups)
     largest = max(cliques, key=len, default=())
@@ -172,20 +174,19 @@ def cpsat_colouring(groups: dict[str, Group], upper: int, time_limit_s: float, t
             for g in names:
                 for c in range(upper):
                     m.add_hint(x[g, c], relabel[hint[g]] == c)
-    solver, outcome = solve_cpsat(m, time_limit_s, SolverOptions("cpsat", threads, seed))
+    solver, outcome = solve_cpsat(m, time_limit_s, options)
     if not outcome.has_solution or outcome.bound is None:
         return Status.NO_SOLUTION, None, float(len(largest)), outcome.wall_s
     colouring = {g: next(c for c in range(upper) if solver.boolean_value(x[g, c])) for g in names}
     return outcome.status, colouring, max(outcome.bound, float(len(largest))), outcome.wall_s
 
 
-def schedule_allreduce(model: PerfModel, plan: Plan, failed: frozenset[int] = frozenset(), time_limit_s: float = 1.0,
-                       threads: int = 1, seed: int = 0, *, deadline: Deadline | None = None) -> AllreduceSchedule:
+def schedule_allreduce(model: PerfModel, plan: Plan, failed: frozenset[int], deadline: Deadline,
+                       options: SolverOptions = DEFAULT) -> AllreduceSchedule:
     """Rounds of concurrent all-reduce groups with no device in two groups of a round: DSATUR,
-    then CP-SAT while the clique bound is not met and time is left before `deadline` (else
-    `time_limit_s` from now)."""
+    then CP-SAT while the clique bound is not met and time is left before `deadline`; `options`
+    are the caller's, so the operator's `--params` and `--solver-log` reach CP-SAT here too."""
     start = time.perf_counter()
-    deadline = deadline or Deadline.after(time_limit_s, start)
     groups = allreduce_groups(model, plan, failed)
     cliques = _conflict_cliques(groups)
     bound = max((len(c) for c in cliques), default=0)
@@ -199,7 +200,7 @@ def schedule_allreduce(model: PerfModel, plan: Plan, failed: frozenset[int] = fr
         status, backend, stopped = Status.HEURISTIC, "dsatur", True
         reason += "; no time left for CP-SAT: DSATUR's colouring"
     elif greedy_count > bound:
-        status, found, proven, wall = cpsat_colouring(groups, greedy_count, deadline.left(), threads, seed, greedy)
+        status, found, proven, wall = cpsat_colouring(groups, greedy_count, deadline, options, greedy)
         backend = "cpsat"
         if found is not None and max(found.values()) + 1 <= greedy_count:
             colouring = found
@@ -216,6 +217,6 @@ def schedule_allreduce(model: PerfModel, plan: Plan, failed: frozenset[int] = fr
     estimated = sum(max(groups[n].time_s for n in names) for names in classes)
     if status is not Status.HEURISTIC and colours <= proven:
         status = Status.OPTIMAL
-    solve = SolveResult(status, classes, float(colours), proven, wall, backend, build_s, seed,
+    solve = SolveResult(status, classes, float(colours), proven, wall, backend, build_s, options.seed,
                         reason + f"; {colours} rounds", stopped_early=stopped)
     return AllreduceSchedule(groups, classes, estimated, colours, greedy_count, bound, solve)

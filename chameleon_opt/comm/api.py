@@ -18,7 +18,7 @@ from chameleon_opt.comm.rounds import check_release_safety
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.solve.backends import SolverOptions
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult
 
@@ -50,30 +50,27 @@ class CommInfo:
 
 
 def communication_plan(instance: Instance, old_plan: Plan, new_plan: Plan, failed: frozenset[int],
-                       time_limit_s: float = 5.0, *, assign: bool = True, threads: int = 1, seed: int = 0,
-                       model: PerfModel | None = None, deadline: Deadline | None = None,
-                       options: SolverOptions | None = None, assigned: tuple[Plan, SolveResult[Plan]] | None = None,
+                       deadline: Deadline, options: SolverOptions = DEFAULT, *, assign: bool = True,
+                       model: PerfModel | None = None, assigned: tuple[Plan, SolveResult[Plan]] | None = None,
                        abandon: Deadline | None = None) -> tuple[Migration, list[list[str]], CommInfo]:
     """(migration, allreduce_rounds, info) for moving from `old_plan` to `new_plan` after `failed`.
 
     `migration.to_json()` is the contract's `migration`, `allreduce_rounds` its `allreduce_rounds`;
     with `assign` the new plan's TP groups are re-mapped first and `info.plan` (== migration.plan)
     is the plan to report and run; `assigned` is that re-mapping when the caller already made it
-    (`assign_slots`' answer). A rerouted plan (same layout) migrates nothing. `deadline` (else
-    `time_limit_s` from now) bounds the solves; a large migration that cannot be cut before `abandon`
-    raises DeadlinePassed (`schedule_migration`).
+    (`assign_slots`' answer). A rerouted plan (same layout) migrates nothing. `deadline` bounds the
+    solves; a large migration that cannot be cut before `abandon` raises DeadlinePassed
+    (`schedule_migration`).
     Raises UnrecoverableError when some needed shard has no surviving copy."""
     start = time.perf_counter()
-    deadline = deadline or Deadline.after(time_limit_s, start)
-    options = options or SolverOptions("highs", threads, seed)
     model = model or PerfModel(instance)
     plan, assignment = assigned if assigned is not None else \
         assign_slots(model, old_plan, new_plan, failed) if assign else (new_plan, None)
-    migration = schedule_migration(model, old_plan, plan, failed, deadline=deadline.share(0.75), options=options,
+    migration = schedule_migration(model, old_plan, plan, failed, deadline.share(0.75), options,
                                    abandon=abandon)
     problems = check_release_safety(old_plan, plan, failed, migration)
     if problems:
         raise AssertionError("unsafe migration schedule (a bug): " + "; ".join(problems[:5]))
-    allreduce = schedule_allreduce(model, plan, failed, threads=options.threads, seed=options.seed, deadline=deadline)
+    allreduce = schedule_allreduce(model, plan, failed, deadline, options)
     info = CommInfo(plan, assignment, migration, allreduce, time.perf_counter() - start)
     return migration, allreduce.rounds, info

@@ -36,7 +36,7 @@ from chameleon_opt.comm.rounds import colour_rounds, release_schedule
 from chameleon_opt.comm.state import Need, missing_state, tensor_bytes, tensor_name
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.solve.backends import SolverOptions, new_highs, run_highs, solve_pulp
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions, new_highs, run_highs, solve_pulp
 from chameleon_opt.solve.deadline import Deadline, DeadlinePassed
 from chameleon_opt.solve.result import SolveResult, Status
 
@@ -378,12 +378,12 @@ def async_makespan(times: np.ndarray, transfers: list[Transfer] | tuple[Transfer
     return max(sent.values(), default=0.0)
 
 
-def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int], time_limit_s: float = 5.0,
-                       threads: int = 1, seed: int = 0, backend: str = "highs", *, deadline: Deadline | None = None,
-                       options: SolverOptions | None = None, abandon: Deadline | None = None) -> Migration:
+def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int], deadline: Deadline,
+                       options: SolverOptions = DEFAULT, backend: str = "highs", *,
+                       abandon: Deadline | None = None) -> Migration:
     """Transfers, sources and rounds that bring every device of `new` the shards it lacks.
 
-    `deadline` (else `time_limit_s` from now) bounds the LP: CBC is tried after HiGHS only while
+    `deadline` bounds the LP (`backend` is tried first): CBC is tried after HiGHS only while
     at least CBC_MIN_S is left (PuLP's CBC writes and reads files: seconds at scale), else the
     even split over the candidates is used (HEURISTIC, `stopped_early`). `abandon` is the caller's
     own deadline (its whole decision's, past the LP's share): when at least ABANDON_NEEDS shards are
@@ -393,8 +393,6 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     take about 1 s, and nothing valid exists before).
     Raises UnrecoverableError when a needed shard has no surviving holder."""
     start = time.perf_counter()
-    deadline = deadline or Deadline.after(time_limit_s, start)
-    options = options or SolverOptions("highs", threads, seed)
     seed = options.seed
     needs = [n for n in missing_state(model, old, new, failed) if n.nbytes > 0]  # empty layers carry no state
     abandon = abandon if len(needs) >= ABANDON_NEEDS else None

@@ -44,7 +44,7 @@ def colour_bipartite_edges(edges: Sequence[tuple[int, int]], weights: Sequence[f
 
 
 def colour_rounds(edges: Sequence[tuple[int, int]], weights: Sequence[float] | None = None,
-                  deadline: Deadline | None = None) -> tuple[list[int], int]:
+                  deadline: Deadline = Deadline.never()) -> tuple[list[int], int]:
     """(colour of every edge, how many edges were coloured greedily because `deadline` passed).
     With no greedy edge the colouring is Koenig's: exactly max-degree colours."""
     left_ids: dict[int, int] = {}
@@ -83,7 +83,7 @@ def colour_rounds(edges: Sequence[tuple[int, int]], weights: Sequence[float] | N
 
     order = sorted(range(len(edges)), key=lambda i: -weight[i]) if weights is not None else list(range(len(edges)))
     for done, e in enumerate(order):
-        if deadline is not None and deadline.expired():
+        if deadline.expired():
             return colour_greedily(order[done:], ends, at, colour), len(order) - done
         u, v = ends[e]
         free_u, free_v = free_colours(u), free_colours(v)

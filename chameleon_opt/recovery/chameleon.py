@@ -49,7 +49,7 @@ from chameleon_opt.decision import (GROUP_REBUILD_S, Decision, RecoveryOption, b
                                            lost_layers, mean_next_fault_s, migration_lower_bound_s,
                                            reroute_candidate, score_option)
 from chameleon_opt.rejoin import join_candidates
-from chameleon_opt.solve.backends import SolverOptions
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions
 from chameleon_opt.solve.deadline import Deadline
 
 
@@ -86,20 +86,15 @@ def best_choice(choices: list[Choice], global_batch: int, next_fault_s: float | 
 class DecisionSource:
     """`decide(policy="auto")` per (instance structure, layout, dead), cached and shared by the
     policies built on its candidates; `believed` gives the model decisions use (default: the true
-    one). Fault statistics are not part of the key: they only change the scores."""
+    one), `solver` the options every decision it makes runs with. Fault statistics are not part
+    of the key: they only change the scores."""
 
     time_limit_s: float = SEARCH_TIME_LIMIT_S
-    threads: int = 1
-    seed: int = 0
+    solver: SolverOptions = DEFAULT
     cache: dict = field(default_factory=dict)
     join_cache: dict = field(default_factory=dict)
     calls: int = 0
     believed: Callable[[Instance], PerfModel] | None = None
-
-    @property
-    def solver(self) -> SolverOptions:
-        return SolverOptions("cpsat", self.threads, self.seed)
-
     def decision(self, instance: Instance, dead: frozenset[int]) -> Decision:
         """The product's decision for `dead` on `instance.plan`. Raises UnrecoverableError (cached)."""
         key = (structure_key(instance), instance.plan, dead)
@@ -208,8 +203,8 @@ class _ChameleonFamily(Policy):
         model = self.model(state.instance)
         if not state.dead & set(state.layout.devices):
             return state.layout, model.evaluate(state.layout, state.dead).iteration_time_s
-        rr = reroute_candidate(state.instance, state.dead, model, deadline=Deadline.after(self.source.time_limit_s),
-                               options=self.source.solver)
+        rr = reroute_candidate(state.instance, state.dead, model, Deadline.after(self.source.time_limit_s),
+                               self.source.solver)
         if rr.feasible and rr.plan is not None:
             return rr.plan, rr.iteration_time_s
         plan = even_reroute(state.layout, state.dead)

@@ -24,7 +24,6 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.decision import GROUP_REBUILD_S, migration_lower_bound_s
-from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.search import search_plan
 
@@ -122,10 +121,9 @@ def cached_search(instance: Instance, dead: frozenset[int], time_limit_s: float,
         start = time.perf_counter()
         if how == "enumerate":
             from chameleon_opt.solve.enumerator import enumerate_plans  # lazily: may be absent
-            result = enumerate_plans(instance, dead, time_limit_s=time_limit_s, model=model)
+            result = enumerate_plans(instance, dead, Deadline.after(time_limit_s), model=model)
         else:
-            result = search_plan(instance, dead, model=model, deadline=Deadline.after(time_limit_s),
-                                 options=SolverOptions("cpsat", 1, 0))
+            result = search_plan(instance, dead, Deadline.after(time_limit_s), model=model)
         _SEARCHES[key] = (result, time.perf_counter() - start)
     return _SEARCHES[key]
 

@@ -58,6 +58,7 @@ from chameleon_opt.runtime.gpt import GPTConfig
 from chameleon_opt.runtime.replies import collect_replies, step_loss
 from chameleon_opt.runtime.schedule import order_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
+from chameleon_opt.solve.deadline import Deadline
 
 
 @dataclass(frozen=True)
@@ -332,7 +333,7 @@ class Controller:
             rank_plans = None
             inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
             migration, rounds, _ = communication_plan(inst, self.layout, decision.plan, self.failed,
-                                                      time_limit_s=max(self.time_limit_s / 2, 1.0), assign=False,
+                                                      Deadline.after(max(self.time_limit_s / 2, 1.0)), assign=False,
                                                       model=self.model)
         self._start_generation(decision.plan, migration, rounds, "reconfigure", decision.iteration_time_s, step,
                                recovery, rank_plans=rank_plans)
@@ -389,7 +390,7 @@ class Controller:
         times: list[float] = []
         once: list[bool] = []
         try:
-            rounds = schedule_allreduce(self.model, self.layout, self.failed, 1.0).rounds
+            rounds = schedule_allreduce(self.model, self.layout, self.failed, Deadline.after(1.0)).rounds
             predicted = self.model.evaluate(self.layout, self.failed).iteration_time_s
             self._start_generation(self.layout, None, rounds, "initial", predicted, 0, None, transition=False)
             step = 0

@@ -30,7 +30,6 @@ P's T_LB rounded down to a grid point) and refined by bisection for the P's that
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +37,7 @@ import numpy as np
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
 from chameleon_opt.perf.memory import in_flight_micro_batches
 from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.solve.deadline import Deadline
 
 GRID_POINTS = 1500
 REFINE_STEPS = 40
@@ -275,9 +275,9 @@ class RelaxationBound:
         mean_length = np.minimum(self.groups / counts, self.longest)
         return counts * np.interp(mean_length, xs, ys)
 
-    def value(self, deadline: float = math.inf) -> float:
-        """The bound in seconds (inf when no plan can exist). Past `deadline` (a perf_counter time;
-        the grid and refinement take 0.3-0.4 s at 1,024 and more devices) it stops with a weaker
+    def value(self, deadline: Deadline = Deadline.never()) -> float:
+        """The bound in seconds (inf when no plan can exist). Past `deadline` (the grid and
+        refinement take 0.3-0.4 s at 1,024 and more devices) it stops with a weaker
         bound that still holds: coverage only grows with the makespan, so a pipeline count that has
         not covered the batch by the last grid point checked needs longer than that point."""
         if not self.groups or self.shortest > self.longest:
@@ -292,7 +292,7 @@ class RelaxationBound:
         reached = np.full(counts.shape, -1)
         checked = 0
         for i, makespan in enumerate(grid):
-            if time.perf_counter() >= deadline:
+            if deadline.expired():
                 break
             fresh = (reached < 0) & (self._coverage(makespan, counts) >= self.total - 1e-9)
             reached[fresh] = i
@@ -315,7 +315,7 @@ class RelaxationBound:
             lo = float(floor_time[index])
             hi = float(grid[reached[index]])
             for _ in range(REFINE_STEPS):
-                if time.perf_counter() >= deadline:
+                if deadline.expired():
                     break  # lo still holds
                 middle = (lo + hi) / 2
                 lo, hi = (lo, middle) if self._coverage(middle, p)[0] >= self.total - 1e-9 else (middle, hi)
@@ -324,7 +324,7 @@ class RelaxationBound:
 
 
 def relaxation_bound(model: PerfModel, groups: list[tuple[int, ...]], total: int,
-                     live: list[int] | None = None, deadline: float = math.inf) -> float:
+                     live: list[int] | None = None, deadline: Deadline = Deadline.never()) -> float:
     """min over pipeline counts of the pipeline, all-reduce and optimizer floors (see above);
     weaker but valid when `deadline` stops it (`RelaxationBound.value`)."""
     return RelaxationBound(model, groups, total, live).value(deadline)

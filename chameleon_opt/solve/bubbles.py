@@ -218,10 +218,11 @@ def serial_schedule(problem: BubbleProblem) -> BubbleSchedule:
     return BubbleSchedule(makespan, orders, hosts)
 
 
-def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: SolverOptions = DEFAULT
+def solve_bubbles(problem: BubbleProblem, deadline: Deadline, options: SolverOptions = DEFAULT
                   ) -> SolveResult[BubbleSchedule]:
     """The fastest schedule of one DP group with its failed slots' work rerouted into the peers'
-    idle time (see the module docstring). Status and bound are CP-SAT's, converted to seconds."""
+    idle time (see the module docstring), by `deadline`. Status and bound are CP-SAT's,
+    converted to seconds."""
     start_clock = time.perf_counter()
     for _, s in problem.failed:
         if not problem.peers(s):
@@ -230,7 +231,6 @@ def solve_bubbles(problem: BubbleProblem, time_limit_s: float = 10.0, options: S
         serial: BubbleSchedule | None = serial_schedule(problem)
     except ValueError:
         serial = None  # CP-SAT may still find an order; nothing to fall back on if it does not
-    deadline = Deadline.after(time_limit_s, start_clock)
     building = len(problem.ops()) * BUILD_S_PER_OP + cpsat_start_s()
     if serial is not None and deadline.left() < building + MIN_SOLVE_S:  # checked before anything is built
         result = heuristic(serial, serial.makespan_s, "serial", f"no time to build the schedule model of "
@@ -396,7 +396,7 @@ def whole_reroutes(layout: Plan, hosts: dict[tuple[int, int, int], int]) -> Plan
                 tuple(Reroute(j, s, h, float(n)) for (j, s, h), n in sorted(counts.items())))
 
 
-def rerouted_step(model: PerfModel, layout: Plan, dead: frozenset[int], time_limit_s: float,
+def rerouted_step(model: PerfModel, layout: Plan, dead: frozenset[int], deadline: Deadline,
                   options: SolverOptions = DEFAULT, floor_ok: bool = True) -> tuple[float, str, Plan]:
     """(step, how, plan) of the layout with the failed slots' whole micro-batches filled into the
     peers' idle time: the schedule model's makespan plus the gradient all-reduce and optimizer
@@ -422,7 +422,7 @@ def rerouted_step(model: PerfModel, layout: Plan, dead: frozenset[int], time_lim
             f"bubble-filled floor ({len(problem.ops())} operations exceed the schedule model's "
             f"{MAX_BUBBLE_OPS}: the least step any bubble filling could reach)"), whole
     try:
-        result = solve_bubbles(problem, time_limit_s, options)
+        result = solve_bubbles(problem, deadline, options)
     except ValueError as error:
         return estimate.iteration_time_s, f"serial (Eq. 12/13): {error}", rerouted
     if result.solution is None:

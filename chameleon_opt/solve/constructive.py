@@ -14,11 +14,11 @@ by an unbounded knapsack (`cover_mix`), bisection on that makespan per sync leve
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.microbatch import allocate_greedy
 from chameleon_opt.solve.templates import Template
 
@@ -179,13 +179,13 @@ def cover_mix(templates: list[Template], allowed: list[int], budget: dict[str, i
 
 
 def bound_guided_mix(templates: list[Template], budget: dict[str, int], total: int, incumbent: Mix,
-                     deadline: float = math.inf) -> Mix:
+                     deadline: Deadline = Deadline.never()) -> Mix:
     """For every sync level, the least makespan (bisection) at which the greedy cover succeeds;
     the best such mix, or `incumbent` when none beats it. Near-optimal when groups are many.
     Past `deadline` the best mix so far is returned."""
     best, best_value = incumbent, modelled_time(templates, incumbent)
     for level in sorted({t.sync_s for t in templates}):
-        if time.perf_counter() > deadline:
+        if deadline.expired():
             break
         allowed = [k for k, t in enumerate(templates) if t.sync_s <= level]
         low = min(templates[k].fill_s for k in allowed)

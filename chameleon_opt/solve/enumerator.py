@@ -57,6 +57,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.result import SolveResult, Status
 
@@ -252,7 +253,7 @@ class _Search:
     """Incumbent, counters and the reason material of one enumeration."""
 
     evaluator: _Evaluator
-    deadline: float
+    deadline: Deadline
     progress: Callable[[int], None] | None
     examined: int = 0
     pruned: int = 0
@@ -292,7 +293,7 @@ def _visit_combo(search: _Search, lengths: tuple[int, ...], splits: tuple[tuple[
     sync: float | None = None
     best_here = math.inf
     for shares in shares_list:
-        if time.perf_counter() > search.deadline:
+        if search.deadline.expired():
             search.timed_out = True
             return best_here
         search.tick()
@@ -338,15 +339,15 @@ def _split_product(num_layers: int, distinct: list[int], skip_first: bool) -> It
     return rec(0, True)
 
 
-def enumerate_plans(instance: Instance, failed: frozenset[int], time_limit_s: float = 10.0,
+def enumerate_plans(instance: Instance, failed: frozenset[int], deadline: Deadline,
                     dp_range: tuple[int, int] | None = None, model: PerfModel | None = None,
                     progress: Callable[[int], None] | None = None) -> SolveResult[Plan]:
     """The best plan of the paper's Algorithm 1 space on the survivors of `failed` (see the module
-    docstring), within `time_limit_s`. OPTIMAL: the whole space was enumerated (optimal within
-    that space, not over all plans); FEASIBLE: the time limit cut it (no bound); INFEASIBLE: the
-    space is empty or nothing fits in memory; NO_SOLUTION: cut before any plan fitted."""
+    docstring), by `deadline`. OPTIMAL: the whole space was enumerated (optimal within that
+    space, not over all plans); FEASIBLE: the deadline cut it (no bound); INFEASIBLE: the space
+    is empty or nothing fits in memory; NO_SOLUTION: cut before any plan fitted."""
     start = time.perf_counter()
-    deadline = start + time_limit_s
+    limit_s = max(deadline.end - start, 0.0)  # for the reasons: the time this enumeration had
     model = model or PerfModel(instance)
     tp = instance.plan.tensor_parallel
     groups = survivor_groups(instance, failed, tp)
@@ -378,7 +379,7 @@ def enumerate_plans(instance: Instance, failed: frozenset[int], time_limit_s: fl
     while active and not search.timed_out:
         still = []
         for generator in active:
-            if time.perf_counter() > deadline:
+            if deadline.expired():
                 search.timed_out = True
                 break
             lengths = next(generator, None)
@@ -416,11 +417,11 @@ def enumerate_plans(instance: Instance, failed: frozenset[int], time_limit_s: fl
         of = f" of {space}" if space_known else " (space not fully counted)"
         if search.best_plan is None:
             return result(Status.NO_SOLUTION, None, None,
-                          f"time limit {time_limit_s:g} s after {search.examined}{of} candidates; none fits in memory "
+                          f"time limit {limit_s:.3g} s after {search.examined}{of} candidates; none fits in memory "
                           f"so far ({where})")
         plan = assert_sound(instance, search.best_plan, failed, model=model)
         return result(Status.FEASIBLE, plan, search.best_value,
-                      f"time limit {time_limit_s:g} s: best of {search.examined}{of} candidates of the paper's "
+                      f"time limit {limit_s:.3g} s: best of {search.examined}{of} candidates of the paper's "
                       f"Algorithm 1 space ({where}); {counts}")
     if search.best_plan is None:
         if space == 0:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -37,6 +36,7 @@ from chameleon_opt.perf.comm import Link, ring_allreduce_time
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
 
 COLUMN_BUDGET = 40_000
 """Most (class sequence, split, micro-batch count) columns priced; larger spaces take the scale path."""
@@ -101,15 +101,15 @@ def _groupings(devices: list[int], tp: int, limit: int) -> list[list[tuple[int, 
 
 
 def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp: int,
-                deadline: float = math.inf) -> list[list[tuple[int, ...]]] | None:
+                deadline: Deadline = Deadline.never()) -> list[list[tuple[int, ...]]] | None:
     """Distinct sets of TP groups the survivors can form (one per combination of the nodes'
     group-type multisets); None when a node has too many groupings to enumerate, when the
     combinations number more than INVENTORY_BUDGET (counted before any is built), or past
-    `deadline` (perf_counter)."""
+    `deadline`."""
     per_node: list[list[list[tuple[int, ...]]]] = []
     combinations = 1
     for node in range(instance.spec.cluster.nodes):
-        if time.perf_counter() > deadline:
+        if deadline.expired():
             return None
         live = [d for d in range(node * instance.devices_per_node, (node + 1) * instance.devices_per_node)
                 if d not in failed]
@@ -194,7 +194,7 @@ class ExactSearch:
             taken[c] += 1
         return Pipeline(tuple(stages), micro_batches)
 
-    def price(self, deadline: float) -> list[Column] | None:
+    def price(self, deadline: Deadline) -> list[Column] | None:
         """Every column that fits in memory under some supported relief (at the most replicas any plan
         could give it). With several reliefs a column's time and optimizer step are lower bounds:
         each stage takes the smallest forward, backward and step among the reliefs that fit it (the
@@ -204,7 +204,7 @@ class ExactSearch:
         reliefs = model.relief_options
         for seq in self.sequences():
             for bounds in _compositions(self.layers, len(seq)):
-                if time.perf_counter() > deadline:
+                if deadline.expired():
                     return None
                 pipe = self._pipeline(seq, bounds, 1)
                 costs = model.stage_costs(Plan(self.tp, (pipe,)), 0, [0.0] * len(seq))
@@ -253,7 +253,7 @@ class ExactSearch:
                 cover[g][n] = value
         return cover
 
-    def solve(self, incumbent: float, deadline: float, leaf_budget: int = 200_000
+    def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000
               ) -> ExactOutcome:
         columns = self.price(deadline)
         if columns is None:
@@ -293,7 +293,7 @@ class ExactSearch:
             if n_left == 0:
                 leaf()
                 return
-            if stats["leaves"] >= leaf_budget or time.perf_counter() > deadline:
+            if stats["leaves"] >= leaf_budget or deadline.expired():
                 stats["complete"] = False
                 return
             limit = best[0] * (1 - PRUNE_TOLERANCE)
@@ -326,7 +326,7 @@ class ExactSearch:
 
 
 def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], incumbent: float,
-                 deadline: float) -> ExactOutcome | None:
+                 deadline: Deadline) -> ExactOutcome | None:
     """Branch and bound over every inventory of TP groups; None when the space is too large to
     be searched exactly (then the caller keeps its incumbent and its relaxation bound)."""
     tp = instance.plan.tensor_parallel

@@ -39,8 +39,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chameleon_opt.solve.backends import OutOfRange, SolverOptions, cpsat_int, solve_cpsat, solve_pulp
+from chameleon_opt.solve.backends import DEFAULT, OutOfRange, SolverOptions, cpsat_int, solve_cpsat, solve_pulp
 from chameleon_opt.solve.constructive import Mix, micro_batch_cap, modelled_time
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.microbatch import allocate_greedy
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.templates import Template
@@ -60,7 +61,7 @@ def _ceil(seconds: float) -> int:
 
 
 def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int,
-                   deadline: float = math.inf) -> float:
+                   deadline: Deadline = Deadline.never()) -> float:
     """A valid lower bound on T + Y from a relaxation that keeps micro-batches integral.
 
     For a sync level y only templates with sync <= y may run. A pipeline of template k that
@@ -73,7 +74,7 @@ def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int
     levels would not be a bound)."""
     best = math.inf
     for level in sorted({t.sync_s for t in templates}):
-        if time.perf_counter() > deadline:
+        if deadline.expired():
             return 0.0
         allowed = [t for t in templates if t.sync_s <= level]
 
@@ -242,13 +243,14 @@ def build_level_milp(lm: LevelModel) -> tuple[pulp.LpProblem, dict[tuple[int, in
     return problem, cells
 
 
-def solve_level_model(lm: LevelModel, backend: str, time_limit_s: float, threads: int = 1, seed: int = 0,
-                      options: SolverOptions | None = None
+def solve_level_model(lm: LevelModel, deadline: Deadline, options: SolverOptions = DEFAULT
                       ) -> tuple[Status | None, Mix | None, float | None, float, float]:
-    """Solve with 'cpsat', 'highs' or 'cbc'. Returns (status or None when nothing was found, mix,
-    proven bound in seconds, build_s, wall_s). Statuses come from the solver layer
-    (`backends.py`), never from PuLP's summary (which can say Optimal after a time limit)."""
-    options = options or SolverOptions(backend, threads, seed)
+    """Solve with `options.backend` ('cpsat', 'highs' or 'cbc'). Returns (status or None when
+    nothing was found, mix, proven bound in seconds, build_s, wall_s). Statuses come from the
+    solver layer (`backends.py`), never from PuLP's summary (which can say Optimal after a time
+    limit). The solver is given what is left of `deadline` on entry (building the model
+    is not charged to it)."""
+    backend, time_limit_s = options.backend, deadline.left()
     build_start = time.perf_counter()
     pipelines: list[tuple[int, int]] = []
     if backend == "cpsat":

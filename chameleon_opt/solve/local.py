@@ -97,7 +97,7 @@ def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, de
         spread_plan = spread(model, intact + new, tp, total)
         if spread_plan is None:
             continue
-        plan, step = relieved(model, rebalance_exact(model, spread_plan, deadline.end), failed)
+        plan, step = relieved(model, rebalance_exact(model, spread_plan, deadline), failed)
         if math.isfinite(step):
             found.append(LocalPlan(plan, step, how))
     return sorted(found, key=lambda candidate: candidate.step_s)

@@ -99,7 +99,7 @@ def mixed_plans(instance: Instance, failed: frozenset[int], model: PerfModel, de
         plan = spread(model, pipelines, tp, total)
         if plan is None:
             continue
-        plan, step = relieved(model, rebalance_exact(model, plan, deadline.end), failed)
+        plan, step = relieved(model, rebalance_exact(model, plan, deadline), failed)
         if math.isfinite(step):
             found.append((plan, step))
     return sorted(found, key=lambda item: item[1])

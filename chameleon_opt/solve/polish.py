@@ -7,12 +7,12 @@ rebalanced on exact 1F1B times, and layer boundaries moved one at a time while t
 from __future__ import annotations
 
 import math
-import time
 
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.microbatch import allocate_greedy
 
 
@@ -46,7 +46,7 @@ def pipeline_exact(model: PerfModel, pipe: Pipeline, tp: int) -> float:
     return one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs], pipe.micro_batches)
 
 
-def rebalance_exact(model: PerfModel, plan: Plan, deadline: float) -> Plan:
+def rebalance_exact(model: PerfModel, plan: Plan, deadline: Deadline) -> Plan:
     """Move micro-batches one at a time from the slowest pipeline to the one that finishes
     earliest after taking it, judged by exact 1F1B times, while the slowest pipeline speeds up.
     (The surrogate sees pipelines of equal fill and bottleneck as equal; their exact schedules
@@ -62,7 +62,7 @@ def rebalance_exact(model: PerfModel, plan: Plan, deadline: float) -> Plan:
             cache[key] = pipeline_exact(model, Pipeline(pipe.stages, m), tp) if m > 0 else 0.0
         return cache[key]
 
-    while time.perf_counter() < deadline:
+    while not deadline.expired():
         times = [exact(j, m) for j, m in enumerate(shares)]
         slow = max(range(len(shares)), key=lambda j: times[j])
         if shares[slow] <= 1:
@@ -75,7 +75,7 @@ def rebalance_exact(model: PerfModel, plan: Plan, deadline: float) -> Plan:
     return Plan(tp, tuple(Pipeline(p.stages, m) for p, m in zip(plan.pipelines, shares)), plan.rerouted)
 
 
-def polish_splits(model: PerfModel, plan: Plan, deadline: float) -> Plan:
+def polish_splits(model: PerfModel, plan: Plan, deadline: Deadline) -> Plan:
     """Exact split polish: the templates' min-max split ignores fill and the forward/backward
     asymmetry that matter when a pipeline runs few micro-batches, so each distinct pipeline
     shape (stage count, split, micro-batches) has its boundaries moved one layer at a time while
@@ -89,7 +89,7 @@ def polish_splits(model: PerfModel, plan: Plan, deadline: float) -> Plan:
         best = list(bounds)
         best_time = pipeline_exact(model, pipe, plan.tensor_parallel)
         moved = True
-        while moved and time.perf_counter() < deadline:
+        while moved and not deadline.expired():
             moved = False
             for i in range(1, len(best) - 1):
                 for step in (-1, 1):

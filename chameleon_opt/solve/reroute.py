@@ -35,7 +35,7 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Pipeline, Plan, Reroute
-from chameleon_opt.solve.backends import SolverOptions, heuristic, solve_pulp
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions, heuristic, solve_pulp
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.result import SolveResult, Status
 
@@ -74,19 +74,16 @@ def _time_signature(model: PerfModel, pipe: Pipeline) -> tuple:
                  for s, st in enumerate(stages))
 
 
-def reroute_plan(instance: Instance, failed: frozenset[int], time_limit_s: float = 5.0, threads: int = 1,
-                 seed: int = 0, model: PerfModel | None = None, *, deadline: Deadline | None = None,
-                 options: SolverOptions | None = None) -> SolveResult[Plan]:
+def reroute_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, options: SolverOptions = DEFAULT,
+                 model: PerfModel | None = None) -> SolveResult[Plan]:
     """The best rerouting of the instance's plan after `failed`, checked; INFEASIBLE with the
     reason when some failed stage has no live peer holding its layers, or memory forbids.
 
     `objective` and `bound` are the MILP's (the surrogate makespan above). When the even split is
     returned instead (HiGHS found nothing by the deadline, or the even split runs faster when
     evaluated exactly) the result is HEURISTIC with the even split's exact step and no bound.
-    `deadline` (else `time_limit_s` from now) bounds building and solving."""
+    `deadline` bounds building and solving."""
     start = time.perf_counter()
-    deadline = deadline or Deadline.after(time_limit_s, start)
-    options = options or SolverOptions("highs", threads, seed)
     seed = options.seed
     model = model or PerfModel(instance)
     plan = instance.plan

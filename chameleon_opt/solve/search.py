@@ -32,7 +32,7 @@ from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.plan import Plan
-from chameleon_opt.solve.backends import SolverOptions, cpsat_start_s
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions, cpsat_start_s
 from chameleon_opt.solve.bounds import memory_floor, relaxation_bound
 from chameleon_opt.solve.constructive import (Mix, best_counts, bound_guided_mix, cover_mix, heuristic_mix, lower,
                                               micro_batch_cap, mix_rank, modelled_time, neighbour_mixes,
@@ -84,7 +84,7 @@ class SearchSpace:
 
 
 def search_space(instance: Instance, failed: frozenset[int], model: PerfModel,
-                 deadline: float = math.inf) -> SearchSpace:
+                 deadline: Deadline = Deadline.never()) -> SearchSpace:
     groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
     groups_by_type: dict[str, list[tuple[int, ...]]] = {}
     for group in groups:
@@ -120,7 +120,7 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
     the deadline is skipped (a skipped bound is 0), and the answer is then HEURISTIC."""
     start = time.perf_counter()
     backend, seed = options.backend, options.seed
-    space = search_space(instance, failed, model, deadline.end)
+    space = search_space(instance, failed, model, deadline)
     templates, budget, total = space.templates, space.budget, space.total
     everything = max((t.pipeline_time(total) for t in templates), default=0.0) + 1.0
     starts = [heuristic_mix(templates, budget, total),
@@ -140,9 +140,9 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
                       "(fewer micro-batches in flight is what lets them fit)")
         return SolveResult(Status.INFEASIBLE, None, None, None, 0.0, backend, time.perf_counter() - start, seed, reason)
     hint = min(starts, key=lambda mix: mix_rank(templates, mix))
-    relaxation = lp_lower_bound(templates, budget, total, deadline.end)
+    relaxation = lp_lower_bound(templates, budget, total, deadline)
     relaxation = relaxation if math.isfinite(relaxation) else 0.0
-    hint = bound_guided_mix(templates, budget, total, hint, deadline.end)
+    hint = bound_guided_mix(templates, budget, total, hint, deadline)
     warm = modelled_time(templates, hint)
 
     def finish(mix: Mix, status: Status, bound: float, wall: float, used: str, build: float, why: str):
@@ -160,7 +160,7 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
             plan, best_time = relieved(model, lower(templates, hint, space.groups_by_type, tp), failed)
             mix, why = hint, why + "; the solver's mix overflows the exact memory model, the incumbent kept"
         objective = modelled_time(templates, mix)  # the model's answer; the polish below may beat it
-        balanced = rebalance_exact(model, plan, polish.end)
+        balanced = rebalance_exact(model, plan, polish)
         if balanced != plan and not polish.expired():
             balanced, value = relieved(model, balanced, failed)
             if value < best_time * (1 - 1e-12):
@@ -171,11 +171,11 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
             if polish.left() < evaluation_s:
                 break
             candidate, value = relieved(model, rebalance_exact(
-                model, lower(templates, other, space.groups_by_type, tp), polish.end), failed)
+                model, lower(templates, other, space.groups_by_type, tp), polish), failed)
             if value < best_time * (1 - 1e-12):
                 plan, best_time, mix = candidate, value, other
                 why += "; a neighbouring mix is faster when evaluated exactly"
-        polished = rebalance_exact(model, polish_splits(model, plan, polish.end), polish.end) \
+        polished = rebalance_exact(model, polish_splits(model, plan, polish), polish) \
             if polish.left() >= evaluation_s else plan
         if polished != plan:
             polished, value = relieved(model, polished, failed)
@@ -200,7 +200,7 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
         return finish(hint, Status.HEURISTIC, relaxation, 0.0, "knapsack", time.perf_counter() - start,
                       "no time left for the level model: the knapsack-guided incumbent")
     lm = level_model(templates, budget, total, hint, relaxation)
-    status, mix, bound, build_s, wall = solve_level_model(lm, backend, deadline.left(), options=options)
+    status, mix, bound, build_s, wall = solve_level_model(lm, deadline, options)
     build_s = time.perf_counter() - start - wall  # templates, bounds, incumbent and model building
     bound = max(bound if bound is not None else 0.0, relaxation)
     if status is None or mix is None:
@@ -217,10 +217,8 @@ def _exact_value(model: PerfModel, plan: Plan | None, failed: frozenset[int]) ->
     return (None, math.inf) if plan is None else relieved(model, plan, failed)
 
 
-def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_limit_s: float = 10.0,
-                threads: int = 1, seed: int = 0, model: PerfModel | None = None,
-                backend: str = "cpsat", *, deadline: Deadline | None = None,
-                options: SolverOptions | None = None) -> SolveResult[Plan]:
+def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, options: SolverOptions = DEFAULT,
+                model: PerfModel | None = None) -> SolveResult[Plan]:
     """The fastest reconfigured plan over the survivors, exact for the performance model.
 
     Incumbents: the template path (scale, TEMPLATE_SHARE of the time), the paper's enumeration
@@ -228,11 +226,8 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
     when it is small enough, else the relaxation bound (`bounds.py`). `objective` is the returned
     plan's exact step, `bound` a lower bound on the exact step of every plan in SPACE, OPTIMAL
     only when they meet within OPTIMALITY_TOLERANCE; every plan passes the checker. `deadline`
-    (else `time_limit_s` from now) bounds the whole search; `stopped_early` says it ran out
-    before proving its answer."""
+    bounds the whole search; `stopped_early` says it ran out before proving its answer."""
     start = time.perf_counter()
-    deadline = deadline or Deadline.after(time_limit_s, start)
-    options = options or SolverOptions(backend, threads, seed)
     seed = options.seed
     budget_s = max(deadline.end - start, 0.0)
     model = model or PerfModel(instance)
@@ -268,10 +263,10 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
             notes.append(f"a pipeline set of mixed device types is faster ({len(mixed[0][0].pipelines)} pipelines)")
     exact = None
     if not deadline.expired():
-        exact = exact_search(instance, model, failed, value, deadline.end)
+        exact = exact_search(instance, model, failed, value, deadline)
     if exact is None and len(survivor_groups(instance, failed, tp)) <= ENUMERATION_GROUPS and not deadline.expired():
         share = min(budget_s * ENUMERATION_SHARE, deadline.left())
-        paper = enumerate_plans(instance, failed, time_limit_s=max(share, 0.01), model=model)
+        paper = enumerate_plans(instance, failed, Deadline.after(max(share, 0.01)), model=model)
         paper_plan, paper_value = _exact_value(model, paper.solution, failed)
         if paper_value < value * (1 - 1e-12):
             plan, value, used = paper_plan, paper_value, "enumeration"
@@ -287,7 +282,7 @@ def search_plan(instance: Instance, failed: frozenset[int] = frozenset(), time_l
         bound = None          # and with no plan, infeasibility unproven (NO_SOLUTION): both said so
         notes.append("no time left for the relaxation bound")
     else:
-        bound = relaxation_bound(model, groups, instance.global_micro_batches, live, deadline.end)
+        bound = relaxation_bound(model, groups, instance.global_micro_batches, live, deadline)
     wall = time.perf_counter() - start
     space = f"space: {SPACE}"
     if plan is None or not math.isfinite(value):

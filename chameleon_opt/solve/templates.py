@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from chameleon_opt.perf.comm import ring_allreduce_time
 from chameleon_opt.perf.model import LayerCosts, PerfModel
+from chameleon_opt.solve.deadline import Deadline
 
 
 @dataclass(frozen=True)
@@ -173,11 +173,11 @@ def _costs(model: PerfModel, group: tuple[int, ...], relieved: bool, replicated:
                    stage_constant_bytes=shared.stage_constant_bytes)
 
 
-def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: float = math.inf) -> list[Template]:
+def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: Deadline = Deadline.never()) -> list[Template]:
     """Every feasible template per device type present among `groups` (one group per stage), plus
     level-capped variants (S stages running c < S micro-batches hold fewer in flight) wherever
     memory binds and a cap buys a faster split; at most MAX_LEVEL_VARIANTS bisections per type.
-    Past `deadline` (perf_counter) no further stage count is tried: the templates are incumbents'
+    Past `deadline` no further stage count is tried: the templates are incumbents'
     building blocks, so fewer of them weaken the incumbent, never the search's bound. With several
     supported memory reliefs, each template is built twice: as the fastest relief fits, and as the
     lightest admits."""
@@ -193,7 +193,7 @@ def build_templates(model: PerfModel, groups: list[tuple[int, ...]], deadline: f
                                0.0, math.inf)
         variants = 0
         for stages in range(1, most + 1):
-            if templates and time.perf_counter() > deadline:
+            if templates and deadline.expired():
                 break
             count = len(members) // stages
             replicated = len(groups) > stages  # another pipeline fits beside one of this length
