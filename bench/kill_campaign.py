@@ -82,6 +82,7 @@ def replay(scenario: Scenario) -> Expected:
     from chameleon_opt.errors import UnrecoverableError
     from chameleon_opt.instance.load import load_instance
     from chameleon_opt.decision import decide
+    from chameleon_opt.solve.deadline import Deadline
 
     base = load_instance(INSTANCES[scenario.instance])
     state = {"layout": base.plan, "failed": frozenset(), "switch": None}
@@ -102,7 +103,7 @@ def replay(scenario: Scenario) -> Expected:
             state["failed"] = state["failed"] | dead
             state["switch"] = None
             inst = dataclasses.replace(base, plan=state["layout"], failed_devices=state["failed"])
-            decision = decide(inst, state["failed"], scenario.policy, TIME_LIMIT_S,
+            decision = decide(inst, state["failed"], scenario.policy, deadline=Deadline.after(TIME_LIMIT_S),
                               bubble_filling=False)  # as the controller plans: see its docstring
             chosen = decision.chosen
             assert chosen is not None, decision.reason
