@@ -1,4 +1,5 @@
-"""Published measured training runs (../shared/data/published/*.json) as instances to predict.
+"""Published measured training runs (a folder of `<source>.json` row lists; docs/performance-model.md
+gives the row format) as instances to predict.
 
 Why: Sailor's plans are one model family on one stack. The published tables (Megatron-LM,
 llm-foundry, DeepSpeed, NeMo) cover other families, sizes, layouts and GPUs, so a constant fitted
