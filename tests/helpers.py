@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -33,3 +38,36 @@ def tiny_instance(seed: int, nodes: int = 2, per_node: int = 3, blocks: int = 4,
         "plan": {"tensor_parallel": tp,
                  "layout": {"pipeline_parallel": stages, "data_parallel": min(pipelines, micro_batches)}},
     }
+
+
+def load_example(path: Path) -> ModuleType:
+    """An example script as a module (registered by name: a dataclass in it looks its module up)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def train_whole_batch(module: ModuleType, steps: int, make_optimizer: Callable[[Any], Any]) -> tuple[Any, list[float]]:
+    """Failure-free training of an example's model on its whole global batch in one process: the
+    (model, per-step losses) its distributed runs must reproduce."""
+    model = module.make_model()
+    optimizer = make_optimizer(model)
+    losses = []
+    for step in range(steps):
+        x, y = module.global_batch(step)
+        loss = ((model(x) - y) ** 2).sum() / module.GLOBAL_BATCH
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def momentum_sgd(model: Any) -> Any:
+    """The examples' optimizer: SGD, lr 0.05, momentum 0.9."""
+    import torch
+
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -6,7 +6,6 @@ Skipped when torchft is not installed (it is in the `runtime` extra on Linux x86
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,6 +14,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.helpers import load_example, momentum_sgd, train_whole_batch
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "torchft_redistribute.py"
 REPLICAS, STEPS, KILLED, KILL_STEP = 3, 8, 1, 4
@@ -22,29 +23,12 @@ LOSS_RTOL = 1e-5  # float32 sums in another order (per replica, then across repl
 
 
 def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("torchft_redistribute", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_example(EXAMPLE)
 
 
 def reference_losses(module: ModuleType) -> list[float]:
     """Failure-free training on the whole global batch, in one process."""
-    import torch
-
-    model = module.make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses = []
-    for step in range(STEPS):
-        x, y = module.global_batch(step)
-        loss = ((model(x) - y) ** 2).sum() / module.GLOBAL_BATCH
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+    return train_whole_batch(module, STEPS, momentum_sgd)[1]
 
 
 def read_log(path: Path) -> tuple[list[dict], list[dict]]:

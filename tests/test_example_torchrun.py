@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import importlib.util
 import io
 import os
 import subprocess
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import load_example, train_whole_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "torchrun_train.py"
@@ -48,20 +49,9 @@ def reference_weights() -> dict[str, Any]:
     """The example's maths in one process, without failures: full global batch, mean loss."""
     import torch
 
-    spec = importlib.util.spec_from_file_location("torchrun_train", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_example(EXAMPLE)
     torch.manual_seed(0)
-    model = module.make_model()
-    optimizer = module.make_optimizer(model)
-    for step in range(STEPS):
-        x, y = module.global_batch(step)
-        loss = ((model(x) - y) ** 2).sum() / module.GLOBAL_BATCH
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.state_dict()
+    return train_whole_batch(module, STEPS, module.make_optimizer)[0].state_dict()
 
 
 @pytest.mark.multiprocess

@@ -5,7 +5,6 @@ with the loss of failure-free training on the same samples."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import subprocess
@@ -14,29 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_example, momentum_sgd, train_whole_batch
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "torchrun_shrink.py"
 STEPS, KILL = 8, "1@4"
 
 
 def reference_losses() -> list[float]:
-    import torch
-
-    spec = importlib.util.spec_from_file_location("torchrun_shrink", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model = module.make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses = []
-    for step in range(STEPS):
-        x, y = module.global_batch(step)
-        loss = ((model(x) - y) ** 2).sum() / module.GLOBAL_BATCH
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+    return train_whole_batch(load_example(EXAMPLE), STEPS, momentum_sgd)[1]
 
 
 def _free_port() -> int:

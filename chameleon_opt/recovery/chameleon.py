@@ -344,16 +344,21 @@ class Hybrid(_ChameleonFamily):
                         search_s=search)
 
 
+def _prefer(choices: list[Choice], first: str, fallback: str, why_fallback: str) -> tuple[Choice | None, str]:
+    """The `first` candidate when `decide` built one, else the `fallback` (the single-option policies)."""
+    named = {c.name: c for c in choices}
+    if first in named:
+        return named[first], f"{first}-only"
+    return named.get(fallback), why_fallback
+
+
 class RerouteOnly(_ChameleonFamily):
     """`decide`'s rerouting candidate whenever it exists."""
 
     name = "reroute-only"
 
     def choose(self, state: PolicyState, choices: list[Choice]) -> tuple[Choice | None, str]:
-        named = {c.name: c for c in choices}
-        if "reroute" in named:
-            return named["reroute"], "reroute-only"
-        return named.get("reconfigure"), "rerouting impossible: reconfigure"
+        return _prefer(choices, "reroute", "reconfigure", "rerouting impossible: reconfigure")
 
 
 class ReconfigureOnly(_ChameleonFamily):
@@ -362,10 +367,7 @@ class ReconfigureOnly(_ChameleonFamily):
     name = "reconfigure-only"
 
     def choose(self, state: PolicyState, choices: list[Choice]) -> tuple[Choice | None, str]:
-        named = {c.name: c for c in choices}
-        if "reconfigure" in named:
-            return named["reconfigure"], "reconfigure-only"
-        return named.get("reroute"), "no reconfiguration found: reroute"
+        return _prefer(choices, "reconfigure", "reroute", "no reconfiguration found: reroute")
 
     def use_idle(self, state: PolicyState, plan: Plan, step: float) -> Response:
         found = self.regroup(state)
