@@ -10,7 +10,7 @@ from chameleon_opt.bundled import bundled_instance
 from chameleon_opt.instance.load import build_instance, load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.planning import PlanningOptions, plan_recovery
-from chameleon_opt.decision import decide
+from chameleon_opt.comm.api import communication_plan
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.local import disruption, local_plans, touched_devices
 
@@ -73,12 +73,18 @@ def test_decision_reports_disruption_and_chooses_by_eq8() -> None:
         assert payload["bytes_moved"] <= sum(t.nbytes for t in decision.migration.transfers)
 
 
-def test_at_16384_devices_a_one_second_decision_has_a_usable_reconfiguration() -> None:
-    """Before: the global re-plan's 15,240-shard migration could not be scheduled in 1 s, so no
-    reconfiguration was usable; the local plan (the damaged pipeline's survivors idle) is."""
+def test_at_16384_devices_the_local_plan_moves_nothing() -> None:
+    """The global re-plan touches 16,256 devices and moves 15,240 shards (unschedulable in a 1 s
+    decision); the local plan keeps every intact pipeline, so nothing moves and no device changes
+    role. (Its usability within 1 s is measured by bench/time_limit.py, not asserted here: a
+    wall-clock claim a busy CI machine could miss.)"""
     instance = load_instance("llama3-405b-16k")
     failed = _failed(instance)
-    decision = decide(instance, failed, "reconfigure", deadline=Deadline.after(1.0))
-    option = next(c for c in decision.candidates if c.policy == "reconfigure")
-    assert option.feasible, option.reason
-    assert option.devices_touched < 200  # not 16,256: only the damaged pipeline's 128 devices at most
+    model = PerfModel(instance)
+    found = local_plans(instance, failed, model, Deadline.after(60))
+    drop = next(c for c in found if c.how.startswith("drop"))
+    assert not touched_devices(instance.plan, drop.plan, failed)
+    migration, _, _ = communication_plan(instance, instance.plan, drop.plan, failed, Deadline.after(60),
+                                         assign=False, model=model)
+    assert not migration.transfers and migration.makespan_s == 0.0
+    assert disruption(model, instance.plan, drop.plan, failed).groups_rebuilt < 100  # the rings, not 16,384 devices
