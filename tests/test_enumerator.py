@@ -242,8 +242,9 @@ def test_time_limit_is_respected_on_paper_32(limit: float) -> None:
     result = enumerate_plans(instance, failed, Deadline.after(limit))
     elapsed = time.perf_counter() - started
     # The deadline is checked between candidates: the overrun is one candidate's evaluation (about
-    # 2 ms here), not a share of the limit; 50 ms leaves room for a loaded 2-core machine.
-    assert result.wall_s <= limit + 0.05 and elapsed <= limit + 0.05, (result.wall_s, elapsed)
+    # 2 ms here), not a share of the limit; 0.2 s leaves room for a busy 2-core CI machine that
+    # deschedules the process for a few quanta, and still refuses the old slack of 10% + 0.5 s.
+    assert result.wall_s <= limit + 0.2 and elapsed <= limit + 0.2, (result.wall_s, elapsed)
     assert result.status in (Status.OPTIMAL, Status.FEASIBLE)
     if result.status is Status.FEASIBLE:
         assert result.bound is None and "time limit" in result.reason
