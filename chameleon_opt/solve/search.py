@@ -66,7 +66,8 @@ def infeasibility_reason(instance: Instance, model: PerfModel, groups: list[tupl
     if not groups:
         return "no surviving TP group: every node lost too many devices for one TP group"
     state = float(model.workload.params.sum()) * (model.param_bytes + model.grad_bytes + model.optimizer_bytes)
-    capacity = sum(model.layer_costs(g).capacity_bytes * len(g) for g in groups)
+    # a device whose framework and buffers exceed its memory holds nothing (not a negative amount)
+    capacity = sum(max(model.layer_costs(g).capacity_bytes, 0.0) * len(g) for g in groups)
     return (f"no pipeline of up to {min(len(groups), instance.workload.num_layers)} stages fits in memory: "
             f"survivors hold {capacity / GIB:,.1f} GiB, model state alone needs {state / GIB:,.1f} GiB "
             f"(plus activations)")
@@ -237,7 +238,8 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
                            stopped_early=True)
     tp = instance.plan.tensor_parallel
     live = [d for d in range(instance.num_devices) if d not in failed]
-    floor = memory_floor(model, survivor_groups(instance, failed, tp), instance.global_micro_batches, live)
+    groups = survivor_groups(instance, failed, tp)
+    floor = memory_floor(model, groups, instance.global_micro_batches, live)
     if floor.stages is None:  # proven before any enumeration: nothing in the space fits in memory
         return SolveResult(Status.INFEASIBLE, None, None, None, time.perf_counter() - start, "bound", 0.0, seed,
                            f"{floor.reason}; space: {SPACE}")
@@ -264,7 +266,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     exact = None
     if not deadline.expired():
         exact = exact_search(instance, model, failed, value, deadline)
-    if exact is None and len(survivor_groups(instance, failed, tp)) <= ENUMERATION_GROUPS and not deadline.expired():
+    if exact is None and len(groups) <= ENUMERATION_GROUPS and not deadline.expired():
         share = min(budget_s * ENUMERATION_SHARE, deadline.left())
         paper = enumerate_plans(instance, failed, Deadline.after(max(share, 0.01)), model=model)
         paper_plan, paper_value = _exact_value(model, paper.solution, failed)
@@ -275,7 +277,6 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         notes.append(exact.reason)
         if exact.plan is not None and exact.objective < value * (1 - 1e-12):
             plan, value, used = exact.plan, exact.objective, "branch-and-bound"
-    groups = survivor_groups(instance, failed, tp)
     if exact is not None and exact.complete:
         bound: float | None = value
     elif deadline.expired():  # no time for the relaxation (seconds at 16,384 devices): the gap is unknown,
