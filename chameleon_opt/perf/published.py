@@ -17,7 +17,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chameleon_opt.perf.calibration import FrameworkCalibration
 
 SOURCES = ("megatron_lm", "llm_foundry", "deepspeed", "nemo")
 
