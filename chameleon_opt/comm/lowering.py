@@ -157,8 +157,10 @@ class RankPlan:
     layers: tuple[int, int] | None = None
     modules: tuple[str, ...] = ()
     tied_embedding: bool = False
-    prev_device: int | None = None  # the previous stage's device of this TP rank (None on the first stage)
-    next_device: int | None = None  # the next stage's device of this TP rank (None on the last stage)
+    # The previous / next stage's device of this TP rank in this pipeline: None on the first / last
+    # stage, and where that stage was lost and rerouted (its work's peers are the pieces' links).
+    prev_device: int | None = None
+    next_device: int | None = None
     micro_batches: tuple[WorkPiece, ...] = ()
     allreduce: tuple[Ring, ...] = ()
     transfers: tuple[RankTransfer, ...] = ()
@@ -302,6 +304,15 @@ class LoweredPlan(Mapping[int, RankPlan]):
             self._slot_items[slot] = (mine, names)
         return self._slot_items[slot]
 
+    def _neighbour(self, slot: tuple[int, int], rank: int) -> int | None:
+        """The device of TP rank `rank` at `slot`, if that stage exists and is live (a lost stage's
+        surviving devices are idle, not peers)."""
+        j, s = slot
+        if not 0 <= s < len(self.plan.pipelines[j].stages):
+            return None
+        device = _device(self.plan, slot, rank)
+        return device if self.slot_of.get(device) == slot else None
+
     def __getitem__(self, d: int) -> RankPlan:
         if d in self._cache:
             return self._cache[d]
@@ -331,8 +342,7 @@ class LoweredPlan(Mapping[int, RankPlan]):
             tensor_parallel=plan.tensor_parallel, tp_rank=rank, tp_group=tuple(stage.devices),
             layers=(stage.first, stage.end), modules=tuple(module_names(num_layers, stage.first, stage.end)),
             tied_embedding=bool(tied and (stage.first == 0 or stage.end == num_layers)),
-            prev_device=_device(plan, (j, s - 1), rank) if s > 0 else None,
-            next_device=_device(plan, (j, s + 1), rank) if s + 1 < len(pipe.stages) else None,
+            prev_device=self._neighbour((j, s - 1), rank), next_device=self._neighbour((j, s + 1), rank),
             micro_batches=items, allreduce=rings, transfers=moves, release_after_round=release)
         return self._cache[d]
 
