@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass, field
 
 from chameleon_opt.check import assert_sound
-from chameleon_opt.comm import Migration, communication_plan
+from chameleon_opt.comm import Migration, communication_plan, schedule_allreduce
 from chameleon_opt.comm.api import CommInfo
 from chameleon_opt.comm.lowering import LoweredPlan, RankPlan, absent_rank_plan
 from chameleon_opt.errors import InfeasibleError, InputError, NoSolutionError
 from chameleon_opt.instance.load import Instance
-from chameleon_opt.perf.model import Estimate
+from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.decision import RecoveryOption, decide
 from chameleon_opt.solve.backends import SolverOptions
@@ -139,6 +139,15 @@ def executable(state: Instance, option: RecoveryOption, failed: frozenset[int], 
     return RecoveryDecision(option.policy, reason, failed, state.num_devices, plan, option.estimate,
                             option.transition_s, candidates, migration, tuple(tuple(r) for r in rounds), ranks,
                             solve=option.solve, communication=comm, stages=stages)
+
+
+def current_rank_plans(instance: Instance, deadline: Deadline,
+                       options: SolverOptions = SolverOptions()) -> LoweredPlan:
+    """The running layout's lowering with nothing failed, as the runtime lowers a job's start
+    (its gradient rounds scheduled, nothing migrates): what `export-plan` writes when there is
+    no failure to decide for."""
+    rounds = schedule_allreduce(PerfModel(instance), instance.plan, frozenset(), deadline, options).rounds
+    return LoweredPlan(instance, instance.plan, None, rounds, frozenset())
 
 
 def suggested_limit_s(stages: tuple[StageTime, ...], limit_s: float) -> float | None:

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chameleon_opt.cli import app
+from chameleon_opt.comm.lowering import LoweredPlan
 from chameleon_opt.instance.load import build_instance, load_instance
 from chameleon_opt.interop.common import ClusterOptions, locate_rank, module_names
 from chameleon_opt.interop.export import MODELS, export_plan, export_schema
@@ -123,11 +124,12 @@ def test_uneven_plan_exports_per_rank_module_lists_that_fit_the_schema():
     # two pipelines of different depth and micro-batch counts, TP 2 (14 of 16 ranks)
     plan = Plan(2, (Pipeline((Stage((0, 1), 0, 3), Stage((2, 3), 3, 6), Stage((4, 5), 6, 8), Stage((6, 7), 8, 10)), 9),
                     Pipeline((Stage((8, 9), 0, 4), Stage((10, 11), 4, 7), Stage((14, 15), 7, 10)), 7)))
+    lowered = LoweredPlan(instance, plan, None, [], frozenset({12, 13}))
     for fmt in ("torchtitan", "megatron", "ranks"):
-        doc = export_plan(instance, plan, frozenset({12, 13}), fmt, "reconfigure")
+        doc = export_plan(instance, lowered, fmt, "reconfigure")
         assert not doc["uniform"] and doc["world_size"] == 14
         _validate(doc, export_schema(fmt), MODELS[fmt])
-    doc = export_plan(instance, plan, frozenset({12, 13}), "torchtitan", "reconfigure")
+    doc = export_plan(instance, lowered, "torchtitan", "reconfigure")
     assert doc["parallelism"] is None
     for pipe in (0, 1):  # each pipeline's module lists cover the model once, in order
         stages = sorted({(r["stage"], tuple(r["modules"])) for r in doc["ranks"] if r["pipeline"] == pipe})
@@ -195,3 +197,89 @@ def test_runtime_orders_in_torch_action_notation():
         actions = torch_actions(decision.rank_plans[device], ops)
         forwards = sorted(a.replace("F", "?") for a in actions if "F" in a)
         assert forwards == sorted(a.replace("B", "?") for a in actions if "B" in a)  # every F has its B
+
+
+def test_reroute_ranks_export_lists_no_failed_rank_and_carries_the_rerouted_pieces(tmp_path):
+    """Regression (issue 22): the rows came from the plan, so a rerouting listed the failed devices
+    as ranks and none of the micro-batches their peers run for the lost stage."""
+    out = tmp_path / "plan.json"
+    done = CliRunner().invoke(app, ["export-plan", "paper-32", "--failed", "1", "--policy", "reroute", "--format",
+                                    "ranks", "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(out.read_text())
+    _validate(doc, export_schema("ranks"), MODELS["ranks"])
+    plan = doc["plan"]
+    assert doc["policy"] == "reroute" and doc["failed"] == [1, 13] and plan["rerouted"]
+    devices = [r["device"] for r in doc["ranks"]]
+    assert not set(devices) & {1, 13} and doc["idle"] == [0, 12]  # the lost stages' surviving TP peers idle
+    assert sorted(r["rank"] for r in doc["ranks"]) == list(range(doc["world_size"])) and doc["world_size"] == 28
+    lost = sorted({(r["from_pipeline"], r["stage"]) for r in plan["rerouted"]})
+    assert lost == [(0, 0), (1, 2)]
+    offsets = [sum(p["micro_batches"] for p in plan["pipelines"][:j]) for j in range(len(plan["pipelines"]))]
+    for j, s in lost:
+        owed = plan["pipelines"][j]["micro_batches"]
+        for t in range(plan["tensor_parallel"]):
+            extra = [w for r in doc["ranks"] if r["tp_rank"] == t for w in r["rerouted"]
+                     if (w["pipeline"], w["stage"]) == (j, s)]
+            assert extra and abs(sum(w["micro_batches"] for w in extra) - owed) < 1e-6
+            covered: dict[int, float] = {}
+            for piece in (p for w in extra for p in w["pieces"]):
+                covered[piece["id"]] = covered.get(piece["id"], 0.0) + piece["hi"] - piece["lo"]
+            assert sorted(covered) == list(range(offsets[j], offsets[j] + owed))  # j's own ids, each once
+            assert all(abs(share - 1.0) < 1e-6 for share in covered.values())
+    # the stage after the lost one receives its activations from the peers that computed them
+    after = next(r for r in doc["ranks"] if (r["pipeline"], r["stage"], r["tp_rank"]) == (0, 1, 0))
+    assert after["prev_rank"] is None and after["rerouted_neighbours"]
+    senders = {n["rank"] for p in after["rerouted_neighbours"] for n in p["prev"]}
+    assert senders == {r["rank"] for r in doc["ranks"]
+                       if r["tp_rank"] == 0 and any(w["pipeline"] == 0 for w in r["rerouted"])}
+
+
+@pytest.mark.parametrize("policy", ["reroute", "reconfigure"])
+def test_every_exported_rank_is_the_rank_plan_the_runtime_gets(policy):
+    """export-plan's rows are the decision's lowering renamed to new ranks: the same slot, layers,
+    micro-batch pieces and peers as `for_rank`, which the runtimes execute; every other device is
+    failed or idle there too."""
+    from chameleon_opt.api import Planner
+
+    planner = Planner("paper-32", policy=policy, time_limit_s=5)
+    decision = planner.on_failure([1])
+    doc = export_plan(planner.instance, decision.rank_plans, "ranks", decision.policy)
+    _validate(doc, export_schema("ranks"), MODELS["ranks"])
+    new = {r["device"]: r["rank"] for r in doc["ranks"]}
+
+    def links(items) -> list:
+        return [(new[n.device], n.lo, n.hi) for n in items]
+
+    def pieces(items) -> list:
+        return [(p.id, p.lo, p.hi, links(p.prev), links(p.next)) for p in items]
+
+    def exported(items) -> list:
+        return [(p["id"], p["lo"], p["hi"], [(n["rank"], n["lo"], n["hi"]) for n in p["prev"]],
+                 [(n["rank"], n["lo"], n["hi"]) for n in p["next"]]) for p in items]
+
+    for row in doc["ranks"]:
+        rp = decision.for_rank(row["device"])
+        assert rp.role == "train"
+        assert (row["pipeline"], row["stage"], row["num_stages"], row["tp_rank"], tuple(row["layers"])) == \
+            (rp.pipeline, rp.stage, rp.num_stages, rp.tp_rank, rp.layers)
+        assert row["tp_group"] == [new[d] for d in rp.tp_group]
+        assert (row["prev_rank"], row["next_rank"]) == \
+            tuple(None if d is None else new[d] for d in (rp.prev_device, rp.next_device))
+        own = [p for p in rp.micro_batches if p.pipeline == rp.pipeline]
+        assert row["micro_batches"] == decision.plan.pipelines[rp.pipeline].micro_batches == \
+            round(sum(p.hi - p.lo for p in own))
+        assert exported(p for w in row["rerouted"] for p in w["pieces"]) == \
+            pieces(p for p in rp.micro_batches if p.pipeline != rp.pipeline)
+        if row["rerouted_neighbours"]:
+            assert exported(row["rerouted_neighbours"]) == pieces(own)
+        else:  # the static neighbours are every own piece's only peers
+            for p in own:
+                assert links(p.prev) == ([] if rp.prev_device is None else [(row["prev_rank"], p.lo, p.hi)])
+                assert links(p.next) == ([] if rp.next_device is None else [(row["next_rank"], p.lo, p.hi)])
+    others = set(range(planner.instance.num_devices)) - set(new)
+    assert others == set(doc["failed"]) | set(doc["idle"]) and not set(doc["failed"]) & set(doc["idle"])
+    for device in others:  # no work: failed, an idle spare, or a source that only sends state before training
+        rp = decision.for_rank(device)
+        assert rp.role == "failed" if device in doc["failed"] else rp.role in ("idle", "source")
+        assert rp.micro_batches == ()

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chameleon_opt.cli import app
+from chameleon_opt.comm.lowering import LoweredPlan
 from chameleon_opt.errors import InputError
 from chameleon_opt.instance.load import build_instance
 from chameleon_opt.interop.common import ClusterOptions, locate_rank
@@ -199,7 +200,7 @@ def test_unchanged_job_exports_its_own_arguments_and_reimports_identically(tmp_p
                   "--use-distributed-optimizer"]
     doc = import_megatron(args, ClusterOptions(world_size=16), [])
     instance = build_instance(doc)
-    out = export_plan(instance, instance.plan, frozenset(), "megatron", "initial")
+    out = export_plan(instance, LoweredPlan(instance, instance.plan, None, [], frozenset()), "megatron", "initial")
     assert "--lr" in out["arguments"] and "--use-distributed-optimizer" in out["arguments"]  # complete
     again = import_megatron(out["arguments"], ClusterOptions(world_size=16), [])
     assert again["plan"] == doc["plan"] and again["training"] == doc["training"]
@@ -209,7 +210,7 @@ def test_unchanged_job_exports_its_own_arguments_and_reimports_identically(tmp_p
     stages = (Stage((0, 1), 0, 12), Stage((2, 3), 12, 23), Stage((4, 5), 23, 33), Stage((6, 7), 33, 34))
     plan = Plan(2, (Pipeline(stages, 32),))
     small = build_instance(import_megatron(args, ClusterOptions(world_size=8), []))
-    out = export_plan(small, plan, frozenset(), "megatron", "reconfigure")
+    out = export_plan(small, LoweredPlan(small, plan, None, [], frozenset()), "megatron", "reconfigure")
     assert "--decoder-last-pipeline-num-layers" not in out["arguments"]
     back = import_megatron(out["arguments"], ClusterOptions(world_size=8), [])
     assert _layers(back) == [12, 11, 10, 1]

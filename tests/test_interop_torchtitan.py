@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from chameleon_opt.cli import app
+from chameleon_opt.comm.lowering import LoweredPlan
 from chameleon_opt.errors import InputError
 from chameleon_opt.instance.load import build_instance
 from chameleon_opt.interop.common import ClusterOptions, locate_rank
@@ -229,7 +230,7 @@ def test_unchanged_job_exports_its_own_layout_and_reimports_identically(tmp_path
 def test_python_era_export_keeps_its_keys(tmp_path):
     doc = import_torchtitan(_write(tmp_path, json.dumps(PYTHON_ERA), "job.json"), ClusterOptions(world_size=16), [])
     instance = build_instance(doc)
-    out = export_plan(instance, instance.plan, frozenset(), "torchtitan", "initial")
+    out = export_plan(instance, LoweredPlan(instance, instance.plan, None, [], frozenset()), "torchtitan", "initial")
     config = out["config"]
     assert config["parallelism"]["num_pp_microbatches"] == 4 and "pipeline_parallel_microbatch_size" not in \
         config["parallelism"]

@@ -154,15 +154,19 @@ def export_plan_command(file: Path = typer.Argument(None, help="instance file (i
             raise InputError(output, "--output", "TOML is torchtitan's format", "write .json for this format")
         instance = load_instance(file)
         failed = failed_devices(instance, failed_ids, failed_node, replace_failures)
-        plan, chosen = instance.plan, "initial"
         if failed:
             from chameleon_opt.api import Planner
 
             space = target or (fmt.value if fmt.value in ("megatron", "torchtitan") else "any")
             decision = Planner(instance, policy=policy.value, time_limit_s=time_limit,
                                target=space).on_failure(sorted(failed))
-            plan, chosen = decision.plan, decision.policy
-        document = export_plan(instance, plan, failed, fmt.value, chosen)
+            lowered, chosen = decision.rank_plans, decision.policy
+        else:
+            from chameleon_opt.planning import current_rank_plans
+            from chameleon_opt.solve.deadline import Deadline
+
+            lowered, chosen = current_rank_plans(instance, Deadline.after(time_limit)), "initial"
+        document = export_plan(instance, lowered, fmt.value, chosen)
         if toml:
             from chameleon_opt.interop.torchtitan import settings_toml
 

@@ -1,8 +1,13 @@
 """The chosen plan in the form a trainer runs, one JSON Schema per format (`export-plan --schema`).
 
 - Every format lists every rank of the new job: its new global rank, the device (the old global
-  rank) that takes it, its pipeline, stage, TP rank, layer range, module names in the trainer's
-  vocabulary and the micro-batches of its pipeline. Survivors restart with these ranks.
+  rank) that takes it, its pipeline, stage, TP rank and group, pipeline neighbours, layer range,
+  module names in the trainer's vocabulary, the micro-batches of its pipeline and, under a
+  rerouting, the pieces of a failed stage's micro-batches it computes as well. The rows are
+  read off the decision's lowering (`comm.lowering.RankPlan`, the records the runtimes execute),
+  so a failed device is never a rank and a survivor the plan gives no work is listed under
+  `idle`, not as a rank: launched as one it would join the trainer's world with nothing to run.
+  Survivors restart with these ranks.
 - A *uniform* plan (every pipeline the same stages, layer split and micro-batch count) is also
   given as a complete config of the trainer: the imported torchtitan job config (its era's keys,
   its schedule and everything else kept) with degrees, explicit stages and batch sizes replaced,
@@ -17,14 +22,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
+from chameleon_opt.comm.lowering import LoweredPlan, RankPlan, WorkPiece
 from chameleon_opt.errors import InputError
 from chameleon_opt.instance.load import Instance, rank_of
 from chameleon_opt.interop.common import TORCHTITAN_ORDER, module_names
-from chameleon_opt.plan import Plan
 
 FORMATS = ("torchtitan", "megatron", "ranks")
 VOCABULARY = {"torchtitan": "torchtitan", "megatron": "megatron", "ranks": "torchtitan"}
@@ -32,6 +38,40 @@ VOCABULARY = {"torchtitan": "torchtitan", "megatron": "megatron", "ranks": "torc
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class Neighbour(_Strict):
+    """The part [lo, hi) of a piece that `rank` computes at the neighbouring stage."""
+
+    rank: NonNegativeInt = Field(description="its global rank in the new job (same TP rank)")
+    lo: Fraction
+    hi: Fraction
+
+
+class Piece(_Strict):
+    """The samples [lo, hi) of one micro-batch, and who sends and receives its activations."""
+
+    id: NonNegativeInt = Field(description="global micro-batch id: pipeline j owns the next m_j ids, pipeline "
+                                           "by pipeline")
+    lo: Fraction = Field(description="first fraction of its samples computed here")
+    hi: Fraction = Field(description="end fraction of its samples ([0, 1] for a whole one)")
+    prev: list[Neighbour] = Field(description="ranks computing it at the owning pipeline's previous stage (none "
+                                              "on the first)")
+    next: list[Neighbour] = Field(description="ranks computing it at the owning pipeline's next stage (none on "
+                                              "the last)")
+
+
+class ReroutedWork(_Strict):
+    """A failed stage's micro-batches this rank computes besides its own pipeline's."""
+
+    pipeline: NonNegativeInt = Field(description="the pipeline that lost this stage and owns the micro-batches")
+    stage: NonNegativeInt = Field(description="the stage computed for them: this rank's own, same layers")
+    micro_batches: PositiveFloat = Field(description="how many per step, the sum of the pieces' fractions (a "
+                                                     "rerouting may cut a micro-batch into sample groups)")
+    pieces: list[Piece] = Field(min_length=1)
 
 
 class RankWork(_Strict):
@@ -44,10 +84,24 @@ class RankWork(_Strict):
     num_stages: PositiveInt = Field(description="stages of this rank's pipeline")
     tp_rank: NonNegativeInt
     tp_group: list[NonNegativeInt] = Field(min_length=1, description="new global ranks of the stage's TP group")
+    prev_rank: NonNegativeInt | None = Field(None, description="new global rank of the previous stage's rank of "
+                                             "this TP rank in this pipeline: null on the first stage, and where that "
+                                             "stage was lost and rerouted (see rerouted_neighbours)")
+    next_rank: NonNegativeInt | None = Field(None, description="new global rank of the next stage's rank of this "
+                                             "TP rank in this pipeline: null on the last stage, and where that stage "
+                                             "was lost and rerouted (see rerouted_neighbours)")
     layers: tuple[NonNegativeInt, NonNegativeInt] = Field(description="workload layers [first, end)")
     modules: list[str] = Field(min_length=1, description="module FQNs of this stage, in the trainer's vocabulary")
     micro_batches: PositiveInt = Field(description="micro-batches per step of this rank's pipeline")
     micro_batch_size: PositiveInt
+    rerouted: list[ReroutedWork] = Field(default_factory=list, description="a rerouting's extra work: other "
+                                         "pipelines' micro-batches of this stage that this rank computes each step "
+                                         "(their pipeline lost this stage); empty otherwise")
+    rerouted_neighbours: list[Piece] = Field(default_factory=list, description="where a neighbouring stage of "
+                                             "this pipeline was lost and rerouted: each of this rank's own "
+                                             "micro-batch pieces with the ranks that send its activations (prev) "
+                                             "and receive them (next) instead of prev_rank / next_rank; empty "
+                                             "otherwise")
 
 
 class TorchtitanParallelism(_Strict):
@@ -75,6 +129,10 @@ class _Export(_Strict):
     rank_order: Literal["tp-dp-pp", "tp-pp-dp"] = Field(
         description="how new ranks walk (tp, stage, pipeline), innermost first")
     failed: list[NonNegativeInt] = Field(description="old global ranks that failed")
+    idle: list[NonNegativeInt] = Field(description="old global ranks of surviving devices the plan gives no work "
+                                       "(a rerouted stage's survivors, spares a reconfiguration leaves out, devices "
+                                       "that only send state before training resumes): not ranks of the new job, "
+                                       "so launch without them or keep them as spares")
     policy: str = Field(description="how the plan was chosen (initial, reconfigure, reroute, hybrid)")
     ranks: list[RankWork]
 
@@ -109,25 +167,68 @@ def export_schema(fmt: str) -> dict[str, Any]:
     return MODELS[fmt].model_json_schema()
 
 
-def is_uniform(plan: Plan) -> bool:
-    first = plan.pipelines[0]
-    split = [(s.first, s.end) for s in first.stages]
-    return not plan.rerouted and all(
-        [(s.first, s.end) for s in p.stages] == split and p.micro_batches == first.micro_batches for p in plan.pipelines)
+def _train_plans(lowered: Mapping[int, RankPlan]) -> list[RankPlan]:
+    """The lowering's `train` records in slot order (pipeline, stage, TP rank)."""
+    return sorted((rp for rp in lowered.values() if rp.role == "train"),
+                  key=lambda rp: (rp.pipeline, rp.stage, rp.tp_rank))
 
 
-def new_ranks(plan: Plan, uniform: bool) -> dict[tuple[int, int, int], int]:
-    """(pipeline, stage, tp rank) -> new global rank: the trainer's tp-dp-pp order when uniform,
-    else pipeline by pipeline (tp-pp-dp)."""
-    tp, out = plan.tensor_parallel, {}
-    sizes = {"tp": tp, "pp": len(plan.pipelines[0].stages), "dp": len(plan.pipelines)}
-    rank = 0
-    for j, pipe in enumerate(plan.pipelines):
-        for s, stage in enumerate(pipe.stages):
-            for t in range(len(stage.devices)):
-                out[(j, s, t)] = rank_of(TORCHTITAN_ORDER, sizes, {"tp": t, "pp": s, "dp": j}) if uniform else rank
-                rank += 1
-    return out
+def _own_micro_batches(rp: RankPlan) -> int:
+    """The micro-batches of the rank's own pipeline it computes: all of them (only a failed
+    stage's are rerouted, `check.py`), so the pipeline's count."""
+    return round(sum(p.hi - p.lo for p in rp.micro_batches if p.pipeline == rp.pipeline))
+
+
+def is_uniform(train: list[RankPlan]) -> bool:
+    """Every pipeline the same layer split and micro-batch count, and nothing rerouted."""
+    shapes: dict[int, list[Any]] = {}
+    for rp in train:
+        if any(p.pipeline != rp.pipeline for p in rp.micro_batches):
+            return False
+        if rp.tp_rank == 0:
+            shapes.setdefault(rp.pipeline, [_own_micro_batches(rp)]).append(rp.layers)
+    return len({tuple(shape) for shape in shapes.values()}) <= 1
+
+
+def new_ranks(train: list[RankPlan], uniform: bool) -> dict[int, int]:
+    """Device -> new global rank: the trainer's tp-dp-pp order when uniform, else pipeline by
+    pipeline (tp-pp-dp); `train` in slot order."""
+    if not uniform:
+        return {rp.rank: i for i, rp in enumerate(train)}
+    assert train[0].tensor_parallel is not None and train[0].num_stages is not None
+    sizes = {"tp": train[0].tensor_parallel, "pp": train[0].num_stages, "dp": len({rp.pipeline for rp in train})}
+    return {rp.rank: rank_of(TORCHTITAN_ORDER, sizes, {"tp": rp.tp_rank, "pp": rp.stage, "dp": rp.pipeline})
+            for rp in train}
+
+
+def _piece(p: WorkPiece, ranks: dict[int, int]) -> Piece:
+    return Piece(id=p.id, lo=p.lo, hi=p.hi, prev=[Neighbour(rank=ranks[n.device], lo=n.lo, hi=n.hi) for n in p.prev],
+                 next=[Neighbour(rank=ranks[n.device], lo=n.lo, hi=n.hi) for n in p.next])
+
+
+def rank_work(rp: RankPlan, ranks: dict[int, int], num_layers: int, vocabulary: str, mbs: int) -> RankWork:
+    """One `train` record as the export's row: devices renamed to new ranks, modules in the
+    trainer's vocabulary, the pieces of other pipelines grouped by owner, and the own pieces'
+    links where a neighbouring stage was lost (no static neighbour to name)."""
+    assert rp.layers is not None and rp.stage is not None and rp.pipeline is not None
+    extra: dict[int, list[WorkPiece]] = {}
+    for p in rp.micro_batches:
+        if p.pipeline != rp.pipeline:
+            extra.setdefault(p.pipeline, []).append(p)
+    rerouted = [ReroutedWork(pipeline=owner, stage=rp.stage, micro_batches=sum(p.hi - p.lo for p in pieces),
+                             pieces=[_piece(p, ranks) for p in pieces])
+                for owner, pieces in sorted(extra.items())]
+    lost = (rp.prev_device is None and rp.stage > 0) or (rp.next_device is None and rp.stage + 1 != rp.num_stages)
+    relinked = [_piece(p, ranks) for p in rp.micro_batches if p.pipeline == rp.pipeline] if lost else []
+    first, end = rp.layers
+    return RankWork(rank=ranks[rp.rank], device=rp.rank, pipeline=rp.pipeline, stage=rp.stage,
+                    num_stages=rp.num_stages, tp_rank=rp.tp_rank, tp_group=[ranks[d] for d in rp.tp_group],
+                    prev_rank=None if rp.prev_device is None else ranks[rp.prev_device],
+                    next_rank=None if rp.next_device is None else ranks[rp.next_device],
+                    layers=(first, end),
+                    modules=[m for layer in range(first, end) for m in module_names(layer, num_layers, vocabulary)],
+                    micro_batches=_own_micro_batches(rp), micro_batch_size=mbs, rerouted=rerouted,
+                    rerouted_neighbours=relinked)
 
 
 def torchtitan_head_name(config: dict[str, Any] | None, era: str) -> str:
@@ -231,30 +332,26 @@ def megatron_launcher(original: list[str] | None, nodes: int, per_node: int) -> 
         if original else ["--nnodes", str(nodes), "--nproc-per-node", str(per_node)]
 
 
-def export_plan(instance: Instance, plan: Plan, failed: frozenset[int], fmt: str, policy: str) -> dict[str, Any]:
-    """The document of format `fmt` (validated by its own schema before it is returned)."""
+def export_plan(instance: Instance, lowered: LoweredPlan, fmt: str, policy: str) -> dict[str, Any]:
+    """The document of format `fmt` for the decision lowered as `lowered` (its `rank_plans`:
+    the rows are its records, not a second lowering), validated by the format's schema."""
+    plan, failed = lowered.plan, lowered.failed
     if plan.rerouted and fmt != "ranks":
         raise InputError(instance.path, "--policy", f"the chosen plan reroutes work, which {fmt} cannot run",
                          "use --policy reconfigure, or --format ranks for the chameleon runtime")
-    uniform = is_uniform(plan)
-    ranks = new_ranks(plan, uniform)
+    train = _train_plans(lowered)
+    uniform = is_uniform(train)
+    ranks = new_ranks(train, uniform)
     mbs, num_layers = instance.micro_batch_size, instance.workload.num_layers
-    vocabulary = VOCABULARY[fmt]
-    work = []
-    for j, pipe in enumerate(plan.pipelines):
-        for s, stage in enumerate(pipe.stages):
-            group = [ranks[(j, s, t)] for t in range(len(stage.devices))]
-            modules = [m for layer in range(stage.first, stage.end) for m in module_names(layer, num_layers, vocabulary)]
-            for t, device in enumerate(stage.devices):
-                work.append(RankWork(rank=ranks[(j, s, t)], device=device, pipeline=j, stage=s,
-                                     num_stages=len(pipe.stages), tp_rank=t, tp_group=group,
-                                     layers=(stage.first, stage.end), modules=modules,
-                                     micro_batches=pipe.micro_batches, micro_batch_size=mbs))
-    work.sort(key=lambda w: w.rank)
-    common: dict[str, Any] = {"uniform": uniform, "world_size": len(work), "failed": sorted(failed),
+    work = sorted((rank_work(rp, ranks, num_layers, VOCABULARY[fmt], mbs) for rp in train), key=lambda w: w.rank)
+    idle = sorted(set(range(instance.num_devices)) - failed - ranks.keys())
+    common: dict[str, Any] = {"uniform": uniform, "world_size": len(work), "failed": sorted(failed), "idle": idle,
                               "rank_order": TORCHTITAN_ORDER if uniform else "tp-pp-dp", "policy": policy,
                               "ranks": work}
-    tp, pp, dp = plan.tensor_parallel, len(plan.pipelines[0].stages), len(plan.pipelines)
+    # A uniform plan's settings, read off pipeline 0's TP-rank-0 rows (every pipeline is the same).
+    stages = sorted(w.layers for w in work if w.pipeline == work[0].pipeline and w.tp_rank == 0)
+    tp, pp, dp = len(work[0].tp_group), len(stages), len({w.pipeline for w in work})
+    micro_batches = work[0].micro_batches
     seq = instance.spec.training.sequence_length or instance.workload.sequence_length
     source = instance.spec.trainer
     if fmt == "torchtitan":
@@ -263,10 +360,8 @@ def export_plan(instance: Instance, plan: Plan, failed: frozenset[int], fmt: str
             fsdp = instance.spec.training.zero >= 1
             original = source.config if source is not None and source.name == "torchtitan" else None
             head = torchtitan_head_name(original, source.era if source is not None else "toml")
-            parts = [[m for layer in range(s.first, s.end)
-                      for m in module_names(layer, num_layers, "torchtitan", head)]
-                     for s in plan.pipelines[0].stages] if pp > 1 else None
-            micro_batches = plan.pipelines[0].micro_batches
+            parts = [[m for layer in range(first, end) for m in module_names(layer, num_layers, "torchtitan", head)]
+                     for first, end in stages] if pp > 1 else None
             local = micro_batches * mbs if pp > 1 else mbs
             parallelism = TorchtitanParallelism(
                 data_parallel_replicate_degree=1 if fsdp else dp, data_parallel_shard_degree=dp if fsdp else 1,
@@ -279,11 +374,9 @@ def export_plan(instance: Instance, plan: Plan, failed: frozenset[int], fmt: str
     elif fmt == "megatron":
         args, launcher = None, None
         if uniform:
-            stages = plan.pipelines[0].stages
-            blocks = [s.end - s.first - (s.first == 0) - (s.end == num_layers) for s in stages]
+            blocks = [end - first - (first == 0) - (end == num_layers) for first, end in stages]
             settings = {"--tensor-model-parallel-size": str(tp), "--pipeline-model-parallel-size": str(pp),
-                        "--micro-batch-size": str(mbs),
-                        "--global-batch-size": str(plan.pipelines[0].micro_batches * mbs * dp),
+                        "--micro-batch-size": str(mbs), "--global-batch-size": str(micro_batches * mbs * dp),
                         **megatron_split(blocks)}
             original = source if source is not None and source.name == "megatron" else None
             args = megatron_arguments(original.arguments if original else None, settings)
