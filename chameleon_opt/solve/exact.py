@@ -7,21 +7,29 @@ groups of any device types, survivors left idle, every contiguous layer split, e
 allocation; 1F1B; step = PerfModel.evaluate (exact 1F1B longest path + gradient all-reduce +
 optimizer step), memory checked at the exact replica count.
 
-Decomposition (a master over exact columns):
-- column: (sequence of group classes, layer split, micro-batch count m) priced exactly:
-  t = the pipeline's schedule time alone (PerfModel.pipeline_time: the 1F1B longest path,
-  Eq. 11, blocking sends included, or interleaved 1F1B; it does not depend on the other
-  pipelines), u = its slowest optimizer step, g = its largest per-stage
-  gradient bytes; memory checked with the most replicas any plan could give it;
-- master: a multiset of columns with sum m = N within each class's group count, minimising
-  max t + DP + max u, where DP is the exact gradient all-reduce of the assembled plan. Branch and
-  bound, columns in a canonical order (multisets, not sequences), pruned by
-      max(t so far, cover(g_left, N_left)) + max u so far + ring(max g so far, P, best link)
-  where cover(g, n) = least makespan of pipelines covering n micro-batches with g groups of any
-  class (a DP over the columns: a relaxation) and ring(...) a lower bound on every slot's
-  all-reduce (bucket latencies add, bytes are the stage's). Leaves are evaluated by the model.
-When the tree is exhausted the incumbent is optimal over the space; if the deadline or the
-column budget stops it first, the caller reports its own valid bound instead.
+Decomposition (pipelines priced once per shape, a master over multisets of them):
+- classes: TP groups of one device type in one node are interchangeable; nodes whose surviving
+  groups have the same types form a family and are interchangeable too.
+- pipeline shape: (device type per stage, whether each boundary crosses nodes, layer boundaries).
+  Its exact terms do not depend on where it is placed (the model sees a node only through
+  intra/inter-node links): t(m) = PerfModel.pipeline_time (the 1F1B longest path, Eq. 11, blocking
+  sends included, or interleaved 1F1B), u = its slowest optimizer step, g = its largest per-stage
+  gradient bytes, for every m that fits in memory with the most replicas any plan could give it
+  (`price`, cached per shape);
+- master: pipelines chosen one at a time in non-increasing key (stages, m, shape, boundaries): a
+  multiset, not a sequence; each grown stage by stage from the groups left, each class's groups
+  taken in order, and a node no group uses yet taken only as the first such node of its family
+  (symmetry: any plan maps onto one of these by renaming nodes and groups, with the same step).
+  Step = max t + DP + max u; a candidate is cut when
+      max(t so far, cover(groups left, micro-batches left)) + max u + ring floor >= incumbent,
+  and a pipeline stops growing when no longer one can beat the incumbent (`completion`).
+  cover(g, n) is a DP over a relaxation: every stage range at its fastest device type and relief,
+  boundary sends at the faster link except the node crossings a pipeline longer than a node must
+  make; the ring floor is the all-reduce of the largest stage over the pipelines there will be,
+  on the inter-node link when no node can hold a slot of every pipeline, and of the layers whose
+  holders already sit on two nodes. Leaves: PerfModel.evaluate after choose_reliefs.
+When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
+first, the caller reports its own valid bound instead.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
 from chameleon_opt.perf.model import GIB, PerfModel
@@ -38,8 +48,18 @@ from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
 
-COLUMN_BUDGET = 40_000
-"""Most (class sequence, split, micro-batch count) columns priced; larger spaces take the scale path."""
+EXACT_GROUPS = 64
+"""Most surviving TP groups the branch and bound is tried on; beyond, the scale path's bound stands."""
+SPLIT_BUDGET = 4_096
+"""Most layer splits over every pipeline length (2^12: 13 layers); each pipeline shape is priced over them."""
+CROSSING_BUDGET = 20_000
+"""Most (split, crossing boundaries) pairs tried per pipeline length by the relaxation; beyond, every
+boundary takes its faster link."""
+LOWER_SIMULATION_UNITS = 100_000
+"""Most stage x micro-batch operations the relaxation simulates (about 3 us each); beyond, it uses the
+per-stage closed-form bound."""
+TABLE_BUDGET = 500_000
+"""Most steps of the relaxation's cover and completion tables (groups x micro-batches^2 x stages)."""
 GROUPING_BUDGET = 2_000
 """Most groupings of one node's survivors into TP groups enumerated before giving up exactness."""
 INVENTORY_BUDGET = 64
@@ -135,6 +155,16 @@ def _compositions(layers: int, stages: int) -> list[tuple[int, ...]]:
     return [(0,) + cut + (layers,) for cut in itertools.combinations(range(1, layers), stages - 1)]
 
 
+@dataclass(frozen=True)
+class Priced:
+    """What one placed pipeline shape costs wherever it is placed: for each micro-batch count that
+    fits in memory and can still beat the incumbent, (m, schedule time, optimizer step), m
+    ascending; and its largest per-stage gradient bytes."""
+
+    times: tuple[tuple[int, float, float], ...]
+    grad_bytes: float
+
+
 class ExactSearch:
     """Branch and bound for one inventory of TP groups (see the module docstring)."""
 
@@ -142,187 +172,326 @@ class ExactSearch:
         self.instance, self.model, self.tp = instance, model, tp
         self.total = instance.global_micro_batches
         self.layers = instance.workload.num_layers
+        # classes: interchangeable groups (same stage device type, same node), each a pool used in order
         keys: dict[tuple[str, int], int] = {}
         self.pools: list[list[tuple[int, ...]]] = []
+        self.class_type: list[str] = []
+        self.class_node: list[int] = []
         for group in groups:
             key = (model.stage_device(group).name, instance.node_of(group[0]))
             if key not in keys:
                 keys[key] = len(self.pools)
                 self.pools.append([])
+                self.class_type.append(key[0])
+                self.class_node.append(key[1])
             self.pools[keys[key]].append(group)
         self.counts = [len(pool) for pool in self.pools]
         self.groups = len(groups)
+        # families: nodes whose surviving groups have the same types are interchangeable
+        composition: dict[int, Counter] = {}
+        for c, node in enumerate(self.class_node):
+            composition.setdefault(node, Counter())[self.class_type[c]] += self.counts[c]
+        families: dict[tuple, list[int]] = {}
+        for node in sorted(composition):
+            families.setdefault(tuple(sorted(composition[node].items())), []).append(node)
+        self.family = {node: members for members in families.values() for node in members}
+        self.most_per_node = max(sum(counts.values()) for counts in composition.values())
         links = (model.intra, model.inter)
         self.best_link = Link(max(link.bandwidth for link in links), min(link.latency for link in links))
         self.most_pipelines = min(self.groups, self.total)
         self.virtual = model.options.virtual_stages or 1
         self.overlapped = bool(model.options.overlap_grad_reduce)
+        self.longest = min(self.layers, self.groups)
+        self.splits = {s: _compositions(self.layers, s) for s in range(1, self.longest + 1)}
+        self.prices: dict[tuple, Priced] = {}
 
-    # -- columns ---------------------------------------------------------------------------------
-    def sequences(self) -> list[tuple[int, ...]]:
-        """Every class sequence within the classes' group counts, shortest first. Built by extension
-        (never by filtering a product over the classes, which is exponentially larger)."""
-        found: list[tuple[int, ...]] = []
-        level: list[tuple[tuple[int, ...], list[int]]] = [((), list(self.counts))]
-        for _ in range(min(self.layers, self.groups)):
-            level = [(seq + (c,), [k - (i == c) for i, k in enumerate(left)])
-                     for seq, left in level for c, k in enumerate(left) if k > 0]
-            found += [seq for seq, _ in level]
-        return found
+    @staticmethod
+    def split_count(layers: int, longest: int) -> int:
+        """Layer splits of every pipeline length up to `longest` (what each shape is priced over)."""
+        return sum(math.comb(layers - 1, s - 1) for s in range(1, longest + 1))
 
-    def column_count(self) -> int:
-        """Columns the space has (before memory pruning), to decide whether exactness is affordable.
-        Sequences of each length: interleavings of the classes' uses, counted exactly with integers."""
-        longest = min(self.layers, self.groups)
-        if self.groups * self.total > COLUMN_BUDGET:  # already more single-stage-per-group choices
-            return COLUMN_BUDGET + 1
-        ways = [1] + [0] * longest  # ways[s]: sequences of length s over the classes seen so far
-        for count in self.counts:
-            new = [0] * (longest + 1)
-            for length, n in enumerate(ways):
-                for extra in range(min(count, longest - length) + 1):
-                    new[length + extra] += n * math.comb(length + extra, extra)
-            ways = new
-        return sum(ways[s] * math.comb(self.layers - 1, s - 1) * self.total for s in range(1, longest + 1))
-
-    def _pipeline(self, seq: tuple[int, ...], bounds: tuple[int, ...], micro_batches: int) -> Pipeline:
-        """Concrete groups for a class sequence: each class's pool in order."""
-        taken = Counter()
-        stages = []
-        for s, c in enumerate(seq):
-            stages.append(Stage(self.pools[c][taken[c]], bounds[s], bounds[s + 1]))
-            taken[c] += 1
-        return Pipeline(tuple(stages), micro_batches)
-
-    def price(self, deadline: Deadline) -> list[Column] | None:
-        """Every column that fits in memory under some supported relief (at the most replicas any plan
-        could give it). With several reliefs a column's time and optimizer step are lower bounds:
-        each stage takes the smallest forward, backward and step among the reliefs that fit it (the
-        1F1B time is monotone in every op), and the leaf chooses the real reliefs exactly."""
-        model, columns = self.model, []
-        grad = model.workload.params * model.grad_bytes / self.tp
-        reliefs = model.relief_options
-        for seq in self.sequences():
-            for bounds in _compositions(self.layers, len(seq)):
-                if deadline.expired():
-                    return None
-                pipe = self._pipeline(seq, bounds, 1)
-                costs = model.stage_costs(Plan(self.tp, (pipe,)), 0, [0.0] * len(seq))
-                per_relief = [[(*model.stage_times(st.devices, st.first, st.end, r)[:2],
-                                model.optimizer_time(st.devices, st.first, st.end, r)) for r in reliefs]
-                              for st in pipe.stages]
-                capacity = [model.stage_device(st.devices).memory_gib * GIB for st in pipe.stages]
-                grad_bytes = max(float(grad[st.first:st.end].sum()) for st in pipe.stages)
+    # -- bounds ----------------------------------------------------------------------------------
+    def lower_times(self, deadline: Deadline) -> list[list[float]] | None:
+        """lower[S][m]: a lower bound on the schedule time of every S-stage pipeline running m
+        micro-batches (None past `deadline`). Each stage range takes its fastest forward and backward
+        over the device types present and the supported reliefs; each boundary its send on the
+        faster link, except that a pipeline longer than a node's groups crosses nodes at least
+        ceil(S / groups per node) - 1 times (every choice of those boundaries is tried). The time of
+        those operations, minimised over the layer splits, is the exact 1F1B longest path (monotone
+        in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the per-stage
+        bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s."""
+        model = self.model
+        types = {name: self.pools[c][0] for c, name in enumerate(self.class_type)}
+        fastest = np.zeros((self.layers + 1, self.layers + 1, 2))
+        for first in range(self.layers):
+            for end in range(first + 1, self.layers + 1):
+                times = [model.stage_times(g, first, end, r)[:2] for g in types.values() for r in model.relief_options]
+                fastest[first, end] = (min(t[0] for t in times), min(t[1] for t in times))
+        inter = np.array([self._send(model.inter, layer) for layer in range(self.layers)])
+        cheap = np.minimum(np.array([self._send(model.intra, layer) for layer in range(self.layers)]), inter)
+        choices = {}
+        for stages, splits in self.splits.items():
+            crossings = max(-(-stages // self.most_per_node) - 1, 0)
+            choices[stages] = list(itertools.combinations(range(stages - 1), crossings)) \
+                if math.comb(stages - 1, crossings) * len(splits) <= CROSSING_BUDGET else [()]
+        units = sum(len(splits) * len(choices[s]) * s * m for s, splits in self.splits.items()
+                    for m in range(1, self.total + 1))
+        simulate = self.virtual > 1 or units <= LOWER_SIMULATION_UNITS
+        lower = [[0.0] * (self.total + 1) for _ in range(self.longest + 1)]
+        for stages, splits in self.splits.items():
+            if deadline.expired():
+                return None
+            b = np.array(splits)
+            ranges = fastest[b[:, :-1], b[:, 1:]]                  # (splits, stages, forward/backward)
+            best = np.full(self.total + 1, np.inf)
+            for crossing in choices[stages]:
+                sends = cheap[b[:, 1:-1] - 1].copy() if stages > 1 else np.zeros((len(splits), 0))
+                for s in crossing:
+                    sends[:, s] = inter[b[:, s + 1] - 1]
+                forward = ranges[:, :, 0].copy()
+                backward = ranges[:, :, 1].copy()
+                forward[:, :-1] += sends
+                backward[:, 1:] += sends
+                if simulate:
+                    for k in range(len(splits)):
+                        ops = [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
+                        for m in range(1, self.total + 1):
+                            best[m] = min(best[m], model.pipeline_time(ops, m, self.virtual))
+                    continue
+                whole = forward.sum(axis=1) + backward.sum(axis=1)   # W per split
+                warmup = np.arange(stages - 1, -1, -1)               # k_s = S - s - 1
                 for m in range(1, self.total + 1):
-                    if m <= len(seq) * self.virtual:  # past that no stage holds more in flight: same fit
-                        fitting = [[t for r, t in zip(reliefs, per_relief[s]) if model.stage_memory(
-                            st.devices, st.first, st.end, s, len(seq), m, 0.0, self.most_pipelines, r)[0]
-                            <= capacity[s]] for s, st in enumerate(pipe.stages)]
-                        if not all(fitting):
-                            break  # more micro-batches only hold more in flight
-                        lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
-                                 for c, fit in zip(costs, fitting)]
-                        optimizer = max(min(t[2] for t in fit) for fit in fitting)
-                    columns.append(Column(seq, bounds, m, model.pipeline_time(lower, m, self.virtual), optimizer,
-                                          grad_bytes))
-        return columns
+                    stage = whole[:, None] + (m - 1) * backward + np.maximum(m - 1 - warmup, 0)[None, :] * forward
+                    best[m] = min(best[m], float(stage.max(axis=1).min()))
+            lower[stages] = [0.0] + [float(v) for v in best[1:]]
+        return lower
 
-    # -- master ----------------------------------------------------------------------------------
+    def _send(self, link: Link, layer: int) -> float:
+        """A boundary send after `layer` on `link` (PerfModel.boundary_send_time's terms)."""
+        nbytes = self.model.workload.boundary_bytes_per_sample[layer] * self.model.micro_batch_size
+        return 0.0 if nbytes <= 0 else link.send_time(nbytes) + self.model.p2p_overhead_s
+
+    def cover_table(self, lower: list[list[float]]) -> list[list[float]]:
+        """cover[g][n]: least makespan of pipelines running n micro-batches on at most g groups,
+        each pipeline at its lower time (a relaxation: any device types, no memory, no sends)."""
+        cover = [[0.0] + [math.inf] * self.total for _ in range(self.groups + 1)]
+        for g in range(1, self.groups + 1):
+            for n in range(1, self.total + 1):
+                value = cover[g - 1][n]
+                for stages in range(1, min(g, self.longest) + 1):
+                    for m in range(1, n + 1):
+                        value = min(value, max(lower[stages][m], cover[g - stages][n - m]))
+                cover[g][n] = value
+        return cover
+
+    def completion_table(self, lower: list[list[float]], cover: list[list[float]]) -> list[list[list[float]]]:
+        """completion[S][g][n]: least makespan when the next pipeline has at least S stages and it and
+        the rest run n micro-batches on g groups (the same relaxation as `cover_table`); a pipeline
+        being grown past S - 1 stages is cut when this cannot beat the incumbent."""
+        inf = math.inf
+        table = [[[inf] * (self.total + 1) for _ in range(self.groups + 1)] for _ in range(self.longest + 2)]
+        for stages in range(self.longest, 0, -1):
+            for g in range(stages, self.groups + 1):
+                for n in range(1, self.total + 1):
+                    here = min((max(lower[stages][m], cover[g - stages][n - m]) for m in range(1, n + 1)), default=inf)
+                    table[stages][g][n] = min(here, table[stages + 1][g][n])
+        return table
+
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines whose largest stage holds
         `grad_bytes` (buckets only add latency; the fastest link)."""
         if pipelines <= 1 or self.overlapped:  # overlapped: only the exposed part counts, at least 0
             return 0.0
-        return ring_allreduce_time(grad_bytes, pipelines, self.best_link)
+        # a ring stays inside a node only when one node holds a slot of every pipeline
+        link = self.best_link if pipelines <= self.most_per_node else self.model.inter
+        return ring_allreduce_time(grad_bytes, pipelines, link)
 
-    def cover_table(self, columns: list[Column]) -> list[list[float]]:
-        """cover[g][n]: least makespan of pipelines running n micro-batches on at most g groups,
-        classes relaxed (any column, any group)."""
-        best: dict[tuple[int, int], float] = {}
-        for col in columns:
-            key = (len(col.classes), col.micro_batches)
-            best[key] = min(best.get(key, math.inf), col.time_s)
-        items = sorted(best.items())
-        cover = [[0.0] + [math.inf] * self.total for _ in range(self.groups + 1)]
-        for g in range(1, self.groups + 1):
-            for n in range(1, self.total + 1):
-                value = cover[g - 1][n]
-                for (stages, m), t in items:
-                    if stages <= g and m <= n:
-                        value = min(value, max(t, cover[g - stages][n - m]))
-                cover[g][n] = value
-        return cover
+    # -- pricing ---------------------------------------------------------------------------------
+    def price(self, seq: list[tuple[int, ...]], shape: tuple, bounds: tuple[int, ...], limit: float) -> Priced:
+        """The exact terms of a pipeline on these groups with these layer boundaries, shared by every
+        placement of the same shape (device types, node changes between neighbours, boundaries).
+        With several reliefs a stage takes the smallest forward, backward and step among those that
+        fit (the 1F1B time is monotone in every op): a lower bound that the leaf makes exact.
+        Micro-batch counts stop at the first whose time reaches `limit` (the incumbent only falls)."""
+        key = (shape, bounds)
+        known = self.prices.get(key)
+        if known is not None:
+            return known
+        model, stages = self.model, len(seq)
+        pipe = Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
+        costs = model.stage_costs(Plan(self.tp, (pipe,)), 0, [0.0] * stages)
+        reliefs = model.relief_options
+        per_relief = [[(*model.stage_times(st.devices, st.first, st.end, r)[:2],
+                        model.optimizer_time(st.devices, st.first, st.end, r)) for r in reliefs]
+                      for st in pipe.stages]
+        capacity = [model.stage_device(st.devices).memory_gib * GIB for st in pipe.stages]
+        grad = model.workload.params * model.grad_bytes / self.tp
+        grad_bytes = max(float(grad[st.first:st.end].sum()) for st in pipe.stages)
+        times: list[tuple[int, float, float]] = []
+        lower, optimizer = costs, 0.0
+        for m in range(1, self.total + 1):
+            if m <= stages * self.virtual:  # past that no stage holds more in flight: same fit
+                fitting = [[t for r, t in zip(reliefs, per_relief[s]) if model.stage_memory(
+                    st.devices, st.first, st.end, s, stages, m, 0.0, self.most_pipelines, r)[0]
+                    <= capacity[s]] for s, st in enumerate(pipe.stages)]
+                if not all(fitting):
+                    break  # more micro-batches only hold more in flight
+                lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
+                         for c, fit in zip(costs, fitting)]
+                optimizer = max(min(t[2] for t in fit) for fit in fitting)
+            time_s = model.pipeline_time(lower, m, self.virtual)
+            if time_s + optimizer >= limit:
+                break  # the time grows with m
+            times.append((m, time_s, optimizer))
+        self.prices[key] = Priced(tuple(times), grad_bytes)
+        return self.prices[key]
 
-    def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000
-              ) -> ExactOutcome:
-        columns = self.price(deadline)
-        if columns is None:
-            return ExactOutcome(None, incumbent, False, 0, 0, "pricing the columns ran out of time")
-        columns.sort(key=lambda c: (c.time_s, c.optimizer_s))
-        cover = self.cover_table(columns)
-        usage = [Counter(c.classes) for c in columns]
-        stages = [len(c.classes) for c in columns]
+    # -- master ----------------------------------------------------------------------------------
+    def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000) -> ExactOutcome:
+        """Depth-first over pipelines in non-increasing key order (stages, micro-batches, shape,
+        boundaries: a multiset, not a sequence), each pipeline grown stage by stage from the groups
+        left, the first untouched node of a family standing for all of them."""
+        lower = self.lower_times(deadline)
+        if lower is None:
+            return ExactOutcome(None, incumbent, False, 0, 0, "the relaxation's tables ran out of time")
+        cover = self.cover_table(lower)
+        completion = self.completion_table(lower, cover)
+        grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
+        inter = self.model.inter
+        holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
         best: list = [incumbent, None]
-        stats = {"leaves": 0, "complete": True}
-        left = list(self.counts)
-        chosen: list[int] = []
-
-        def bound(worst: float, opt: float, grad_bytes: float, pipelines: int, groups_left: int, n_left: int
-                  ) -> float:
-            rest = cover[groups_left][n_left]
-            return max(worst, rest) + opt + self.ring_bound(pipelines + (1 if n_left else 0), grad_bytes)
+        stats = {"leaves": 0, "nodes": 0, "complete": True}
+        taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
+        touched = Counter()                  # groups in use per node
+        chosen: list[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = []
 
         def leaf() -> None:
             stats["leaves"] += 1
-            pools_taken = Counter()
-            pipelines = []
-            for i in chosen:
-                col = columns[i]
-                stages_ = []
-                for s, c in enumerate(col.classes):
-                    stages_.append(Stage(self.pools[c][pools_taken[c]], col.bounds[s], col.bounds[s + 1]))
-                    pools_taken[c] += 1
-                pipelines.append(Pipeline(tuple(stages_), col.micro_batches))
-            relieved = choose_reliefs(self.model, Plan(self.tp, tuple(pipelines)))
+            plan = Plan(self.tp, tuple(Pipeline(tuple(Stage(g, b[s], b[s + 1]) for s, g in enumerate(seq)), m)
+                                       for seq, b, m in chosen))
+            relieved = choose_reliefs(self.model, plan)
             if relieved is not None and relieved[1].iteration_time_s < best[0]:
                 best[0], best[1] = relieved[1].iteration_time_s, relieved[0]
 
-        def dfs(start: int, n_left: int, groups_left: int, worst: float, opt: float, grad_bytes: float) -> None:
-            if not stats["complete"]:
-                return
+        def ring_floor(pipelines: int, grad_bytes: float, nodes: list[int], bounds: tuple[int, ...]) -> float:
+            """A floor on the gradient all-reduce once the candidate (its stages' `nodes`, `bounds`)
+            joins: every slot reduces its layers over at least `pipelines` replicas, and a layer whose
+            holders already sit on two nodes rings over the inter-node link (groups only add)."""
+            if pipelines <= 1 or self.overlapped:
+                return 0.0
+            spanning = [0.0]
+            for s, node in enumerate(nodes):
+                for layer in range(bounds[s], bounds[s + 1]):
+                    known = holders[layer]
+                    spanning.append(spanning[-1] + (grad[layer] if len(known) > 1 or (known and node not in known)
+                                                    else 0.0))
+            most = 0.0
+            for seq, b, _ in chosen:
+                most = max(most, max(spanning[b[s + 1]] - spanning[b[s]] for s in range(len(seq))))
+            most = max(most, max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(nodes))))
+            return max(ring_allreduce_time(most, pipelines, inter) if most else 0.0,
+                       self.ring_bound(pipelines, grad_bytes))
+
+        def hold(nodes: list[int], bounds: tuple[int, ...], step: int) -> None:
+            for s, node in enumerate(nodes):
+                for layer in range(bounds[s], bounds[s + 1]):
+                    holders[layer][node] += step
+                    if not holders[layer][node]:
+                        del holders[layer][node]
+
+        def allowed(c: int) -> bool:
+            """Symmetry: a node no group uses yet may be taken only as its family's first such node."""
+            node = self.class_node[c]
+            if touched[node]:
+                return True
+            return all(touched[other] for other in self.family[node] if other < node)
+
+        def master(n_left: int, g_left: int, worst: float, opt: float, grad: float, last: tuple | None) -> None:
             if n_left == 0:
                 leaf()
                 return
             if stats["leaves"] >= leaf_budget or deadline.expired():
                 stats["complete"] = False
                 return
-            limit = best[0] * (1 - PRUNE_TOLERANCE)
-            for i in range(start, len(columns)):
-                col = columns[i]
-                if col.time_s + opt >= limit:
-                    break  # columns are sorted by time: none further can help
-                if col.micro_batches > n_left or stages[i] > groups_left:
-                    continue
-                if any(left[c] < k for c, k in usage[i].items()):
-                    continue
-                new_worst, new_opt = max(worst, col.time_s), max(opt, col.optimizer_s)
-                new_bytes = max(grad_bytes, col.grad_bytes)
-                if bound(new_worst, new_opt, new_bytes, len(chosen) + 1, groups_left - stages[i],
-                         n_left - col.micro_batches) >= limit:
-                    continue
-                for c, k in usage[i].items():
-                    left[c] -= k
-                chosen.append(i)
-                dfs(i, n_left - col.micro_batches, groups_left - stages[i], new_worst, new_opt, new_bytes)
-                chosen.pop()
-                for c, k in usage[i].items():
-                    left[c] += k
-                limit = best[0] * (1 - PRUNE_TOLERANCE)
+            grow([], [], n_left, g_left, worst, opt, grad, last)
 
-        dfs(0, self.total, self.groups, 0.0, 0.0, 0.0)
-        reason = (f"branch and bound over {len(columns)} exact columns, {stats['leaves']} plans evaluated"
-                  + ("" if stats["complete"] else " (stopped early)"))
-        return ExactOutcome(best[1], best[0], stats["complete"], len(columns), stats["leaves"], reason)
+        def grow(classes: list[int], seq: list[tuple[int, ...]], n_left: int, g_left: int, worst: float,
+                 opt: float, grad: float, last: tuple | None) -> None:
+            if not stats["complete"]:
+                return
+            stats["nodes"] += 1
+            if stats["nodes"] % 512 == 0 and deadline.expired():
+                stats["complete"] = False
+                return
+            stages = len(classes)
+            if stages:
+                shape = (tuple(self.class_type[c] for c in classes),
+                         tuple(self.class_node[a] != self.class_node[b] for a, b in zip(classes, classes[1:])))
+                pipelines = len(chosen) + 1
+                nodes = [self.class_node[c] for c in classes]
+                for bounds in self.splits[stages]:
+                    limit = best[0] * (1 - PRUNE_TOLERANCE)
+                    if (shape, bounds) not in self.prices and deadline.expired():  # pricing: 0.1-1 ms each
+                        stats["complete"] = False
+                        return
+                    priced = self.price(seq, shape, bounds, limit)
+                    for m, time_s, optimizer_s in priced.times:
+                        if m > n_left:
+                            break
+                        key = (stages, m, shape, bounds)
+                        if last is not None and key > last:
+                            break  # keys grow with m
+                        new_worst, new_opt = max(worst, time_s), max(opt, optimizer_s)
+                        new_grad = max(grad, priced.grad_bytes)
+                        rest = n_left - m
+                        value = max(new_worst, cover[g_left - stages][rest]) + new_opt
+                        if value >= best[0] * (1 - PRUNE_TOLERANCE):
+                            continue
+                        value += ring_floor(pipelines + (1 if rest else 0), new_grad, nodes, bounds)
+                        if value >= best[0] * (1 - PRUNE_TOLERANCE):
+                            continue
+                        chosen.append((tuple(seq), bounds, m))
+                        hold(nodes, bounds, 1)
+                        master(rest, g_left - stages, new_worst, new_opt, new_grad, key)
+                        hold(nodes, bounds, -1)
+                        chosen.pop()
+            if stages >= min(self.longest, g_left) or (last is not None and stages >= last[0]):
+                return
+            if max(worst, completion[stages + 1][g_left][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
+                return  # no longer pipeline (with the rest) can beat the incumbent
+            for c, pool in enumerate(self.pools):
+                if taken[c] == len(pool) or not allowed(c):
+                    continue
+                group = pool[taken[c]]
+                taken[c] += 1
+                touched[self.class_node[c]] += 1
+                grow(classes + [c], seq + [group], n_left, g_left, worst, opt, grad, last)
+                taken[c] -= 1
+                touched[self.class_node[c]] -= 1
+
+        master(self.total, self.groups, 0.0, 0.0, 0.0, None)
+        reason = (f"branch and bound over {len(self.prices)} priced pipeline shapes, {stats['nodes']} nodes, "
+                  f"{stats['leaves']} plans evaluated" + ("" if stats["complete"] else " (stopped early)"))
+        return ExactOutcome(best[1], best[0], stats["complete"], len(self.prices), stats["leaves"], reason)
+
+
+@dataclass(frozen=True)
+class _Ops:
+    """A stage's operation times for PerfModel.pipeline_time (the relaxation's fastest ones, sends
+    included: the interleaved schedule's own send terms are then zero, which only lowers it)."""
+
+    forward_s: float
+    backward_s: float
+    send_forward_s: float = 0.0
+    send_backward_s: float = 0.0
+
+    @property
+    def op_forward_s(self) -> float:
+        return self.forward_s
+
+    @property
+    def op_backward_s(self) -> float:
+        return self.backward_s
 
 
 def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], incumbent: float,
@@ -330,15 +499,18 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
     """Branch and bound over every inventory of TP groups; None when the space is too large to
     be searched exactly (then the caller keeps its incumbent and its relaxation bound)."""
     tp = instance.plan.tensor_parallel
+    live_groups = (instance.num_devices - len(failed)) // tp
+    longest = min(instance.workload.num_layers, live_groups)
+    if live_groups > EXACT_GROUPS or ExactSearch.split_count(instance.workload.num_layers, longest) > SPLIT_BUDGET \
+            or live_groups * longest * instance.global_micro_batches ** 2 > TABLE_BUDGET:
+        return None
     options = inventories(instance, model, failed, tp, deadline)
     if options is None:
         return None
     searches = [ExactSearch(instance, model, groups, tp) for groups in options if groups]
-    if sum(search.column_count() for search in searches) > COLUMN_BUDGET:
-        return None
     best = ExactOutcome(None, incumbent, True, 0, 0, "no TP group survives")
-    for search in searches:
-        outcome = search.solve(best.objective, deadline)
+    for k, search in enumerate(searches):  # each inventory gets an even share of what is left
+        outcome = search.solve(best.objective, deadline.share(1 / (len(searches) - k)))
         complete = best.complete and outcome.complete
         columns, leaves = best.columns + outcome.columns, best.leaves + outcome.leaves
         if outcome.plan is not None:

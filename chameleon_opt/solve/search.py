@@ -54,6 +54,7 @@ MIN_SEARCH_S = 0.02  # less time left than this: the search does not start (NO_S
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
 ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
 ENUMERATION_GROUPS = 64  # beyond this many TP groups it cannot finish in seconds (bench/solver_scaling.py)
+EXACT_SHARE = 0.85  # of what is left, for the branch and bound (the rest: the relaxation bound if it stops)
 OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
 SPACE = ("pipelines of TP groups formed inside nodes from any survivors (idle allowed), stages of any "
          "device types in any order, contiguous layer splits, any micro-batch split; 1F1B; step time, "
@@ -265,7 +266,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
             notes.append(f"a pipeline set of mixed device types is faster ({len(mixed[0][0].pipelines)} pipelines)")
     exact = None
     if not deadline.expired():
-        exact = exact_search(instance, model, failed, value, deadline)
+        exact = exact_search(instance, model, failed, value, deadline.share(EXACT_SHARE))
     if exact is None and len(groups) <= ENUMERATION_GROUPS and not deadline.expired():
         share = min(budget_s * ENUMERATION_SHARE, deadline.left())
         paper = enumerate_plans(instance, failed, Deadline.after(max(share, 0.01)), model=model)
