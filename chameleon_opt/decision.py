@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from chameleon_opt.check import check_plan
 from chameleon_opt.comm import assign_slots, communication_plan
 from chameleon_opt.comm.api import CommInfo
-from chameleon_opt.comm.migration import Migration
+from chameleon_opt.comm.transfers import Migration
 from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate, PerfModel

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from chameleon_opt.comm.migration import Migration
+    from chameleon_opt.comm.transfers import Migration
     from chameleon_opt.perf.model import Estimate
 
 FORWARD, BACKWARD, REROUTED, FAILED, SYNC = "#4C72B0", "#DD8452", "#C44E52", "#BBBBBB", "#8C8C8C"

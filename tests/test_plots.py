@@ -3,7 +3,7 @@ set with their count, the migration by node pair at scale, every axis labelled."
 
 from __future__ import annotations
 
-from chameleon_opt.comm.migration import Migration, Transfer
+from chameleon_opt.comm.transfers import Migration, Transfer
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.reroute import even_reroute

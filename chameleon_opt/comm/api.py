@@ -13,7 +13,8 @@ from typing import Any
 
 from chameleon_opt.comm.allreduce import AllreduceSchedule, schedule_allreduce
 from chameleon_opt.comm.assignment import assign_slots
-from chameleon_opt.comm.migration import Migration, schedule_migration
+from chameleon_opt.comm.migration import schedule_migration
+from chameleon_opt.comm.transfers import Migration
 from chameleon_opt.comm.rounds import check_release_safety
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from chameleon_opt.comm.allreduce import allreduce_groups
-from chameleon_opt.comm.migration import Migration
+from chameleon_opt.comm.transfers import Migration
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan

@@ -33,7 +33,7 @@ from chameleon_opt.plan import Plan
 from chameleon_opt.solve.deadline import Deadline
 
 if TYPE_CHECKING:
-    from chameleon_opt.comm.migration import Migration, Transfer
+    from chameleon_opt.comm.transfers import Migration, Transfer
 
 
 def colour_bipartite_edges(edges: Sequence[tuple[int, int]], weights: Sequence[float] | None = None) -> list[int]:

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from chameleon_opt.comm import communication_plan
 from chameleon_opt.comm.allreduce import schedule_allreduce
 from chameleon_opt.comm.lowering import LoweredPlan, RankPlan, absent_rank_plan
-from chameleon_opt.comm.migration import Migration
+from chameleon_opt.comm.transfers import Migration
 from chameleon_opt.errors import InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
