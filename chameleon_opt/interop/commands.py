@@ -179,7 +179,10 @@ def export_plan_command(file: Path = typer.Argument(None, help="instance file (i
                                  "which torchtitan no longer reads from TOML", "write .json and set its `config` "
                                  "values in your config function")
             header = [f"chameleon-solve export-plan {file.name}: {chosen} plan, {document['world_size']} ranks",
-                      "new rank <- old rank: " + ", ".join(f"{r['rank']}<-{r['device']}" for r in document["ranks"])]
+                      "new rank <- old rank: " + ", ".join(f"{r['rank']}<-{r['device']}" for r in document["ranks"]),
+                      "launch node by node (static rendezvous; ranks are consecutive per node):"]
+            header += [f"  node {n['node']}: CUDA_VISIBLE_DEVICES={n['cuda_visible_devices']} torchrun "
+                       + " ".join(n["torchrun"]) + " ..." for n in document["nodes"]]
             text = settings_toml(document["config"], header)
             write_output(output, "--output", force, lambda tmp: tmp.write_text(text))
         else:

@@ -8,16 +8,26 @@
   so a failed device is never a rank and a survivor the plan gives no work is listed under
   `idle`, not as a rank: launched as one it would join the trainer's world with nothing to run.
   Survivors restart with these ranks.
+- New ranks are numbered node by node, because that is how torchrun numbers them: with static
+  rendezvous a worker's global rank is the processes of the lower `--node-rank`s plus its local
+  rank (torch.distributed.elastic's `_assign_worker_ranks`), so each surviving node's training
+  devices take the next block of ranks, in node order and, within a node, by old local rank.
+  `nodes` gives each node's torchrun line (`--nnodes`, `--node-rank`, its own `--nproc-per-node`:
+  nodes may differ) and the CUDA_VISIBLE_DEVICES that maps its local ranks to its old devices.
 - A *uniform* plan (every pipeline the same stages, layer split and micro-batch count) is also
   given as a complete config of the trainer: the imported torchtitan job config (its era's keys,
   its schedule and everything else kept) with degrees, explicit stages and batch sizes replaced,
   or the imported Megatron-LM arguments with the parallelism, split and batch arguments replaced
   (a split Megatron cannot say with --decoder-first/last-pipeline-num-layers, such as a last
-  stage holding only the head, becomes --pipeline-model-parallel-layout); new ranks then follow
-  that trainer's order (tp-dp-pp).
+  stage holding only the head, becomes --pipeline-model-parallel-layout). The trainer derives
+  every rank's stage and TP group from its global rank in its own order (torchtitan's mesh:
+  tp-dp-pp; Megatron-LM: tp-dp-pp, or tp-pp-dp with --use-tp-pp-dp-mapping, chosen to fit), so
+  the export checks that this order, read on the node-by-node ranks, gives every device the
+  stage and TP rank the plan gives it (pipelines may be renumbered: replicas are alike), and
+  refuses the format (exit 2) when no order of that trainer does.
 - An uneven plan cannot be written as degrees: the per-rank module lists (torchtitan's
-  `module_fqns_per_model_part` vocabulary) and micro-batch counts are the plan, numbered
-  pipeline by pipeline (tp-pp-dp).
+  `module_fqns_per_model_part` vocabulary) and micro-batch counts are the plan, placed by the
+  rows (`rank_order` null).
 """
 
 from __future__ import annotations
@@ -29,11 +39,17 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat
 
 from chameleon_opt.comm.lowering import LoweredPlan, RankPlan, WorkPiece
 from chameleon_opt.errors import InputError
-from chameleon_opt.instance.load import Instance, rank_of
-from chameleon_opt.interop.common import TORCHTITAN_ORDER, module_names
+from chameleon_opt.instance.load import Instance, grid_position
+from chameleon_opt.interop.common import MEGATRON_ORDER, TORCHTITAN_ORDER, module_names
 
 FORMATS = ("torchtitan", "megatron", "ranks")
 VOCABULARY = {"torchtitan": "torchtitan", "megatron": "megatron", "ranks": "torchtitan"}
+TRAINER_ORDERS = {"torchtitan": (TORCHTITAN_ORDER,), "megatron": (MEGATRON_ORDER, "tp-pp-dp"),
+                  "ranks": (TORCHTITAN_ORDER, "tp-pp-dp")}
+"""The rank orders each format's trainer can be told to use, its default first: torchtitan's mesh
+order is fixed; Megatron-LM switches to tp-pp-dp with --use-tp-pp-dp-mapping; the chameleon
+runtime reads the rows (an order is only named when one fits)."""
+TRAINER_NAMES = {"torchtitan": "torchtitan", "megatron": "Megatron-LM", "ranks": "the chameleon runtime"}
 
 
 class _Strict(BaseModel):
@@ -123,11 +139,35 @@ class TorchtitanTraining(_Strict):
     seq_len: PositiveInt | None = None
 
 
+class NodeLaunch(_Strict):
+    """One surviving node's part of the new job: a block of consecutive global ranks, as torchrun
+    numbers them (the processes of lower node ranks, plus the local rank)."""
+
+    node_rank: NonNegativeInt = Field(description="torchrun's --node-rank for this node")
+    node: NonNegativeInt = Field(description="the physical node: its index in the old job (old rank // devices "
+                                             "per node)")
+    nproc_per_node: PositiveInt = Field(description="torchrun's --nproc-per-node for this node: its training ranks")
+    ranks: tuple[NonNegativeInt, PositiveInt] = Field(description="its new global ranks [first, end): local rank i "
+                                                      "is global rank first + i")
+    devices: list[NonNegativeInt] = Field(min_length=1, description="the old global rank each local rank takes, "
+                                          "in local-rank order")
+    cuda_visible_devices: str = Field(description="CUDA_VISIBLE_DEVICES for this node's launch: the old local ranks "
+                                      "(the GPU index each ran on under torchrun's default one-GPU-per-local-rank "
+                                      "binding), so local rank i runs on old device devices[i]")
+    torchrun: list[str] = Field(description="torchrun's arguments for this node (static rendezvous, torchrun's "
+                                "default: another backend orders nodes itself)")
+
+
 class _Export(_Strict):
     uniform: bool = Field(description="true when the plan is the trainer's parallelism settings")
     world_size: PositiveInt = Field(description="ranks of the new job")
-    rank_order: Literal["tp-dp-pp", "tp-pp-dp"] = Field(
-        description="how new ranks walk (tp, stage, pipeline), innermost first")
+    rank_order: Literal["tp-dp-pp", "tp-pp-dp"] | None = Field(
+        description="the trainer's rank order (innermost first) that reads every new rank's (tp, stage, pipeline) "
+        "off its global rank: the order the exported settings use; null when none does (an uneven plan, or a "
+        "ranks export placed by its rows)")
+    nnodes: PositiveInt = Field(description="nodes the new job runs on (torchrun's --nnodes)")
+    nodes: list[NodeLaunch] = Field(min_length=1, description="each node's launch, in node-rank order: new ranks "
+                                    "are consecutive per node, in node order, then by old local rank")
     failed: list[NonNegativeInt] = Field(description="old global ranks that failed")
     idle: list[NonNegativeInt] = Field(description="old global ranks of surviving devices the plan gives no work "
                                        "(a rerouted stage's survivors, spares a reconfiguration leaves out, devices "
@@ -151,8 +191,9 @@ class MegatronExport(_Export):
     arguments: list[str] | None = Field(
         None, description="Megatron-LM arguments, given when uniform: the imported script's arguments with the "
         "parallelism, split and batch arguments replaced (or these arguments alone)")
-    launcher: list[str] | None = Field(None, description="torchrun's arguments for the new world size, given when "
-                                       "uniform")
+    launcher: list[str] | None = Field(None, description="torchrun's arguments common to every node, given when "
+                                       "uniform: the imported launcher's with --nnodes set (and --nproc-per-node "
+                                       "when every node runs as many ranks); each node adds its line from `nodes`")
 
 
 class RanksExport(_Export):
@@ -190,15 +231,72 @@ def is_uniform(train: list[RankPlan]) -> bool:
     return len({tuple(shape) for shape in shapes.values()}) <= 1
 
 
-def new_ranks(train: list[RankPlan], uniform: bool) -> dict[int, int]:
-    """Device -> new global rank: the trainer's tp-dp-pp order when uniform, else pipeline by
-    pipeline (tp-pp-dp); `train` in slot order."""
-    if not uniform:
-        return {rp.rank: i for i, rp in enumerate(train)}
-    assert train[0].tensor_parallel is not None and train[0].num_stages is not None
-    sizes = {"tp": train[0].tensor_parallel, "pp": train[0].num_stages, "dp": len({rp.pipeline for rp in train})}
-    return {rp.rank: rank_of(TORCHTITAN_ORDER, sizes, {"tp": rp.tp_rank, "pp": rp.stage, "dp": rp.pipeline})
-            for rp in train}
+def new_ranks(train: list[RankPlan]) -> dict[int, int]:
+    """Device -> new global rank, node by node as torchrun numbers them: the training devices in
+    old-rank order (node-major, so node order and, within a node, old local rank order)."""
+    return {device: rank for rank, device in enumerate(sorted(rp.rank for rp in train))}
+
+
+def node_launches(instance: Instance, ranks: dict[int, int]) -> list[NodeLaunch]:
+    """Each node holding ranks: its torchrun line and its local ranks' old devices (`ranks` from
+    new_ranks, so each node's ranks are consecutive)."""
+    per_node = instance.devices_per_node
+    by_node: dict[int, list[int]] = {}
+    for device in sorted(ranks, key=ranks.__getitem__):
+        by_node.setdefault(instance.node_of(device), []).append(device)
+    out = []
+    for node_rank, (node, devices) in enumerate(by_node.items()):
+        first = ranks[devices[0]]
+        assert [ranks[d] for d in devices] == list(range(first, first + len(devices))), "ranks not node by node"
+        out.append(NodeLaunch(node_rank=node_rank, node=node, nproc_per_node=len(devices),
+                              ranks=(first, first + len(devices)), devices=devices,
+                              cuda_visible_devices=",".join(str(d - node * per_node) for d in devices),
+                              torchrun=["--nnodes", str(len(by_node)), "--node-rank", str(node_rank),
+                                        "--nproc-per-node", str(len(devices)), "--rdzv-backend", "static"]))
+    return out
+
+
+def _misplaced(train: list[RankPlan], ranks: dict[int, int], order: str) -> tuple[RankPlan, dict[str, int]] | None:
+    """The first device whose new rank `order` reads as another slot than the plan's (another
+    stage or TP rank, or a pipeline sharing another's data-parallel index) with its position, or
+    None when the order reads every rank as the plan places it."""
+    first = train[0]
+    assert first.tensor_parallel is not None and first.num_stages is not None
+    sizes = {"tp": first.tensor_parallel, "pp": first.num_stages, "dp": len({rp.pipeline for rp in train})}
+    replica: dict[int, int] = {}
+    for rp in sorted(train, key=lambda rp: ranks[rp.rank]):
+        position = grid_position(order, sizes, ranks[rp.rank])
+        if (position["tp"], position["pp"]) != (rp.tp_rank, rp.stage) or \
+                replica.setdefault(rp.pipeline, position["dp"]) != position["dp"] or \
+                list(replica.values()).count(position["dp"]) > 1:
+            return rp, position
+    return None
+
+
+def trainer_order(train: list[RankPlan], ranks: dict[int, int], orders: tuple[str, ...]) -> str | None:
+    """The first of `orders` in which the trainer, reading each new global rank, puts every device
+    on the stage and TP rank the plan gives it, one data-parallel index per pipeline (a uniform
+    plan's replicas are alike, so their numbering is free); None when none does."""
+    return next((order for order in orders if _misplaced(train, ranks, order) is None), None)
+
+
+def _refusal(instance: Instance, fmt: str, train: list[RankPlan], ranks: dict[int, int]) -> InputError:
+    """Why the trainer of `fmt` cannot run this plan launched node by node, on one concrete rank."""
+    order = TRAINER_ORDERS[fmt][0]
+    found = _misplaced(train, ranks, order)
+    assert found is not None
+    rp, position = found
+    per_node = instance.devices_per_node
+    orders = " or ".join(TRAINER_ORDERS[fmt])
+    also = ""
+    if fmt == "torchtitan" and trainer_order(train, ranks, ("tp-pp-dp",)):
+        also = ", or --format megatron (its --use-tp-pp-dp-mapping order runs it)"
+    return InputError(instance.path, "--format", f"torchrun numbers ranks node by node, so old rank {rp.rank} (node "
+                      f"{instance.node_of(rp.rank)}, local rank {rp.rank % per_node}) becomes new rank "
+                      f"{ranks[rp.rank]}, which {TRAINER_NAMES[fmt]}'s rank order ({orders}) puts on stage "
+                      f"{position['pp']}, TP rank {position['tp']}, but the plan runs it on stage {rp.stage}, TP rank "
+                      f"{rp.tp_rank} of pipeline {rp.pipeline}: no launch of {TRAINER_NAMES[fmt]} runs this plan",
+                      f"use --format ranks (each rank placed by its row, for the chameleon runtime){also}")
 
 
 def _piece(p: WorkPiece, ranks: dict[int, int]) -> Piece:
@@ -305,31 +403,46 @@ def megatron_split(blocks: list[int]) -> dict[str, str]:
 _SPLIT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
                 "--pipeline-model-parallel-layout", "--account-for-embedding-in-pipeline-split",
                 "--account-for-loss-in-pipeline-split")
+_SWITCHES = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+             "--use-tp-pp-dp-mapping", "--standalone")
+"""Flags without a value among those the export replaces or drops (the rest take one)."""
 
 
-def megatron_arguments(original: list[str] | None, settings: dict[str, str]) -> list[str]:
-    """The imported arguments with `settings` replacing their flags (and any old split flag
-    dropped), or `settings` alone."""
+def megatron_arguments(original: list[str] | None, settings: Mapping[str, str | None],
+                       drop: tuple[str, ...] = ()) -> list[str]:
+    """The imported arguments with `settings` replacing their flags (a None value is a switch,
+    written alone), any old split flag and the `drop` switches removed; or `settings` alone."""
     out: list[str] = []
     items = list(original or [])
+    switches = set(_SWITCHES) | {flag for flag, value in settings.items() if value is None}
     i = 0
     while i < len(items):
         flag = items[i].split("=", 1)[0].replace("_", "-")
         takes_value = "=" not in items[i] and i + 1 < len(items) and not items[i + 1].startswith("--")
-        if flag in settings or flag in _SPLIT_FLAGS:
-            i += 2 if takes_value and flag not in _SPLIT_FLAGS[3:] else 1
+        if flag in settings or flag in _SPLIT_FLAGS or flag in drop:
+            i += 2 if takes_value and flag not in switches else 1
             continue
         out.append(items[i])
         i += 1
     for flag, value in settings.items():
-        out += [flag, value]
+        out += [flag] if value is None else [flag, value]
     return out
 
 
-def megatron_launcher(original: list[str] | None, nodes: int, per_node: int) -> list[str]:
-    """torchrun's arguments for the new job: --nnodes and --nproc-per-node set, the rest kept."""
-    return megatron_arguments(original, {"--nnodes": str(nodes), "--nproc-per-node": str(per_node)}) \
-        if original else ["--nnodes", str(nodes), "--nproc-per-node", str(per_node)]
+def megatron_launcher(original: list[str] | None, nodes: list[NodeLaunch]) -> list[str]:
+    """torchrun's arguments common to every node of the new job: the imported ones (when given)
+    with --nnodes set, --nproc-per-node set when every node runs as many ranks (else each node's
+    line in `nodes` gives its own), static rendezvous where another backend was named (it would
+    order the nodes itself), and --node-rank, which differs per node, left to `nodes`."""
+    settings: dict[str, str | None] = {"--nnodes": str(len(nodes))}
+    counts = {n.nproc_per_node for n in nodes}
+    if len(counts) == 1:
+        settings["--nproc-per-node"] = str(counts.pop())
+    words = [w.split("=", 1)[0].replace("_", "-") for w in original or []]
+    if "--rdzv-backend" in words:
+        settings["--rdzv-backend"] = "static"
+    drop = ("--node-rank", "--nproc-per-node") + (("--standalone",) if len(nodes) > 1 else ())
+    return megatron_arguments(original, settings, drop)
 
 
 def export_plan(instance: Instance, lowered: LoweredPlan, fmt: str, policy: str) -> dict[str, Any]:
@@ -339,21 +452,31 @@ def export_plan(instance: Instance, lowered: LoweredPlan, fmt: str, policy: str)
     if plan.rerouted and fmt != "ranks":
         raise InputError(instance.path, "--policy", f"the chosen plan reroutes work, which {fmt} cannot run",
                          "use --policy reconfigure, or --format ranks for the chameleon runtime")
+    if fmt not in FORMATS:
+        raise InputError(None, "--format", f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
     train = _train_plans(lowered)
     uniform = is_uniform(train)
-    ranks = new_ranks(train, uniform)
+    ranks = new_ranks(train)
+    source = instance.spec.trainer
+    orders = TRAINER_ORDERS[fmt]
+    layout = instance.spec.plan.layout
+    if fmt == "megatron" and source is not None and source.name == "megatron" and layout is not None:
+        orders = tuple(sorted(orders, key=lambda o: o != layout.order))  # the imported job's order first
+    order = trainer_order(train, ranks, orders) if uniform else None
+    if uniform and order is None and fmt != "ranks":
+        raise _refusal(instance, fmt, train, ranks)
     mbs, num_layers = instance.micro_batch_size, instance.workload.num_layers
     work = sorted((rank_work(rp, ranks, num_layers, VOCABULARY[fmt], mbs) for rp in train), key=lambda w: w.rank)
     idle = sorted(set(range(instance.num_devices)) - failed - ranks.keys())
+    nodes = node_launches(instance, ranks)
     common: dict[str, Any] = {"uniform": uniform, "world_size": len(work), "failed": sorted(failed), "idle": idle,
-                              "rank_order": TORCHTITAN_ORDER if uniform else "tp-pp-dp", "policy": policy,
+                              "rank_order": order, "nnodes": len(nodes), "nodes": nodes, "policy": policy,
                               "ranks": work}
     # A uniform plan's settings, read off pipeline 0's TP-rank-0 rows (every pipeline is the same).
     stages = sorted(w.layers for w in work if w.pipeline == work[0].pipeline and w.tp_rank == 0)
     tp, pp, dp = len(work[0].tp_group), len(stages), len({w.pipeline for w in work})
     micro_batches = work[0].micro_batches
     seq = instance.spec.training.sequence_length or instance.workload.sequence_length
-    source = instance.spec.trainer
     if fmt == "torchtitan":
         doc: _Export = TorchtitanExport(**common)
         if uniform:
@@ -375,16 +498,18 @@ def export_plan(instance: Instance, lowered: LoweredPlan, fmt: str, policy: str)
         args, launcher = None, None
         if uniform:
             blocks = [end - first - (first == 0) - (end == num_layers) for first, end in stages]
-            settings = {"--tensor-model-parallel-size": str(tp), "--pipeline-model-parallel-size": str(pp),
-                        "--micro-batch-size": str(mbs), "--global-batch-size": str(micro_batches * mbs * dp),
-                        **megatron_split(blocks)}
+            settings: dict[str, str | None] = {
+                "--tensor-model-parallel-size": str(tp), "--pipeline-model-parallel-size": str(pp),
+                "--micro-batch-size": str(mbs), "--global-batch-size": str(micro_batches * mbs * dp),
+                **megatron_split(blocks)}
+            mapping = "--use-tp-pp-dp-mapping"
+            if order == "tp-pp-dp":
+                settings[mapping] = None
             original = source if source is not None and source.name == "megatron" else None
-            args = megatron_arguments(original.arguments if original else None, settings)
-            per_node = min(instance.spec.cluster.devices_per_node, len(work))
-            launcher = megatron_launcher(original.launcher if original else None, len(work) // per_node, per_node)
+            args = megatron_arguments(original.arguments if original else None, settings,
+                                      drop=(mapping,) if order != "tp-pp-dp" else ())
+            launcher = megatron_launcher(original.launcher if original else None, nodes)
         doc = MegatronExport(**common, arguments=args, launcher=launcher)
-    elif fmt == "ranks":
-        doc = RanksExport(**common, plan=plan.to_json())
     else:
-        raise InputError(None, "--format", f"unknown format {fmt!r}", f"use one of {', '.join(FORMATS)}")
+        doc = RanksExport(**common, plan=plan.to_json())
     return doc.model_dump(mode="json")
