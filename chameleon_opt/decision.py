@@ -389,10 +389,27 @@ def _scheduled(instance: Instance, failed: frozenset[int], model: PerfModel, pla
 
 
 def lost_layers(instance: Instance, failed: frozenset[int]) -> list[int]:
-    """Layers whose every replica sat on a failed device: their state is gone."""
+    """Layers whose state is gone: every replica sat on a failed device, or, under ZeRO (stage >= 1:
+    one copy of each data-parallel shard, comm/state.py), a failed device held a shard of it."""
+    return sorted(set(layers_without_replica(instance, failed)) | set(sharded_layers_lost(instance, failed)))
+
+
+def layers_without_replica(instance: Instance, failed: frozenset[int]) -> list[int]:
+    """Layers whose every replica sat on a failed device."""
     alive = {layer for pipe in instance.plan.pipelines for stage in pipe.stages
              if not failed.intersection(stage.devices) for layer in range(stage.first, stage.end)}
     return [layer for layer in range(instance.workload.num_layers) if layer not in alive]
+
+
+def sharded_layers_lost(instance: Instance, failed: frozenset[int]) -> list[int]:
+    """Layers a failed device held a ZeRO shard of (stage >= 1 shards the optimizer state over each
+    layer's data-parallel group, one copy per shard): only a checkpoint has that shard."""
+    if instance.spec.training.zero < 1:
+        return []
+    params = instance.workload.params
+    return sorted({layer for pipe in instance.plan.pipelines for stage in pipe.stages
+                   if failed.intersection(stage.devices) for layer in range(stage.first, stage.end)
+                   if params[layer] > 0})
 
 
 def with_stale_copies(error: UnrecoverableError, earlier: list[Plan], instance: Instance,
@@ -403,7 +420,7 @@ def with_stale_copies(error: UnrecoverableError, earlier: list[Plan], instance: 
     or a reconfiguration), so any copy they kept missed every update since and cannot restore the
     layers. This is why failures reported one by one can be unrecoverable where the same failures
     reported together are not: the first decision already moved those devices off the layers."""
-    lost = set(lost_layers(instance, failed))
+    lost = set(layers_without_replica(instance, failed))  # a lost ZeRO shard had no copy anywhere, stale or not
     held = {d for plan in earlier for pipe in plan.pipelines for stage in pipe.stages for d in stage.devices
             if d not in failed and lost.intersection(range(stage.first, stage.end))}
     if not held:
@@ -422,6 +439,16 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", *, 
 
     Raises UnrecoverableError when some layer lost every replica (only a checkpoint has it)."""
     gone = lost_layers(instance, failed)
+    sharded = sharded_layers_lost(instance, failed)
+    if sharded:
+        zero = instance.spec.training.zero
+        holders = sorted(failed.intersection(d for pipe in instance.plan.pipelines for stage in pipe.stages
+                                             for d in stage.devices))
+        raise UnrecoverableError(
+            f"ZeRO stage {zero} keeps one copy of each data-parallel shard of the "
+            f"{'optimizer state and parameters' if zero >= 3 else 'optimizer state'}: failed devices "
+            f"{holders} held the only copy of theirs (layers {sharded[0]}-{sharded[-1]}); restart from the last "
+            "checkpoint")
     if gone:
         raise UnrecoverableError(f"layers {gone[0]}-{gone[-1]} ({len(gone)} layers) lost every replica: no surviving "
                                  "copy of their parameters and optimizer state; restart from the last checkpoint")

@@ -77,8 +77,13 @@ def test_at_16384_devices_the_local_plan_moves_nothing() -> None:
     """The global re-plan touches 16,256 devices and moves 15,240 shards (unschedulable in a 1 s
     decision); the local plan keeps every intact pipeline, so nothing moves and no device changes
     role. (Its usability within 1 s is measured by bench/time_limit.py, not asserted here: a
-    wall-clock claim a busy CI machine could miss.)"""
-    instance = load_instance("llama3-405b-16k")
+    wall-clock claim a busy CI machine could miss.) The bundled job with its optimizer state
+    replicated (no distributed optimizer, on H200s to hold it): with the bundled distributed
+    optimizer the failed GPU's optimizer shard has no copy and only a checkpoint restores it."""
+    spec = json.loads(bundled_instance("llama3-405b-16k").read_text())
+    spec["training"]["distributed_optimizer"] = False
+    spec["cluster"]["device_type"] = "H200-141"
+    instance = build_instance(spec)
     failed = _failed(instance)
     model = PerfModel(instance)
     found = local_plans(instance, failed, model, Deadline.after(60))

@@ -264,19 +264,27 @@ def _cut(need: Need, sources: list[int], shares: np.ndarray, sizes: np.ndarray) 
     """A need's per-source byte shares cut along its layers (two pointers): each piece, as
     (source, receiver, bytes, layer, TP rank), carries part of one layer's shard from one source."""
     out: list[tuple[int, int, int, int, int]] = []
-    layers = [layer for layer in need.layers if sizes[layer] > 0]
-    li, left_in_layer = 0, int(sizes[layers[0]]) if layers else 0
+    wanted = [(layer, nbytes) for layer, nbytes in _layer_bytes(need, sizes) if nbytes > 0]
+    li, left_in_layer = 0, wanted[0][1] if wanted else 0
     for s, share in zip(sources, shares):
         share = int(share)
-        while share > 0 and li < len(layers):
+        while share > 0 and li < len(wanted):
             piece = min(share, left_in_layer)
-            out.append((s, need.dst, piece, layers[li], need.rank))
+            out.append((s, need.dst, piece, wanted[li][0], need.rank))
             share -= piece
             left_in_layer -= piece
             if left_in_layer == 0:
                 li += 1
-                left_in_layer = int(sizes[layers[li]]) if li < len(layers) else 0
+                left_in_layer = wanted[li][1] if li < len(wanted) else 0
     return out
+
+
+def _layer_bytes(need: Need, sizes: np.ndarray) -> list[tuple[int, int]]:
+    """(layer, bytes wanted) of a need: its own per-layer bytes (a ZeRO shard's missing range, the
+    replicated part of a sharded layer), else each layer's whole tensor."""
+    if need.sizes is not None:
+        return list(zip(need.layers, need.sizes))
+    return [(layer, int(sizes[layer])) for layer in need.layers]
 
 
 def transfer_time(model: PerfModel, t: Transfer) -> float:
@@ -354,7 +362,11 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     sizes = tensor_bytes(model, new.tensor_parallel)
     sides = _Sides(model, needs)
     bound = lower_bound_s(model, needs, sides)
-    wanted = {(n.dst, layer): int(sizes[layer]) for n in needs for layer in n.layers if sizes[layer] > 0}
+    wanted: dict[tuple[int, int], int] = {}  # (receiver, layer) -> bytes: under ZeRO from several needs
+    for n in needs:
+        for layer, nbytes in _layer_bytes(n, sizes):
+            if nbytes > 0:
+                wanted[(n.dst, layer)] = wanted.get((n.dst, layer), 0) + nbytes
     if not needs:
         solve = SolveResult(Status.OPTIMAL, (), 0.0, 0.0, 0.0, "none", time.perf_counter() - start,
                             seed, "every device of the new plan already holds its state")

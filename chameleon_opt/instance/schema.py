@@ -115,7 +115,9 @@ class Training(Strict):
         "optimizer); the same as zero_stage 1")
     zero_stage: Literal[0, 1, 2, 3] | None = Field(
         None, description="0: replicate all state; 1: shard optimizer state; 2: also gradients; 3: also "
-        "parameters (each over the stage's data-parallel replicas). Default: 1 if distributed_optimizer else 0")
+        "parameters (each over the stage's data-parallel replicas, one copy of each shard: a failed device's "
+        "shard is lost, so its failure needs a checkpoint restart, exit 5). Default: 1 if distributed_optimizer "
+        "else 0")
     grad_bucket_mb: NonNegativeFloat = Field(
         25.0, description="gradient all-reduce bucket held while reducing (assumed: PyTorch DDP's bucket_cap_mb "
         "default 25); counted on stages with data-parallel replicas")
