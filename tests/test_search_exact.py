@@ -25,7 +25,9 @@ from chameleon_opt.check import check_plan
 from chameleon_opt.instance.load import build_instance, load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.bounds import relaxation_bound
 from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import search_plan
 
@@ -165,6 +167,21 @@ def assert_exact(instance, failed: frozenset[int]) -> None:
 def test_search_equals_brute_force_over_the_whole_space(seed):
     data, failed = random_instance(seed)
     assert_exact(build_instance(data), failed)
+
+
+@given(seed=st.integers(0, 10 ** 6))
+@settings(max_examples=max(EXAMPLES // 3, 10), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+def test_relaxation_bound_never_exceeds_the_brute_force_optimum(seed):
+    """The scale path's bound (continuous and whole-layer pipeline floors, pipeline counts relaxed)
+    holds on the whole space: never above the best plan a brute force finds."""
+    data, failed = random_instance(seed)
+    instance = build_instance(data)
+    best, _ = brute_force(instance, failed)
+    live = [d for d in range(instance.num_devices) if d not in failed]
+    groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
+    bound = relaxation_bound(PerfModel(instance), groups, instance.global_micro_batches, live) if groups else math.inf
+    assert math.isinf(best) or bound <= best * (1 + 1e-9), (bound, best)
 
 
 ISSUE_PLANS = {  # the better plans the independent check found (issue 11), by pipeline: (micro-batches, stages)

@@ -42,6 +42,10 @@ from chameleon_opt.solve.deadline import Deadline
 GRID_POINTS = 1500
 REFINE_STEPS = 40
 REFINED_PIPELINE_COUNTS = 12
+INTEGER_WINDOW = 2.0     # stage counts within [mean / 2, 2 mean] of a pipeline count's mean length get whole-layer caps
+INTEGER_STEP = 0.002     # the whole-layer makespan is searched upward from the continuous one in steps of 0.2%
+INTEGER_REACH = 0.1      # and no further than 10% above it
+INTEGER_PRECISION = 1e-5
 
 
 def live_types(model: PerfModel, groups: list[tuple[int, ...]], live: list[int] | None) -> dict[str, tuple[int, ...]]:
@@ -192,6 +196,11 @@ class RelaxationBound:
                 for relief in model.relief_options:
                     update[layer] = min(update[layer], model.optimizer_time(group, layer, layer + 1, relief))
         self.layer_work = float((forward + backward).sum()) if groups else 0.0
+        self.layers = layers
+        self.forward_prefix = np.concatenate([[0.0], np.cumsum(forward)]).tolist() if groups else [0.0]
+        self.backward_prefix = np.concatenate([[0.0], np.cumsum(backward)]).tolist() if groups else [0.0]
+        self.memory = MemoryRelaxation(model, groups, total, live) if groups else None
+        self._integer_caps: dict[tuple[int, float], int] = {}
         per_node: dict[int, int] = {}
         for group in groups:
             per_node[model.instance.node_of(group[0])] = per_node.get(model.instance.node_of(group[0]), 0) + 1
@@ -262,18 +271,78 @@ class RelaxationBound:
 
     def _coverage(self, makespan: float, counts: np.ndarray) -> np.ndarray:
         """Most micro-batches P pipelines (for each P in `counts`) can run by `makespan`."""
-        caps = np.array([np.searchsorted(row, makespan, side="right") for row in self.table], dtype=float)
-        points = [(0.0, 0.0)] + [(float(s + 1), float(c)) for s, c in enumerate(caps)]
-        hull: list[tuple[float, float]] = []
-        for point in points:  # upper concave envelope (monotone chain)
-            while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (point[1] - hull[-2][1])
-                                      - (hull[-1][1] - hull[-2][1]) * (point[0] - hull[-2][0])) >= 0:
-                hull.pop()
-            hull.append(point)
-        xs = np.array([p[0] for p in hull])
-        ys = np.maximum.accumulate(np.array([p[1] for p in hull]))
+        caps = [float(np.searchsorted(row, makespan, side="right")) for row in self.table]
         mean_length = np.minimum(self.groups / counts, self.longest)
-        return counts * np.interp(mean_length, xs, ys)
+        return counts * _envelope(caps, mean_length)
+
+    def splittable(self, stages: int, micro_batches: int, makespan: float) -> bool:
+        """Whether some split into `stages` whole-layer stages meets the per-stage bound by `makespan`:
+        W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s <= makespan and m (f_s + b_s) <= makespan for every
+        stage s (each layer at its fastest, sends at the cheapest boundary's). Greedy is exact: both
+        conditions are monotone in a stage's range, and the weight max(m - 1 - k_s, 0) only grows
+        along the pipeline, so ending each stage as late as possible never hurts a later one (a
+        single layer past a feasible split's end sits in one of its later, heavier-weighted stages)."""
+        budget = makespan - self.layer_work - 2 * (stages - 1) * self.send
+        if budget < 0:
+            return False
+        f, b, m = self.forward_prefix, self.backward_prefix, micro_batches
+        position = 0
+        for s in range(stages):
+            weight = max(m - 1 - (stages - 1 - s), 0)
+            room = self.layers - (stages - s - 1)  # every later stage needs a layer
+
+            def fits(end: int) -> bool:
+                backward, forward = b[end] - b[position], f[end] - f[position]
+                return (m - 1) * backward + weight * forward <= budget and m * (backward + forward) <= makespan
+
+            if not fits(position + 1):
+                return False
+            low, high = position + 1, room  # fits(low); find the last end that fits
+            while low < high:
+                middle = (low + high + 1) // 2
+                low, high = (middle, high) if fits(middle) else (low, middle - 1)
+            position = low
+        return position == self.layers
+
+    def integer_cap(self, stages: int, makespan: float, upper: int) -> int:
+        """Most micro-batches (at most `upper`, the continuous table's) one pipeline of `stages`
+        whole-layer stages can run by `makespan` within the per-stage bound and memory."""
+        key = (stages, makespan)
+        if key not in self._integer_caps:
+            if self.memory is not None:
+                upper = int(min(upper, self.memory.capacity(stages)))
+            low, high = 0, upper  # splittable(low) (0: vacuous); search the last m that is
+            while low < high:
+                middle = (low + high + 1) // 2
+                low, high = (middle, high) if self.splittable(stages, middle, makespan) else (low, middle - 1)
+            self._integer_caps[key] = low
+        return self._integer_caps[key]
+
+    def integer_coverage(self, makespan: float, pipelines: int) -> float:
+        """`_coverage` for one pipeline count with whole-layer caps for the stage counts near its mean
+        length (INTEGER_WINDOW) and the continuous caps (never smaller) elsewhere."""
+        caps = [float(np.searchsorted(row, makespan, side="right")) for row in self.table]
+        mean = min(self.groups / pipelines, self.longest)
+        for s in range(max(int(mean / INTEGER_WINDOW), self.shortest, 1), min(int(mean * INTEGER_WINDOW) + 1,
+                                                                                 self.longest) + 1):
+            caps[s - 1] = float(self.integer_cap(s, makespan, int(caps[s - 1])))
+        return _envelope(caps, mean) * pipelines
+
+    def _integer_floor(self, pipelines: int, low: float, deadline: Deadline) -> float:
+        """The least makespan at which `pipelines` pipelines of whole-layer stages can cover the batch,
+        from below: `low` (the continuous one) raised by bisection; past `deadline` the last
+        makespan shown too short, which still holds."""
+        if self.interleaved or self.memory is None:
+            return low
+        high = low * (1 + INTEGER_STEP)
+        while self.integer_coverage(high, pipelines) < self.total - 1e-9:
+            if deadline.expired() or high > low * (1 + INTEGER_REACH):
+                return low
+            low, high = high, high * (1 + INTEGER_STEP)
+        while high - low > INTEGER_PRECISION * high and not deadline.expired():
+            middle = (low + high) / 2
+            low, high = (low, middle) if self.integer_coverage(middle, pipelines) >= self.total - 1e-9 else (middle, high)
+        return low
 
     def value(self, deadline: Deadline = Deadline.never()) -> float:
         """The bound in seconds (inf when no plan can exist). Past `deadline` (the grid and
@@ -320,7 +389,33 @@ class RelaxationBound:
                 middle = (lo + hi) / 2
                 lo, hi = (lo, middle) if self._coverage(middle, p)[0] >= self.total - 1e-9 else (middle, hi)
             coarse[index] = lo + floors[index]
+        # Whole layers: raise the pipeline counts that attain the bound, in order, while one of them
+        # still does (each takes 0.05-0.5 s; the others keep their continuous values, which hold).
+        raised: set[int] = set()
+        while not deadline.expired():
+            index = int(np.argmin(coarse))
+            if index in raised or not ok[index]:
+                break
+            raised.add(index)
+            coarse[index] = self._integer_floor(int(counts[index]), float(coarse[index] - floors[index]),
+                                                deadline) + floors[index]
         return float(coarse.min())
+
+
+def _envelope(caps: list[float], mean_length: np.ndarray | float) -> np.ndarray | float:
+    """The upper concave envelope of (stages, micro-batches by the makespan) through (0, 0), read at
+    `mean_length`: the most micro-batches per pipeline when pipeline lengths may be mixed freely
+    (the fractional relaxation of the pipeline counts)."""
+    points = [(0.0, 0.0)] + [(float(s + 1), c) for s, c in enumerate(caps)]
+    hull: list[tuple[float, float]] = []
+    for point in points:  # monotone chain
+        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (point[1] - hull[-2][1])
+                                  - (hull[-1][1] - hull[-2][1]) * (point[0] - hull[-2][0])) >= 0:
+            hull.pop()
+        hull.append(point)
+    xs = np.array([p[0] for p in hull])
+    ys = np.maximum.accumulate(np.array([p[1] for p in hull]))
+    return np.interp(mean_length, xs, ys)
 
 
 def relaxation_bound(model: PerfModel, groups: list[tuple[int, ...]], total: int,
