@@ -43,9 +43,8 @@ GRID_POINTS = 1500
 REFINE_STEPS = 40
 REFINED_PIPELINE_COUNTS = 12
 INTEGER_WINDOW = 2.0     # stage counts within [mean / 2, 2 mean] of a pipeline count's mean length get whole-layer caps
-INTEGER_STEP = 0.002     # the whole-layer makespan is searched upward from the continuous one in steps of 0.2%
-INTEGER_REACH = 0.1      # and no further than 10% above it
-INTEGER_PRECISION = 1e-5
+INTEGER_REACH = 0.1      # the whole-layer makespan is searched within 10% above the continuous one
+INTEGER_PRECISION = 1e-5  # relative; the floors are searched from below, so they stay valid
 
 
 def live_types(model: PerfModel, groups: list[tuple[int, ...]], live: list[int] | None) -> dict[str, tuple[int, ...]]:
@@ -200,7 +199,8 @@ class RelaxationBound:
         self.forward_prefix = np.concatenate([[0.0], np.cumsum(forward)]).tolist() if groups else [0.0]
         self.backward_prefix = np.concatenate([[0.0], np.cumsum(backward)]).tolist() if groups else [0.0]
         self.memory = MemoryRelaxation(model, groups, total, live) if groups else None
-        self._integer_caps: dict[tuple[int, float], int] = {}
+        self._integer_times: dict[tuple[int, int], float] = {}
+        self._deadline = Deadline.never()
         per_node: dict[int, int] = {}
         for group in groups:
             per_node[model.instance.node_of(group[0])] = per_node.get(model.instance.node_of(group[0]), 0) + 1
@@ -278,7 +278,8 @@ class RelaxationBound:
     def splittable(self, stages: int, micro_batches: int, makespan: float) -> bool:
         """Whether some split into `stages` whole-layer stages meets the per-stage bound by `makespan`:
         W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s <= makespan and m (f_s + b_s) <= makespan for every
-        stage s (each layer at its fastest, sends at the cheapest boundary's). Greedy is exact: both
+        stage s (each layer at its fastest; every op but the first stage's backward and the last
+        stage's forward carries a send, at the cheapest boundary's cost). Greedy is exact: both
         conditions are monotone in a stage's range, and the weight max(m - 1 - k_s, 0) only grows
         along the pipeline, so ending each stage as late as possible never hurts a later one (a
         single layer past a feasible split's end sits in one of its later, heavier-weighted stages)."""
@@ -291,8 +292,11 @@ class RelaxationBound:
             weight = max(m - 1 - (stages - 1 - s), 0)
             room = self.layers - (stages - s - 1)  # every later stage needs a layer
 
+            sends = (self.send if s > 0 else 0.0, self.send if s < stages - 1 else 0.0)  # each op's blocking send
+
             def fits(end: int) -> bool:
-                backward, forward = b[end] - b[position], f[end] - f[position]
+                backward = b[end] - b[position] + sends[0]
+                forward = f[end] - f[position] + sends[1]
                 return (m - 1) * backward + weight * forward <= budget and m * (backward + forward) <= makespan
 
             if not fits(position + 1):
@@ -304,19 +308,47 @@ class RelaxationBound:
             position = low
         return position == self.layers
 
+    def integer_time(self, stages: int, micro_batches: int) -> float:
+        """The least makespan some split into `stages` whole-layer stages allows `micro_batches`
+        within `splittable`'s conditions (to INTEGER_PRECISION, from below: the value returned is
+        never above it; inf when the split does not fit in memory)."""
+        key = (stages, micro_batches)
+        known = self._integer_times.get(key)
+        if known is not None:
+            return known
+        if self._deadline.expired():
+            raise _OutOfTime
+        if self.memory is not None and micro_batches > self.memory.capacity(stages):
+            self._integer_times[key] = math.inf
+            return math.inf
+        low = self.layer_work + 2 * (stages - 1) * self.send
+        guess = float(self.table[stages - 1][micro_batches - 1])  # the continuous floor: usually just below
+        if math.isfinite(guess) and guess > low and not self.splittable(stages, micro_batches, guess):
+            low = guess
+        high = max(low, 1e-12) * (1 + INTEGER_REACH)
+        while not self.splittable(stages, micro_batches, high):
+            low, high = high, high * 2
+        while high - low > INTEGER_PRECISION * high:
+            middle = (low + high) / 2
+            low, high = (low, middle) if self.splittable(stages, micro_batches, middle) else (middle, high)
+        self._integer_times[key] = low
+        return low
+
     def integer_cap(self, stages: int, makespan: float, upper: int) -> int:
         """Most micro-batches (at most `upper`, the continuous table's) one pipeline of `stages`
         whole-layer stages can run by `makespan` within the per-stage bound and memory."""
-        key = (stages, makespan)
-        if key not in self._integer_caps:
-            if self.memory is not None:
-                upper = int(min(upper, self.memory.capacity(stages)))
-            low, high = 0, upper  # splittable(low) (0: vacuous); search the last m that is
-            while low < high:
-                middle = (low + high + 1) // 2
-                low, high = (middle, high) if self.splittable(stages, middle, makespan) else (low, middle - 1)
-            self._integer_caps[key] = low
-        return self._integer_caps[key]
+        if upper <= 0 or self.integer_time(stages, upper) <= makespan:
+            return max(upper, 0)
+        # gallop down from the continuous cap (usually within a few), then bisect: the probes stay
+        # near the answer, so the integer times are shared across nearby makespans
+        step, high = 1, upper - 1
+        while high > 0 and self.integer_time(stages, high) > makespan:
+            high, step = max(high - step, 0), step * 2
+        low, high = high, min(high + step, upper - 1)  # integer_time(low) <= makespan (0: vacuous)
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if self.integer_time(stages, middle) <= makespan else (low, middle - 1)
+        return low
 
     def integer_coverage(self, makespan: float, pipelines: int) -> float:
         """`_coverage` for one pipeline count with whole-layer caps for the stage counts near its mean
@@ -334,14 +366,17 @@ class RelaxationBound:
         makespan shown too short, which still holds."""
         if self.interleaved or self.memory is None:
             return low
-        high = low * (1 + INTEGER_STEP)
-        while self.integer_coverage(high, pipelines) < self.total - 1e-9:
-            if deadline.expired() or high > low * (1 + INTEGER_REACH):
-                return low
-            low, high = high, high * (1 + INTEGER_STEP)
-        while high - low > INTEGER_PRECISION * high and not deadline.expired():
-            middle = (low + high) / 2
-            low, high = (low, middle) if self.integer_coverage(middle, pipelines) >= self.total - 1e-9 else (middle, high)
+        self._deadline = deadline
+        try:
+            high = low * (1 + INTEGER_REACH)
+            if self.integer_coverage(high, pipelines) < self.total - 1e-9:
+                return high  # shown too short: the floor is above it
+            while high - low > INTEGER_PRECISION * high:
+                middle = (low + high) / 2
+                low, high = (low, middle) if self.integer_coverage(middle, pipelines) >= self.total - 1e-9 \
+                    else (middle, high)
+        except _OutOfTime:
+            pass  # `low` was shown too short (or is the continuous floor): it holds
         return low
 
     def value(self, deadline: Deadline = Deadline.never()) -> float:
@@ -351,7 +386,8 @@ class RelaxationBound:
         not covered the batch by the last grid point checked needs longer than that point."""
         if not self.groups or self.shortest > self.longest:
             return math.inf
-        counts = np.arange(1, min(self.groups, self.total) + 1, dtype=float)
+        # every pipeline needs at least `shortest` stages (the memory floor): no more than G / shortest of them
+        counts = np.arange(1, min(self.groups // self.shortest, self.total) + 1, dtype=float)
         floors = np.array([self.sync_floor(int(p)) for p in counts])
         finite = self.table[np.isfinite(self.table)]
         if finite.size == 0:
@@ -400,6 +436,10 @@ class RelaxationBound:
             coarse[index] = self._integer_floor(int(counts[index]), float(coarse[index] - floors[index]),
                                                 deadline) + floors[index]
         return float(coarse.min())
+
+
+class _OutOfTime(Exception):
+    """The whole-layer refinement reached its deadline inside a makespan's test."""
 
 
 def _envelope(caps: list[float], mean_length: np.ndarray | float) -> np.ndarray | float:
