@@ -47,6 +47,7 @@ DROP_FRACTION = 1e-6     # LP shares below this fraction of a need are folded in
 MIN_SOLVE_S = 0.02       # less time left than this: no LP is started
 HIGHS_S_PER_COLUMN = 6e-6  # HiGHS's presolve before it first reads its clock: 0.3 s at 50,000 columns (measured)
 CBC_MIN_S = 0.5          # PuLP's CBC writes the model to a file and starts a process: not for less
+CBC_S_PER_COLUMN = 80e-6  # PuLP's build + CBC's LP, which its time limit does not stop: 7.2 s at 91,440 columns (measured)
 ABANDON_NEEDS = 1_000    # fewer shards to move: finishing past the deadline costs under 0.05 s, never abandoned
 FINISH_S_PER_TRANSFER = 8e-6  # cutting, colouring, checking: 4-5 us a transfer, +2 us its release check (1,024-16,384)
 INTRA, INTER = 0, 1
@@ -342,7 +343,8 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     """Transfers, sources and rounds that bring every device of `new` the shards it lacks.
 
     `deadline` bounds the LP (`backend` is tried first): CBC is tried after HiGHS only while
-    at least CBC_MIN_S is left (PuLP's CBC writes and reads files: seconds at scale), else the
+    its estimated build and solve fit (PuLP's CBC writes and reads files and its LP is not stopped
+    by the time limit: CBC_S_PER_COLUMN, at least CBC_MIN_S), else the
     even split over the candidates is used (HEURISTIC, `stopped_early`). `abandon` is the caller's
     own deadline (its whole decision's, past the LP's share): when at least ABANDON_NEEDS shards are
     to move and it passes before any transfer is cut, or leaves less than FINISH_S_PER_TRANSFER per
@@ -388,7 +390,8 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     capacity_rows = len(np.unique(m.source)) + len({n.dst for n in needs})
     finish_s = min(at_most, at_least + capacity_rows) * FINISH_S_PER_TRANSFER
     for solver in order:
-        start_up = CBC_MIN_S if solver is _solve_cbc else max(MIN_SOLVE_S, len(m.need) * HIGHS_S_PER_COLUMN)
+        start_up = max(CBC_MIN_S, len(m.need) * CBC_S_PER_COLUMN) if solver is _solve_cbc else \
+            max(MIN_SOLVE_S, len(m.need) * HIGHS_S_PER_COLUMN)
         if deadline.left() - finish_s < start_up:
             continue
         status, amounts, objective, spent, used = solver(model, needs, m, eps, deadline.left() - finish_s, options)
