@@ -168,7 +168,10 @@ class Priced:
 class ExactSearch:
     """Branch and bound for one inventory of TP groups (see the module docstring)."""
 
-    def __init__(self, instance: Instance, model: PerfModel, groups: list[tuple[int, ...]], tp: int) -> None:
+    def __init__(self, instance: Instance, model: PerfModel, groups: list[tuple[int, ...]], tp: int,
+                 prices: dict[tuple, Priced] | None = None) -> None:
+        """`prices`: shapes already priced (by another inventory of the same survivors: a shape's
+        terms do not depend on which groups realise it)."""
         self.instance, self.model, self.tp = instance, model, tp
         self.total = instance.global_micro_batches
         self.layers = instance.workload.num_layers
@@ -203,7 +206,7 @@ class ExactSearch:
         self.overlapped = bool(model.options.overlap_grad_reduce)
         self.longest = min(self.layers, self.groups)
         self.splits = {s: _compositions(self.layers, s) for s in range(1, self.longest + 1)}
-        self.prices: dict[tuple, Priced] = {}
+        self.prices: dict[tuple, Priced] = {} if prices is None else prices
 
     @staticmethod
     def split_count(layers: int, longest: int) -> int:
@@ -313,7 +316,7 @@ class ExactSearch:
         With several reliefs a stage takes the smallest forward, backward and step among those that
         fit (the 1F1B time is monotone in every op): a lower bound that the leaf makes exact.
         Micro-batch counts stop at the first whose time reaches `limit` (the incumbent only falls)."""
-        key = (shape, bounds)
+        key = (shape, bounds, self.most_pipelines)  # memory is checked at the most replicas possible
         known = self.prices.get(key)
         if known is not None:
             return known
@@ -431,7 +434,7 @@ class ExactSearch:
                 nodes = [self.class_node[c] for c in classes]
                 for bounds in self.splits[stages]:
                     limit = best[0] * (1 - PRUNE_TOLERANCE)
-                    if (shape, bounds) not in self.prices and deadline.expired():  # pricing: 0.1-1 ms each
+                    if (shape, bounds, self.most_pipelines) not in self.prices and deadline.expired():  # 0.1-1 ms
                         stats["complete"] = False
                         return
                     priced = self.price(seq, shape, bounds, limit)
@@ -507,16 +510,23 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
     options = inventories(instance, model, failed, tp, deadline)
     if options is None:
         return None
-    searches = [ExactSearch(instance, model, groups, tp) for groups in options if groups]
-    best = ExactOutcome(None, incumbent, True, 0, 0, "no TP group survives")
-    for k, search in enumerate(searches):  # each inventory gets an even share of what is left
-        outcome = search.solve(best.objective, deadline.share(1 / (len(searches) - k)))
-        complete = best.complete and outcome.complete
-        columns, leaves = best.columns + outcome.columns, best.leaves + outcome.leaves
-        if outcome.plan is not None:
-            best = ExactOutcome(outcome.plan, outcome.objective, complete, columns, leaves, outcome.reason)
-        else:
-            best = ExactOutcome(best.plan, best.objective, complete, columns, leaves, outcome.reason)
+    prices: dict[tuple, Priced] = {}  # shared: the inventories realise the same shapes
+    searches = [ExactSearch(instance, model, groups, tp, prices) for groups in options if groups]
+    plan, objective, leaves, reason = None, incumbent, 0, "no TP group survives"
+    pending = list(range(len(searches)))
+    for _ in range(2):  # a second pass resumes the inventories stopped early, with the better incumbent
+        stopped = []
+        for k, index in enumerate(pending):  # each gets an even share of what is left
+            outcome = searches[index].solve(objective, deadline.share(1 / (len(pending) - k)))
+            leaves, reason = leaves + outcome.leaves, outcome.reason
+            if outcome.plan is not None:
+                plan, objective = outcome.plan, outcome.objective
+            if not outcome.complete:
+                stopped.append(index)
+        pending = stopped
+        if not pending or deadline.expired():
+            break
+    best = ExactOutcome(plan, objective, not pending, len(prices), leaves, reason)
     if len(searches) > 1:
         best.reason += f"; {len(searches)} ways to form the TP groups"
     return best
