@@ -116,8 +116,16 @@ class Training(Strict):
     zero_stage: Literal[0, 1, 2, 3] | None = Field(
         None, description="0: replicate all state; 1: shard optimizer state; 2: also gradients; 3: also "
         "parameters (each over the stage's data-parallel replicas, one copy of each shard: a failed device's "
-        "shard is lost, so its failure needs a checkpoint restart, exit 5). Default: 1 if distributed_optimizer "
-        "else 0")
+        "shard is lost, so its failure needs a checkpoint restart, exit 5, unless shard_replicas > 1). Default: 1 "
+        "if distributed_optimizer else 0")
+    shard_replicas: PositiveInt = Field(
+        1, description="copies of each ZeRO shard (torchtitan HSDP's data_parallel_replicate_degree, Megatron-LM's "
+        "--num-distributed-optimizer-instances): the D data-parallel slots holding a layer, in plan order "
+        "(consecutive pipelines: consecutive data-parallel ranks, as both trainers group them), form this many "
+        "consecutive shard groups of D / shard_replicas slots (sizes differing by at most one when D is not a "
+        "multiple), and each group shards the state over itself, so per-device sharded state is divided by the "
+        "group size and a shard is lost only when every group's holder of it failed. 1: one copy (plain ZeRO / "
+        "FSDP); needs zero_stage >= 1 when above 1")
     grad_bucket_mb: NonNegativeFloat = Field(
         25.0, description="gradient all-reduce bucket held while reducing (assumed: PyTorch DDP's bucket_cap_mb "
         "default 25); counted on stages with data-parallel replicas")
@@ -148,6 +156,9 @@ class Training(Strict):
                              "drop activation_recomputation")
         if self.zero_stage == 0 and self.distributed_optimizer:
             raise ValueError("distributed_optimizer is true but zero_stage is 0: drop distributed_optimizer")
+        if self.shard_replicas > 1 and self.zero == 0:
+            raise ValueError(f"shard_replicas is {self.shard_replicas} but no state is sharded (zero_stage 0): set "
+                             "zero_stage (or distributed_optimizer), or drop shard_replicas")
         return self
 
     @property

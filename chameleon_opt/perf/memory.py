@@ -73,9 +73,26 @@ class MemoryBreakdown:
         return max(terms, key=terms.__getitem__)
 
 
-def zero_shards(zero_stage: int, replicas: int) -> tuple[float, float, float]:
+def shard_group_size(replicas: int, copies: int = 1) -> int:
+    """Slots sharing one copy of a layer's ZeRO shards: `replicas` data-parallel slots split into
+    `copies` consecutive groups (shard_groups) of at least floor(replicas / copies) slots; the
+    smallest group, whose members hold the largest shards, so memory is never under-stated."""
+    return max(max(replicas, 1) // max(copies, 1), 1)
+
+
+def shard_groups(replicas: int, copies: int = 1) -> list[tuple[int, int]]:
+    """Positions [start, end) of each shard group among a layer's `replicas` slots in plan order:
+    min(copies, replicas) consecutive runs of floor or ceil(replicas / copies) slots (Megatron-LM's
+    distributed-optimizer instances and torchtitan's HSDP shard groups are consecutive
+    data-parallel ranks; a plan's pipelines are its data-parallel ranks in order)."""
+    groups = max(min(copies, replicas), 1)
+    return [(replicas * i // groups, replicas * (i + 1) // groups) for i in range(groups)]
+
+
+def zero_shards(zero_stage: int, replicas: int, copies: int = 1) -> tuple[float, float, float]:
     """Divisors of (parameters, gradients, optimizer state) under ZeRO stage 0-3 over `replicas`
     data-parallel copies (Rajbhandari et al., SC'20): stage 1 shards the optimizer state, 2 also the
-    gradients, 3 also the parameters."""
-    d = float(max(replicas, 1))
+    gradients, 3 also the parameters, each over a shard group of the replicas (`copies` copies of
+    each shard: HSDP, Megatron's distributed-optimizer instances), not over all of them."""
+    d = float(shard_group_size(replicas, copies))
     return (d if zero_stage >= 3 else 1.0, d if zero_stage >= 2 else 1.0, d if zero_stage >= 1 else 1.0)

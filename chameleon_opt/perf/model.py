@@ -34,7 +34,8 @@ import numpy as np
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.instance.schema import DeviceType
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
-from chameleon_opt.perf.memory import MemoryBreakdown, TERM_MEANING, in_flight_micro_batches, zero_shards
+from chameleon_opt.perf.memory import (MemoryBreakdown, TERM_MEANING, in_flight_micro_batches, shard_group_size,
+                                       zero_shards)
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.relief_kinds import ReliefCost, parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan
@@ -226,6 +227,7 @@ class PerfModel:
         self.attention = training.attention
         self.sequence_parallel = training.sequence_parallel
         self.zero_stage = training.zero
+        self.shard_copies = training.shard_replicas if training.zero >= 1 else 1  # copies of each ZeRO shard
         self.dtype_bytes = training.dtype_bytes
         self.param_bytes = float(training.dtype_bytes)
         self.grad_bytes = float(training.grad_bytes_per_param or training.dtype_bytes)
@@ -398,13 +400,14 @@ class PerfModel:
 
     def transient_bytes(self, tp: int, replicas: int = 1, mode: str | None = None) -> float:
         """One block's backward working set (the same for every block), plus under ZeRO-3 the two
-        layers' full parameters gathered at a time (the one computing and the one prefetched)."""
+        layers' full parameters gathered at a time (the one computing and the one prefetched), when
+        its shard group has more than one slot."""
         recompute = self.recompute if mode is None else ("none" if mode == "offload" else mode)
         if (tp, recompute) not in self._transient:
             self._transient[(tp, recompute)] = self.workload.backward_transient_bytes_per_sample(
                 tp, recompute, self.attention, self.sequence_parallel, self.kernels) * self.micro_batch_size
         gathered = 0.0
-        if self.zero_stage >= 3 and replicas > 1:
+        if self.zero_stage >= 3 and shard_group_size(replicas, self.shard_copies) > 1:
             gathered = 2.0 * float(self.workload.params.max()) / tp * self.param_bytes
         return self._transient[(tp, recompute)] + gathered
 
@@ -412,8 +415,9 @@ class PerfModel:
                                own_micro_batches: float, extra_micro_batches: float = 0.0,
                                replicas: int = 1, relief: str | None = None) -> MemoryBreakdown:
         """Per-device bytes of a stage slot at its peak, by term: state sharded by TP and by ZeRO over
-        the stage's `replicas`, activations of the micro-batches 1F1B (or interleaved 1F1B) keeps in
-        flight, the head's logits, one backward working set, buffers and the framework overhead.
+        the smallest shard group of the stage's `replicas` (all of them unless training.shard_replicas
+        keeps several copies of each shard), activations of the micro-batches 1F1B (or interleaved
+        1F1B) keeps in flight, the head's logits, one backward working set, buffers and the framework overhead.
         Under `relief`: the recomputation mode's activations; with activation offload only two
         micro-batches stay on the device (the one in compute and the one being copied); with the
         optimizer offloaded no optimizer state."""
@@ -422,7 +426,7 @@ class PerfModel:
         mode, optimizer_offloaded = self.relief_of(relief)
         table = self._tables(device, tp, mode)
         params = self._range(table, "params", first, end)
-        p_div, g_div, o_div = zero_shards(self.zero_stage, replicas)
+        p_div, g_div, o_div = zero_shards(self.zero_stage, replicas, self.shard_copies)
         in_flight = in_flight_micro_batches(stage, stages, int(own_micro_batches), extra_micro_batches,
                                             self.options.virtual_stages or 1)
         if mode == "offload":
@@ -463,7 +467,7 @@ class PerfModel:
         mode, optimizer_offloaded = self.relief_of(relief)
         table = self._tables(device, len(devices), mode)
         per_layer = {name: np.diff(values) for name, values in table.items()}
-        p_div, g_div, o_div = zero_shards(self.zero_stage, replicas)
+        p_div, g_div, o_div = zero_shards(self.zero_stage, replicas, self.shard_copies)
         static = per_layer["params"] * (self.param_bytes / p_div + self.grad_bytes / g_div
                                         + (0.0 if optimizer_offloaded else self.optimizer_bytes / o_div))
         spans_nodes = len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1

@@ -8,7 +8,9 @@ degree for all, and activation recomputation is one global setting (no per-stage
 can express rerouting a failed stage's work to its peers: after a failure the job restarts in a
 new layout. (`any` keeps the full space of `solve/search.py`.)
 
-The space searched: stage count S, replica count P with P dividing the micro-batches, every
+The space searched: stage count S, replica count P with P dividing the micro-batches (and a
+multiple of training.shard_replicas: both trainers split the data-parallel ranks into that many
+equal shard groups, torchtitan's HSDP and Megatron's distributed-optimizer instances), every
 contiguous layer split (all compositions while there are at most SPLIT_ENUMERATION of them for an S,
 else the min-max template split of each device type present and the even split), and every ordered
 choice of the surviving TP groups while there are at most PLACEMENT_ENUMERATION (else two orders:
@@ -95,7 +97,7 @@ def uniform_plans(instance: Instance, failed: frozenset[int], model: PerfModel, 
     priced = 0
     for stages in range(1, min(layers, len(groups)) + 1):
         for replicas in range(len(groups) // stages, 0, -1):
-            if total % replicas:
+            if total % replicas or replicas % model.shard_copies:  # trainers split DP into equal shard groups
                 continue
             holders = {layer: replicas for layer in range(layers)}
             for used in placements(groups, stages, replicas):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from chameleon_opt.perf.comm import ring_allreduce_time
+from chameleon_opt.perf.memory import shard_group_size
 from chameleon_opt.perf.model import LayerCosts, PerfModel
 from chameleon_opt.solve.deadline import Deadline
 
@@ -134,13 +135,14 @@ def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipeli
     overhead = _stage_overheads(model, group, stages)
     in_flight = [min(stages - s, max_level) if max_level else stages - s for s in range(stages)]
     sharded = model.workload.params / len(group) * model.optimizer_bytes if model.shard_optimizer else None
-    bounds = min_max_split(costs, overhead, max(pipelines_guess, 1), sharded, in_flight)
+    bounds = min_max_split(costs, overhead, shard_group_size(pipelines_guess, model.shard_copies), sharded, in_flight)
     if bounds is None:
         return None
     time_prefix = np.concatenate([[0.0], np.cumsum(costs.time_s)])
     times = tuple(float(time_prefix[bounds[s + 1]] - time_prefix[bounds[s]] + overhead[s]) for s in range(stages))
     min_pipelines = 1
     if sharded is not None:  # fewest replicas whose optimizer shards make every stage fit
+        groups = 1  # shard-group size they need; `shard_copies` groups of it (perf.memory.shard_group_size)
         for s in range(stages):
             a, b = bounds[s], bounds[s + 1]
             rest = (costs.static_bytes[a:b].sum() - sharded[a:b].sum()) + in_flight[s] * costs.activation_bytes[
@@ -148,7 +150,8 @@ def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipeli
             room = costs.capacity_bytes - rest
             need = sharded[a:b].sum()
             if need > 0:
-                min_pipelines = max(min_pipelines, math.ceil(need / room) if room > 0 else 10 ** 9)
+                groups = max(groups, math.ceil(need / room) if room > 0 else 10 ** 9)
+        min_pipelines = 1 if groups <= 1 else groups * model.shard_copies
     grad = model.workload.params * model.grad_bytes / len(group)
     largest = max(float(grad[bounds[s]:bounds[s + 1]].sum()) for s in range(stages))
     sync = ring_allreduce_time(largest, max(pipelines_guess, 1), model.inter)
@@ -168,7 +171,7 @@ def _costs(model: PerfModel, group: tuple[int, ...], relieved: bool, replicated:
     alone = rows(1)
     if not replicated:
         return alone
-    shared = rows(2)
+    shared = rows(2 * model.shard_copies)  # a shard group of two: ZeRO-3's gathered layers counted
     return replace(alone, transient_bytes=shared.transient_bytes, capacity_bytes=shared.capacity_bytes,
                    stage_constant_bytes=shared.stage_constant_bytes)
 
