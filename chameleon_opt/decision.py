@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from chameleon_opt.check import check_plan
 from chameleon_opt.comm import assign_slots, communication_plan
 from chameleon_opt.comm.api import CommInfo
+from chameleon_opt.comm.state import held_every_copy, shard_copies_lost, shard_copies_phrase
 from chameleon_opt.comm.transfers import Migration
 from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
 from chameleon_opt.instance.load import Instance
@@ -390,7 +391,8 @@ def _scheduled(instance: Instance, failed: frozenset[int], model: PerfModel, pla
 
 def lost_layers(instance: Instance, failed: frozenset[int]) -> list[int]:
     """Layers whose state is gone: every replica sat on a failed device, or, under ZeRO (stage >= 1:
-    one copy of each data-parallel shard, comm/state.py), a failed device held a shard of it."""
+    `shard_replicas` copies of each data-parallel shard, comm/state.py), every copy of some part of
+    a shard did."""
     return sorted(set(layers_without_replica(instance, failed)) | set(sharded_layers_lost(instance, failed)))
 
 
@@ -402,14 +404,20 @@ def layers_without_replica(instance: Instance, failed: frozenset[int]) -> list[i
 
 
 def sharded_layers_lost(instance: Instance, failed: frozenset[int]) -> list[int]:
-    """Layers a failed device held a ZeRO shard of (stage >= 1 shards the optimizer state over each
-    layer's data-parallel group, one copy per shard): only a checkpoint has that shard."""
-    if instance.spec.training.zero < 1:
-        return []
+    """Layers some part of whose ZeRO-sharded state (stage >= 1: the optimizer state over each
+    layer's data-parallel slots, in `shard_replicas` copies) had every copy on failed devices: only
+    a checkpoint has it. With one copy: every layer of a failed device's stage."""
+    return _shards_lost(instance, failed)[0]
+
+
+def _shards_lost(instance: Instance, failed: frozenset[int]) -> tuple[list[int], list[int]]:
+    """(layers, failed devices that held every copy of part of them) under ZeRO; ([], []) without."""
+    training = instance.spec.training
+    if training.zero < 1:
+        return [], []
     params = instance.workload.params
-    return sorted({layer for pipe in instance.plan.pipelines for stage in pipe.stages
-                   if failed.intersection(stage.devices) for layer in range(stage.first, stage.end)
-                   if params[layer] > 0})
+    return shard_copies_lost(instance.plan, failed, training.shard_replicas,
+                             {layer for layer in range(instance.workload.num_layers) if params[layer] > 0})
 
 
 def with_stale_copies(error: UnrecoverableError, earlier: list[Plan], instance: Instance,
@@ -438,17 +446,14 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", *, 
     rerouting nor the hybrid is something Megatron-LM or torchtitan can execute.
 
     Raises UnrecoverableError when some layer lost every replica (only a checkpoint has it)."""
-    gone = lost_layers(instance, failed)
-    sharded = sharded_layers_lost(instance, failed)
+    sharded, holders = _shards_lost(instance, failed)
     if sharded:
-        zero = instance.spec.training.zero
-        holders = sorted(failed.intersection(d for pipe in instance.plan.pipelines for stage in pipe.stages
-                                             for d in stage.devices))
+        training = instance.spec.training
         raise UnrecoverableError(
-            f"ZeRO stage {zero} keeps one copy of each data-parallel shard of the "
-            f"{'optimizer state and parameters' if zero >= 3 else 'optimizer state'}: failed devices "
-            f"{holders} held the only copy of theirs (layers {sharded[0]}-{sharded[-1]}); restart from the last "
+            f"{shard_copies_phrase(training.zero, training.shard_replicas)}: failed devices {holders} held "
+            f"{held_every_copy(training.shard_replicas)} (layers {sharded[0]}-{sharded[-1]}); restart from the last "
             "checkpoint")
+    gone = layers_without_replica(instance, failed)
     if gone:
         raise UnrecoverableError(f"layers {gone[0]}-{gone[-1]} ({len(gone)} layers) lost every replica: no surviving "
                                  "copy of their parameters and optimizer state; restart from the last checkpoint")

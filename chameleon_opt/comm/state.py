@@ -16,8 +16,21 @@ whole of the rest (`state_bytes`). So a device holds its shard before and after:
 it needs its new range minus the part of its old range it keeps, each missing byte from the one
 old holder whose range covers it (FSDP2 shards every parameter this way, dim 0 over the group;
 Megatron's distributed optimizer cuts its buffer in contiguous ranges, which this even split per
-layer matches in bytes per device, not in which bytes). There is one copy of each range: when
-its holder failed the bytes are gone and only a checkpoint has them (UnrecoverableError, exit 5).
+layer matches in bytes per device, not in which bytes).
+
+With `training.shard_replicas` = c copies (torchtitan HSDP, Megatron-LM's
+--num-distributed-optimizer-instances) the D slots holding a layer, in plan order, form c
+consecutive shard groups (D / c slots each, sizes differing by one where c does not divide D:
+perf/memory.py `shard_groups`), and the ranges above are taken within each group, so every byte
+has one holder per group. Consecutive because a plan's pipelines are the trainer's data-parallel
+ranks in order, and both trainers group consecutive data-parallel ranks (Megatron's intra-instance
+groups; torchtitan's mesh [dp_replicate, dp_shard] makes dp_shard the inner, consecutive one).
+A missing byte may then come from any live holder of it in any group (a Need per run of bytes
+with the same live holders; the solver splits it among them), so a device taking over a failed
+device's range gathers it from a surviving copy. Only bytes whose every group's holder failed are
+gone: then only a checkpoint has them (UnrecoverableError, exit 5); with c = 1 that is any byte a
+failed device held. When the plan's data-parallel size changes the groups are re-formed and
+re-sharded the same way: each device gathers its new range minus what it already holds.
 
 Layers are grouped into *segments*: maximal runs of layers covered by the same set of old slots.
 Every layer of a segment has the same holders, so one solver variable per (receiver, segment,
@@ -27,11 +40,13 @@ source) is exact and much smaller than one per (receiver, layer, source).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
 
 from chameleon_opt.errors import UnrecoverableError
+from chameleon_opt.perf.memory import shard_groups
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
 
@@ -75,6 +90,78 @@ def data_parallel_groups(plan: Plan, slots: list[tuple[int, int]] | None = None)
                 for layer in range(stage.first, stage.end):
                     groups.setdefault(layer, []).append((j, s))
     return groups
+
+
+class ShardGroups:
+    """A layer's data-parallel slots (plan order) split into `copies` consecutive shard groups
+    (perf.memory.shard_groups): each group shards the layer's sharded bytes over itself, position k
+    of a group of g keeping shard_range(S, k, g), so every byte has one holder per group."""
+
+    def __init__(self, slots: list[tuple[int, int]], copies: int) -> None:
+        self.groups = [slots[a:b] for a, b in shard_groups(len(slots), copies)]
+        self.where = {slot: (k, len(group)) for group in self.groups for k, slot in enumerate(group)}
+
+    def range_of(self, slot: tuple[int, int], size: int) -> tuple[int, int]:
+        """Bytes [lo, hi) of a layer's `size` sharded bytes that `slot` keeps."""
+        k, g = self.where[slot]
+        return shard_range(size, k, g)
+
+    def covering(self, size: int, a: int, b: int) -> list[list[tuple[int, int, tuple[int, int]]]]:
+        """Per group, the (lo, hi, slot) ranges that meet bytes [a, b), in byte order."""
+        out = []
+        for group in self.groups:
+            g, pieces = len(group), []
+            for k in range(g * a // size, g):  # from the position holding byte a on
+                c, e = shard_range(size, k, g)
+                if c >= b:
+                    break
+                if min(b, e) > max(a, c):
+                    pieces.append((c, e, group[k]))
+            out.append(pieces)
+        return out
+
+
+def shard_copies_lost(plan: Plan, failed: frozenset[int], copies: int, layers: set[int] | None = None
+                      ) -> tuple[list[int], list[int]]:
+    """(layers, failed devices) where some part of a layer's ZeRO-sharded state had every copy on
+    failed devices: a byte is held, at each TP rank, by one slot of each of the layer's `copies`
+    shard groups (ShardGroups), so it is gone when all of those slots' devices at that rank
+    failed. Exact fractions of the layer (the byte sizes do not matter); `layers`: only these
+    (those with state), default all. The devices are the failed holders of the lost parts."""
+    hit: dict[int, set[int]] = {}  # layer -> TP ranks of failed devices on its slots
+    for pipe in plan.pipelines:
+        for stage in pipe.stages:
+            ranks = {r for r, d in enumerate(stage.devices) if d in failed}
+            if ranks:
+                for layer in range(stage.first, stage.end):
+                    if layers is None or layer in layers:
+                        hit.setdefault(layer, set()).update(ranks)
+    if not hit:
+        return [], []
+    holders: dict[int, list[tuple[int, int]]] = {layer: [] for layer in hit}
+    for j, pipe in enumerate(plan.pipelines):
+        for s, stage in enumerate(pipe.stages):
+            for layer in range(stage.first, stage.end):
+                if layer in holders:
+                    holders[layer].append((j, s))
+    lost_layers: set[int] = set()
+    gone: set[int] = set()
+    for layer, ranks in hit.items():
+        split = ShardGroups(holders[layer], copies)
+        for rank in ranks:
+            dead = [[(Fraction(k, len(group)), Fraction(k + 1, len(group)), device)
+                     for k, (j, s) in enumerate(group)
+                     for device in [plan.pipelines[j].stages[s].devices[rank]] if device in failed]
+                    for group in split.groups]
+            common = [(lo, hi) for lo, hi, _ in dead[0]]  # the parts every copy lost so far
+            for other in dead[1:]:
+                common = [(max(lo, c), min(hi, e)) for lo, hi in common for c, e, _ in other
+                          if min(hi, e) > max(lo, c)]
+            if common:
+                lost_layers.add(layer)
+                gone.update(device for group in dead for c, e, device in group
+                            if any(min(hi, e) > max(lo, c) for lo, hi in common))
+    return sorted(lost_layers), sorted(gone)
 
 
 @dataclass(frozen=True)
@@ -148,7 +235,8 @@ class Segments:
 
 def missing_state(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int]) -> list[Need]:
     """Every (device, segment) of the new plan's live slots whose shards the device lacks; under
-    ZeRO, each missing part of its new shard range as well, from that range's one old holder.
+    ZeRO, each missing part of its new shard range as well, from the live holders of that part (one per
+    shard group: training.shard_replicas).
 
     Raises UnrecoverableError naming the layers when some needed shard has no surviving holder."""
     if old.tensor_parallel != new.tensor_parallel:
@@ -161,15 +249,10 @@ def missing_state(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int]
     lost: set[tuple[int, int]] = set()  # (layer, TP rank) without a live replica
     zero = bool(sharded.any())
     slots = live_slots(new, failed)
-    if zero:  # each layer's data-parallel group: slot -> position, in the old plan (all slots) and the new
-        old_groups = {layer: {slot: k for k, slot in enumerate(group)}
-                      for layer, group in data_parallel_groups(old).items()}
-        new_groups = {layer: {slot: k for k, slot in enumerate(group)}
-                      for layer, group in data_parallel_groups(new, slots).items()}
-        old_slot = {d: (j, s) for j, pipe in enumerate(old.pipelines) for s, stage in enumerate(pipe.stages)
-                    for d in stage.devices}
-        pieces: dict[tuple[int, int, int, int], dict[int, int]] = {}  # (dst, rank, segment, src) -> layer bytes
+    # under ZeRO: (dst, rank, segment, live holders) -> layer bytes of the sharded state to gather
+    pieces: dict[tuple[int, int, int, tuple[int, ...]], dict[int, int]] = {}
     shards_lost: set[tuple[int, int]] = set()
+    gone: set[int] = set()  # failed devices that held every copy of some needed bytes
     for j, s in slots:
         stage = new.pipelines[j].stages[s]
         for rank, d in enumerate(stage.devices):
@@ -189,32 +272,9 @@ def missing_state(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int]
                 elif replicated[group].any():
                     needs.append(Need(d, rank, g, tuple(group), int(replicated[group].sum()), holders,
                                       tuple(int(b) for b in replicated[group])))
-            if not zero:
-                continue
-            for layer in range(stage.first, stage.end):
-                size = int(sharded[layer])
-                if size == 0:
-                    continue
-                lo, hi = shard_range(size, new_groups[layer][(j, s)], len(new_groups[layer]))
-                before = old_groups[layer]
-                kept = shard_range(size, before[old_slot[d]], len(before)) if keep[0] <= layer < keep[1] else (0, 0)
-                wanted = [(lo, min(hi, kept[0])), (max(lo, kept[1]), hi)] if kept[1] > kept[0] else [(lo, hi)]
-                holders_of = list(before)
-                for a, b in wanted:
-                    # the old positions whose ranges meet [a, b): from the one holding byte a on
-                    for k in range(len(holders_of) * a // size, len(holders_of)):
-                        c, e = shard_range(size, k, len(holders_of))
-                        if c >= b:
-                            break
-                        if min(b, e) <= max(a, c):
-                            continue
-                        oj, os_ = holders_of[k]
-                        src = old.pipelines[oj].stages[os_].devices[rank]
-                        if src in failed:
-                            shards_lost.add((layer, rank))
-                            continue
-                        into = pieces.setdefault((d, rank, int(segments.of_layer[layer]), src), {})
-                        into[layer] = into.get(layer, 0) + min(b, e) - max(a, c)
+    if zero:
+        _sharded_missing(old, new, failed, slots, sharded, segments, held, model.shard_copies, pieces, shards_lost,
+                         gone)
     if lost or shards_lost:
         pairs = lost or shards_lost
         layers = sorted({layer for layer, _ in pairs})
@@ -224,16 +284,95 @@ def missing_state(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int]
             raise UnrecoverableError(
                 f"layers {shown} ({len(layers)} layers; TP ranks {ranks}) have no surviving replica of their "
                 "parameters and optimizer state: restart from the last checkpoint")
-        what = "optimizer state and parameters" if model.zero_stage >= 3 else "optimizer state"
-        gone = sorted({old.pipelines[j].stages[s].devices[r] for layer, r in shards_lost
-                       for j, s in old_groups[layer] if old.pipelines[j].stages[s].devices[r] in failed})
         raise UnrecoverableError(
-            f"ZeRO stage {model.zero_stage} keeps one copy of each data-parallel shard of the {what}: failed devices "
-            f"{gone} held the only copy of theirs (layers {shown}, {len(layers)} layers; TP ranks {ranks}): "
+            f"{shard_copies_phrase(model.zero_stage, model.shard_copies)}: failed devices {sorted(gone)} held "
+            f"{held_every_copy(model.shard_copies)} (layers {shown}, {len(layers)} layers; TP ranks {ranks}): "
             "restart from the last checkpoint")
     if zero:
-        for (d, rank, g, src), by_layer in pieces.items():
+        for (d, rank, g, holders), by_layer in pieces.items():
             layers_here = tuple(sorted(by_layer))
             sizes = tuple(by_layer[layer] for layer in layers_here)
-            needs.append(Need(d, rank, g, layers_here, sum(sizes), (src,), sizes))
+            needs.append(Need(d, rank, g, layers_here, sum(sizes), holders, sizes))
     return needs
+
+
+def shard_copies_phrase(zero_stage: int, copies: int) -> str:
+    """'ZeRO stage z keeps one copy (N copies) of each data-parallel shard of the ...': the start of
+    the exit-5 message, so decide and the migration say the same."""
+    what = "optimizer state and parameters" if zero_stage >= 3 else "optimizer state"
+    kept = "one copy" if copies == 1 else f"{copies} copies"
+    return f"ZeRO stage {zero_stage} keeps {kept} of each data-parallel shard of the {what}"
+
+
+def held_every_copy(copies: int) -> str:
+    return "the only copy of theirs" if copies == 1 else "every copy of some shards"
+
+
+def _sharded_missing(old: Plan, new: Plan, failed: frozenset[int], slots: list[tuple[int, int]], sharded: np.ndarray,
+                     segments: Segments, held: dict[int, Holding], copies: int,
+                     pieces: dict[tuple[int, int, int, tuple[int, ...]], dict[int, int]],
+                     shards_lost: set[tuple[int, int]], gone: set[int]) -> None:
+    """missing_state's ZeRO part: each live new slot's device gathers its new range of each layer's
+    sharded bytes minus the part of its old range it keeps, every run of bytes from the live old
+    holders of that run (one per shard group), added to `pieces`; runs with none go to
+    `shards_lost` and their failed holders to `gone`. Worked per slot, not per device: the TP
+    ranks of a slot that keep the same old range want the same runs from the same old slots, so
+    they share one entry until the end (at 16,384 devices 8 times fewer), and a slot whose TP group
+    held the same position of the same group size before is skipped outright."""
+    old_groups = {layer: ShardGroups(group, copies) for layer, group in data_parallel_groups(old).items()}
+    new_groups = {layer: ShardGroups(group, copies) for layer, group in data_parallel_groups(new, slots).items()}
+    old_slot = {d: (j, s) for j, pipe in enumerate(old.pipelines) for s, stage in enumerate(pipe.stages)
+                for d in stage.devices}
+    # (new slot, its TP ranks alike, segment, old slots holding the run) -> layer bytes each of those ranks wants
+    wants: dict[tuple[tuple[int, int], tuple[int, ...], int, tuple[tuple[int, int], ...]], dict[int, int]] = {}
+    for j, s in slots:
+        stage = new.pipelines[j].stages[s]
+        origin = old_slot.get(stage.devices[0])
+        if origin is not None and old.pipelines[origin[0]].stages[origin[1]].devices != stage.devices:
+            origin = None  # not the same TP group at the same ranks
+        everyone = tuple(range(len(stage.devices)))
+        for layer in range(stage.first, stage.end):
+            size = int(sharded[layer])
+            if size == 0:
+                continue
+            position = new_groups[layer].where[(j, s)]
+            before = old_groups[layer]
+            if origin is not None and before.where.get(origin) == position:
+                continue  # the same range as before on every TP rank
+            lo, hi = shard_range(size, *position)
+            segment = int(segments.of_layer[layer])
+            alike: dict[tuple[int, int], tuple[int, ...]] = {}  # kept range -> the TP ranks keeping it
+            if origin is not None:
+                alike[before.range_of(origin, size) if origin in before.where else (0, 0)] = everyone
+            else:
+                for rank, d in enumerate(stage.devices):
+                    h = held.get(d)
+                    keeps = h is not None and h.rank == rank and h.first <= layer < h.end
+                    kept = before.range_of(old_slot[d], size) if keeps else (0, 0)
+                    alike[kept] = alike.get(kept, ()) + (rank,)
+            for kept, ranks in alike.items():
+                wanted = [(lo, min(hi, kept[0])), (max(lo, kept[1]), hi)] if kept[1] > kept[0] else [(lo, hi)]
+                for a, b in wanted:
+                    if b <= a:
+                        continue
+                    # cut [a, b) where any copy's holder changes; each run from its holders in every group
+                    covers = before.covering(size, a, b)
+                    cuts = sorted({a, b} | {x for group in covers for c, e, _ in group for x in (c, e) if a < x < b})
+                    for x, y in zip(cuts, cuts[1:]):
+                        holder_slots = tuple(slot for group in covers for c, e, slot in group if c <= x < e)
+                        into = wants.setdefault(((j, s), ranks, segment, holder_slots), {})
+                        into[layer] = into.get(layer, 0) + y - x
+    tuples: dict[tuple[int, ...], tuple[int, ...]] = {}  # holder tuples shared (the solver caches by tuple)
+    for ((j, s), ranks, segment, holder_slots), by_layer in wants.items():
+        devices = new.pipelines[j].stages[s].devices
+        for rank in ranks:
+            holding = [old.pipelines[oj].stages[os_].devices[rank] for oj, os_ in holder_slots]
+            live = tuple(sorted(src for src in holding if src not in failed))
+            if not live:
+                shards_lost.update((layer, rank) for layer in by_layer)
+                gone.update(holding)
+                continue
+            live = tuples.setdefault(live, live)
+            into = pieces.setdefault((devices[rank], rank, segment, live), {})
+            for layer, nbytes in by_layer.items():
+                into[layer] = into.get(layer, 0) + nbytes
