@@ -215,3 +215,35 @@ def test_unchanged_job_exports_its_own_arguments_and_reimports_identically(tmp_p
     back = import_megatron(out["arguments"], ClusterOptions(world_size=8), [])
     assert _layers(back) == [12, 11, 10, 1]
     assert locate_rank(build_instance(back), 7).layers == (33, 34)
+
+
+def test_distributed_optimizer_instances_are_copies_of_each_shard():
+    """--num-distributed-optimizer-instances 2 on 32 ranks at TP 2 x PP 4: DP 4 in 2 instances of 2
+    consecutive DP ranks, each sharding the optimizer state over itself: 2 copies of each shard, the
+    state divided by 2, not 4. It must divide DP (Megatron-LM asserts it); without the distributed
+    optimizer nothing is sharded. Exported back: the flag is kept, and the re-import is the same job."""
+    args = GPT + ["--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"]
+    doc = import_megatron(args, ClusterOptions(world_size=32), [])
+    training = doc["training"]
+    assert (training["distributed_optimizer"], training["shard_replicas"], doc["plan"]["layout"]["data_parallel"]) \
+        == (True, 2, 4)
+    instance = build_instance(doc)
+    from chameleon_opt.perf.model import PerfModel
+
+    model = PerfModel(instance)
+    stage = instance.plan.pipelines[0].stages[1]
+    b = model.stage_memory_breakdown(stage.devices, stage.first, stage.end, 1, 4, 16, 0.0, 4)
+    per_gpu = float(model.workload.params[stage.first:stage.end].sum()) / 2
+    assert b.optimizer == pytest.approx(per_gpu * model.optimizer_bytes / 2)
+    out = export_plan(instance, LoweredPlan(instance, instance.plan, None, [], frozenset()), "megatron", "initial")
+    words = out["arguments"]
+    assert words[words.index("--num-distributed-optimizer-instances") + 1] == "2"
+    again = import_megatron(words, ClusterOptions(world_size=32), [])
+    assert again["plan"] == doc["plan"] and again["training"] == doc["training"]
+    with pytest.raises(InputError) as err:
+        import_megatron(GPT + ["--use-distributed-optimizer", "--num-distributed-optimizer-instances", "3"],
+                        ClusterOptions(world_size=32), [])
+    assert err.value.field == "--num-distributed-optimizer-instances"
+    plain = import_megatron(GPT + ["--num-distributed-optimizer-instances", "2"], ClusterOptions(world_size=32), [])
+    assert "shard_replicas" not in plain["training"]
+

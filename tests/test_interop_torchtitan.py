@@ -131,13 +131,36 @@ def test_what_the_planner_cannot_model_is_refused(tmp_path, edit, key):
     assert err.value.field == key
 
 
-def test_hsdp_is_refused_through_the_cli_in_one_line(tmp_path):
+def test_hsdp_is_imported_as_copies_of_each_shard(tmp_path):
+    """HSDP: 4 replicate groups x 2-way sharding (torchtitan's mesh [dp_replicate, dp_shard]: DP
+    ranks 2i and 2i + 1 shard together), so each FSDP shard has 4 copies and the optimizer state is
+    divided by 2, not by DP = 8. Exported back (unchanged plan): the same degrees, and the re-import
+    is the same job; a plan with DP 7 has no HSDP form (exit 2)."""
     text = LLAMA70_PP4.replace("data_parallel_shard_degree = -1",
                                "data_parallel_shard_degree = 2\ndata_parallel_replicate_degree = 4")
-    result = CliRunner().invoke(app, ["import", "torchtitan", str(_write(tmp_path, text)), "--world-size", "256"])
-    assert result.exit_code == 2
-    assert "data_parallel_replicate_degree" in result.output and "HSDP" in result.output
-    assert len(result.output.strip().splitlines()) == 1
+    doc = import_torchtitan(_write(tmp_path, text), ClusterOptions(world_size=256), [])
+    training = doc["training"]
+    assert (training["zero_stage"], training["shard_replicas"], doc["plan"]["layout"]["data_parallel"]) == (1, 4, 8)
+    assert any("HSDP" in a for a in training["assumptions"])
+    instance = build_instance(doc)
+    from chameleon_opt.perf.model import PerfModel
+
+    model = PerfModel(instance)
+    stage = instance.plan.pipelines[0].stages[1]
+    b = model.stage_memory_breakdown(stage.devices, stage.first, stage.end, 1, 4, 8, 0.0, 8)
+    per_gpu = float(model.workload.params[stage.first:stage.end].sum()) / 8
+    assert b.optimizer == pytest.approx(per_gpu * model.optimizer_bytes / 2)
+    out = export_plan(instance, LoweredPlan(instance, instance.plan, None, [], frozenset()), "torchtitan", "initial")
+    assert (out["parallelism"]["data_parallel_replicate_degree"], out["parallelism"]["data_parallel_shard_degree"]) \
+        == (4, 2)
+    again = import_torchtitan(_write(tmp_path, json.dumps(out["config"]), "again.json"),
+                              ClusterOptions(world_size=256), [])
+    assert again["plan"] == doc["plan"] and again["training"] == doc["training"]
+    from chameleon_opt.plan import Plan
+
+    seven = Plan(8, instance.plan.pipelines[:7])
+    with pytest.raises(InputError, match="not a multiple of training.shard_replicas = 4"):
+        export_plan(instance, LoweredPlan(instance, seven, None, [], frozenset()), "torchtitan", "reconfigure")
 
 
 PYTHON_ERA = {  # a Trainer.Config dump after August 2026: token budgets, num_pp_microbatches, AC policy

@@ -477,6 +477,13 @@ def export_plan(instance: Instance, lowered: LoweredPlan, fmt: str, policy: str)
     tp, pp, dp = len(work[0].tp_group), len(stages), len({w.pipeline for w in work})
     micro_batches = work[0].micro_batches
     seq = instance.spec.training.sequence_length or instance.workload.sequence_length
+    copies = instance.spec.training.shard_replicas if instance.spec.training.zero >= 1 else 1
+    if uniform and fmt != "ranks" and dp % copies:
+        groups = "HSDP" if fmt == "torchtitan" else "distributed-optimizer instances"
+        raise InputError(instance.path, "--format", f"the plan has {dp} data-parallel replicas, not a multiple of "
+                         f"training.shard_replicas = {copies}: {TRAINER_NAMES[fmt]} splits its data-parallel ranks "
+                         f"into {copies} equal shard groups ({groups}) and refuses this one",
+                         f"plan with --target {fmt} (its replicas a multiple of {copies}), or use --format ranks")
     if fmt == "torchtitan":
         doc: _Export = TorchtitanExport(**common)
         if uniform:
@@ -487,7 +494,8 @@ def export_plan(instance: Instance, lowered: LoweredPlan, fmt: str, policy: str)
                      for first, end in stages] if pp > 1 else None
             local = micro_batches * mbs if pp > 1 else mbs
             parallelism = TorchtitanParallelism(
-                data_parallel_replicate_degree=1 if fsdp else dp, data_parallel_shard_degree=dp if fsdp else 1,
+                data_parallel_replicate_degree=copies if fsdp else dp,  # HSDP: `copies` groups of dp / copies
+                data_parallel_shard_degree=dp // copies if fsdp else 1,
                 tensor_parallel_degree=tp, pipeline_parallel_degree=pp, pipeline_parallel_microbatch_size=mbs,
                 module_fqns_per_model_part=parts)
             training = TorchtitanTraining(local_batch_size=local, global_batch_size=micro_batches * mbs * dp,
@@ -502,12 +510,15 @@ def export_plan(instance: Instance, lowered: LoweredPlan, fmt: str, policy: str)
                 "--tensor-model-parallel-size": str(tp), "--pipeline-model-parallel-size": str(pp),
                 "--micro-batch-size": str(mbs), "--global-batch-size": str(micro_batches * mbs * dp),
                 **megatron_split(blocks)}
+            if copies > 1:  # its distributed optimizer's instances: dp / copies consecutive DP ranks each
+                settings["--num-distributed-optimizer-instances"] = str(copies)
             mapping = "--use-tp-pp-dp-mapping"
             if order == "tp-pp-dp":
                 settings[mapping] = None
             original = source if source is not None and source.name == "megatron" else None
-            args = megatron_arguments(original.arguments if original else None, settings,
-                                      drop=(mapping,) if order != "tp-pp-dp" else ())
+            drop = ((mapping,) if order != "tp-pp-dp" else ()) + (
+                ("--num-distributed-optimizer-instances",) if copies == 1 else ())  # nothing sharded in copies
+            args = megatron_arguments(original.arguments if original else None, settings, drop=drop)
             launcher = megatron_launcher(original.launcher if original else None, nodes)
         doc = MegatronExport(**common, arguments=args, launcher=launcher)
     else:

@@ -39,7 +39,7 @@ _VALUE_FLAGS = (
     "--kv-channels", "--seq-length", "--max-position-embeddings", "--vocab-size", "--make-vocab-size-divisible-by",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
     "--position-embedding-type", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
-    "--recompute-modules", "--optimizer", "--world-size")
+    "--recompute-modules", "--optimizer", "--world-size", "--num-distributed-optimizer-instances")
 _SWITCHES = (
     "--use-tp-pp-dp-mapping", "--group-query-attention", "--swiglu", "--bf16", "--fp16",
     "--untie-embeddings-and-output-weights", "--use-distributed-optimizer", "--sequence-parallel",
@@ -327,6 +327,19 @@ def import_megatron(raw: list[str], options: ClusterOptions, failed: list[int], 
         "overlap_grad_reduce": a.has("--overlap-grad-reduce"),
         "sequence_parallel": a.has("--sequence-parallel") and tp > 1,  # Megatron-LM turns it off at TP 1
         "assumptions": assumptions}
+    instances = a.int("--num-distributed-optimizer-instances") or 1
+    if instances < 1 or dp % instances:
+        raise InputError(file, "--num-distributed-optimizer-instances", f"{instances} does not divide the "
+                         f"data-parallel size {dp} (Megatron-LM refuses it)", f"give a divisor of {dp}")
+    if instances > 1 and training["distributed_optimizer"]:
+        # each instance shards the optimizer state over its dp / instances consecutive DP ranks
+        training["shard_replicas"] = instances
+        assumptions.append(f"Megatron-LM --num-distributed-optimizer-instances {instances}: gradients timed as one "
+                           "all-reduce over the data-parallel group (not reduce-scatter within each instance plus "
+                           "all-reduce across them)")
+    elif instances > 1:
+        assumptions.append("Megatron-LM --num-distributed-optimizer-instances without --use-distributed-optimizer: "
+                           "nothing is sharded, so it changes nothing the planner models")
     if a.int("--seq-length"):
         training["sequence_length"] = a.int("--seq-length")
     return {"format": 1, "name": name,

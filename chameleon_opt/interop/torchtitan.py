@@ -421,11 +421,6 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
             raise r.refuse("parallelism.data_parallel_shard_degree", "is -1 (the ranks left over)",
                            "pass --world-size (the launcher's nnodes x nproc-per-node, NGPU)")
         shard = options.world_size // (tp * pp * replicate)
-    if replicate > 1 and shard > 1:
-        raise r.refuse("parallelism.data_parallel_replicate_degree", f"HSDP ({replicate} replicas x {shard}-way "
-                       "sharding) shards state over groups of the data-parallel ranks, which the planner does not "
-                       "model", "set data_parallel_replicate_degree = 1 (FSDP over all) or "
-                       "data_parallel_shard_degree = 1 (DDP)")
     dp = replicate * shard
     world = tp * pp * dp
     if dp < 1 or (options.world_size is not None and options.world_size != world):
@@ -446,7 +441,14 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
     split = _split(r, par, pp, workload)
     if split is not None:
         layout["layers_per_stage"] = split
-    train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **_state(r, training, par, tp, pp, shard),
+    state = _state(r, training, par, tp, pp, shard)
+    if replicate > 1 and shard > 1:
+        # HSDP: the mesh [dp_replicate, dp_shard] makes each run of `shard` consecutive data-parallel ranks
+        # one FSDP group, and `replicate` of them hold copies of its shards
+        state["shard_replicas"] = replicate
+        r.assumptions.append(f"torchtitan HSDP: {replicate} copies of each FSDP shard, {shard}-way within each; "
+                             "gradients timed as one all-reduce over the data-parallel group")
+    train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **state,
                              "recomputation": _recomputation(r),
                              "sequence_parallel": tp > 1 and (era == "toml" or bool(par.get("enable_sequence_parallel",
                                                                                                True))),
