@@ -155,3 +155,32 @@ def test_plan_joined_on_the_command_line() -> None:
     assert {"keep-running", "scale-up"} <= policies and payload["policy"] in policies
     devices = {d for p in payload["plan"]["pipelines"] for st in p["stages"] for d in st["devices"]}
     assert (13 in devices) == (payload["policy"] != "keep-running")
+
+
+def test_bundled_relief_fit_8_fits_only_with_relief() -> None:
+    """relief-fit-8: the optimizer replicated (each pipeline a whole copy), devices 0, 1 and 6 fail,
+    each pipeline losing a different stage, so every layer keeps a replica and the survivors form 2
+    TP groups. One 2-stage pipeline runs both micro-batches: its first stage holds two in flight,
+    94.2 GiB without recomputation on 80 GiB GPUs. With the instance's reliefs the search finds
+    full recomputation there (56.0 GiB) and none on the second stage (73.6 GiB), proven optimal and
+    moving no state; with recomputation off everywhere nothing fits (exit 3)."""
+    import json
+
+    from chameleon_opt.bundled import bundled_instance
+    from chameleon_opt.decision import decide
+    from chameleon_opt.instance.load import load_instance
+
+    instance = load_instance("relief-fit-8")
+    failed = frozenset({0, 1, 6})
+    model = PerfModel(instance)
+    assert model.evaluate(instance.plan).memory_ok
+    decision = decide(instance, failed, "reconfigure", deadline=Deadline.after(10))
+    chosen = decision.chosen
+    assert chosen is not None and chosen.bytes_moved == 0 and chosen.solve.status is Status.OPTIMAL
+    stages = [(st.devices, st.first, st.end, st.relief) for p in chosen.plan.pipelines for st in p.stages]
+    assert stages == [((4, 5), 0, 21, "full"), ((2, 3), 21, 42, "none")]
+    assert model.stage_memory((4, 5), 0, 21, 0, 2, 2, 0.0, 1, "none")[0] / 2 ** 30 == pytest.approx(94.2, abs=0.05)
+    spec = json.loads(bundled_instance("relief-fit-8").read_text())
+    spec["training"]["reliefs"] = ["none"]
+    nothing = decide(build_instance(spec), failed, "auto", deadline=Deadline.after(10))
+    assert nothing.chosen is None and nothing.proven  # the CLI's exit 3
