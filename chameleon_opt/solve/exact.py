@@ -46,6 +46,7 @@ from chameleon_opt.perf.comm import Link, ring_allreduce_time
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.bounds import MemoryRelaxation
 from chameleon_opt.solve.deadline import Deadline
 
 EXACT_GROUPS = 64
@@ -240,6 +241,8 @@ class ExactSearch:
         units = sum(len(splits) * len(choices[s]) * s * m for s, splits in self.splits.items()
                     for m in range(1, self.total + 1))
         simulate = self.virtual > 1 or units <= LOWER_SIMULATION_UNITS
+        # memory: an S-stage pipeline of m micro-batches no relaxed split can hold is no column at all
+        memory = MemoryRelaxation(model, [g for pool in self.pools for g in pool], self.total)
         lower = [[0.0] * (self.total + 1) for _ in range(self.longest + 1)]
         for stages, splits in self.splits.items():
             if deadline.expired():
@@ -266,8 +269,14 @@ class ExactSearch:
                 for m in range(1, self.total + 1):
                     stage = whole[:, None] + (m - 1) * backward + np.maximum(m - 1 - warmup, 0)[None, :] * forward
                     best[m] = min(best[m], float(stage.max(axis=1).min()))
-            lower[stages] = [0.0] + [float(v) for v in best[1:]]
+            lower[stages] = [0.0] + [float(v) if self._holds(memory, stages, m) else math.inf
+                                     for m, v in enumerate(best[1:], start=1)]
         return lower
+
+    def _holds(self, memory: MemoryRelaxation, stages: int, micro_batches: int) -> bool:
+        """Whether some split of `stages` stages can hold `micro_batches` in flight under the memory
+        relaxation (past stages x virtual micro-batches no stage holds more)."""
+        return memory.fits(stages, min(micro_batches, stages * self.virtual))
 
     def _send(self, link: Link, layer: int) -> float:
         """A boundary send after `layer` on `link` (PerfModel.boundary_send_time's terms)."""
