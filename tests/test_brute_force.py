@@ -1,0 +1,87 @@
+"""bench/brute_force.py's reduced brute force against the naive one, and the search against it.
+
+The reduced brute force (symmetry classes of devices and nodes, pipelines in canonical order, branch
+and bound) must find the same optimum as tests/test_search_exact.py's naive enumeration of every
+labelled plan, with and without its bounds; then the search must never claim more than it proves:
+no OPTIMAL above the brute optimum, no bound above it (issue 21).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from chameleon_opt.instance.load import build_instance
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.result import Status
+from chameleon_opt.solve.search import search_plan
+from tests.test_search_exact import all_plans
+from tests.test_search_exact import brute_force as naive_brute_force
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from brute_force import brute_force, random_instance  # noqa: E402 (the bench folder is not a package)
+
+TINY = dict(devices_range=(3, 6), layers_range=(2, 4), micro_range=(1, 3))
+TINY_SEEDS = [1, 3, 5, 8, 10, 12, 14, 16, 20, 22, 29, 31, 35, 37, 43, 46, 54, 58, 77, 79]
+"""Seeds of tiny instances (2-6 nodes, 3-6 devices) with a feasible plan: 13 with several pipelines in
+their optimum, 13 heterogeneous, 5 with TP 2."""
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isinf(a) and math.isinf(b)) or math.isclose(a, b, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("seed", TINY_SEEDS)
+def test_reduced_equals_naive(seed):
+    data, failed = random_instance(seed, **TINY)
+    instance = build_instance(data)
+    naive, _ = naive_brute_force(instance, failed)
+    best, plan, _, complete = brute_force(instance, failed)
+    assert complete and _same(best, naive), (best, naive)
+    # The symmetry reductions alone (every canonical plan priced), each priced plan checked against
+    # PerfModel.evaluate: the reduced pricing is the model's.
+    unbounded, _, _, _ = brute_force(instance, failed, verify=True, bound=False)
+    assert _same(unbounded, naive), (unbounded, naive)
+    if plan is not None:
+        assert _same(PerfModel(instance).evaluate(plan, failed).iteration_time_s, best)
+
+
+@pytest.mark.parametrize("seed", [1, 8, 20])
+def test_reduced_equals_naive_with_reliefs(seed):
+    """With several supported reliefs the space has every relief on every stage."""
+    data, failed = random_instance(seed, **TINY)
+    data["training"]["reliefs"] = ["none", "full"]
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    naive = math.inf
+    for plan in all_plans(instance, failed, tuple(model.relief_options)):
+        estimate = model.evaluate(plan, failed)
+        if estimate.memory_ok:
+            naive = min(naive, estimate.iteration_time_s)
+    best, _, _, complete = brute_force(instance, failed)
+    assert complete and _same(best, naive), (best, naive)
+
+
+@pytest.mark.parametrize("seed", [3, 10, 12, 14])
+def test_search_claims_no_more_than_the_brute_force(seed):
+    """8-12 devices: OPTIMAL only at the optimum, the bound never above it, the objective never
+    below it (that would be a plan the brute force missed)."""
+    data, failed = random_instance(seed, (8, 12), (3, 5), (1, 4))
+    instance = build_instance(data)
+    best, _, _, complete = brute_force(instance, failed, deadline_s=30)
+    assert complete
+    result = search_plan(instance, failed, Deadline.after(3))
+    if math.isinf(best):
+        assert result.status is Status.INFEASIBLE, result.status
+        return
+    assert result.status is not Status.INFEASIBLE, result.reason
+    if result.objective is not None:
+        assert result.objective >= best * (1 - 1e-9), (result.objective, best)
+    if result.status is Status.OPTIMAL:
+        assert result.objective <= best * (1 + 1e-6), (result.objective, best)
+    if result.bound is not None:
+        assert result.bound <= best * (1 + 1e-9), (result.bound, best)
