@@ -200,6 +200,9 @@ class ExactSearch:
             families.setdefault(tuple(sorted(composition[node].items())), []).append(node)
         self.family = {node: members for members in families.values() for node in members}
         self.most_per_node = max(sum(counts.values()) for counts in composition.values())
+        speed = {name: sum(model.stage_times(self.pools[c][0], 0, self.layers)[:2])
+                 for c, name in enumerate(self.class_type)}
+        self.order = sorted(range(len(self.pools)), key=lambda c: (speed[self.class_type[c]], self.class_node[c]))
         links = (model.intra, model.inter)
         self.best_link = Link(max(link.bandwidth for link in links), min(link.latency for link in links))
         self.most_pipelines = min(self.groups, self.total)
@@ -309,6 +312,21 @@ class ExactSearch:
                     table[stages][g][n] = min(here, table[stages + 1][g][n])
         return table
 
+    def reach_table(self, lower: list[list[float]], limit: float) -> dict[tuple[int, int], list[int]]:
+        """reach[S, m][g]: the most micro-batches g groups can run in pipelines whose (stages,
+        micro-batches) come at or before (S, m) in key order and whose relaxed time is below `limit`
+        (an unbounded knapsack over that prefix of the items). Since the master lists pipelines in
+        non-increasing key order, the pipelines after one keyed (S, m) must fit within it."""
+        reach: dict[tuple[int, int], list[int]] = {}
+        best = [0] * (self.groups + 1)
+        for stages in range(1, self.longest + 1):
+            for m in range(1, self.total + 1):
+                if lower[stages][m] < limit:
+                    for g in range(stages, self.groups + 1):
+                        best[g] = max(best[g], best[g - stages] + m)
+                reach[stages, m] = list(best)
+        return reach
+
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines whose largest stage holds
         `grad_bytes` (buckets only add latency; the fastest link)."""
@@ -368,6 +386,7 @@ class ExactSearch:
             return ExactOutcome(None, incumbent, False, 0, 0, "the relaxation's tables ran out of time")
         cover = self.cover_table(lower)
         completion = self.completion_table(lower, cover)
+        reach = self.reach_table(lower, incumbent)  # the incumbent only falls: items only drop out
         grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
         inter = self.model.inter
         holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
@@ -425,6 +444,8 @@ class ExactSearch:
             if stats["leaves"] >= leaf_budget or deadline.expired():
                 stats["complete"] = False
                 return
+            if last is not None and reach[last[0], last[1]][g_left] < n_left:
+                return  # the pipelines allowed after `last` cannot run what is left
             grow([], [], n_left, g_left, worst, opt, grad, last)
 
         def grow(classes: list[int], seq: list[tuple[int, ...]], n_left: int, g_left: int, worst: float,
@@ -456,6 +477,8 @@ class ExactSearch:
                         new_worst, new_opt = max(worst, time_s), max(opt, optimizer_s)
                         new_grad = max(grad, priced.grad_bytes)
                         rest = n_left - m
+                        if rest and reach[stages, m][g_left - stages] < rest:
+                            continue  # key order: what follows runs at most this much
                         value = max(new_worst, cover[g_left - stages][rest]) + new_opt
                         if value >= best[0] * (1 - PRUNE_TOLERANCE):
                             continue
@@ -471,7 +494,8 @@ class ExactSearch:
                 return
             if max(worst, completion[stages + 1][g_left][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # no longer pipeline (with the rest) can beat the incumbent
-            for c, pool in enumerate(self.pools):
+            for c in self.order:  # fastest device types first: good plans (and cuts) come early
+                pool = self.pools[c]
                 if taken[c] == len(pool) or not allowed(c):
                     continue
                 group = pool[taken[c]]
