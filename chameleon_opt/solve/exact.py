@@ -93,6 +93,7 @@ class ExactOutcome:
     columns: int
     leaves: int
     reason: str
+    bound: float = 0.0  # the relaxation's floor on every plan's pipeline time (holds when stopped early)
 
 
 def _groupings(devices: list[int], tp: int, limit: int) -> list[list[tuple[int, ...]]] | None:
@@ -383,7 +384,7 @@ class ExactSearch:
         left, the first untouched node of a family standing for all of them."""
         lower = self.lower_times(deadline)
         if lower is None:
-            return ExactOutcome(None, incumbent, False, 0, 0, "the relaxation's tables ran out of time")
+            return ExactOutcome(None, incumbent, False, 0, 0, "the relaxation's tables ran out of time", 0.0)
         cover = self.cover_table(lower)
         completion = self.completion_table(lower, cover)
         reach = self.reach_table(lower, incumbent)  # the incumbent only falls: items only drop out
@@ -508,7 +509,8 @@ class ExactSearch:
         master(self.total, self.groups, 0.0, 0.0, 0.0, None)
         reason = (f"branch and bound over {len(self.prices)} priced pipeline shapes, {stats['nodes']} nodes, "
                   f"{stats['leaves']} plans evaluated" + ("" if stats["complete"] else " (stopped early)"))
-        return ExactOutcome(best[1], best[0], stats["complete"], len(self.prices), stats["leaves"], reason)
+        return ExactOutcome(best[1], best[0], stats["complete"], len(self.prices), stats["leaves"], reason,
+                            cover[self.groups][self.total])
 
 
 @dataclass(frozen=True)
@@ -546,12 +548,14 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
     prices: dict[tuple, Priced] = {}  # shared: the inventories realise the same shapes
     searches = [ExactSearch(instance, model, groups, tp, prices) for groups in options if groups]
     plan, objective, leaves, reason = None, incumbent, 0, "no TP group survives"
+    floors = [0.0] * len(searches)  # each inventory's relaxation floor (its part of the space)
     pending = list(range(len(searches)))
     for _ in range(2):  # a second pass resumes the inventories stopped early, with the better incumbent
         stopped = []
         for k, index in enumerate(pending):  # each gets an even share of what is left
             outcome = searches[index].solve(objective, deadline.share(1 / (len(pending) - k)))
             leaves, reason = leaves + outcome.leaves, outcome.reason
+            floors[index] = max(floors[index], outcome.bound)
             if outcome.plan is not None:
                 plan, objective = outcome.plan, outcome.objective
             if not outcome.complete:
@@ -559,7 +563,7 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
         pending = stopped
         if not pending or deadline.expired():
             break
-    best = ExactOutcome(plan, objective, not pending, len(prices), leaves, reason)
+    best = ExactOutcome(plan, objective, not pending, len(prices), leaves, reason, min(floors, default=math.inf))
     if len(searches) > 1:
         best.reason += f"; {len(searches)} ways to form the TP groups"
     return best

@@ -285,6 +285,9 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         notes.append("no time left for the relaxation bound")
     else:
         bound = relaxation_bound(model, groups, instance.global_micro_batches, live, deadline)
+        if exact is not None and exact.bound > bound:  # the branch and bound's own floor (memory-aware)
+            bound = exact.bound
+            notes.append("bound: the branch and bound's relaxation (every inventory's pipeline-time floor)")
     wall = time.perf_counter() - start
     space = f"space: {SPACE}"
     if plan is None or not math.isfinite(value):
