@@ -891,6 +891,7 @@ def compare(seed: int, devices: tuple[int, int], time_limit_s: float, brute_limi
                     if result.objective is not None and math.isfinite(brute.best) and brute.best > 0 else None)
     if result.solution is not None:
         row["search_plan_ok"] = check_plan(instance, result.solution, failed).ok
+        row["search_plan"] = result.solution.to_json()
     return row
 
 
