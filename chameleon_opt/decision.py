@@ -322,8 +322,10 @@ def target_candidate(instance: Instance, failed: frozenset[int], model: PerfMode
     stages.append(_stage(f"search ({target})", searching, start, result))
     if result.solution is None:
         return RecoveryOption("reconfigure", False, result.reason, solve=result, scope=target), tuple(stages)
+    # assign=False: the trainer reads each group's slot from its rank (torchrun's node-by-node numbering),
+    # so the groups are not re-mapped to save transfers (that would move them off the slots it reads)
     option = _scheduled(instance, failed, model, result.solution, result, found_s, target, deadline, options, stages,
-                        assign=True, note=f"uniform plan {target} runs as it is")
+                        assign=False, note=f"uniform plan {target} runs as it is")
     if free.objective is not None and option.feasible:
         cost = option.iteration_time_s / free.objective - 1
         option = dataclasses.replace(option, reason=option.reason + (

@@ -20,15 +20,38 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.groups import survivor_groups
-from chameleon_opt.solve.target import even_split, uniform_plans
+from chameleon_opt.solve.target import TRAINER_ORDERS, even_split, uniform_plans
 from tests.helpers import tiny_instance
 
 runner = CliRunner()
 
 
-def brute_force_uniform(instance, failed: frozenset[int]) -> float:
+def readable(plan: Plan, order: str) -> bool:
+    """Whether a trainer whose global ranks walk `order` (TP innermost) reads every stage of `plan`
+    where the plan puts it, with the used devices numbered in device order as torchrun numbers them
+    node by node (pipelines may be renumbered: replicas are alike)."""
+    devices = sorted(d for p in plan.pipelines for st in p.stages for d in st.devices)
+    rank = {d: r for r, d in enumerate(devices)}
+    tp, stages, replicas = plan.tensor_parallel, len(plan.pipelines[0].stages), len(plan.pipelines)
+    seen = set()
+    for pipe in plan.pipelines:
+        slots = [rank[st.devices[0]] // tp for st in pipe.stages]
+        if any(rank[d] != rank[st.devices[0]] + t for st in pipe.stages for t, d in enumerate(st.devices)):
+            return False
+        if order == "tp-dp-pp":   # slot = pp x DP + dp
+            dps = {slot - s * replicas for s, slot in enumerate(slots)}
+        else:                     # tp-pp-dp: slot = dp x PP + pp
+            dps = {(slot - s) / stages for s, slot in enumerate(slots)}
+        if len(dps) != 1:
+            return False
+        seen |= dps
+    return seen == set(range(replicas))
+
+
+def brute_force_uniform(instance, failed: frozenset[int], orders: tuple[str, ...] | None = None) -> float:
     """Least step over every uniform plan: stage count, replica count dividing the micro-batches,
-    every composition of the layers, every ordered choice of the surviving TP groups."""
+    every composition of the layers, every ordered choice of the surviving TP groups (with
+    `orders`, only those a trainer with one of these rank orders reads)."""
     model = PerfModel(instance)
     tp, total, layers = instance.plan.tensor_parallel, instance.global_micro_batches, instance.workload.num_layers
     groups = survivor_groups(instance, failed, tp)
@@ -43,6 +66,8 @@ def brute_force_uniform(instance, failed: frozenset[int]) -> float:
                     plan = Plan(tp, tuple(Pipeline(tuple(Stage(chosen[j * stages + s], bounds[s], bounds[s + 1])
                                                          for s in range(stages)), total // replicas)
                                           for j in range(replicas)))
+                    if orders is not None and not any(readable(plan, order) for order in orders):
+                        continue
                     estimate = model.evaluate(plan, failed)
                     if estimate.memory_ok:
                         best = min(best, estimate.iteration_time_s)
@@ -64,6 +89,26 @@ def test_uniform_search_equals_the_brute_force(seed: int) -> None:
         assert step == pytest.approx(expected, rel=1e-9)
         assert len({tuple((st.first, st.end) for st in p.stages) for p in plan.pipelines}) == 1  # one split
         assert len({p.micro_batches for p in plan.pipelines}) == 1  # equal micro-batches
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("target", ["megatron", "torchtitan"])
+def test_trainer_space_equals_the_brute_force_over_what_the_trainer_reads(seed: int, target: str) -> None:
+    """With a trainer's rank orders the search keeps only placements that trainer reads from
+    node-by-node ranks (torchrun's numbering), and is exact over them."""
+    spec = tiny_instance(seed, nodes=2, per_node=2, blocks=3, micro_batches=4,
+                         memory_gib=[100.0, 0.5, 0.3][seed % 3])
+    instance = build_instance(spec, f"tiny-{seed}")
+    failed = frozenset({seed % 4})
+    plan, step, _, complete = uniform_plans(instance, failed, PerfModel(instance), Deadline.after(60),
+                                            TRAINER_ORDERS[target])
+    expected = brute_force_uniform(instance, failed, TRAINER_ORDERS[target])
+    assert complete
+    if math.isinf(expected):
+        assert plan is None
+    else:
+        assert step == pytest.approx(expected, rel=1e-9)
+        assert any(readable(plan, order) for order in TRAINER_ORDERS[target])
 
 
 def test_even_split_gives_the_first_stages_the_extra_layers() -> None:

@@ -14,7 +14,9 @@ equal shard groups, torchtitan's HSDP and Megatron's distributed-optimizer insta
 contiguous layer split (all compositions while there are at most SPLIT_ENUMERATION of them for an S,
 else the min-max template split of each device type present and the even split), and every ordered
 choice of the surviving TP groups while there are at most PLACEMENT_ENUMERATION (else two orders:
-pipeline by pipeline, and stage by stage as the trainers number their ranks). Within those limits the
+pipeline by pipeline, and stage by stage as the trainers number their ranks), restricted to the
+placements the trainer reads from ranks numbered node by node (torchrun's numbering): groups in
+device order laid out in one of its rank orders (TRAINER_ORDERS). Within those limits the
 search is exact (each candidate priced by the performance model, pruned only by a valid lower bound:
 the slowest pipeline's own 1F1B time), and `tests/test_target.py` checks it against a brute force
 over every uniform plan; beyond them the splits and orders are heuristic. The bound reported is the
@@ -41,6 +43,9 @@ SPLIT_ENUMERATION = 2_000
 """Most layer splits tried per stage count by enumeration; beyond, the template and even splits."""
 PLACEMENT_ENUMERATION = 720
 """Most orders of the TP groups tried per (stages, replicas); beyond, by pipeline and by stage."""
+TRAINER_ORDERS: dict[str, tuple[str, ...]] = {"megatron": ("tp-dp-pp", "tp-pp-dp"), "torchtitan": ("tp-dp-pp",)}
+"""How each trainer reads its global ranks (TP innermost): Megatron-LM's default order (tp-cp-ep-dp-pp)
+or, with --use-tp-pp-dp-mapping, tp-pp-dp; torchtitan's device mesh [pp, dp, tp] only."""
 SPACE = ("uniform pipelines (one stage count and layer split for every replica, TP kept), whole and "
          "equal micro-batches per replica, the training's own recomputation: what Megatron-LM and "
          "torchtitan express")
@@ -70,21 +75,42 @@ def splits(model: PerfModel, groups: list[tuple[int, ...]], layers: int, stages:
     return sorted(found)
 
 
-def placements(groups: list[tuple[int, ...]], stages: int, replicas: int) -> list[tuple[tuple[int, ...], ...]]:
-    """Orders of TP groups, read as pipeline j's stage s = order[j * stages + s]: every ordered choice
-    while there are at most PLACEMENT_ENUMERATION of them, else the survivors in order pipeline by
-    pipeline (neighbouring stages on one node) and stage by stage (the trainers' own rank order,
-    pipeline-parallel outermost: each stage's replicas on one node)."""
+def _arranged(chosen: tuple[tuple[int, ...], ...], stages: int, replicas: int, order: str
+              ) -> tuple[tuple[int, ...], ...]:
+    """Groups in device order read as ranks in a trainer's `order` (TP innermost): tp-pp-dp walks a
+    pipeline's stages first (pipeline by pipeline), tp-dp-pp a stage's replicas first (stage by
+    stage); returned as pipeline j's stage s = result[j * stages + s]."""
+    if order == "tp-pp-dp":
+        return chosen
+    return tuple(chosen[s * replicas + j] for j in range(replicas) for s in range(stages))
+
+
+def placements(groups: list[tuple[int, ...]], stages: int, replicas: int, orders: tuple[str, ...] | None = None
+               ) -> list[tuple[tuple[int, ...], ...]]:
+    """Orders of TP groups, read as pipeline j's stage s = order[j * stages + s].
+
+    `orders` None (any placement): every ordered choice while there are at most
+    PLACEMENT_ENUMERATION of them, else the survivors in order pipeline by pipeline (neighbouring
+    stages on one node) and stage by stage (pipeline-parallel outermost). With a trainer's rank
+    `orders`: only what it reads from ranks numbered node by node as torchrun numbers them, i.e. a
+    choice of groups in device order arranged in one of those orders: every choice while few, else
+    the first ones."""
     needed = replicas * stages
-    if math.perm(len(groups), needed) <= PLACEMENT_ENUMERATION:
-        return list(itertools.permutations(groups, needed))
-    by_pipeline = tuple(groups[:needed])
-    by_stage = tuple(groups[s * replicas + j] for j in range(replicas) for s in range(stages))
-    return [by_pipeline] if by_stage == by_pipeline else [by_pipeline, by_stage]
+    if orders is None:
+        if math.perm(len(groups), needed) <= PLACEMENT_ENUMERATION:
+            return list(itertools.permutations(groups, needed))
+        orders = ("tp-pp-dp", "tp-dp-pp")
+        choices = [tuple(groups[:needed])]
+    elif math.comb(len(groups), needed) * len(orders) <= PLACEMENT_ENUMERATION:
+        choices = list(itertools.combinations(groups, needed))
+    else:
+        choices = [tuple(groups[:needed])]
+    found = {_arranged(chosen, stages, replicas, order): None for chosen in choices for order in orders}
+    return list(found)
 
 
-def uniform_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline
-                  ) -> tuple[Plan | None, float, int, bool]:
+def uniform_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
+                  orders: tuple[str, ...] | None = None) -> tuple[Plan | None, float, int, bool]:
     """(best plan, its exact step, candidates priced in full, complete) over the uniform space;
     complete is False when the deadline stopped the enumeration. A split is priced in full only
     when it fits in memory and the slowest of its distinct pipelines alone (exact 1F1B, a lower
@@ -100,7 +126,7 @@ def uniform_plans(instance: Instance, failed: frozenset[int], model: PerfModel, 
             if total % replicas or replicas % model.shard_copies:  # trainers split DP into equal shard groups
                 continue
             holders = {layer: replicas for layer in range(layers)}
-            for used in placements(groups, stages, replicas):
+            for used in placements(groups, stages, replicas, orders):
                 # pipelines alike in device types and node boundaries cost alike: one stands for all
                 shapes = {tuple((model.stage_device(used[j * stages + s]).name,
                                  s + 1 < stages and node(used[j * stages + s][0]) == node(used[j * stages + s + 1][0]))
@@ -133,7 +159,7 @@ def target_plan(instance: Instance, failed: frozenset[int], target: str, model: 
     free search's `bound` when given. INFEASIBLE only when the uniform space was searched whole and
     nothing fits."""
     start = time.perf_counter()
-    plan, step, priced, complete = uniform_plans(instance, failed, model, deadline)
+    plan, step, priced, complete = uniform_plans(instance, failed, model, deadline, TRAINER_ORDERS.get(target))
     wall = time.perf_counter() - start
     note = f"{target}: {priced} uniform plans priced" + ("" if complete else " (stopped at the deadline)")
     if plan is None:
