@@ -32,7 +32,7 @@ from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import search_plan
 
 CASES = Path(__file__).resolve().parent / "data" / "cases" / "search"  # copies of ../shared/cases/search
-EXAMPLES = int(os.environ.get("CHAMELEON_BRUTE_EXAMPLES", "120"))
+EXAMPLES = int(os.environ.get("CHAMELEON_BRUTE_EXAMPLES", "60"))  # bench/brute_force.py: 8-24 devices
 
 
 def _tp_groupings(devices: list[int], tp: int) -> list[list[tuple[int, ...]]]:
