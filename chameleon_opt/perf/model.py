@@ -378,10 +378,14 @@ class PerfModel:
     def boundary_send_time(self, sender: tuple[int, ...], receiver: tuple[int, ...], last_layer: int) -> float:
         """Blocking send of one micro-batch's activation (or its gradient) across a stage boundary:
         every TP rank sends its full copy over its own share of the link."""
+        return self.boundary_send_on(self.link_between(sender[0], receiver[0]), last_layer)
+
+    def boundary_send_on(self, link: Link, last_layer: int) -> float:
+        """That send over `link` (for bounds that know the link but not the groups)."""
         nbytes = self.workload.boundary_bytes_per_sample[last_layer] * self.micro_batch_size
         if nbytes <= 0:
             return 0.0
-        return self.link_between(sender[0], receiver[0]).send_time(nbytes) + self.p2p_overhead_s
+        return link.send_time(nbytes) + self.p2p_overhead_s
 
     def framework_bytes(self, device: DeviceType) -> float:
         """The framework's own per-device memory: the instance's or the calibration's fitted value,

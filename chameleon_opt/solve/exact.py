@@ -71,18 +71,6 @@ PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
 
-@dataclass(frozen=True)
-class Column:
-    """One priced pipeline: classes per stage, layer boundaries, micro-batches, exact terms."""
-
-    classes: tuple[int, ...]
-    bounds: tuple[int, ...]
-    micro_batches: int
-    time_s: float
-    optimizer_s: float
-    grad_bytes: float
-
-
 @dataclass
 class ExactOutcome:
     """What the branch and bound proved: `complete` means the whole space was searched."""
@@ -235,8 +223,9 @@ class ExactSearch:
             for end in range(first + 1, self.layers + 1):
                 times = [model.stage_times(g, first, end, r)[:2] for g in types.values() for r in model.relief_options]
                 fastest[first, end] = (min(t[0] for t in times), min(t[1] for t in times))
-        inter = np.array([self._send(model.inter, layer) for layer in range(self.layers)])
-        cheap = np.minimum(np.array([self._send(model.intra, layer) for layer in range(self.layers)]), inter)
+        inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
+        intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
+        cheap = np.minimum(intra, inter)
         choices = {}
         for stages, splits in self.splits.items():
             crossings = max(-(-stages // self.most_per_node) - 1, 0)
@@ -281,11 +270,6 @@ class ExactSearch:
         """Whether some split of `stages` stages can hold `micro_batches` in flight under the memory
         relaxation (past stages x virtual micro-batches no stage holds more)."""
         return memory.fits(stages, min(micro_batches, stages * self.virtual))
-
-    def _send(self, link: Link, layer: int) -> float:
-        """A boundary send after `layer` on `link` (PerfModel.boundary_send_time's terms)."""
-        nbytes = self.model.workload.boundary_bytes_per_sample[layer] * self.model.micro_batch_size
-        return 0.0 if nbytes <= 0 else link.send_time(nbytes) + self.model.p2p_overhead_s
 
     def cover_table(self, lower: list[list[float]]) -> list[list[float]]:
         """cover[g][n]: least makespan of pipelines running n micro-batches on at most g groups,
