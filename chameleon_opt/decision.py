@@ -263,10 +263,20 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
     local_s = time.perf_counter() - start
     stages.append(StageTime("local search", max(searching.end - start, 0.0), local_s, searching.expired(),
                             f"{len(local)} local plan(s) fit" + (f"; best: {local[0].how}" if local else "")))
-    local_option = None
-    if local:
-        local_option = _scheduled(instance, failed, model, local[0].plan, None, local_s, "local", deadline,
-                                  options, stages, assign=False, note=local[0].how)
+    local_option, chosen, skipped = None, None, []
+    # The fastest first; if its migration cannot be scheduled in time (_scheduled's only unusable answer),
+    # the others by how few positions they change (a re-cut in the damaged pipeline's place moves only its state)
+    for candidate in local[:1] + sorted(local[1:], key=lambda c: (c.changed, c.step_s)):
+        option = _scheduled(instance, failed, model, candidate.plan, None, local_s, "local", deadline, options,
+                            stages, assign=False, note=candidate.how)
+        if option.feasible or local_option is None:
+            local_option, chosen = option, candidate
+        if option.feasible or deadline.expired():
+            break
+        skipped.append(f"{candidate.how} ({candidate.step_s:.4g} s per step): {option.reason}")
+    if skipped and local_option.feasible:
+        local_option = dataclasses.replace(local_option, reason=local_option.reason + "; faster local plans "
+                                           "passed over, their migrations not scheduled in time: " + "; ".join(skipped))
     start = time.perf_counter()
     searching = deadline.share(SEARCH_SHARE)
     result = search_plan(instance, failed, model=model, deadline=searching, options=options)
@@ -297,7 +307,7 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
         bound = None if result.bound is None else min(result.bound, best.iteration_time_s)
         proven = bound is not None and best.iteration_time_s - bound <= OPTIMALITY_TOLERANCE * best.iteration_time_s
         solve = SolveResult(Status.OPTIMAL if proven else Status.FEASIBLE, best.plan, best.iteration_time_s, bound,
-                            local_s, "local", 0.0, options.seed, f"local re-plan ({local[0].how}); bound from the "
+                            local_s, "local", 0.0, options.seed, f"local re-plan ({chosen.how}); bound from the "
                             f"global search: {result.reason}", stopped_early=result.stopped_early)
     return dataclasses.replace(best, reason=reason, solve=solve), tuple(stages)
 

@@ -12,7 +12,8 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.comm.api import communication_plan
 from chameleon_opt.solve.deadline import Deadline
-from chameleon_opt.solve.local import disruption, local_plans, touched_devices
+from chameleon_opt.plan import Pipeline
+from chameleon_opt.solve.local import disruption, in_old_order, local_plans, touched_devices
 
 
 def _failed(instance) -> frozenset[int]:
@@ -80,8 +81,8 @@ def test_at_16384_devices_the_local_plan_moves_nothing() -> None:
     wall-clock claim a busy CI machine could miss.) The bundled job with its optimizer state
     replicated (no distributed optimizer, on H200s to hold it): as bundled, its distributed
     optimizer's 2 copies of each shard survive the failure, but dropping a pipeline changes the
-    data-parallel size, so the shard groups re-form and re-shard: the local plan then moves 3.0 TB
-    to 8,960 GPUs (tests/test_shard_replicas.py)."""
+    data-parallel size, so the damaged shard group re-forms and re-shards: the local plan then moves
+    2.0 TB to its 8,064 GPUs (tests/test_shard_replicas.py)."""
     spec = json.loads(bundled_instance("llama3-405b-16k").read_text())
     spec["training"]["distributed_optimizer"] = False
     del spec["training"]["shard_replicas"]
@@ -96,3 +97,15 @@ def test_at_16384_devices_the_local_plan_moves_nothing() -> None:
                                          assign=False, model=model)
     assert not migration.transfers and migration.makespan_s == 0.0
     assert disruption(model, instance.plan, drop.plan, failed).groups_rebuilt < 100  # the rings, not 16,384 devices
+
+
+def test_in_old_order_keeps_positions_and_whole_shard_groups() -> None:
+    """Positions by hand: old pipelines 0-7 (two shard groups 0-3, 4-7), pipeline 5 damaged."""
+    pipes = [Pipeline((), j) for j in range(10)]  # stand-ins: identity is all that is compared
+    kept = {j: pipes[j] for j in range(8) if j != 5}
+    # a replacement takes position 5; an extra one comes last
+    assert in_old_order(8, kept, [pipes[8]], 2) == [pipes[j] for j in (0, 1, 2, 3, 4, 8, 6, 7)]
+    assert in_old_order(8, kept, [pipes[8], pipes[9]], 2)[-1] is pipes[9]
+    # dropped: 7 pipelines in groups of 3 and 4; old group 1 (4, 6, 7) goes first, group 0 whole after
+    assert in_old_order(8, kept, [], 2) == [pipes[j] for j in (4, 6, 7, 0, 1, 2, 3)]
+    assert in_old_order(8, kept, [], 1) == [pipes[j] for j in (0, 1, 2, 3, 4, 6, 7)]

@@ -189,25 +189,32 @@ def test_copies_need_sharded_state() -> None:
         build_instance(hsdp_job(2, zero=0))
 
 
-def test_16k_drop_plan_reforms_the_shard_groups() -> None:
+def test_16k_drop_plan_reshards_only_the_damaged_shard_group() -> None:
     """Re-planning changes the data-parallel size, so the groups re-form and re-shard. Device 9000
     is in pipeline 70 (128 GPUs a pipeline), of group 1 (pipelines 64-127). The local plan drops
-    it: 127 pipelines in groups of 63 (pipelines 0-62) and 64 (63-69, 71-127). Group 0's 63
-    pipelines all change range (S/63 instead of S/64); in group 1 pipeline 63 is new and 64-69
-    moved up one position, while 71-127 keep their positions 7-63 and move nothing: 70 x 128 =
-    8,960 receivers (devices 0-8959), 2.97 TB. Keeping the layout (rerouting pipeline 70's stage
-    5) re-forms only the groups of stage 5's layers, the same way: 186 GB to the stage 5 GPUs of
-    pipelines 0-69, 70 x 8 = 560."""
+    it: 127 pipelines, groups of 63 then 64. The local plans keep the old groups whole
+    (solve/local.py `in_old_order`): group 1's 63 survivors first, then group 0's 64 pipelines in
+    their old order, so group 0 keeps every position and range and moves nothing, while every
+    member of group 1 changes range (S/63 instead of S/64): 63 x 128 = 8,064 receivers, 2.02 TB.
+    (Appending in plan order shifted pipeline 63 into group 1 too: 8,960 receivers, 2.97 TB.)
+    Keeping the layout (rerouting pipeline 70's stage 5) re-forms only the groups of stage 5's
+    layers, the same way: 186 GB to the stage 5 GPUs of pipelines 0-69, 70 x 8 = 560."""
     from chameleon_opt.solve.local import local_plans
 
     instance = load_instance("llama3-405b-16k")
     failed = frozenset({9000})
     model = PerfModel(instance)
-    drop = next(c for c in local_plans(instance, failed, model, Deadline.after(60)) if c.how.startswith("drop"))
+    found = local_plans(instance, failed, model, Deadline.after(60))
+    drop = next(c for c in found if c.how.startswith("drop"))
     needs = missing_state(model, instance.plan, drop.plan, failed)
     receivers = {n.dst for n in needs}
-    assert receivers == set(range(70 * 128))
-    assert round(sum(n.nbytes for n in needs) / 1e12, 2) == 2.97
+    assert receivers == set(range(64 * 128, 128 * 128)) - set(range(70 * 128, 71 * 128))
+    assert round(sum(n.nbytes for n in needs) / 1e12, 2) == 2.02
+    # one pipeline re-cut from pipeline 70's 15 surviving groups, in its place: only they receive
+    recut = next(c for c in found if c.how.endswith("as 1 pipeline(s) of 15 stage(s)"))
+    assert recut.changed == 1
+    needs = missing_state(model, instance.plan, recut.plan, failed)
+    assert {n.dst for n in needs} <= set(range(70 * 128, 71 * 128)) - failed
     kept = missing_state(model, instance.plan, instance.plan, failed)
     assert {n.dst for n in kept} == {128 * j + 40 + r for j in range(70) for r in range(8)}
     assert round(sum(n.nbytes for n in kept) / 1e9) == 186

@@ -15,6 +15,11 @@ Candidates, all with the intact pipelines unchanged (devices, layers, reliefs ke
 - re-cut: the damaged pipelines' surviving groups, plus spares, re-cut into pipelines of one
   template (solve/templates.py: the min-max split of S stages on that device type) for every S that
   fits, in the groups' old order so early stages keep early layers where they can.
+Every candidate keeps the old data-parallel order (`in_old_order`): each intact pipeline keeps its
+position and a damaged pipeline's replacement takes the damaged one's, so under ZeRO no intact
+pipeline's shard range moves; when the pipeline count changes, the old shard groups stay whole where
+their sizes allow. (Appending the new pipelines at the end shifted every later position: at 16,384
+devices a one-pipeline re-cut moved 4.7 TB to 7,416 devices instead of state to its own 120.)
 Micro-batches are spread over all pipelines by the exact water-filling on each pipeline's fill and
 bottleneck (solve/microbatch.py), then rebalanced on exact 1F1B times; every candidate is priced
 by the performance model with its best reliefs, and one that does not fit in memory is dropped.
@@ -26,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from chameleon_opt.instance.load import Instance
+from chameleon_opt.perf.memory import shard_groups
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
@@ -41,6 +47,7 @@ class LocalPlan:
     plan: Plan
     step_s: float
     how: str
+    changed: int  # data-parallel positions whose pipeline differs from the old one's (all, when the count changes)
 
 
 def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline
@@ -48,8 +55,11 @@ def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, de
     """Every local candidate that fits in memory, fastest first (empty when no pipeline is intact
     or the deadline passes before any is priced). Each candidate costs one exact evaluation."""
     old, tp, total = instance.plan, instance.plan.tensor_parallel, instance.global_micro_batches
-    intact = [Pipeline(p.stages, p.micro_batches) for p in old.pipelines if not failed.intersection(p.devices)]
+    kept = {j: Pipeline(p.stages, p.micro_batches) for j, p in enumerate(old.pipelines)
+            if not failed.intersection(p.devices)}
+    intact = list(kept.values())
     damaged = [p for p in old.pipelines if failed.intersection(p.devices)]
+    copies = instance.spec.training.shard_replicas if model.zero_stage >= 1 else 1
     if not intact or not damaged:
         return []
     used = set(old.devices)
@@ -79,7 +89,8 @@ def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, de
     for group in pool:
         by_type.setdefault(model.stage_device(group).name, []).append(group)
     for kind, groups in by_type.items():  # re-cut: pipelines of one template over the pool's groups of a type
-        for stages in range(1, min(len(groups), instance.workload.num_layers) + 1):
+        # fewest pipelines first: one re-cut pipeline in the damaged one's place moves only its own state
+        for stages in range(min(len(groups), instance.workload.num_layers), 0, -1):
             if deadline.expired():
                 break
             count = len(groups) // stages
@@ -94,13 +105,48 @@ def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, de
     for how, new in shapes:
         if deadline.expired():
             break
-        spread_plan = spread(model, intact + new, tp, total)
+        spread_plan = spread(model, in_old_order(len(old.pipelines), kept, new, copies), tp, total)
         if spread_plan is None:
             continue
         plan, step = relieved(model, rebalance_exact(model, spread_plan, deadline), failed)
         if math.isfinite(step):
-            found.append(LocalPlan(plan, step, how))
+            found.append(LocalPlan(plan, step, how, changed_positions(old, plan)))
     return sorted(found, key=lambda candidate: candidate.step_s)
+
+
+def changed_positions(old: Plan, new: Plan) -> int:
+    """Data-parallel positions whose pipeline (devices and layers per stage) differs, or every
+    position when the pipeline count changes (the data-parallel groups, and ZeRO's shards, re-form):
+    a cheap proxy for how much state a local plan moves."""
+    if len(old.pipelines) != len(new.pipelines):
+        return len(new.pipelines)
+    def layout(pipe: Pipeline) -> tuple:
+        return tuple((st.devices, st.first, st.end) for st in pipe.stages)
+    return sum(layout(a) != layout(b) for a, b in zip(old.pipelines, new.pipelines))
+
+
+def in_old_order(old_count: int, kept: dict[int, Pipeline], new: list[Pipeline], copies: int) -> list[Pipeline]:
+    """The intact pipelines (`kept`, by old position) and the re-planned ones (`new`) in data-parallel
+    order: intact pipelines keep their positions, the new ones fill the damaged positions in order
+    and any extra come last. A pipeline's position is its slot in every layer's data-parallel group
+    and, under ZeRO, its shard range (comm/state.py), so a kept position moves no shard. When the
+    count changes, the `copies` consecutive shard groups (perf/memory.py `shard_groups`) re-form; if
+    the old groups' surviving members have exactly the new group sizes, whole old groups are placed
+    on new groups of their size (order kept within each), so only the groups that lost a member
+    re-shard."""
+    free = [j for j in range(old_count) if j not in kept]
+    at = dict(kept) | dict(zip(free, new))
+    ordered = [at[j] for j in sorted(at)] + new[len(free):]
+    if copies <= 1 or len(new) > len(free) or len(ordered) == old_count:
+        return ordered
+    members = [[at[j] for j in range(a, b) if j in at] for a, b in shard_groups(old_count, copies)]
+    sizes = [b - a for a, b in shard_groups(len(ordered), copies)]
+    if sorted(map(len, members)) != sorted(sizes):
+        return ordered
+    placed: list[Pipeline] = []
+    for size in sizes:  # the first old group of each size, in old order
+        placed += members.pop(next(i for i, group in enumerate(members) if len(group) == size))
+    return placed
 
 
 @dataclass(frozen=True)
