@@ -49,7 +49,7 @@ REFINE_STEPS = 40
 REFINED_PIPELINE_COUNTS = 12
 INTEGER_REACH = 0.1      # the whole-layer makespan is searched within 10% above the continuous one
 INTEGER_PRECISION = 1e-5  # relative; the floors are searched from below, so they stay valid
-INTEGER_STEP = 5e-4       # relative grid step for the sync floor's fall with the makespan (at most this is lost)
+INTEGER_STEP = 1e-3       # relative grid step for the sync floor's fall with the makespan (at most this is lost)
 
 
 def live_types(model: PerfModel, groups: list[tuple[int, ...]], live: list[int] | None) -> dict[str, tuple[int, ...]]:
@@ -267,9 +267,10 @@ class RelaxationBound:
         table[: self.shortest - 1, :] = np.inf
         return table
 
-    def sync_floor(self, pipelines: int) -> float:
-        """DP_LB + OPT_LB for plans of `pipelines` pipelines (non-decreasing in it)."""
-        shortest = max(self.groups // pipelines, 1)
+    def sync_floor(self, pipelines: int, shortest: int | None = None) -> float:
+        """DP_LB + OPT_LB for plans of `pipelines` pipelines (non-decreasing in it) whose shortest
+        pipeline has at most `shortest` stages (it has at most groups / pipelines anyway)."""
+        shortest = max(min(self.groups // pipelines, shortest or self.groups), 1)
         grad = max(self.grad_total / shortest, self.grad_max)
         dp = ring_allreduce_time(grad, pipelines, self.ring_link(pipelines)) if pipelines > 1 and not self.overlapped \
             else 0.0  # overlapped with the backward, only an exposed part (>= 0) is left
@@ -319,7 +320,10 @@ class RelaxationBound:
 
             if not fits(position + 1):
                 return False
-            low, high = position + 1, room  # fits(low); find the last end that fits
+            low, step = position + 1, 1  # fits(low); gallop (stages are short when there are many), then bisect
+            while low + step <= room and fits(low + step):
+                low, step = low + step, step * 2
+            high = min(low + step - 1, room)  # the last end that fits is in [low, high]
             while low < high:
                 middle = (low + high + 1) // 2
                 low, high = (middle, high) if fits(middle) else (low, middle - 1)
@@ -371,14 +375,35 @@ class RelaxationBound:
         covered = counts * _envelope(self.integer_caps(makespan), mean) >= self.total - 1e-9
         return int(counts[np.argmax(covered)]) if covered.any() else None
 
+    def _least_sync(self, makespan: float, counts: np.ndarray) -> float | None:
+        """The least sync floor of any cover of the batch by `makespan` with whole-layer caps (None:
+        no pipeline count covers). A plan whose shortest pipeline has K stages uses only stage
+        counts >= K, and one of its stages holds 1 / K of the gradients: for each pipeline count P,
+        K can be at most the largest K whose restricted envelope still covers (coverage only falls
+        as K grows). Without this, mixing a few short pipelines (3 stages, 4 micro-batches) into
+        long ones covered the batch early while the sync floor assumed stages of 1 / 23 of the model."""
+        caps = [float(np.searchsorted(row, makespan, side="right")) for row in self.table]
+        for s in range(max(self.shortest, 1), self.longest + 1):
+            caps[s - 1] = float(self.integer_cap(s, makespan, int(caps[s - 1])))
+        mean = np.minimum(self.groups / counts, self.longest)
+        largest = np.zeros(len(counts), dtype=int)  # per count: the largest K that still covers (0: none)
+        for k in range(max(self.shortest, 1), self.longest + 1):
+            restricted = [0.0] * (k - 1) + caps[k - 1:]
+            covered = counts * _envelope(restricted, mean) >= self.total - 1e-9
+            if not covered.any():
+                break
+            largest[covered] = k
+        if not largest.any():
+            return None
+        return min(self.sync_floor(int(p), int(k)) for p, k in zip(counts, largest) if k > 0)
+
     def _integer_value(self, low: float, counts: np.ndarray, deadline: Deadline) -> float:
-        """The bound with whole-layer caps: min over makespans T of T + sync_floor(P(T)), P(T) the
-        fewest pipelines that cover the batch by T (non-increasing in T, as coverage only grows
-        with T, so the sync floor only falls). T1, the least T any pipeline count covers by, is
-        found by bisection from `low` (shown too short); then on the grid T_i = T_0 (1 + STEP)^i from
-        T_0 = the last makespan shown too short (within INTEGER_PRECISION of T1), a makespan in
-        [T_i, T_{i+1}) costs at least T_i + sync_floor(P(T_{i+1})), until T_i alone
-        reaches the best. Past `deadline`, the last makespan shown too short plus the least sync
+        """The bound with whole-layer caps: min over makespans T of T + S(T), S(T) the least sync
+        floor of a cover by T (`_least_sync`; non-increasing in T, as coverage only grows with T).
+        T1, the least T any pipeline count covers by, is found by bisection from `low` (shown too
+        short); then on the grid T_i = T_0 (1 + STEP)^i from T_0 = the last makespan shown too
+        short (within INTEGER_PRECISION of T1), a makespan in [T_i, T_{i+1}) costs at least
+        T_i + S(T_{i+1}), until T_i + S(best) (S only falls) reaches the best. Past `deadline`, the last makespan shown too short plus the least sync
         floor (still a bound; the caller keeps the continuous one when higher)."""
         least_sync = self.sync_floor(int(counts[0]))
         low = max(low, 1e-12)
@@ -390,10 +415,13 @@ class RelaxationBound:
                 middle = (low + high) / 2
                 low, high = (low, middle) if self._covering(middle, counts) is not None else (middle, high)
             best, makespan = math.inf, low  # no count covers by `low`: every plan's makespan is above it
-            while makespan + least_sync < best:
+            floor = least_sync  # S(T) >= S(best) for T < best: raised as best falls
+            while makespan + floor < best:
                 following = makespan * (1 + INTEGER_STEP)
-                pipelines = self._covering(following, counts)
-                best = min(best, makespan + self.sync_floor(pipelines if pipelines is not None else int(counts[0])))
+                sync = self._least_sync(following, counts)
+                if makespan + (least_sync if sync is None else sync) < best:
+                    best = makespan + (least_sync if sync is None else sync)
+                    floor = max(floor, self._least_sync(best, counts) or least_sync)
                 makespan = following
             return best
         except _OutOfTime:
