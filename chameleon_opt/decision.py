@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from chameleon_opt.check import check_plan
 from chameleon_opt.comm import assign_slots, communication_plan
 from chameleon_opt.comm.api import CommInfo
+from chameleon_opt.comm.migration import FINISH_S_PER_TRANSFER
 from chameleon_opt.comm.state import held_every_copy, shard_copies_lost, shard_copies_phrase
 from chameleon_opt.comm.transfers import Migration
 from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
@@ -149,9 +150,10 @@ Communication = tuple[Migration, list[list[str]], CommInfo]
 
 REROUTE_SHARE = 0.3   # of the time left, for the rerouting MILP (ms at small scale: the rest passes on)
 SEARCH_SHARE = 0.6    # of the time left after rerouting, for the plan search
-LOCAL_SHARE = 0.15    # of the time left after rerouting, for the local re-plans (a few exact evaluations)
+LOCAL_SHARE = 0.2     # of the time left after rerouting, for the local re-plans (a few exact evaluations)
 FREE_SHARE = 0.35     # with a target trainer, for the free search that prices the restriction
 COMM_SHARE = 0.75     # of the time left after the search, for the reconfiguration's communication
+LOCAL_COMM_SHARE = 0.4  # of the time left, for a local plan's when a faster global plan's migration follows
 REMAP_S_PER_DEVICE = 25e-6
 """Re-mapping the searched plan's groups onto slots and listing the state each device lacks, per
 surviving device (15-23 us measured at 16,384 and 131,072 devices on a 2-core machine): checked
@@ -248,13 +250,15 @@ def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfMod
 def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
                           options: SolverOptions = DEFAULT, *, worth: Callable[[float, float], float] | None = None
                           ) -> tuple[RecoveryOption, tuple[StageTime, ...]]:
-    """Re-plan over the survivors, locally first (solve/local.py: intact pipelines kept, only the
-    damaged ones' survivors and spares re-planned; LOCAL_SHARE of `deadline`), then globally (the
-    search, SEARCH_SHARE of what is left); each with its own transition = the time to find it + its
-    scheduled migration + the rebuild of the communicators it changes. The one `worth` scores
-    higher (Eq. 8: `decide` passes it; else the faster step) is the candidate. The global plan's
-    migration is only scheduled when its step beats the local one's (else it cannot win: a larger
-    change for no faster step)."""
+    """Re-plan over the survivors, locally (solve/local.py: intact pipelines kept, only the damaged
+    ones' survivors and spares re-planned; LOCAL_SHARE of `deadline`) and globally (the search,
+    SEARCH_SHARE of what is left), then schedule their migrations: each option's transition = the
+    time to find it + its scheduled migration + the rebuild of the communicators it changes. The
+    search runs before any migration is scheduled, so a large local migration cannot starve it
+    (at 131,072 devices a re-shard's took 13.6 s of 30 and left the search 5 s: its bound was cut
+    short). The one `worth` scores higher (Eq. 8: `decide` passes it; else the faster step) is the
+    candidate. The global plan's migration is only scheduled when its step beats the local one's
+    (else it cannot win: a larger change for no faster step)."""
     worth = worth or (lambda step, transition: -step)
     stages: list[StageTime] = []
     start = time.perf_counter()
@@ -263,12 +267,29 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
     local_s = time.perf_counter() - start
     stages.append(StageTime("local search", max(searching.end - start, 0.0), local_s, searching.expired(),
                             f"{len(local)} local plan(s) fit" + (f"; best: {local[0].how}" if local else "")))
+    start = time.perf_counter()
+    searching = deadline.share(SEARCH_SHARE)
+    result = search_plan(instance, failed, model=model, deadline=searching, options=options)
+    search_s = time.perf_counter() - start
+    stages.append(_stage("search", searching, start, result))
+    found = result.status.has_solution and result.solution is not None
+    global_step = model.evaluate(result.solution, failed).iteration_time_s if found else math.inf
     local_option, chosen, skipped = None, None, []
     # The fastest first; if its migration cannot be scheduled in time (_scheduled's only unusable answer),
-    # the others by how few positions they change (a re-cut in the damaged pipeline's place moves only its state)
-    for candidate in local[:1] + sorted(local[1:], key=lambda c: (c.changed, c.step_s)):
+    # the others by how little they move (a re-cut in the damaged pipeline's place moves only its own state).
+    # One whose receiving (device, layer) pairs alone take longer to cut than the time left is passed over
+    # unless it is the last. When the global plan is faster, its migration follows: LOCAL_COMM_SHARE.
+    order = local[:1] + sorted(local[1:], key=lambda c: (c.receiving, c.step_s))
+    for index, candidate in enumerate(order):
+        needed = candidate.receiving * FINISH_S_PER_TRANSFER
+        if index + 1 < len(order) and needed > deadline.left():
+            skipped.append(f"{candidate.how} ({candidate.step_s:.4g} s per step): its migration's "
+                           f"{candidate.receiving:,} (device, layer) pairs take about {needed:.2f} s to cut and "
+                           f"schedule, {deadline.left():.2f} s left")
+            continue
+        share = LOCAL_COMM_SHARE if global_step < candidate.step_s * (1 - 1e-9) else COMM_SHARE
         option = _scheduled(instance, failed, model, candidate.plan, None, local_s, "local", deadline, options,
-                            stages, assign=False, note=candidate.how)
+                            stages, assign=False, note=candidate.how, share=share)
         if option.feasible or local_option is None:
             local_option, chosen = option, candidate
         if option.feasible or deadline.expired():
@@ -277,15 +298,10 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
     if skipped and local_option.feasible:
         local_option = dataclasses.replace(local_option, reason=local_option.reason + "; faster local plans "
                                            "passed over, their migrations not scheduled in time: " + "; ".join(skipped))
-    start = time.perf_counter()
-    searching = deadline.share(SEARCH_SHARE)
-    result = search_plan(instance, failed, model=model, deadline=searching, options=options)
-    search_s = time.perf_counter() - start
-    stages.append(_stage("search", searching, start, result))
-    if not result.status.has_solution or result.solution is None:
+    if not found:
         global_option = RecoveryOption("reconfigure", False, result.reason or result.status.value, solve=result)
     elif local_option is not None and local_option.feasible and \
-            model.evaluate(result.solution, failed).iteration_time_s >= local_option.iteration_time_s * (1 - 1e-9):
+            global_step >= local_option.iteration_time_s * (1 - 1e-9):
         global_option = RecoveryOption("reconfigure", False, "the global plan is no faster than the local one, whose "
                                        "change is smaller: not scheduled", solve=result)
     else:
@@ -346,13 +362,14 @@ def target_candidate(instance: Instance, failed: frozenset[int], model: PerfMode
 
 def _scheduled(instance: Instance, failed: frozenset[int], model: PerfModel, plan: Plan,
                result: SolveResult[Plan] | None, found_s: float, scope: str, deadline: Deadline,
-               options: SolverOptions, stages: list[StageTime], assign: bool, note: str = "") -> RecoveryOption:
-    """`plan` with its migration scheduled within COMM_SHARE of `deadline` (appending the stage's
-    time to `stages`): an option whose transition is `found_s` + migration + the rebuild of the
+               options: SolverOptions, stages: list[StageTime], assign: bool, note: str = "",
+               share: float = COMM_SHARE) -> RecoveryOption:
+    """`plan` with its migration scheduled within `share` of `deadline`, the stage's time appended
+    to `stages`: an option whose transition is `found_s` + migration + the rebuild of the
     communicators it changes, or an unusable one saying why (the deadline passed first)."""
     started = time.perf_counter()
     label = f"communication ({scope})"
-    comm_deadline = deadline.share(COMM_SHARE)
+    comm_deadline = deadline.share(share)
     if deadline.expired():  # no schedule, no transition time: the option cannot be weighed or run
         stages.append(StageTime(label, 0.0, 0.0, True, "not started"))
         return RecoveryOption("reconfigure", False, f"stopped early: the deadline passed before the migration of the "

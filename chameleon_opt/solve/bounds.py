@@ -395,7 +395,9 @@ class RelaxationBound:
             largest[covered] = k
         if not largest.any():
             return None
-        return min(self.sync_floor(int(p), int(k)) for p, k in zip(counts, largest) if k > 0)
+        # the floor only grows with the pipeline count for one K: the fewest pipelines of each K suffice
+        fewest = {int(k): int(p) for p, k in zip(counts[::-1], largest[::-1]) if k > 0}
+        return min(self.sync_floor(p, k) for k, p in fewest.items())
 
     def _integer_value(self, low: float, counts: np.ndarray, deadline: Deadline) -> float:
         """The bound with whole-layer caps: min over makespans T of T + S(T), S(T) the least sync

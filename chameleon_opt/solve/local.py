@@ -47,7 +47,7 @@ class LocalPlan:
     plan: Plan
     step_s: float
     how: str
-    changed: int  # data-parallel positions whose pipeline differs from the old one's (all, when the count changes)
+    receiving: int  # device x layer pairs whose state is (at least in part) new to them: `receiving_pairs`
 
 
 def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline
@@ -59,7 +59,7 @@ def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, de
             if not failed.intersection(p.devices)}
     intact = list(kept.values())
     damaged = [p for p in old.pipelines if failed.intersection(p.devices)]
-    copies = instance.spec.training.shard_replicas if model.zero_stage >= 1 else 1
+    copies = instance.spec.training.shard_replicas if model.zero_stage >= 1 else 0  # 0: no sharded state
     if not intact or not damaged:
         return []
     used = set(old.devices)
@@ -110,19 +110,31 @@ def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, de
             continue
         plan, step = relieved(model, rebalance_exact(model, spread_plan, deadline), failed)
         if math.isfinite(step):
-            found.append(LocalPlan(plan, step, how, changed_positions(old, plan)))
+            found.append(LocalPlan(plan, step, how, receiving_pairs(old, plan, copies)))
     return sorted(found, key=lambda candidate: candidate.step_s)
 
 
-def changed_positions(old: Plan, new: Plan) -> int:
-    """Data-parallel positions whose pipeline (devices and layers per stage) differs, or every
-    position when the pipeline count changes (the data-parallel groups, and ZeRO's shards, re-form):
-    a cheap proxy for how much state a local plan moves."""
-    if len(old.pipelines) != len(new.pipelines):
-        return len(new.pipelines)
+def receiving_pairs(old: Plan, new: Plan, copies: int) -> int:
+    """(device, layer) pairs of `new` that receive state, counted without listing a shard: every
+    layer of a stage whose pipeline is not an old one unchanged, and under ZeRO (`copies` >= 1
+    shard groups) every layer of a pipeline whose shard range moves (its position in its group or
+    the group's size changed, comm/state.py). The migration cuts at least one transfer per pair
+    that has a missing byte, so this bounds the transfers from below only roughly (a new stage
+    may already hold some of its layers); it ranks the local plans by how much they move."""
     def layout(pipe: Pipeline) -> tuple:
         return tuple((st.devices, st.first, st.end) for st in pipe.stages)
-    return sum(layout(a) != layout(b) for a, b in zip(old.pipelines, new.pipelines))
+
+    def ranges(count: int) -> list[tuple[int, int]]:  # (position in group, group size) per position
+        return [(k - a, b - a) for a, b in shard_groups(count, copies) for k in range(a, b)]
+
+    where = {layout(p): j for j, p in enumerate(old.pipelines)}
+    before, after = ranges(len(old.pipelines)), ranges(len(new.pipelines))
+    count = 0
+    for i, pipe in enumerate(new.pipelines):
+        j = where.get(layout(pipe))
+        if j is None or (copies >= 1 and before[j] != after[i]):
+            count += sum(len(st.devices) * (st.end - st.first) for st in pipe.stages)
+    return count
 
 
 def in_old_order(old_count: int, kept: dict[int, Pipeline], new: list[Pipeline], copies: int) -> list[Pipeline]:
