@@ -691,6 +691,9 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
                                                       help="DEVICE@STEP: the worker dies inside the first "
                                                            "transition (a recovery or a hybrid's switch) at or "
                                                            "after STEP"),
+         hang: list[str] = typer.Option([], "--hang", metavar="DEVICE@STEP", help="DEVICE@STEP: the worker stops (SIGSTOP) in "
+                                        "that step, alive and silent: the heartbeat watchdog finds it, kills it and the "
+                                        "job recovers (repeat)"),
          rejoin: list[str] = typer.Option([], "--rejoin", metavar="DEVICE@STEP", help="DEVICE@STEP: a device killed (--kill) before STEP "
                                           "comes back as a fresh worker before STEP; the planner decides its return"),
          policy: Policy = typer.Option(Policy.auto, "--policy"),
@@ -703,7 +706,10 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
          force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
          hf: Path = typer.Option(None, "--hf", help="a Hugging Face config.json (e.g. models/hf/tiny-llama): "
-                                 "train it with TP and torch pipelining instead (PP2 x TP2 x DP2, 8 processes)"),
+                                 "train it with TP and torch pipelining instead (--hf-layout), recovering by "
+                                 "reconfiguration"),
+         hf_layout: str = typer.Option("2x2x2", "--hf-layout", metavar="PPxDPxTP",
+                                       help="with --hf: the layout, one process per device (2x2x2: 8 processes)"),
          restore: str = typer.Option("migration", "--restore", help="with --hf: migration, checkpoint (runs both "
                                      "and prints both latencies) or verify (migration checked against the "
                                      "checkpoint)")) -> None:
@@ -715,17 +721,25 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
 
     try:
         if hf is not None:
-            from chameleon_opt.interop.commands import hf_demo
+            from chameleon_opt.runtime.hf_demo import hf_demo
 
-            return hf_demo(hf / "config.json" if hf.is_dir() else hf, restore, steps, kill, seed, as_json)
+            if rejoin:
+                raise InputError(COMMAND_LINE, "--rejoin", "the Hugging Face runtime does not bring devices back",
+                                 "leave --rejoin out with --hf")
+            if policy not in (Policy.auto, Policy.reconfigure):
+                raise InputError(COMMAND_LINE, "--policy", "the Hugging Face runtime recovers by reconfiguration only",
+                                 "use --policy reconfigure (or auto) with --hf")
+            return hf_demo(hf / "config.json" if hf.is_dir() else hf, restore, steps, kill, seed, as_json,
+                           kill_in_transition, hang, hf_layout)
         if importlib.util.find_spec("torch") is None:
             raise InputError(COMMAND_LINE, "demo", "torch is not installed", "pip install -e '.[runtime]'")
         if dtype not in ("float32", "float64"):
             raise InputError(COMMAND_LINE, "--dtype", f"unknown dtype {dtype!r}", "use float32 or float64")
         kills = [parse_kill(k, "--kill") for k in kill]
         in_transition = [parse_kill(k, "--kill-in-transition") for k in kill_in_transition]
+        hangs = [parse_kill(k, "--hang") for k in hang]
         instance = load_instance(file)
-        for option, pairs in (("--kill", kills), ("--kill-in-transition", in_transition)):
+        for option, pairs in (("--kill", kills), ("--kill-in-transition", in_transition), ("--hang", hangs)):
             for device, step in pairs:
                 if device not in instance.plan.devices:
                     raise InputError(COMMAND_LINE, option, f"device {device} is not in the plan", "pick a device of the plan")
@@ -746,7 +760,9 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
 
         runtime_model(instance)  # bad workloads fail here, before any process starts
         failures = tuple([Failure(step, (d,), delay_s=0.005) for d, step in kills] +
-                         [Failure(step, (d,), in_transition=True) for d, step in in_transition])
+                         [Failure(step, (d,), in_transition=True) for d, step in in_transition] +
+                         # it stops after its first operation, so that its step cannot complete without it
+                         [Failure(step, (d,), after_ops=1, hang=True) for d, step in hangs])
         options = {"policy": policy.value, "seed": seed, "dtype": dtype}
         reference = None
         if compare:

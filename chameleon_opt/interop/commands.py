@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from chameleon_opt.console import emit_json, fail, parse_kill, stderr, stdout
+from chameleon_opt.console import fail, stderr, stdout
 from chameleon_opt.errors import ChameleonError, InputError
 from chameleon_opt.incident import FAILED, FAILED_NODE, REPLACE_FAILURES, failed_devices
 from chameleon_opt.plan import device_list
@@ -201,57 +201,3 @@ def export_plan_command(file: Path = typer.Argument(None, help="instance file (i
 def register(app: typer.Typer) -> None:
     app.add_typer(import_app, name="import")
     app.command("export-plan")(export_plan_command)
-
-
-def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, as_json: bool) -> None:
-    """`demo --hf CONFIG`: PP 2 x TP 2 x DP 2 on 8 CPU processes training the config's model; each
-    kill (one per step) is recovered by reconfiguration. `--restore checkpoint` runs the job twice,
-    by planned migration and by a torch.distributed.checkpoint re-shard, and prints both recovery
-    latencies (kill to next committed step); `verify` migrates and checks against the checkpoint."""
-    from rich.table import Table
-
-    from chameleon_opt.runtime.pipelined import PipelinedController, reference_losses, runtime_instance
-
-    if restore not in ("migration", "checkpoint", "verify"):
-        raise InputError(None, "--restore", f"unknown restore {restore!r}", "use migration, checkpoint or verify")
-    kills = {step: (device, 2) for device, step in (parse_kill(k, "--kill") for k in kill)}
-    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=2)
-    for step, (device, _) in kills.items():
-        if device not in instance.plan.devices or step >= steps:
-            raise InputError(None, "--kill", f"{device}@{step} is not a device and step of the job",
-                             f"use devices 0..7 and steps below {steps}")
-    expected = reference_losses(instance, config, steps, seed)
-    runs = ["migration", "checkpoint"] if restore == "checkpoint" else [restore]
-    import tempfile
-
-    results = {}
-    for mode in runs:
-        with tempfile.TemporaryDirectory(prefix="chameleon-dcp-") as folder:
-            report = PipelinedController(instance, config, seed=seed, restore=mode,
-                                         checkpoint_dir=None if mode == "migration" else folder).run(steps, kills)
-        deviation = max(abs(a - b) / abs(b) for a, b in zip(report.losses, expected))
-        results[mode] = (report, deviation)
-    if as_json:
-        emit_json({"format": 1, "model": str(config), "runs": {
-            mode: {"losses": r.losses, "samples_exactly_once": r.samples_exactly_once, "loss_deviation": dev,
-                   "checkpoint_save_s": r.checkpoint_save_s,
-                   "recoveries": [{"step": x.step, "dead": list(x.dead), "detection_s": x.detection_s,
-                                   "planning_s": x.planning_s, "group_s": x.group_s, "build_s": x.build_s,
-                                   "restore_s": x.restore_s, "first_step_s": x.first_step_s, "total_s": x.total_s,
-                                   "plan": x.plan.to_json() if x.plan else None} for x in r.recoveries]}
-            for mode, (r, dev) in results.items()}})
-        return
-    table = Table(title=f"{config}: recovery (kill to next committed step), PP2 x TP2 x DP2 on 8 processes")
-    for column in ("restore", "step", "dead", "detect ms", "plan ms", "groups ms", "build ms", "restore ms",
-                   "first step ms", "total ms"):
-        table.add_column(column, justify="right")
-    for mode, (r, _) in results.items():
-        for x in r.recoveries:
-            table.add_row(mode, str(x.step), str(list(x.dead)), *(f"{v * 1e3:.0f}" for v in (
-                x.detection_s, x.planning_s, x.group_s, x.build_s, x.restore_s, x.first_step_s, x.total_s)))
-    stdout.print(table)
-    for mode, (r, dev) in results.items():
-        save = f"; checkpoint save per step {sum(r.checkpoint_save_s) / len(r.checkpoint_save_s) * 1e3:.0f} ms" \
-            if r.checkpoint_save_s else ""
-        stdout.print(f"{mode}: {len(r.losses)} steps, every sample once: {all(r.samples_exactly_once)}, largest loss "
-                     f"difference from failure-free training {dev:.1e} (relative){save}")

@@ -55,7 +55,7 @@ from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recov
 from chameleon_opt.decision import with_stale_copies
 from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime.gpt import GPTConfig
-from chameleon_opt.runtime.replies import collect_replies, step_loss
+from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, step_loss
 from chameleon_opt.runtime.schedule import order_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
 from chameleon_opt.solve.deadline import Deadline
@@ -69,13 +69,16 @@ class Failure:
     for tests); None: the controller SIGKILLs it `delay_s` after dispatching the step.
     `in_transition`: instead, the victim dies inside the first transition (a recovery, or a
     hybrid's switch) that starts at or after `step`, after forming the new groups and before
-    migrating; the job's start is not a transition. Several failures may share a step."""
+    migrating; the job's start is not a transition. Several failures may share a step.
+    `hang`: the victim stops (SIGSTOP) instead of dying: alive and silent, it is found by the
+    heartbeat watchdog (`replies.Heartbeats`), SIGKILLed, and recovered from as a dead one."""
 
     step: int
     devices: tuple[int, ...]
     after_ops: int | None = None
     delay_s: float = 0.0
     in_transition: bool = False
+    hang: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,13 +101,14 @@ class Recovery:
     policy: str = ""
     reason: str = ""
     predicted_step_s: float = math.nan
-    detection_s: float = 0.0    # kill -> every survivor stopped the step and reported
+    detection_s: float = 0.0    # kill (or hang) -> every survivor stopped the step and reported
     planning_s: float = 0.0     # decision + communication schedule + lowering + ordering
     group_s: float = 0.0        # slowest rank forming the new process groups
     migration_s: float = 0.0    # slowest rank finishing its migration rounds
     first_step_s: float = 0.0   # the redone step
     total_s: float = 0.0        # kill -> first completed step after it
     aborted_transitions: int = 0
+    hung: tuple[int, ...] = ()  # devices the heartbeat watchdog found silent and killed
 
 
 @dataclass
@@ -128,6 +132,7 @@ class RunReport:
     final_layers: dict[int, dict[str, list[float]]]
     replica_max_diff: float                     # largest difference between replicas of a layer
     dead: tuple[int, ...]
+    heartbeat_longest_s: float = 0.0            # longest silence of a live worker the watchdog saw
 
 
 def runtime_model(instance: Instance) -> GPTConfig:
@@ -151,8 +156,10 @@ class Controller:
 
     def __init__(self, instance: Instance, *, policy: str = "auto", seed: int = 0, dtype: str = "float32",
                  time_limit_s: float = 5.0, group_timeout_s: float = 30.0,
-                 progress: Callable[[str], None] | None = None, bubble_filling: bool = False) -> None:
+                 progress: Callable[[str], None] | None = None, bubble_filling: bool = False,
+                 silent_s: float = SILENT_S) -> None:
         self.instance, self.policy, self.seed, self.dtype = instance, policy, seed, dtype
+        self.silent_s = silent_s
         self.time_limit_s, self.group_timeout_s = time_limit_s, group_timeout_s
         self.bubble_filling = bubble_filling
         self.cfg = runtime_model(instance)
@@ -172,6 +179,7 @@ class Controller:
         self.kill_time: float | None = None
         self.attempts = 0
         self.newcomers: frozenset[int] = frozenset()  # admitted by a rejoin whose transition has not committed
+        self.hung: set[int] = set()                   # killed by the heartbeat watchdog
 
     # ---- processes --------------------------------------------------------------------------
     def _event(self, kind: str, detail: str) -> None:
@@ -183,6 +191,7 @@ class Controller:
                                    wait_for_workers=False)
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, Connection] = {}
+        self.heartbeats = Heartbeats(self.instance.num_devices, self.silent_s)
         stage_of = {d: (s.first, s.end) for p in self.layout.pipelines for s in p.stages for d in s.devices}
         for d in sorted(set(self.layout.devices) - self.failed):
             self._start_worker(d, stage_of[d], 0)
@@ -192,7 +201,9 @@ class Controller:
         parent, child = mp.get_context("spawn").Pipe()
         spec = WorkerSpec(device, "127.0.0.1", self.store.port, self.cfg, self.seed, self.batch, self.mbs,
                           self.dtype, self.group_timeout_s, layers, steps_done)
-        proc = mp.get_context("spawn").Process(target=worker_main, args=(spec, child), daemon=True)
+        self.heartbeats.reset(device)
+        proc = mp.get_context("spawn").Process(target=worker_main, args=(spec, child, self.heartbeats.slots),
+                                               daemon=True)
         proc.start()
         child.close()
         self.procs[device], self.conns[device] = proc, parent
@@ -209,21 +220,27 @@ class Controller:
     def _collect(self, expect: set[int]) -> tuple[dict[int, dict[str, Any]], set[int]]:
         """Replies of `expect`, and the devices that died meanwhile (removed from the live set)."""
         got = collect_replies(self.conns, self.procs, expect,
-                              on_death=lambda d, _: self._event("failure detected", f"device {d} exited"))
+                              on_death=lambda d, _: self._event("failure detected", f"device {d} exited"),
+                              heartbeats=self.heartbeats,
+                              on_hung=lambda d, s: self._event("hang detected", f"device {d} silent for {s * 1e3:.0f} ms: "
+                                                                                "SIGKILL"))
+        self.hung |= set(got.hung)
         if got.kill_time is not None:
             self.kill_time = self.kill_time or got.kill_time
+        elif got.hung:  # a hang nobody injected: it started at the last beat
+            self.kill_time = self.kill_time or min(got.hung.values())
         return got.replies, got.dead
 
-    def _kill(self, devices: tuple[int, ...]) -> None:
-        """SIGKILL the live ones among `devices`; a kill of a device already dead starts no clock
-        (it would be read as the next recovery's kill time)."""
+    def _kill(self, devices: tuple[int, ...], hang: bool = False) -> None:
+        """SIGKILL (SIGSTOP with `hang`) the live ones among `devices`; a kill of a device already
+        dead starts no clock (it would be read as the next recovery's kill time)."""
         live = [d for d in devices if d in self.procs]
         if not live:
             return
         self.kill_time = self.kill_time or time.perf_counter()
         for d in live:
-            os.kill(self.procs[d].pid, signal.SIGKILL)
-        self._event("kill", f"SIGKILL devices {live}")
+            os.kill(self.procs[d].pid, signal.SIGSTOP if hang else signal.SIGKILL)
+        self._event("hang" if hang else "kill", f"{'SIGSTOP' if hang else 'SIGKILL'} devices {live}")
 
     # ---- generations --------------------------------------------------------------------------
     def _start_generation(self, run_plan: Plan, migration: Migration | None, rounds: list[list[str]],
@@ -294,6 +311,7 @@ class Controller:
         else:
             recovery.dead = tuple(sorted(set(recovery.dead) | set(dead)))
             recovery.aborted_transitions += 1
+        recovery.hung = tuple(sorted(self.hung & set(recovery.dead)))
         self.pending_switch = None
         self.failed = self.failed | frozenset(dead)
         t0 = time.perf_counter()
@@ -399,12 +417,13 @@ class Controller:
                     self._rejoin(step, back.devices)
                 now = step_failures.pop(step, [])
                 die_after = {d: f.after_ops for f in now if f.after_ops is not None for d in f.devices}
+                hang = {d for f in now if f.hang for d in f.devices}
                 t0 = time.perf_counter()
                 for d in self._live():
-                    self._send(d, {"cmd": "step", "step": step, "die_after_ops": die_after.get(d)})
+                    self._send(d, {"cmd": "step", "step": step, "die_after_ops": die_after.get(d), "hang": d in hang})
                 for f in sorted((f for f in now if f.after_ops is None), key=lambda f: f.delay_s):
                     time.sleep(max(t0 + f.delay_s - time.perf_counter(), 0.0))
-                    self._kill(f.devices)
+                    self._kill(f.devices, f.hang)
                 replies, dead = self._collect(set(self._live()))
                 if dead or any(r["event"] != "ready" for r in replies.values()):
                     if not dead:
@@ -435,7 +454,7 @@ class Controller:
         finally:
             self._stop()
         return RunReport(losses, times, self.recoveries, self.generations, self.events, once, final, diff,
-                         tuple(sorted(self.failed)))
+                         tuple(sorted(self.failed)), self.heartbeats.longest_s)
 
     def _final_state(self) -> tuple[dict[int, dict[str, list[float]]], float]:
         for d in self._live():

@@ -11,19 +11,24 @@ head copy), one flat all-reduce per holder set in one global order (deadlock-fre
 the local shards (exactly torch's AdamW, element-wise), so a shard's state is plain tensors that
 can move.
 
-On a failure the controller asks the planner (`api.Planner`, policy reconfigure: the plan keeps
-the TP degree) for a plan over the survivors and its migration schedule, and each shard a device
-lacks is sent by the planned peer-to-peer transfers (a layer's shard state flattened, the
+On a failure the controller asks the planner (`planning.plan_recovery`, policy reconfigure: the plan
+keeps the TP degree) for a plan over the survivors, from the layout the state is in, and its
+migration schedule, and each shard a device lacks is sent by the planned peer-to-peer transfers (a layer's shard state flattened, the
 schedule's byte shares cut into element ranges). `restore="checkpoint"` instead re-shards from a
 `torch.distributed.checkpoint` written after every committed step, keyed by parameter names (the
 baseline the migration must beat); `verify=True` migrates and also loads the checkpoint, and
 checks that both give the same state. A step commits in two phases (every rank ready, then the
-optimizer steps), so the step a failure interrupts is redone whole.
+optimizer steps), so the step a failure interrupts is redone whole. A transition keeps the old
+state until every rank is ready (`go`), so a failure during it (the planner is asked again from the
+same layout with one more device gone) loses nothing; when some layer has no live holder left the
+job ends with UnrecoverableError (exit 5) naming the layers. A worker that hangs alive is found by
+its heartbeat (`replies.Heartbeats`), SIGKILLed and recovered from as a dead one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import gc
 import multiprocessing as mp
 import os
@@ -31,6 +36,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -42,14 +48,18 @@ import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 
 from chameleon_opt.comm.lowering import state_shares
+from chameleon_opt.decision import with_stale_copies
+from chameleon_opt.errors import UnrecoverableError
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.plan import Plan
+from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.runtime import hf
-from chameleon_opt.runtime.replies import collect_replies, step_loss
+from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, start_heartbeat, step_loss
 
 LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.01
 STATE_PARTS = ("param", "exp_avg", "exp_avg_sq")
+STRAGGLER_S = 5.0   # survivors silent this long after a death get their stacks dumped (a diagnosis)
 
 
 @dataclass(frozen=True)
@@ -74,8 +84,10 @@ class JobSpec:
 class Worker:
     """One device: its shard state between generations, its stage and schedule within one."""
 
-    def __init__(self, device: int, job: JobSpec, store_port: int, conn: Connection) -> None:
+    def __init__(self, device: int, job: JobSpec, store_port: int, conn: Connection,
+                 heartbeat_slots: Any = None) -> None:
         self.device, self.job, self.conn = device, job, conn
+        self.heartbeat_slots = heartbeat_slots
         self.dtype = getattr(torch, job.dtype)
         self.config = hf.load_config(job.hf_config)
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
@@ -126,6 +138,8 @@ class Worker:
                 groups[tuple(ranks)] = group
         role = msg["role"]
         t1 = time.perf_counter()
+        if msg.get("die_in_transition"):
+            self._die(False)
         new_state: dict[str, dict[str, torch.Tensor]] = {}
         stage = None
         if role is not None:
@@ -238,6 +252,10 @@ class Worker:
     def go(self) -> None:
         """Adopt the transition: the new stage, its schedule and its state."""
         assert self.pending is not None
+        if self.heartbeat_slots is not None:
+            # from the job's start on: before it, imports hold the GIL for up to 0.6 s at a time
+            start_heartbeat(self.heartbeat_slots, self.device)
+            self.heartbeat_slots = None
         p, self.pending = self.pending, None
         self.state, self.stage, self.groups, self.rank_of = p["state"], p["stage"], p["groups"], p["rank_of"]
         role = p["role"]
@@ -275,14 +293,18 @@ class Worker:
     # steps ------------------------------------------------------------------------------------
     def step(self, msg: dict[str, Any]) -> dict[str, Any]:
         role = self.role
+        hang = bool(msg.get("hang"))
         if role is None:
+            if msg.get("die_after_forwards") is not None:  # no forward to count: at once
+                self._die(hang)
             return {"event": "ready", "device": self.device, "losses": {}}
         job = self.job
         tokens = hf.batch_tokens(self.config.vocab_size, job.seq_len, job.seed, msg["step"], job.global_batch)
         lo = role["sample_offset"]
         rows = tokens[lo:lo + role["micro_batches"] * job.micro_batch_size]
+        hook = None
         if msg.get("die_after_forwards") is not None:
-            self._arm_kill(msg["die_after_forwards"])
+            hook = self._arm_kill(msg["die_after_forwards"], hang)
         self.recorded = []
         try:
             first, last = role["stage"] == 0, role["stage"] == role["num_stages"] - 1
@@ -294,7 +316,11 @@ class Worker:
             sever_peer_sockets(self.store_port)  # groups are destroyed at the controller's `abort`)
             for h in self.holders:
                 h.grad = None
+            if hook is not None:  # a victim whose step stopped before its forward: it dies in its step
+                self._die(hang)
             return {"event": "aborted", "device": self.device, "error": _short(error)}
+        if hook is not None:  # fewer forwards than asked for (a small pipeline): it dies in its step
+            self._die(hang)
         losses: dict[int, float] = {}
         if self.recorded and role["tp_rank"] == 0:
             # a generation's first step also scores a shape-inference forward first: keep the real ones
@@ -302,17 +328,23 @@ class Worker:
             losses = {lo + k: v for k, v in enumerate(values)}
         return {"event": "ready", "device": self.device, "losses": losses}
 
-    def _arm_kill(self, forwards: int) -> None:
-        """Failure injection: SIGKILL this process after its stage's `forwards`-th forward."""
+    def _arm_kill(self, forwards: int, hang: bool = False) -> Any:
+        """Failure injection: SIGKILL (SIGSTOP with `hang`) this process after its stage's
+        `forwards`-th forward; the hook's handle."""
         count = [0]
 
         def hook(*_: Any) -> None:
             count[0] += 1
             if count[0] >= forwards:
-                self.conn.send({"event": "dying", "device": self.device, "t": time.time()})
-                os.kill(os.getpid(), signal.SIGKILL)
+                self._die(hang)
 
-        self.stage.register_forward_hook(hook)
+        return self.stage.register_forward_hook(hook)
+
+    def _die(self, hang: bool) -> None:
+        """Tell the controller when (its latency clock), then SIGKILL this process, or SIGSTOP it:
+        alive and silent, its connections open, until the heartbeat watchdog kills it."""
+        self.conn.send({"event": "dying", "device": self.device, "t": time.time()})
+        os.kill(os.getpid(), signal.SIGSTOP if hang else signal.SIGKILL)
 
     def _allreduce(self) -> None:
         """Sum each shard's gradient over its holders: one flat all-reduce per holder set, the sets
@@ -478,11 +510,13 @@ def _short(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
 
 
-def worker_main(device: int, job: JobSpec, store_port: int, conn: Connection) -> None:
-    """Process entry: one thread per worker (they share the machine's cores)."""
+def worker_main(device: int, job: JobSpec, store_port: int, conn: Connection, heartbeat_slots: Any = None) -> None:
+    """Process entry: one compute thread per worker (they share the machine's cores), and from
+    its first generation on a heartbeat into `heartbeat_slots[device]` when given."""
     torch.set_num_threads(1)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the controller's diagnosis of stragglers
     try:
-        worker = Worker(device, job, store_port, conn)
+        worker = Worker(device, job, store_port, conn, heartbeat_slots)
         gc.freeze()  # torch's and transformers' objects: no collection need ever walk them
         worker.serve()
     except (EOFError, KeyboardInterrupt):
@@ -496,19 +530,21 @@ def worker_main(device: int, job: JobSpec, store_port: int, conn: Connection) ->
 
 @dataclass
 class Recovery:
-    """One failure, from the kill to the next committed step."""
+    """One failure, from the kill (or hang) to the next committed step."""
 
     step: int
     dead: tuple[int, ...]
     restore: str
-    detection_s: float = 0.0
-    planning_s: float = 0.0
+    detection_s: float = 0.0    # kill or hang -> every survivor stopped the step and reported
+    planning_s: float = 0.0     # every decision (one more after each aborted transition)
     group_s: float = 0.0        # slowest rank forming the generation's groups
     build_s: float = 0.0        # slowest rank building and sharding its new stage
     restore_s: float = 0.0      # slowest rank migrating (or loading from the checkpoint)
     first_step_s: float = 0.0
     total_s: float = 0.0
     plan: Plan | None = None
+    aborted_transitions: int = 0
+    hung: tuple[int, ...] = ()  # devices the heartbeat watchdog found silent and killed
 
 
 @dataclass
@@ -519,6 +555,8 @@ class PipelinedReport:
     plans: list[Plan]
     step_times_s: list[float]
     checkpoint_save_s: list[float] = field(default_factory=list)
+    dead: tuple[int, ...] = ()
+    heartbeat_longest_s: float = 0.0   # longest silence of a live worker the watchdog saw
 
 
 def generation_message(plan: Plan, live: list[int], instance: Instance, transfers: list[dict[str, Any]]
@@ -560,30 +598,48 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
                 "transfers": transfers} for d in live}
 
 
+def as_failures(kills: Mapping[int, tuple[int, int]] | Sequence[Any] | None) -> list[Any]:
+    """`kills` as `controller.Failure`s: a mapping step -> (device, forwards) is read as one
+    SIGKILL of that device after its stage's n-th forward in that step."""
+    from chameleon_opt.runtime.controller import Failure
+
+    if kills is None:
+        return []
+    if isinstance(kills, Mapping):
+        return [Failure(step, (device,), after_ops=forwards) for step, (device, forwards) in kills.items()]
+    return list(kills)
+
+
 class PipelinedController:
-    """Runs `steps` global batches of an HF model on the instance's plan, killing workers in given
-    steps and recovering by reconfiguration (planned migration, or a checkpoint re-shard)."""
+    """Runs `steps` global batches of an HF model on the instance's plan, killing (or stopping)
+    workers in given steps or transitions and recovering by reconfiguration (planned migration, or
+    a checkpoint re-shard)."""
 
     def __init__(self, instance: Instance, hf_config: str | Path, *, seed: int = 0, dtype: str = "float64",
                  restore: str = "migration", checkpoint_dir: str | Path | None = None,
-                 time_limit_s: float = 5.0, group_timeout_s: float = 30.0, step_timeout_s: float = 2.0) -> None:
+                 time_limit_s: float = 5.0, group_timeout_s: float = 30.0, step_timeout_s: float = 2.0,
+                 silent_s: float = SILENT_S) -> None:
         if restore not in ("migration", "checkpoint", "verify"):
             raise ValueError(f"restore must be migration, checkpoint or verify, not {restore!r}")
         if restore != "migration" and checkpoint_dir is None:
             raise ValueError("a checkpoint restore needs checkpoint_dir")
-        from chameleon_opt.api import Planner
-
         self.instance, self.restore = instance, restore
         arch = instance.workload.architecture
         assert arch is not None
         self.job = JobSpec(str(hf_config), seed, instance.spec.training.global_batch, instance.micro_batch_size,
                            instance.spec.training.sequence_length or arch.seq_len, instance.plan.tensor_parallel,
                            dtype, group_timeout_s, step_timeout_s, None if checkpoint_dir is None else str(checkpoint_dir))
-        self.planner = Planner(instance, policy="reconfigure", time_limit_s=time_limit_s)
-        self.plan = instance.plan
+        # policy reconfigure: the plan keeps the TP degree (the workers cannot re-shard TP)
+        self.options = PlanningOptions("reconfigure", time_limit_s)
+        self.silent_s = silent_s
+        self.plan = instance.plan            # the layout the state is in
+        self.layouts: list[Plan] = [self.plan]
+        self.failed: frozenset[int] = frozenset()
         self.checkpoint: str | None = None
         self.kill_time: float | None = None
+        self.hung: set[int] = set()
         self.generations = 0
+        self.pending_transition_kills: list[Any] = []
 
     def _spawn(self) -> None:
         ctx = mp.get_context("spawn")
@@ -591,26 +647,42 @@ class PipelinedController:
                                    wait_for_workers=False)
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, Connection] = {}
+        self.heartbeats = Heartbeats(self.instance.num_devices, self.silent_s)
         for d in sorted(self.plan.devices):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(d, self.job, self.store.port, child), daemon=True)
+            proc = ctx.Process(target=worker_main, args=(d, self.job, self.store.port, child, self.heartbeats.slots),
+                               daemon=True)
             proc.start()
             child.close()
             self.procs[d], self.conns[d] = proc, parent
 
     def _collect(self, expect: set[int], abort_on_death: bool = False) -> tuple[dict[int, dict[str, Any]], set[int]]:
-        """Replies of `expect` and the devices that died meanwhile; with `abort_on_death` every
-        live worker is told at the first death, so none waits on a peer that gave up."""
+        """Replies of `expect` and the devices that died meanwhile (a hung one is killed by the
+        heartbeat watchdog and counts as dead); with `abort_on_death` every live worker is told
+        at the first death, so none waits on a peer that gave up."""
 
         def told(_: int, first: bool) -> None:
             if abort_on_death and first:
                 for other in sorted(self.procs):
                     self._send(other, {"cmd": "abort"})
 
+        def straggling(devices: list[int]) -> None:
+            import sys
+
+            print(f"devices {devices} have not answered {STRAGGLER_S:g} s after a death: their stacks follow",
+                  file=sys.stderr, flush=True)
+            for d in devices:
+                if d in self.procs:
+                    os.kill(self.procs[d].pid, signal.SIGUSR1)   # faulthandler: every thread's stack on stderr
+
         got = collect_replies(self.conns, self.procs, expect, timeout_s=max(120.0, 4 * self.job.group_timeout_s),
-                              on_death=told)  # the timeout is generous: start-up is slow
+                              on_death=told, heartbeats=self.heartbeats,  # the timeout is generous: start-up is slow
+                              straggler_s=STRAGGLER_S, on_straggler=straggling)
+        self.hung |= set(got.hung)
         if got.kill_time is not None:
             self.kill_time = self.kill_time or got.kill_time
+        elif got.hung:  # a hang nobody injected: it started at the last beat
+            self.kill_time = self.kill_time or min(got.hung.values())
         return got.replies, got.dead
 
     def _send(self, d: int, msg: dict[str, Any]) -> None:
@@ -619,41 +691,65 @@ class PipelinedController:
         except (BrokenPipeError, OSError, KeyError):
             pass
 
-    def _generation(self, plan: Plan, migration: Any, restore: str) -> dict[int, dict[str, Any]]:
+    def _generation(self, plan: Plan, migration: Any, restore: str, step: int, transition: bool = True
+                    ) -> tuple[dict[int, dict[str, Any]], set[int]]:
+        """Start `plan`: groups, stages, state. Every rank ready: `go`, and the plan is the layout
+        the state is in. A death meanwhile: the survivors `discard` the transition (their old state
+        stands) and the devices that died are returned. A kill injected `in_transition` at or
+        before `step` strikes here (not in the job's start)."""
         live = sorted(self.procs)
+        victims: set[int] = set()
+        if transition:
+            victims = {d for f in self.pending_transition_kills if f.step <= step for d in f.devices}
+            self.pending_transition_kills = [f for f in self.pending_transition_kills if f.step > step]
         messages = generation_message(plan, live, self.instance,
                                       [dataclasses.asdict(share) for share in state_shares(migration)])
-        name = self.generations
+        name = self.generations   # every attempt a new name: an aborted one's store keys are not reused
         self.generations += 1
         for d in live:
             self._send(d, {"cmd": "generation", "name": name, "generation": name, "restore": restore,
-                           "checkpoint": self.checkpoint, **messages[d]})
+                           "checkpoint": self.checkpoint, "die_in_transition": d in victims, **messages[d]})
         replies, dead = self._collect(set(live))
         bad = {d: r for d, r in replies.items() if r["event"] != "ready"}
+        if dead and transition:
+            for d in sorted(self.procs):
+                self._send(d, {"cmd": "discard"})
+            return replies, dead
         if dead or bad:
             raise RuntimeError(f"transition failed: dead {sorted(dead)}, "
                                + "; ".join(f"{d}: {r.get('error')}" for d, r in bad.items()))
         for d in live:
             self._send(d, {"cmd": "go"})
         self.plan = plan
-        return replies
+        self.layouts.append(plan)
+        return replies, set()
 
-    def run(self, steps: int, kills: dict[int, tuple[int, int]] | None = None) -> PipelinedReport:
-        """`kills`: step -> (device, forwards): that device dies after its stage's n-th forward."""
-        kills = dict(kills or {})
+    def run(self, steps: int, kills: Mapping[int, tuple[int, int]] | Sequence[Any] | None = None
+            ) -> PipelinedReport:
+        """`kills`: `controller.Failure`s (in a step: the victim dies, or hangs with `hang`, after
+        its stage's `after_ops`-th forward, 1 if None; or `in_transition`), or a mapping step ->
+        (device, forwards): that device dies after its stage's n-th forward in that step."""
+        failures = as_failures(kills)
+        self.pending_transition_kills = [f for f in failures if f.in_transition]
+        in_step = [f for f in failures if not f.in_transition]
         self._spawn()
         report = PipelinedReport([], [], [], [self.plan], [])
         pending: Recovery | None = None
         kill_at = 0.0
         try:
-            self._generation(self.plan, None, "initial")
+            self._generation(self.plan, None, "initial", 0, transition=False)
             step = 0
             while step < steps:
-                victim = kills.pop(step, None)
+                victims: dict[int, tuple[int, bool]] = {}
+                for f in [f for f in in_step if f.step == step]:
+                    in_step.remove(f)
+                    for d in f.devices:
+                        if d in self.procs:   # a kill of a device already dead is no failure
+                            victims[d] = (f.after_ops or 1, f.hang)
                 t0 = time.perf_counter()
                 for d in sorted(self.procs):
-                    self._send(d, {"cmd": "step", "step": step,
-                                   "die_after_forwards": victim[1] if victim and victim[0] == d else None})
+                    forwards, hang = victims.get(d, (None, False))
+                    self._send(d, {"cmd": "step", "step": step, "die_after_forwards": forwards, "hang": hang})
                 replies, dead = self._collect(set(self.procs), abort_on_death=True)
                 if dead or any(r["event"] != "ready" for r in replies.values()):
                     if not dead:
@@ -687,18 +783,36 @@ class PipelinedController:
                 step += 1
         finally:
             self._stop()
+        report.dead = tuple(sorted(self.failed))
+        report.heartbeat_longest_s = self.heartbeats.longest_s
         return report
 
     def _recover(self, step: int, dead: tuple[int, ...], kill_at: float) -> Recovery:
+        """Plan from the layout the state is in with every device failed so far and start the
+        plan; a death during that transition aborts it and plans again (one recovery)."""
         now = time.perf_counter()
         recovery = Recovery(step, dead, self.restore, detection_s=now - kill_at)
-        decision = self.planner.on_failure(dead)
-        recovery.planning_s = time.perf_counter() - now
-        replies = self._generation(decision.plan, decision.migration, self.restore)
+        new = set(dead)
+        while True:
+            self.failed = self.failed | frozenset(new)
+            recovery.dead = tuple(sorted(set(recovery.dead) | new))
+            t0 = time.perf_counter()
+            state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=self.failed)
+            try:
+                decision = plan_recovery(state, self.failed, self.options)
+            except UnrecoverableError as error:
+                raise with_stale_copies(error, self.layouts, state, self.failed) from None
+            recovery.planning_s += time.perf_counter() - t0
+            replies, new = self._generation(decision.plan, decision.migration, self.restore, step)
+            if not new:
+                break
+            recovery.aborted_transitions += 1
+            self.kill_time = None   # the recovery's clock runs from its first kill
         recovery.group_s = max(r["group_s"] for r in replies.values())
         recovery.build_s = max(r["build_s"] for r in replies.values())
         recovery.restore_s = max(r["restore_s"] for r in replies.values())
         recovery.plan = decision.plan
+        recovery.hung = tuple(sorted(self.hung & set(recovery.dead)))
         return recovery
 
     def _stop(self) -> None:

@@ -61,12 +61,14 @@ def report_json(report: "RunReport", reference: "RunReport | None", global_batch
         "step_times_s": report.step_times_s,
         "samples_per_s": [global_batch / t for t in report.step_times_s],
         "dead": list(report.dead),
+        "heartbeat_longest_s": report.heartbeat_longest_s,
         "generations": gens,
         "recoveries": [{"step": r.step, "dead": list(r.dead), "policy": r.policy, "reason": r.reason,
                         "predicted_step_s": float(r.predicted_step_s), "detection_s": r.detection_s,
                         "planning_s": r.planning_s, "group_rebuild_s": r.group_s, "migration_s": r.migration_s,
                         "first_step_s": r.first_step_s, "kill_to_first_step_s": r.total_s,
-                        "aborted_transitions": r.aborted_transitions} for r in report.recoveries],
+                        "aborted_transitions": r.aborted_transitions, "hung": list(r.hung)}
+                       for r in report.recoveries],
         "events": [{"t_s": t, "kind": kind, "detail": detail} for t, kind, detail in report.events],
     }
 

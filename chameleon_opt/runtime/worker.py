@@ -14,6 +14,8 @@ The worker holds model state per layer (module + AdamW moments), runs the work i
 - Any communication error (a dead peer) makes the worker destroy its process groups at once, which
   closes its connections, so ranks waiting on *it* fail within milliseconds too: detection spreads
   along the pipeline instead of waiting for the group timeout.
+- A daemon thread beats (`replies.start_heartbeat`) so that the controller finds a worker that
+  hangs alive and kills it; the injected hang (`hang` with `die_after_ops`) is a SIGSTOP.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 
 from chameleon_opt.comm.lowering import RankPlan, RankTransfer
+from chameleon_opt.runtime.replies import start_heartbeat
 from chameleon_opt.runtime.gpt import GPTConfig, batch_tokens, build_layer, sample_loss, state_elements
 from chameleon_opt.runtime.schedule import WorkItem, work_items
 
@@ -57,8 +60,9 @@ class WorkerSpec:
 class Worker:
     """State and protocol of one worker process."""
 
-    def __init__(self, spec: WorkerSpec, conn: Connection) -> None:
+    def __init__(self, spec: WorkerSpec, conn: Connection, heartbeat_slots: Any = None) -> None:
         self.spec, self.conn = spec, conn
+        self.heartbeat_slots = heartbeat_slots
         self.dtype = getattr(torch, spec.dtype)
         self.store = dist.TCPStore(spec.store_host, spec.store_port, None, False,
                                    timeout=timedelta(seconds=spec.group_timeout_s))
@@ -212,6 +216,9 @@ class Worker:
 
     def _go(self) -> None:
         """Commit the transition: adopt received layers, keep only the new stage's layers."""
+        if self.heartbeat_slots is not None:  # from the job's start (or its admission) on
+            start_heartbeat(self.heartbeat_slots, self.spec.device)
+            self.heartbeat_slots = None
         if self.optimizer is not None:
             self._save_moments()
             self.optimizer = None
@@ -234,10 +241,10 @@ class Worker:
         t0 = time.perf_counter()
         if self.plan is None or self.plan.role != "train":
             if msg.get("die_after_ops") is not None:  # an idle device has no operations to count
-                self._die()
+                self._die(msg.get("hang", False))
             return {"event": "ready", "device": self.spec.device, "step": step, "losses": {}, "compute_s": 0.0}
         try:
-            losses, compute_s = self._run_operations(step, msg.get("die_after_ops"))
+            losses, compute_s = self._run_operations(step, msg.get("die_after_ops"), msg.get("hang", False))
             self._allreduce()
         except Exception as error:
             self._shutdown_groups()
@@ -246,12 +253,14 @@ class Worker:
         return {"event": "ready", "device": self.spec.device, "step": step, "losses": losses,
                 "compute_s": compute_s, "wall_s": time.perf_counter() - t0}
 
-    def _die(self) -> None:
-        """Failure injection: tell the controller when, then SIGKILL this process (no clean-up)."""
+    def _die(self, hang: bool = False) -> None:
+        """Failure injection: tell the controller when, then SIGKILL this process (no clean-up), or
+        with `hang` SIGSTOP it: alive, silent, its connections open, until the watchdog kills it."""
         self.conn.send({"event": "dying", "device": self.spec.device, "t": time.time()})
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP if hang else signal.SIGKILL)
 
-    def _run_operations(self, step: int, die_after_ops: int | None) -> tuple[dict[int, float], float]:
+    def _run_operations(self, step: int, die_after_ops: int | None, hang: bool = False
+                        ) -> tuple[dict[int, float], float]:
         spec, plan = self.spec, self.plan
         assert plan is not None and plan.layers is not None
         first, end = plan.layers
@@ -264,7 +273,7 @@ class Worker:
         shape = (spec.model.seq_len, spec.model.hidden)
         for count, (kind, i) in enumerate(self.ops):
             if count == die_after_ops:
-                self._die()
+                self._die(hang)
             item = items[i]
             assert item is not None
             if kind == "F":
@@ -353,11 +362,12 @@ def _short(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
 
 
-def worker_main(spec: WorkerSpec, conn: Connection) -> None:
-    """Process entry point: one thread (workers share the machine's cores)."""
+def worker_main(spec: WorkerSpec, conn: Connection, heartbeat_slots: Any = None) -> None:
+    """Process entry point: one compute thread (workers share the machine's cores), and from its
+    first generation on a heartbeat into `heartbeat_slots[device]` when given."""
     torch.set_num_threads(1)
     try:
-        Worker(spec, conn).serve()
+        Worker(spec, conn, heartbeat_slots).serve()
     except (EOFError, KeyboardInterrupt):  # the controller went away
         pass
     except Exception:

@@ -1,0 +1,88 @@
+"""`chameleon-solve demo --hf CONFIG`: the Hugging Face runtime (`runtime.pipelined`) on CPU
+processes, with failures injected and recovered by reconfiguration; the failure-free losses are
+computed in this process (one model, torch's AdamW) and compared step by step."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from chameleon_opt.console import emit_json, parse_kill, stdout
+from chameleon_opt.errors import InputError
+from chameleon_opt.incident import COMMAND_LINE
+
+RESTORES = ("migration", "checkpoint", "verify")
+
+
+def parse_layout(text: str) -> tuple[int, int, int]:
+    """(PP, DP, TP) of a `PPxDPxTP` option value."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise InputError(COMMAND_LINE, "--hf-layout", f"{text!r} is not PPxDPxTP", "write e.g. 2x2x1 (4 processes)")
+    pp, dp, tp = (int(p) for p in parts)
+    return pp, dp, tp
+
+
+def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, as_json: bool,
+            kill_in_transition: list[str] = (), hang: list[str] = (), layout: str = "2x2x2") -> None:
+    """PP x DP x TP (`layout`, default 2 x 2 x 2: 8 processes) training the config's model. Each
+    `--kill DEVICE@STEP` SIGKILLs that worker after its stage's 2nd forward of the step (several
+    may share a step), each `--hang` SIGSTOPs it there instead (found by the heartbeat watchdog),
+    each `--kill-in-transition` kills it inside the first recovery at or after STEP; every failure
+    is recovered by reconfiguration, and a failure that leaves some layer without a live copy ends
+    with exit 5 naming the layers. `--restore checkpoint` runs the job twice, by planned migration
+    and by a torch.distributed.checkpoint re-shard, and prints both recovery latencies (kill to
+    next committed step); `verify` migrates and checks against the checkpoint."""
+    from rich.table import Table
+
+    from chameleon_opt.runtime.controller import Failure
+    from chameleon_opt.runtime.pipelined import PipelinedController, reference_losses, runtime_instance
+
+    if restore not in RESTORES:
+        raise InputError(COMMAND_LINE, "--restore", f"unknown restore {restore!r}", "use migration, checkpoint or verify")
+    pp, dp, tp = parse_layout(layout)
+    instance = runtime_instance(config, pipeline_parallel=pp, data_parallel=dp, tensor_parallel=tp)
+    failures: list[Failure] = []
+    for option, values in (("--kill", kill), ("--hang", hang), ("--kill-in-transition", kill_in_transition)):
+        for device, step in (parse_kill(k, option) for k in values):
+            if device not in instance.plan.devices or step >= steps:
+                raise InputError(COMMAND_LINE, option, f"{device}@{step} is not a device and step of the job",
+                                 f"use devices 0..{instance.num_devices - 1} and steps below {steps}")
+            failures.append(Failure(step, (device,), after_ops=2, hang=option == "--hang",
+                                    in_transition=option == "--kill-in-transition"))
+    expected = reference_losses(instance, config, steps, seed)
+    runs = ["migration", "checkpoint"] if restore == "checkpoint" else [restore]
+    results = {}
+    for mode in runs:
+        with tempfile.TemporaryDirectory(prefix="chameleon-dcp-") as folder:
+            report = PipelinedController(instance, config, seed=seed, restore=mode,
+                                         checkpoint_dir=None if mode == "migration" else folder).run(steps, failures)
+        deviation = max(abs(a - b) / abs(b) for a, b in zip(report.losses, expected))
+        results[mode] = (report, deviation)
+    shape = f"PP{pp} x DP{dp} x TP{tp} on {instance.num_devices} processes"
+    if as_json:
+        emit_json({"format": 1, "model": str(config), "layout": shape, "expected_losses": expected, "runs": {
+            mode: {"losses": r.losses, "samples_exactly_once": r.samples_exactly_once, "loss_deviation": dev,
+                   "dead": list(r.dead), "checkpoint_save_s": r.checkpoint_save_s,
+                   "heartbeat_longest_s": r.heartbeat_longest_s,
+                   "recoveries": [{"step": x.step, "dead": list(x.dead), "hung": list(x.hung),
+                                   "detection_s": x.detection_s, "planning_s": x.planning_s, "group_s": x.group_s,
+                                   "build_s": x.build_s, "restore_s": x.restore_s, "first_step_s": x.first_step_s,
+                                   "total_s": x.total_s, "aborted_transitions": x.aborted_transitions,
+                                   "plan": x.plan.to_json() if x.plan else None} for x in r.recoveries]}
+            for mode, (r, dev) in results.items()}})
+        return
+    table = Table(title=f"{config}: recovery (kill to next committed step), {shape}")
+    for column in ("restore", "step", "dead", "detect ms", "plan ms", "groups ms", "build ms", "restore ms",
+                   "first step ms", "total ms"):
+        table.add_column(column, justify="right")
+    for mode, (r, _) in results.items():
+        for x in r.recoveries:
+            table.add_row(mode, str(x.step), str(list(x.dead)), *(f"{v * 1e3:.0f}" for v in (
+                x.detection_s, x.planning_s, x.group_s, x.build_s, x.restore_s, x.first_step_s, x.total_s)))
+    stdout.print(table)
+    for mode, (r, dev) in results.items():
+        save = f"; checkpoint save per step {sum(r.checkpoint_save_s) / len(r.checkpoint_save_s) * 1e3:.0f} ms" \
+            if r.checkpoint_save_s else ""
+        stdout.print(f"{mode}: {len(r.losses)} steps, every sample once: {all(r.samples_exactly_once)}, largest loss "
+                     f"difference from failure-free training {dev:.1e} (relative){save}")
