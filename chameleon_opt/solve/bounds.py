@@ -227,8 +227,8 @@ class RelaxationBound:
         floor = memory_floor(model, groups, total, live)
         self.shortest = floor.stages if floor.stages is not None else self.longest + 1
         grad = model.workload.params * model.grad_bytes / tp
-        self.grad_total, self.grad_max = float(grad.sum()), float(grad.max(initial=0.0))
-        self.update_total, self.update_max = float(update.sum()), float(update.max(initial=0.0))
+        self.grad, self.update = grad.tolist(), update.tolist()
+        self._largest_parts: dict[tuple[int, int], float] = {}
         self.interleaved = (model.options.virtual_stages or 1) > 1
         self.overlapped = bool(model.options.overlap_grad_reduce)
         self.table = self._pipeline_table()
@@ -270,11 +270,39 @@ class RelaxationBound:
     def sync_floor(self, pipelines: int, shortest: int | None = None) -> float:
         """DP_LB + OPT_LB for plans of `pipelines` pipelines (non-decreasing in it) whose shortest
         pipeline has at most `shortest` stages (it has at most groups / pipelines anyway)."""
-        shortest = max(min(self.groups // pipelines, shortest or self.groups), 1)
-        grad = max(self.grad_total / shortest, self.grad_max)
+        shortest = max(min(self.groups // pipelines, shortest or self.groups, self.layers), 1)
+        grad = self._largest_part(0, shortest)
         dp = ring_allreduce_time(grad, pipelines, self.ring_link(pipelines)) if pipelines > 1 and not self.overlapped \
             else 0.0  # overlapped with the backward, only an exposed part (>= 0) is left
-        return dp + max(self.update_total / shortest, self.update_max)
+        return dp + self._largest_part(1, shortest)
+
+    def _largest_part(self, which: int, parts: int) -> float:
+        """A floor on the largest part when the layers' gradient bytes (`which` 0) or optimizer
+        times (1) are cut into `parts` contiguous stages: some stage of a pipeline that short holds
+        that much (at least total / parts and the largest layer; whole layers make it more: 4
+        layers on 2 stages cannot split 1:3 evenly). Bisection on the greedy cut, from below."""
+        key = (which, parts)
+        if key not in self._largest_parts:
+            values = self.grad if which == 0 else self.update
+            low = max(sum(values) / parts, max(values, default=0.0)) * (1 - 1e-12)  # infeasible or tight
+            high = sum(values)
+
+            def cuts_into(cap: float) -> bool:  # whether `parts` stages of at most `cap` hold every layer
+                used, load = 1, 0.0
+                for v in values:
+                    if load + v > cap:
+                        used, load = used + 1, v
+                    else:
+                        load += v
+                return used <= parts
+
+            if cuts_into(low):
+                high = low
+            while high - low > 1e-9 * high:
+                middle = (low + high) / 2
+                low, high = (low, middle) if cuts_into(middle) else (middle, high)
+            self._largest_parts[key] = low
+        return self._largest_parts[key]
 
     def _coverage(self, makespan: float, counts: np.ndarray) -> np.ndarray:
         """Most micro-batches P pipelines (for each P in `counts`) can run by `makespan`."""
@@ -402,21 +430,21 @@ class RelaxationBound:
     def _integer_value(self, low: float, counts: np.ndarray, deadline: Deadline) -> float:
         """The bound with whole-layer caps: min over makespans T of T + S(T), S(T) the least sync
         floor of a cover by T (`_least_sync`; non-increasing in T, as coverage only grows with T).
-        T1, the least T any pipeline count covers by, is found by bisection from `low` (shown too
-        short); then on the grid T_i = T_0 (1 + STEP)^i from T_0 = the last makespan shown too
+        T1, the least T any pipeline count covers by, is found by bisection from `low` (no pipeline
+        is faster; where nothing covers by it, up to INTEGER_REACH above); then on the grid T_i = T_0 (1 + STEP)^i from T_0 = the last makespan shown too
         short (within INTEGER_PRECISION of T1), a makespan in [T_i, T_{i+1}) costs at least
         T_i + S(T_{i+1}), until T_i + S(best) (S only falls) reaches the best. Past `deadline`, the last makespan shown too short plus the least sync
         floor (still a bound; the caller keeps the continuous one when higher)."""
         least_sync = self.sync_floor(int(counts[0]))
-        low = max(low, 1e-12)
         try:
-            high = low * (1 + INTEGER_REACH)
-            if self._covering(high, counts) is None:
-                return high + least_sync
-            while high - low > INTEGER_PRECISION * high:
-                middle = (low + high) / 2
-                low, high = (low, middle) if self._covering(middle, counts) is not None else (middle, high)
-            best, makespan = math.inf, low  # no count covers by `low`: every plan's makespan is above it
+            if self._covering(low, counts) is None:  # else `low` (the pipeline floor) is where the walk starts
+                high = low * (1 + INTEGER_REACH)
+                if self._covering(high, counts) is None:
+                    return high + least_sync
+                while high - low > INTEGER_PRECISION * high:
+                    middle = (low + high) / 2
+                    low, high = (low, middle) if self._covering(middle, counts) is not None else (middle, high)
+            best, makespan = math.inf, low  # every plan's makespan is at least `low`
             floor = least_sync  # S(T) >= S(best) for T < best: raised as best falls
             while makespan + floor < best:
                 following = makespan * (1 + INTEGER_STEP)
@@ -478,9 +506,10 @@ class RelaxationBound:
         continuous = float(coarse.min())
         if self.interleaved or self.memory is None:
             return continuous
-        # Whole layers (0.3-3 s at 16,384 devices): from the least makespan any count covers by
+        # Whole layers (0.3-3 s at 16,384 devices): from the least makespan any count covers by, or the
+        # least pipeline floor (no pipeline runs faster) when one covers at once
         self._deadline = deadline
-        return max(continuous, self._integer_value(float(floor_time[ok].min()), counts[ok], deadline))
+        return max(continuous, self._integer_value(max(float(floor_time[ok].min()), low), counts[ok], deadline))
 
 
 class _OutOfTime(Exception):
