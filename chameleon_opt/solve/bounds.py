@@ -49,7 +49,8 @@ REFINE_STEPS = 40
 REFINED_PIPELINE_COUNTS = 12
 INTEGER_REACH = 0.1      # the whole-layer makespan is searched within 10% above the continuous one
 INTEGER_PRECISION = 1e-5  # relative; the floors are searched from below, so they stay valid
-INTEGER_STEP = 1e-3       # relative grid step for the sync floor's fall with the makespan (at most this is lost)
+INTEGER_STEP = 1e-3       # relative grid step for the sync floor's fall with the makespan (then sharpened)
+SHARPEN_PRECISION = 1e-8  # relative: where the bound is decided, the grid's loss is cut to this
 
 
 def live_types(model: PerfModel, groups: list[tuple[int, ...]], live: list[int] | None) -> dict[str, tuple[int, ...]]:
@@ -444,18 +445,48 @@ class RelaxationBound:
                 while high - low > INTEGER_PRECISION * high:
                     middle = (low + high) / 2
                     low, high = (low, middle) if self._covering(middle, counts) is not None else (middle, high)
-            best, makespan = math.inf, low  # every plan's makespan is at least `low`
-            floor = least_sync  # S(T) >= S(best) for T < best: raised as best falls
+        except _OutOfTime:
+            return low + least_sync  # `low` was shown too short for every pipeline count
+        best, makespan = math.inf, low  # every plan's makespan is at least `low`
+        floor = least_sync  # S(T) >= S(best) for T < best: raised as best falls
+        segments: list[tuple[float, float, float, float]] = []  # (floor, T_i, T_{i+1}, S(T_{i+1}))
+        try:
             while makespan + floor < best:
                 following = makespan * (1 + INTEGER_STEP)
                 sync = self._least_sync(following, counts)
-                if makespan + (least_sync if sync is None else sync) < best:
-                    best = makespan + (least_sync if sync is None else sync)
+                sync = least_sync if sync is None else sync
+                segments.append((makespan + sync, makespan, following, sync))
+                if makespan + sync < best:
+                    best = makespan + sync
                     floor = max(floor, self._least_sync(best, counts) or least_sync)
                 makespan = following
-            return best
         except _OutOfTime:
-            return low + least_sync  # `low` was shown too short for every pipeline count
+            return min(best, makespan + least_sync)  # every segment walked so far, and beyond
+        # Sharpen the grid's loss (up to STEP) where the bound is decided: each segment's floor is
+        # raised by bisection on where S steps down (`_sharpened`), in order, while one is lowest.
+        tail = makespan + floor
+        sharpened = tail
+        try:
+            for value, start, end, sync in sorted(segments):
+                if value >= sharpened:
+                    break
+                sharpened = min(sharpened, self._sharpened(start, end, sync, counts, sharpened))
+        except _OutOfTime:
+            return best
+        return sharpened
+
+    def _sharpened(self, start: float, end: float, end_sync: float, counts: np.ndarray, cap: float) -> float:
+        """min of T + S(T) over [start, end) from below, given S(end) = `end_sync` (S non-increasing),
+        to SHARPEN_PRECISION: where S(start) is already S(end), start + S(end); else both halves.
+        Halves that cannot go below `cap` are not split."""
+        least = self._least_sync(start, counts)
+        if least is not None and least <= end_sync or end - start <= SHARPEN_PRECISION * end or \
+                start + end_sync >= cap:
+            return start + end_sync
+        middle = (start + end) / 2
+        middle_sync = self._least_sync(middle, counts)
+        low_half = self._sharpened(start, middle, middle_sync, counts, cap) if middle_sync is not None else math.inf
+        return min(low_half, self._sharpened(middle, end, end_sync, counts, min(cap, low_half)))
 
     def value(self, deadline: Deadline = Deadline.never()) -> float:
         """The bound in seconds (inf when no plan can exist). Past `deadline` (the grid and
