@@ -679,14 +679,15 @@ def compare(file: Path = typer.Argument(..., help="instance file (JSON or YAML) 
 
 
 DEMO_INSTANCE = Path("runtime-cpu-6")
+DEMO_KILLS = ["1@3", "4@7"]
 """A bundled instance, found by name (chameleon_opt.bundled) in a source tree and in a wheel alike."""
 
 
 @app.command()
 def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundled name, with a GPT architecture and TP 1"),
          steps: int = typer.Option(12, "--steps", min=1, max=10_000, help="global batches to train"),
-         kill: list[str] = typer.Option(["1@3", "4@7"], "--kill", metavar="DEVICE@STEP", help="DEVICE@STEP: SIGKILL the worker in that step "
-                                        "(repeat)"),
+         kill: list[str] = typer.Option([], "--kill", metavar="DEVICE@STEP", help="DEVICE@STEP: SIGKILL the worker in that step "
+                                        "(repeat; default: 1@3 and 4@7, none when --hang is given)", show_default=False),
          kill_in_transition: list[str] = typer.Option([], "--kill-in-transition", metavar="DEVICE@STEP",
                                                       help="DEVICE@STEP: the worker dies inside the first "
                                                            "transition (a recovery or a hybrid's switch) at or "
@@ -719,6 +720,8 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
 
     from chameleon_opt.output import check_figure_output, save_figure
 
+    if not kill and not hang:  # a hang alone must not bring the default kills along
+        kill = DEMO_KILLS
     try:
         if hf is not None:
             from chameleon_opt.runtime.hf_demo import hf_demo
