@@ -49,7 +49,10 @@ HIGHS_S_PER_COLUMN = 6e-6  # HiGHS's presolve before it first reads its clock: 0
 CBC_MIN_S = 0.5          # PuLP's CBC writes the model to a file and starts a process: not for less
 CBC_S_PER_COLUMN = 80e-6  # PuLP's build + CBC's LP, which its time limit does not stop: 7.2 s at 91,440 columns (measured)
 ABANDON_NEEDS = 1_000    # fewer shards to move: finishing past the deadline costs under 0.05 s, never abandoned
-FINISH_S_PER_TRANSFER = 8e-6  # cutting, colouring, checking: 4-5 us a transfer, +2 us its release check (1,024-16,384)
+FINISH_S_PER_TRANSFER = 2e-5  # listing, cutting, colouring, checking: 4-5 us a transfer, +2 us its release check
+                               # (1,024-16,384, quiet); re-sharding 65,408 shards at 131,072 devices took 17 s for
+                               # 523,264 (26 us each past the listing, 2 cores under a load of 5): 8 us let it start
+                               # with 10 s left
 INTRA, INTER = 0, 1
 
 

@@ -101,16 +101,22 @@ def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, de
                                     for s in range(stages)), 1) for i in range(count)]
             shapes.append((f"re-cut: the damaged pipelines' survivors and spares on {kind} as {count} pipeline(s) of "
                            f"{stages} stage(s)", recut))
+    ordered = [(how, in_old_order(len(old.pipelines), kept, new, copies)) for how, new in shapes]
+    moving = [receiving_pairs(old, Plan(tp, tuple(pipelines)), copies) for _, pipelines in ordered]
+    # Priced in this order: the shape that moves least first (at 16,384 devices a 1 s decision has time
+    # for one or two, and only a small migration can then be scheduled), then the others as generated.
+    lightest = min(range(len(ordered)), key=lambda i: moving[i])
     found: list[LocalPlan] = []
-    for how, new in shapes:
+    for i in [lightest] + [i for i in range(len(ordered)) if i != lightest]:
         if deadline.expired():
             break
-        spread_plan = spread(model, in_old_order(len(old.pipelines), kept, new, copies), tp, total)
+        how, pipelines = ordered[i]
+        spread_plan = spread(model, pipelines, tp, total)
         if spread_plan is None:
             continue
         plan, step = relieved(model, rebalance_exact(model, spread_plan, deadline), failed)
         if math.isfinite(step):
-            found.append(LocalPlan(plan, step, how, receiving_pairs(old, plan, copies)))
+            found.append(LocalPlan(plan, step, how, moving[i]))
     return sorted(found, key=lambda candidate: candidate.step_s)
 
 
