@@ -13,7 +13,18 @@ own session, and after it ends /proc must hold no process of that session.
     .venv/bin/python bench/kill_campaign.py --seeds 1 2 3 --per-seed 18
 
 prints a line per scenario and a summary (scenarios, seeds, passed, recovery latency from kill to
-the next committed step: median and worst), and writes bench/out/kill_campaign.json.
+the next committed step: median and worst, and by phase), and writes bench/out/kill_campaign.json.
+
+`--runtime hf` runs the same kinds of scenarios on the Hugging Face runtime (`demo --hf`: torch
+pipelining, DTensor TP, recovery by reconfiguration only) on 4-process worlds of tiny-llama and
+tiny-gpt2: PP2 x DP2 (TP1) and DP2 x TP2 (PP1); its losses are checked against single-process
+training of the whole model (float64). A `hang` scenario stops a worker (SIGSTOP) in a step
+instead of killing it: the heartbeat watchdog must find it. Rejoins are not drawn: the HF runtime
+does not bring devices back. `--kinds` picks kinds (the tiny-GPT runtime also runs `hang`, not
+drawn by default so that its seeds keep their scenarios):
+
+    .venv/bin/python bench/kill_campaign.py --runtime hf --seeds 1 2 3 --per-seed 12 \
+        --out bench/out/kill_campaign_hf.json
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +49,11 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = {"cpu-4": ROOT / "instances" / "runtime-cpu-4.json", "cpu-6": ROOT / "instances" / "runtime-cpu-6.json"}
 POLICIES = ("auto", "reroute", "reconfigure")
 KINDS = ("single", "same-step", "different-steps", "every-replica", "in-transition", "hybrid-switch", "idle-or-source")
+HF_MODELS = ROOT / "models" / "hf"
+HF_INSTANCES = {"llama-pp2-dp2": ("tiny-llama", (2, 2, 1)), "gpt2-pp2-dp2": ("tiny-gpt2", (2, 2, 1)),
+                "llama-dp2-tp2": ("tiny-llama", (1, 2, 2)), "gpt2-dp2-tp2": ("tiny-gpt2", (1, 2, 2))}
+HF_KINDS = ("single", "same-step", "different-steps", "every-replica", "in-transition", "idle-or-source", "hang")
+ALL_KINDS = {"gpt": KINDS + ("hang",), "hf": HF_KINDS}
 STEPS = 6
 TIME_LIMIT_S = 5.0     # the controller's planning limit: the replay plans with the same one
 RUN_TIMEOUT_S = 300.0
@@ -52,16 +69,25 @@ class Scenario:
     kills: list[tuple[int, int]]                              # (device, step)
     in_transition: list[tuple[int, int]] = field(default_factory=list)
     note: str = ""
+    hangs: list[tuple[int, int]] = field(default_factory=list)   # (device, step): SIGSTOP, not SIGKILL
+    runtime: str = "gpt"                                      # gpt: the tiny GPT; hf: demo --hf
 
     def args(self) -> list[str]:
-        return ([str(INSTANCES[self.instance]), "--steps", str(STEPS), "--policy", self.policy]
-                + [f"--kill={d}@{s}" for d, s in self.kills]
-                + [f"--kill-in-transition={d}@{s}" for d, s in self.in_transition])
+        if self.runtime == "hf":
+            model, layout = HF_INSTANCES[self.instance]
+            head = ["--hf", str(HF_MODELS / model), "--hf-layout", "x".join(map(str, layout)), "--steps", str(STEPS)]
+        else:
+            head = [str(INSTANCES[self.instance]), "--steps", str(STEPS), "--policy", self.policy]
+        return (head + [f"--kill={d}@{s}" for d, s in self.kills]
+                + [f"--kill-in-transition={d}@{s}" for d, s in self.in_transition]
+                + [f"--hang={d}@{s}" for d, s in self.hangs])
 
     def label(self) -> str:
         kills = " ".join(f"{d}@{s}" for d, s in self.kills)
         moving = " ".join(f"{d}@{s}" for d, s in self.in_transition)
+        stopped = " ".join(f"{d}@{s}" for d, s in self.hangs)
         return (f"seed {self.seed} #{self.index:02d} {self.kind:15s} {self.instance} {self.policy:11s} kill {kills}"
+                + (f" hang {stopped}" if stopped else "")
                 + (f" in-transition {moving}" if moving else "") + (f" ({self.note})" if self.note else ""))
 
 
@@ -80,11 +106,11 @@ def replay(scenario: Scenario) -> Expected:
     switch after the step that follows its decision), each planned with `decide` from the layout
     the state is in. Exit 5 as soon as some layer has no live holder in that layout."""
     from chameleon_opt.errors import UnrecoverableError
-    from chameleon_opt.instance.load import load_instance
     from chameleon_opt.decision import decide
     from chameleon_opt.solve.deadline import Deadline
 
-    base = load_instance(INSTANCES[scenario.instance])
+    base = base_instance(scenario.runtime, scenario.instance)
+    strikes = scenario.kills + scenario.hangs   # a hung worker is killed by the watchdog in its step
     state = {"layout": base.plan, "failed": frozenset(), "switch": None}
     moving = sorted(scenario.in_transition, key=lambda k: k[1])
     layouts: list[Any] = []
@@ -119,7 +145,7 @@ def replay(scenario: Scenario) -> Expected:
 
     try:
         for step in range(STEPS):
-            dead = {d for d, s in scenario.kills if s == step} - state["failed"]
+            dead = {d for d, s in strikes if s == step} - state["failed"]
             if dead:
                 recover(dead, step)
             if state["switch"] is not None and step + 1 < STEPS:
@@ -135,23 +161,41 @@ def replay(scenario: Scenario) -> Expected:
 
 
 # ---- drawing scenarios --------------------------------------------------------------------------------
-def stages_of(instance: str) -> list[list[int]]:
-    """Devices per stage position (the replicas of each layer range) of the instance's layout."""
+@lru_cache(maxsize=None)
+def base_instance(runtime: str, instance: str) -> Any:
+    """The job a scenario runs: a bundled runtime instance, or the HF demo's (`--hf-layout`)."""
+    if runtime == "hf":
+        from chameleon_opt.runtime.pipelined import runtime_instance
+
+        model, (pp, dp, tp) = HF_INSTANCES[instance]
+        return runtime_instance(HF_MODELS / model / "config.json", pp, dp, tp)
     from chameleon_opt.instance.load import load_instance
 
-    plan = load_instance(INSTANCES[instance]).plan
+    return load_instance(INSTANCES[instance])
+
+
+def stages_of(instance: str, runtime: str = "gpt") -> list[list[int]]:
+    """Per stage position, one device of each replica of that layer range (its first TP rank)."""
+    plan = base_instance(runtime, instance).plan
     return [sorted(p.stages[s].devices[0] for p in plan.pipelines) for s in range(len(plan.pipelines[0].stages))]
 
 
-def draw(rng: random.Random, seed: int, index: int, kind: str) -> Scenario:
-    instance = rng.choice(sorted(INSTANCES))
-    policy = "auto" if kind == "hybrid-switch" else rng.choice(POLICIES)
-    stages = stages_of(instance)
-    devices = sorted(d for stage in stages for d in stage)
+def draw(rng: random.Random, seed: int, index: int, kind: str, runtime: str = "gpt") -> Scenario:
+    if runtime == "hf":   # reconfiguration is the HF runtime's only policy
+        instance, policy = rng.choice(sorted(HF_INSTANCES)), "reconfigure"
+        devices = sorted(base_instance(runtime, instance).plan.devices)   # every TP rank too
+        stages = stages_of(instance, runtime)
+    else:
+        instance = rng.choice(sorted(INSTANCES))
+        policy = "auto" if kind == "hybrid-switch" else rng.choice(POLICIES)
+        stages = stages_of(instance)
+        devices = sorted(d for stage in stages for d in stage)
     step = rng.randint(1, 3)
-    scenario = Scenario(seed, index, kind, instance, policy, [])
+    scenario = Scenario(seed, index, kind, instance, policy, [], runtime=runtime)
     if kind == "single":
         scenario.kills = [(rng.choice(devices), rng.randint(1, 4))]
+    elif kind == "hang":
+        scenario.hangs = [(rng.choice(devices), rng.randint(1, 4))]
     elif kind == "same-step":
         scenario.kills = [(d, step) for d in rng.sample(devices, 2)]
     elif kind == "different-steps":
@@ -184,14 +228,15 @@ def draw(rng: random.Random, seed: int, index: int, kind: str) -> Scenario:
     return scenario
 
 
-def scenarios(seeds: list[int], per_seed: int) -> list[Scenario]:
+def scenarios(seeds: list[int], per_seed: int, runtime: str = "gpt", kinds: tuple[str, ...] | None = None
+              ) -> list[Scenario]:
     """`per_seed` scenarios per seed, cycling through every kind so each seed covers them all."""
     out = []
     for seed in seeds:
         rng = random.Random(seed)
-        kinds = list(KINDS)
-        rng.shuffle(kinds)
-        out += [draw(rng, seed, i, kinds[i % len(kinds)]) for i in range(per_seed)]
+        drawn = list(kinds or (HF_KINDS if runtime == "hf" else KINDS))
+        rng.shuffle(drawn)
+        out += [draw(rng, seed, i, drawn[i % len(drawn)], runtime) for i in range(per_seed)]
     return out
 
 
@@ -212,18 +257,42 @@ def session_processes(session: int) -> list[int]:
     return found
 
 
-def reference_losses(instance: str) -> list[float]:
-    """Failure-free losses of the demo's configuration (float32, seed 0)."""
+def reference_losses(instance: str, runtime: str = "gpt") -> list[float]:
+    """Failure-free losses of the demo's configuration (float32, seed 0; with `hf`: the whole model
+    trained in this process, float64, as `demo --hf` runs it)."""
+    if runtime == "hf":
+        from chameleon_opt.runtime import pipelined
+
+        model, _ = HF_INSTANCES[instance]
+        return pipelined.reference_losses(base_instance(runtime, instance), HF_MODELS / model / "config.json", STEPS)
     from chameleon_opt.instance.load import load_instance
     from chameleon_opt.runtime.controller import run_training
 
     return run_training(load_instance(INSTANCES[instance]), STEPS, ()).losses
 
 
+PHASES = ("detection", "planning", "groups", "build", "state", "redone step", "total")
+
+
+def recovery_phases(recovery: dict[str, Any], runtime: str) -> dict[str, Any]:
+    """One recovery of a run's JSON in the phases both runtimes report (seconds; the tiny GPT
+    builds no stage: its layers move as they are)."""
+    if runtime == "hf":
+        keys = ("detection_s", "planning_s", "group_s", "build_s", "restore_s", "first_step_s", "total_s")
+    else:
+        keys = ("detection_s", "planning_s", "group_rebuild_s", None, "migration_s", "first_step_s",
+                "kill_to_first_step_s")
+    row = {phase: (recovery[key] if key else 0.0) for phase, key in zip(PHASES, keys)}
+    row["hung"] = bool(recovery.get("hung"))
+    row["aborted_transitions"] = recovery.get("aborted_transitions", 0)
+    return row
+
+
 def run(scenario: Scenario, expected: Expected, reference: list[float], workdir: Path) -> dict[str, Any]:
     """Run the demo in its own session; judge exit code, output, losses, hang and leftovers."""
-    command = [sys.executable, "-m", "chameleon_opt.cli", "demo", *scenario.args(), "--no-compare", "--json",
-               "--plot", str(workdir / f"s{scenario.seed}-{scenario.index}.png"), "--force"]
+    command = [sys.executable, "-m", "chameleon_opt.cli", "demo", *scenario.args(), "--no-compare", "--json"]
+    if scenario.runtime != "hf":
+        command += ["--plot", str(workdir / f"s{scenario.seed}-{scenario.index}.png"), "--force"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     start = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
@@ -250,12 +319,30 @@ def run(scenario: Scenario, expected: Expected, reference: list[float], workdir:
                         + (f" ({expected.reason[:120]})" if expected.reason else "")
                         + (f": {stderr.strip().splitlines()[-1][:200]}" if stderr.strip() else ""))
     latencies: list[float] = []
+    phases: list[dict[str, Any]] = []
+    heartbeat = None
     try:
         payload = json.loads(stdout) if stdout.strip() else {}
     except json.JSONDecodeError:
         payload = {}
         problems.append("stdout is not one JSON object")
-    if code == 0 and payload:
+    if code == 0 and payload and scenario.runtime == "hf":
+        run_ = payload["runs"]["migration"]
+        losses = run_["losses"]
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+        if len(losses) != STEPS or worst > 1e-5:
+            problems.append(f"losses differ from failure-free: {worst:.2e} relative over {len(losses)} steps")
+        if not all(run_["samples_exactly_once"]):
+            problems.append(f"samples not exactly once: {run_['samples_exactly_once']}")
+        if tuple(run_["dead"]) != expected.dead:
+            problems.append(f"dead {run_['dead']}, planner expects {list(expected.dead)}")
+        hung = sorted(d for r in run_["recoveries"] for d in r["hung"])
+        if hung != sorted({d for d, _ in scenario.hangs}):
+            problems.append(f"the watchdog killed {hung}, hangs injected {scenario.hangs}")
+        latencies = [r["total_s"] for r in run_["recoveries"]]
+        phases = [recovery_phases(r, "hf") for r in run_["recoveries"]]
+        heartbeat = run_["heartbeat_longest_s"]
+    elif code == 0 and payload:
         losses = payload["losses"]
         worst = max(abs(a - b) / abs(a) for a, b in zip(reference, losses))
         if len(losses) != STEPS or worst > 1e-5:
@@ -267,34 +354,54 @@ def run(scenario: Scenario, expected: Expected, reference: list[float], workdir:
         if tuple(payload["dead"]) != expected.dead:
             problems.append(f"dead {payload['dead']}, planner expects {list(expected.dead)}")
         latencies = [r["kill_to_first_step_s"] for r in payload["recoveries"]]
+        phases = [recovery_phases(r, "gpt") for r in payload["recoveries"]]
+        heartbeat = payload.get("heartbeat_longest_s")
+        hung = sorted(d for r in payload["recoveries"] for d in r.get("hung", []))
+        if hung != sorted({d for d, _ in scenario.hangs}):
+            problems.append(f"the watchdog killed {hung}, hangs injected {scenario.hangs}")
     elif code == 5 and not ("layers " in payload.get("reason", "") and "lost every replica" in payload["reason"]):
         problems.append("exit 5 without the lost layers named")
+    # a recovery that waited for something: keep the evidence (the HF runtime dumps the stacks of
+    # survivors that do not answer soon after a death)
+    slow = any(t > 5.0 for t in latencies) or "have not answered" in stderr or "still runs" in stderr
     return {"scenario": scenario.label(), "args": scenario.args(), "expected_exit": expected.exit_code,
-            "exit": code, "wall_s": wall, "recovery_latencies_s": latencies, "problems": problems}
+            "exit": code, "wall_s": wall, "recovery_latencies_s": latencies, "phases": phases,
+            "heartbeat_longest_s": heartbeat, "problems": problems,
+            "stderr_tail": stderr[-6000:] if problems or slow else ""}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--per-seed", type=int, default=18)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "kill_campaign.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default bench/out/kill_campaign.json (kill_campaign_hf.json with --runtime hf)")
+    parser.add_argument("--runtime", choices=("gpt", "hf"), default="gpt",
+                        help="gpt: the tiny-GPT runtime instances; hf: demo --hf on 4-process worlds")
+    parser.add_argument("--kinds", nargs="+", default=None,
+                        help="scenario kinds to draw (default: every kind of the runtime but the GPT runtime's hang)")
     args = parser.parse_args()
-    results = campaign(args.seeds, args.per_seed, print)
+    if args.kinds and set(args.kinds) - set(ALL_KINDS[args.runtime]):
+        parser.error(f"--kinds: {args.runtime} draws from {', '.join(ALL_KINDS[args.runtime])}")
+    if args.out is None:
+        args.out = ROOT / "bench" / "out" / ("kill_campaign_hf.json" if args.runtime == "hf" else "kill_campaign.json")
+    results = campaign(args.seeds, args.per_seed, print, args.runtime, tuple(args.kinds) if args.kinds else None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     sys.exit(0 if results["passed"] == results["scenarios"] else 1)
 
 
-def campaign(seeds: list[int], per_seed: int, say: Any) -> dict[str, Any]:
-    """Draw, replay and run every scenario; one line per scenario, then the summary line."""
-    drawn = scenarios(seeds, per_seed)
+def campaign(seeds: list[int], per_seed: int, say: Any, runtime: str = "gpt",
+             kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Draw, replay and run every scenario; one line per scenario, then the summary lines."""
+    drawn = scenarios(seeds, per_seed, runtime, kinds)
     references: dict[str, list[float]] = {}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for scenario in drawn:
             expected = replay(scenario)
             if scenario.instance not in references:
-                references[scenario.instance] = reference_losses(scenario.instance)
+                references[scenario.instance] = reference_losses(scenario.instance, runtime)
             row = run(scenario, expected, references[scenario.instance], Path(tmp))
             rows.append(row)
             verdict = "ok  " if not row["problems"] else "FAIL"
@@ -302,16 +409,29 @@ def campaign(seeds: list[int], per_seed: int, say: Any) -> dict[str, Any]:
                 f"{row['wall_s']:.1f} s" + "".join(f"\n     {p}" for p in row["problems"]))
     latencies = sorted(t for row in rows for t in row["recovery_latencies_s"])
     passed = sum(not row["problems"] for row in rows)
-    summary = (f"kill campaign: {len(rows)} scenarios over {len(seeds)} seeds ({', '.join(map(str, seeds))}), "
+    summary = (f"kill campaign{' (hf runtime)' if runtime == 'hf' else ''}: {len(rows)} scenarios over {len(seeds)} "
+               f"seeds ({', '.join(map(str, seeds))}), "
                f"{passed} passed; exits: {sum(r['exit'] == 0 for r in rows)} x 0, {sum(r['exit'] == 5 for r in rows)} x 5, "
                f"{sum(r['exit'] not in (0, 5) for r in rows)} other; recovery latency (kill to next committed step) "
                f"over {len(latencies)} recoveries: median "
                + (f"{statistics.median(latencies) * 1e3:.0f} ms, worst {latencies[-1] * 1e3:.0f} ms" if latencies
                   else "n/a"))
     say(summary)
-    return {"seeds": seeds, "scenarios": len(rows), "passed": passed, "summary": summary,
+    recoveries = [p for row in rows for p in row["phases"]]
+    by_kind = {"kills": [p for p in recoveries if not p["hung"]], "hangs": [p for p in recoveries if p["hung"]]}
+    phases = {kind: {phase: (statistics.median(p[phase] for p in group), max(p[phase] for p in group))
+                     for phase in PHASES} for kind, group in by_kind.items() if group}
+    for kind, table in phases.items():
+        say(f"  {kind}: {len(by_kind[kind])} recoveries, median / worst ms: "
+            + ", ".join(f"{phase} {m * 1e3:.0f} / {w * 1e3:.0f}" for phase, (m, w) in table.items()))
+    beats = [row["heartbeat_longest_s"] for row in rows if row.get("heartbeat_longest_s") is not None]
+    if beats:
+        say(f"  heartbeats: longest gap between two beats of a live worker {max(beats) * 1e3:.0f} ms "
+            f"(median over runs {statistics.median(beats) * 1e3:.0f} ms)")
+    return {"seeds": seeds, "runtime": runtime, "scenarios": len(rows), "passed": passed, "summary": summary,
             "median_recovery_s": statistics.median(latencies) if latencies else None,
-            "worst_recovery_s": latencies[-1] if latencies else None, "runs": rows}
+            "worst_recovery_s": latencies[-1] if latencies else None, "phases": phases,
+            "heartbeat_longest_s": max(beats) if beats else None, "runs": rows}
 
 
 if __name__ == "__main__":

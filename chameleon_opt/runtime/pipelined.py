@@ -33,6 +33,7 @@ import gc
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -59,7 +60,7 @@ from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies,
 LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.01
 STATE_PARTS = ("param", "exp_avg", "exp_avg_sq")
-STRAGGLER_S = 5.0   # survivors silent this long after a death get their stacks dumped (a diagnosis)
+STRAGGLER_S = 1.5   # survivors silent this long after a death get their stacks dumped (a diagnosis)
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,7 @@ class Worker:
                 h.grad = None
             if hook is not None:  # a victim whose step stopped before its forward: it dies in its step
                 self._die(hang)
-            return {"event": "aborted", "device": self.device, "error": _short(error)}
+            return {"event": "aborted", "device": self.device, "error": _short(error), "t": time.time()}
         if hook is not None:  # fewer forwards than asked for (a small pipeline): it dies in its step
             self._die(hang)
         losses: dict[int, float] = {}
@@ -443,12 +444,19 @@ class Worker:
                     if msg.get("checkpoint"):
                         self.conn.send({"event": "saved", "save_s": self.save_checkpoint(msg["checkpoint"])})
                 elif cmd == "abort":
-                    if self.stepping is not None and self.stepping.is_alive():
+                    severed = 0
+                    while self.stepping is not None and self.stepping.is_alive():
                         # gloo's abort is a no-op for collectives: a rank blocked on a live peer
                         # (itself blocked) would wait out step_timeout_s. Shutting the generation's
                         # peer sockets down fails every pending operation at once, here and at the
-                        # peers (they read EOF), and the step thread replies `aborted`
+                        # peers (they read EOF), and the step thread replies `aborted`; again if
+                        # it still runs (a connection made after the first pass)
+                        if severed == 1:
+                            print(f"device {self.device}: the step still runs 0.1 s after its sockets were shut "
+                                  "down", file=sys.stderr, flush=True)
                         sever_peer_sockets(self.store_port)
+                        severed += 1
+                        self.stepping.join(0.1)
                     self._join_step()
                     self._shutdown()
                 elif cmd == "dump":
@@ -667,8 +675,6 @@ class PipelinedController:
                     self._send(other, {"cmd": "abort"})
 
         def straggling(devices: list[int]) -> None:
-            import sys
-
             print(f"devices {devices} have not answered {STRAGGLER_S:g} s after a death: their stacks follow",
                   file=sys.stderr, flush=True)
             for d in devices:
