@@ -499,21 +499,26 @@ def solve_cbc(path: Path, limit_s: float, workdir: Path) -> Solved:
         warnings.simplefilter("ignore", DeprecationWarning)
         binary = pulp.PULP_CBC_CMD().path
     solution = workdir / "cbc.sol"
+    solution.unlink(missing_ok=True)
     start = time.perf_counter()
     run = subprocess.run([binary, str(path), "-sec", str(limit_s), "-ratioGap", "0", "-allowableGap", "0",
                           "-integerTolerance", "1e-9", "-threads", "1", "-solve", "-solu", str(solution)],
                          capture_output=True, text=True)
     wall = time.perf_counter() - start
     log = run.stdout
+    # CBC's own status: the solution file's first line ("Optimal - objective value X", "Infeasible - ...",
+    # "Stopped on time - ..."), and its log's "Result - ..." line (absent when presolve proves infeasibility)
+    lines = solution.read_text().splitlines() if solution.exists() else []
+    head = lines[0].split(" - objective value")[0].strip() if lines else ""
     result = re.search(r"Result - (.*)", log)
-    tail = [text for text in (log + run.stderr).splitlines() if text.strip()][-1:] or [""]
-    status = result.group(1).strip() if result else f"no result line (exit {run.returncode}): {tail[0].strip()}"
-    optimal = status.startswith("Optimal solution found")
-    infeasible = "infeasible" in status.lower()
+    said = result.group(1).strip() if result else next(
+        (text.strip() for text in log.splitlines() if "infeasible" in text.lower()), f"exit {run.returncode}")
+    status = f"{head or 'no solution file'} ({said})"
+    optimal = head == "Optimal" and (result is None or said.startswith("Optimal solution found"))
+    infeasible = head.startswith("Infeasible") or "infeasible" in said.lower()
     objective = bound = None
     values: dict[str, float] = {}
-    if optimal and solution.exists():
-        lines = solution.read_text().splitlines()
+    if optimal:
         first = re.search(r"objective value\s+(\S+)", lines[0])
         objective = float(first.group(1)) if first else None
         for line in lines[1:]:
