@@ -16,9 +16,12 @@
 3. The published tables (../shared/data/published: Megatron-LM, llm-foundry, DeepSpeed, NeMo), each
    row an instance (chameleon_opt/perf/published.py; rows with fp8, context parallelism, MoE, CPU
    offload or an unknown GPU refused and counted by reason). Before: the catalogue's FLOP
-   efficiencies. After: per-GPU compute efficiency and one memory-traffic efficiency fitted
-   leave-one-family-out (every family predicted from a fit on the others only). Per-source and
-   per-family error tables and a predicted-vs-measured plot (validate_perf_published.png).
+   efficiencies. After: per-die compute efficiency (A100 40/80 GB one die) and one memory-traffic
+   efficiency fitted leave-one-family-out (every family predicted from a fit on the others only);
+   flash-attention kernels at their published utilisation (published.ATTENTION_UTILISATION), FSDP's
+   per-micro-batch collectives, Megatron's layer split and overlap flags as the trainers run them
+   (docs/performance-model.md). Per-source and per-family error tables and a predicted-vs-measured
+   plot (validate_perf_published.png).
 
 Writes bench/out/validate_perf.{json,md,png} and prints the tables.
 Run: python bench/validate_perf.py [--sailor-dir ../shared/data/sailor] [--published-dir

@@ -37,7 +37,28 @@ def test_megatron_2021_row_time_from_its_recompute_formula(rows: dict[str, dict]
     flops = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
     assert run.measured_step_s == pytest.approx(flops / (163e12 * 3072))
     assert run.document["training"]["recomputation"] == "full"
-    assert run.document["plan"]["layout"] == {"pipeline_parallel": 64, "data_parallel": 6}
+    # Megatron-LM's split: 128 / 64 = 2 blocks a stage, the embedding on the first and the head on the last
+    assert run.document["plan"]["layout"] == {"pipeline_parallel": 64, "data_parallel": 6,
+                                              "layers_per_stage": [3] + [2] * 62 + [3]}
+    assert run.document["training"]["attention"] == "eager"  # 2021: before FlashAttention
+    assert run.attention_kernel is None
+
+
+def test_llm_foundry_rows_are_fsdp_with_their_sharding_strategy(rows: dict[str, dict]) -> None:
+    """FULL_SHARD gathers again for the backward, SHARD_GRAD_OP keeps the gathered parameters; both run
+    MPT's Triton flash attention (FlashAttention v1 class)."""
+    full, grad_op = to_run(rows["llmfoundry-001"]), to_run(rows["llmfoundry-016"])
+    assert (full.document["training"]["zero_stage"], full.document["training"]["reshard_after_forward"]) == (3, True)
+    assert (grad_op.document["training"]["zero_stage"],
+            grad_op.document["training"]["reshard_after_forward"]) == (3, False)
+    assert full.attention_kernel == grad_op.attention_kernel == "flash-v1"
+
+
+def test_megatron_2024_overlap_flags_mean_the_distributed_optimizer(rows: dict[str, dict]) -> None:
+    run = to_run(rows["megatron-001"])  # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap
+    training = run.document["training"]
+    assert (training["zero_stage"], training["overlap_param_gather"], run.tp_comm_overlap) == (1, True, True)
+    assert (training["attention"], run.attention_kernel) == ("flash", "flash-v2")
 
 
 def test_unknown_hugging_face_family_is_refused() -> None:

@@ -126,6 +126,18 @@ class Training(Strict):
         "multiple), and each group shards the state over itself, so per-device sharded state is divided by the "
         "group size and a shard is lost only when every group's holder of it failed. 1: one copy (plain ZeRO / "
         "FSDP); needs zero_stage >= 1 when above 1")
+    gather_bytes_per_param: PositiveFloat | None = Field(
+        None, description="bytes per parameter of the ZeRO-3/FSDP all-gathers (FSDP MixedPrecision.param_dtype); "
+        "default: the parameter precision")
+    reshard_after_forward: bool = Field(
+        True, description="under zero_stage 3: free the gathered parameters after each layer's forward and gather "
+        "them again for its backward (FSDP FULL_SHARD, DeepSpeed ZeRO-3); false keeps them from forward to backward "
+        "(FSDP SHARD_GRAD_OP, FSDP2 reshard_after_forward=False): one all-gather per micro-batch, the stage's "
+        "parameters held whole in between")
+    overlap_param_gather: bool = Field(
+        False, description="under zero_stage 1-2 (Megatron's distributed optimizer): the updated parameters' "
+        "all-gather runs behind the next step's forward (Megatron-LM --overlap-param-gather), so only the "
+        "gradient reduce-scatter is left at the step's end")
     grad_bucket_mb: NonNegativeFloat = Field(
         25.0, description="gradient all-reduce bucket held while reducing (assumed: PyTorch DDP's bucket_cap_mb "
         "default 25); counted on stages with data-parallel replicas")
@@ -156,6 +168,9 @@ class Training(Strict):
                              "drop activation_recomputation")
         if self.zero_stage == 0 and self.distributed_optimizer:
             raise ValueError("distributed_optimizer is true but zero_stage is 0: drop distributed_optimizer")
+        if self.overlap_param_gather and self.zero == 0:
+            raise ValueError("overlap_param_gather is true but no state is sharded (zero_stage 0): Megatron-LM's "
+                             "--overlap-param-gather needs the distributed optimizer; set zero_stage 1")
         if self.shard_replicas > 1 and self.zero == 0:
             raise ValueError(f"shard_replicas is {self.shard_replicas} but no state is sharded (zero_stage 0): set "
                              "zero_stage (or distributed_optimizer), or drop shard_replicas")

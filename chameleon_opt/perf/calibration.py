@@ -71,6 +71,9 @@ class FrameworkCalibration:
     notes: tuple[str, ...] = field(default=())
     kernels: str | None = None  # the stack's kernels for activations (workload/activations.py); None: megatron
     tp_exposed: float = 1.0     # share of the TP collectives not hidden behind GEMMs (Megatron --tp-comm-overlap: 0)
+    attention_utilisation: dict[str, float] = field(default_factory=dict)
+    """Per device: the share of peak the stack's flash-attention kernel sustains on the FLOPs it executes
+    (flash_attention_seconds). Absent: the attention core is priced as GEMM FLOPs at compute_efficiency."""
 
     # -- the model ---------------------------------------------------------------------------
     def layer_work(self, workload: Workload, tp: int) -> tuple[np.ndarray, np.ndarray]:
@@ -81,12 +84,27 @@ class FrameworkCalibration:
 
     def slope(self, workload: Workload, device: str, tp: int) -> np.ndarray | None:
         """Predicted seconds per sample of every layer on `device` (None if not calibrated)."""
+        split = self.forward_backward(workload, device, tp)
+        return None if split is None else split[0] + split[1]
+
+    def forward_backward(self, workload: Workload, device: str, tp: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(forward, backward) seconds per sample of every layer on `device` from the efficiencies alone
+        (None if not calibrated): GEMM FLOPs and activation traffic split 1 : 2 between forward and
+        backward, and, where attention_utilisation names the device (flash attention), the attention
+        core apart at the FLOPs its kernel executes (flash_attention_seconds)."""
         fit = self.devices.get(device)
         if fit is None:
             return None
         flops, traffic = self.layer_work(workload, tp)
-        return (flops / (fit.peak_tflops * 1e12 * fit.compute_efficiency)
-                + traffic / (fit.memory_bandwidth_gbps * 1e9 * self.memory_efficiency))
+        rate = fit.peak_tflops * 1e12
+        utilisation = self.attention_utilisation.get(device) if self.attention == "flash" else None
+        attention_f = attention_b = np.zeros_like(flops)
+        if utilisation:
+            core = workload.attention_core_flops_per_sample / tp
+            flops = flops - 3.0 * core
+            attention_f, attention_b = flash_attention_seconds(core, rate * utilisation)
+        total = flops / (rate * fit.compute_efficiency) + traffic / (fit.memory_bandwidth_gbps * 1e9 * self.memory_efficiency)
+        return total / 3.0 + attention_f, total * 2.0 / 3.0 + attention_b
 
     def transfer(self, workload: Workload, device: str, micro_batch_size: int, tp: int,
                  withheld: frozenset[str] = frozenset()) -> Transferred | None:
@@ -113,12 +131,15 @@ class FrameworkCalibration:
             label = (f"{workload.name}'s profiles on {', '.join(sorted(sources))} scaled by the fitted "
                      f"device ratio ({self.name} calibration)")
         else:
-            times = micro_batch_size * target
+            forward, backward = self.forward_backward(workload, device, tp)
             label = f"FLOPs and activation traffic at {device}'s fitted efficiencies ({self.name} calibration)"
+            zeros = np.zeros_like(forward)
+            return Transferred(LayerTable(micro_batch_size * forward, micro_batch_size * backward, zeros, True),
+                               label, includes_collectives=False)
         forward_share = 1.0 / 3.0  # forward is a third of forward + backward FLOPs
         zeros = np.zeros_like(times)
         return Transferred(LayerTable(times * forward_share, times * (1 - forward_share), zeros, True), label,
-                           includes_collectives=bool(predictions))
+                           includes_collectives=True)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,6 +154,7 @@ class FrameworkCalibration:
             "notes": list(self.notes),
             **({"kernels": self.kernels} if self.kernels else {}),
             **({"tp_exposed": self.tp_exposed} if self.tp_exposed != 1.0 else {}),
+            **({"attention_utilisation": dict(self.attention_utilisation)} if self.attention_utilisation else {}),
         }
 
     @classmethod
@@ -142,7 +164,26 @@ class FrameworkCalibration:
         return cls(name, data.get("attention", "flash"), data["memory_efficiency"], devices,
                    data.get("overhead_gib"), tuple(data.get("overhead_fitted_on", ())),
                    tuple(data.get("excluded", ())), tuple(data.get("notes", ())), data.get("kernels"),
-                   float(data.get("tp_exposed", 1.0)))
+                   float(data.get("tp_exposed", 1.0)), dict(data.get("attention_utilisation", {})))
+
+
+FLASH_CAUSAL_SHARE = 0.5
+"""A causal flash-attention kernel skips the key blocks above the diagonal: half of the s^2 score
+and value products (FlashAttention-2, Dao 2023, Sec. 3.1.1 'Causal masking'; its FLOP counts for
+causal runs are halved). Every workload here is a causal decoder."""
+FLASH_BACKWARD_RATIO = 2.5
+"""A flash-attention backward runs 5 s^2 d matrix products against the forward's 2 (it recomputes
+the scores instead of reading them back): 2.5 times the forward's FLOPs (FlashAttention-2, Sec. 4.1,
+whose backward speeds count it so)."""
+
+
+def flash_attention_seconds(core_forward_flops: np.ndarray, rate: float) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of the attention core whose forward is `core_forward_flops` as the
+    model counts it (4 s^2 q per block: QK^T and attention x V over the whole square) under a flash
+    kernel sustaining `rate` FLOP/s on what it executes: the causal half, the backward 2.5 times
+    the forward."""
+    executed = core_forward_flops * FLASH_CAUSAL_SHARE
+    return executed / rate, executed * FLASH_BACKWARD_RATIO / rate
 
 
 def affine_layers(times: dict[str, dict[str, list]], tp: int) -> tuple[np.ndarray, np.ndarray | None]:

@@ -6,7 +6,9 @@ prefix sums, so any (device type, TP, layer range) costs O(1) after a first call
 
 What it covers: per-stage forward/backward compute (profiled, or FLOPs / (peak x efficiency)),
 Megatron tensor-parallel all-reduces, blocking point-to-point activation transfers, the 1F1B
-schedule (Eq. 9/10/11), the DP gradient all-reduce per group of layers that share replicas, the
+schedule (Eq. 9/10/11), the DP gradient all-reduce per group of layers that share replicas (only its
+reduce-scatter under Megatron's --overlap-param-gather), ZeRO-3 / FSDP's all-gathers and reduce-scatters
+on every micro-batch beside the compute (sharded_collective_times, overlap_sharded), the
 optimizer step, per-stage memory (Eq. 14 generalised), and rerouted work (Eq. 12/13 generalised).
 Schedule options real trainers use (ScheduleOptions; defaults from the instance's training
 settings reproduce the plain 1F1B numbers): the gradient all-reduce overlapped with the last
@@ -33,9 +35,9 @@ import numpy as np
 
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.instance.schema import DeviceType
-from chameleon_opt.perf.comm import Link, ring_allreduce_time
+from chameleon_opt.perf.comm import Link, ring_allgather_time, ring_allreduce_time, ring_latency, ring_link_across_nodes
 from chameleon_opt.perf.memory import (MemoryBreakdown, TERM_MEANING, in_flight_micro_batches, shard_group_size,
-                                       zero_shards)
+                                       shard_groups, zero_shards)
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.relief_kinds import ReliefCost, parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan
@@ -78,6 +80,7 @@ class StageCost:
     relief: str = "none"                   # the stage's memory relief (perf/relief.py)
     relief_s: float = 0.0                  # what it adds to one micro-batch's forward + backward
     relief_optimizer_s: float = 0.0        # and to the optimizer step (optimizer offload)
+    sharded_s: float = 0.0                 # what ZeRO-3's gathers and reduce-scatters add to forward_s + backward_s
 
     @property
     def op_forward_s(self) -> float:
@@ -233,6 +236,10 @@ class PerfModel:
         self.grad_bytes = float(training.grad_bytes_per_param or training.dtype_bytes)
         self.optimizer_bytes = float(training.optimizer.state_bytes_per_param)
         self.grad_bucket_bytes = training.grad_bucket_mb * 2.0 ** 20
+        self.gather_bytes = float(training.gather_bytes_per_param or training.dtype_bytes)
+        self.reshard_after_forward = training.reshard_after_forward
+        self.overlap_param_gather = training.overlap_param_gather and 1 <= training.zero <= 2
+        self._holders_memo: list[tuple[Plan, dict[int, list[tuple[int, int]]]]] = []
         self.framework_overhead_gib = training.framework_overhead_gib
         if calibration is None and training.framework is not None:
             from chameleon_opt.perf.calibration import load_framework
@@ -387,6 +394,87 @@ class PerfModel:
             return 0.0
         return link.send_time(nbytes) + self.p2p_overhead_s
 
+    def _plan_holders(self, plan: Plan) -> dict[int, list[tuple[int, int]]]:
+        """layer_holders of `plan`, remembered for the last few plans (every stage of a ZeRO-3 plan asks)."""
+        for seen, holders in self._holders_memo:
+            if seen is plan:
+                return holders
+        holders = self.layer_holders(plan)
+        self._holders_memo.insert(0, (plan, holders))
+        del self._holders_memo[4:]
+        return holders
+
+    def collective_link(self, devices: list[int] | tuple[int, ...]) -> tuple[Link, float]:
+        """(per-rank link, start-up latency) of one all-gather or reduce-scatter ring over `devices`: the
+        link counts the NICs the ring drives (comm.ring_link_across_nodes), the latency NCCL's ring model
+        (comm.ring_latency). Used by the ZeRO-3 collectives; the gradient all-reduce keeps group_link
+        (each ring one NIC share, the slowest link's latency at every step)."""
+        counts: dict[int, int] = {}
+        for d in devices:
+            node = self.instance.node_of(d)
+            counts[node] = counts.get(node, 0) + 1
+        link = ring_link_across_nodes(self.intra, self.inter, list(counts.values()))
+        return link, ring_latency(len(devices), len(counts), self.intra, self.inter)
+
+    def sharded_collective_times(self, plan: Plan, j: int, s: int) -> tuple[float, float, float, float]:
+        """(forward, backward, one unit's all-gather, one unit's reduce-scatter) seconds of one micro-batch's
+        ZeRO-3 collectives on slot (j, s); the last two for the stage's largest layer. Each layer
+        (one FSDP unit) has its parameters all-gathered over the slot's shard group before its forward,
+        again before its backward unless reshard_after_forward is off (FSDP FULL_SHARD frees them after the
+        forward; SHARD_GRAD_OP keeps them), and its gradients reduce-scattered after its backward, on every
+        micro-batch: FSDP and DeepSpeed ZeRO-3 synchronise every backward (Composer enters no_sync only for
+        DDP modules: composer/trainer/dist_strategy.py, ddp_sync_context). Bytes: parameters per TP rank x
+        gather_bytes_per_param (FSDP MixedPrecision.param_dtype) and x the gradient precision (its
+        reduce_dtype); ring all-gather / reduce-scatter over collective_link, its start-up latency once per
+        layer and collective.
+        Zero below ZeRO-3 or with a shard group of one slot."""
+        if self.zero_stage < 3:
+            return 0.0, 0.0, 0.0, 0.0
+        stage = plan.pipelines[j].stages[s]
+        holders = self._plan_holders(plan)
+        tp = len(stage.devices)
+        groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
+        for layer in range(stage.first, stage.end):
+            slots = holders.get(layer, [])
+            if (j, s) not in slots:
+                continue
+            at = slots.index((j, s))
+            for start, end in shard_groups(len(slots), self.shard_copies):
+                if start <= at < end:
+                    groups.setdefault(tuple(slots[start:end]), []).append(layer)
+        forward = backward = unit_gather = unit_reduce = 0.0
+        for members, layers in groups.items():
+            n = len(members)
+            if n < 2:
+                continue
+            link, latency = self.collective_link([plan.pipelines[a].stages[b].devices[0] for a, b in members])
+            params = float(self.workload.params[layers].sum()) / tp
+            largest = float(self.workload.params[layers].max()) / tp
+            share = (n - 1) / n / link.bandwidth
+            gather = len(layers) * latency + params * self.gather_bytes * share
+            reduce = len(layers) * latency + params * self.grad_bytes * share
+            forward += gather
+            backward += (gather if self.reshard_after_forward else 0.0) + reduce
+            unit_gather = max(unit_gather, latency + largest * self.gather_bytes * share)
+            unit_reduce = max(unit_reduce, latency + largest * self.grad_bytes * share)
+        return forward, backward, unit_gather, unit_reduce
+
+    @staticmethod
+    def overlap_sharded(forward: float, backward: float, collectives: tuple[float, float, float, float]
+                        ) -> tuple[float, float]:
+        """A micro-batch's (forward, backward) on a stage once its ZeRO-3 collectives run beside its compute.
+        FSDP and DeepSpeed ZeRO-3 issue them on their own CUDA streams and fetch the next layer's
+        parameters while the current layer computes (FSDP's prefetching: the CPU issues the next unit's
+        all-gather ahead of the GPU, or forward_prefetch / backward_prefetch; Zhao et al., 'PyTorch FSDP',
+        VLDB 2023, Sec. 3.3.1), and reduce-scatter a layer's gradients while the layer before it runs its
+        backward: the forward lasts max(compute, all-gathers) plus the first layer's gather, which nothing
+        precedes, and the backward max(compute, all-gathers + reduce-scatters) plus the last layer's
+        reduce-scatter, which nothing follows (stage-wide sums: layer by layer the same for equal layers)."""
+        gather, reduce_and_gather, unit_gather, unit_reduce = collectives
+        if gather <= 0.0 and reduce_and_gather <= 0.0:
+            return forward, backward
+        return max(forward, gather) + unit_gather, max(backward, reduce_and_gather) + unit_reduce
+
     def framework_bytes(self, device: DeviceType) -> float:
         """The framework's own per-device memory: the instance's or the calibration's fitted value,
         else the device type's reserved_gib (an assumption unless the instance says otherwise)."""
@@ -402,17 +490,20 @@ class PerfModel:
         boundary = float(self.workload.boundary_bytes_per_sample.max(initial=0.0)) * self.micro_batch_size
         return 2.0 * boundary + (self.grad_bucket_bytes if replicas > 1 else 0.0)
 
-    def transient_bytes(self, tp: int, replicas: int = 1, mode: str | None = None) -> float:
+    def transient_bytes(self, tp: int, replicas: int = 1, mode: str | None = None,
+                        held_params: float = 0.0) -> float:
         """One block's backward working set (the same for every block), plus under ZeRO-3 the two
         layers' full parameters gathered at a time (the one computing and the one prefetched), when
-        its shard group has more than one slot."""
+        its shard group has more than one slot; without reshard_after_forward, the `held_params`
+        (the stage's parameters per TP rank) stay gathered from forward to backward instead."""
         recompute = self.recompute if mode is None else ("none" if mode == "offload" else mode)
         if (tp, recompute) not in self._transient:
             self._transient[(tp, recompute)] = self.workload.backward_transient_bytes_per_sample(
                 tp, recompute, self.attention, self.sequence_parallel, self.kernels) * self.micro_batch_size
         gathered = 0.0
         if self.zero_stage >= 3 and shard_group_size(replicas, self.shard_copies) > 1:
-            gathered = 2.0 * float(self.workload.params.max()) / tp * self.param_bytes
+            gathered = (2.0 * float(self.workload.params.max()) / tp if self.reshard_after_forward
+                        else held_params) * self.gather_bytes
         return self._transient[(tp, recompute)] + gathered
 
     def stage_memory_breakdown(self, devices: tuple[int, ...], first: int, end: int, stage: int, stages: int,
@@ -444,7 +535,7 @@ class PerfModel:
             parameters=params * self.param_bytes / p_div, gradients=params * self.grad_bytes / g_div,
             optimizer=0.0 if optimizer_offloaded else params * self.optimizer_bytes / o_div,
             activations=activations - logits, logits=logits,
-            transient=self.transient_bytes(tp, replicas, mode), comm_buffers=self.comm_buffer_bytes(replicas),
+            transient=self.transient_bytes(tp, replicas, mode, params), comm_buffers=self.comm_buffer_bytes(replicas),
             framework=self.framework_bytes(device))
 
     def _head_logit_bytes(self, tp: int) -> float:
@@ -474,6 +565,8 @@ class PerfModel:
         p_div, g_div, o_div = zero_shards(self.zero_stage, replicas, self.shard_copies)
         static = per_layer["params"] * (self.param_bytes / p_div + self.grad_bytes / g_div
                                         + (0.0 if optimizer_offloaded else self.optimizer_bytes / o_div))
+        if self.zero_stage >= 3 and not self.reshard_after_forward and shard_group_size(replicas, self.shard_copies) > 1:
+            static = static + per_layer["params"] * self.gather_bytes  # held gathered from forward to backward
         spans_nodes = len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1
         tp_scale = self.intra.bandwidth / self.inter.bandwidth if spans_nodes else 1.0
         time = per_layer["fwd"] + per_layer["bwd"] + (per_layer["tp_fwd"] + per_layer["tp_bwd"]) * tp_scale
@@ -560,10 +653,12 @@ class PerfModel:
             # layers, place and load, its relief, and the links and boundary layers to its neighbours.
             # At 16,384 devices 2,048 stages share a few dozen keys (an evaluation: 0.25 -> 0.1 s).
             head = stage.devices[0]
+            sharded = self.sharded_collective_times(plan, pipeline_index, s)
             key = (id(self.stage_device(stage.devices)), len(stage.devices), len({node(d) for d in stage.devices}) > 1,
                    stage.first, stage.end, s, len(stages), pipe.micro_batches, extra[s], shards, stage.relief,
                    node(head) == node(stages[s + 1].devices[0]) if s + 1 < len(stages) else None,
-                   (node(head) == node(stages[s - 1].devices[0]), stages[s - 1].end) if s > 0 else None)
+                   (node(head) == node(stages[s - 1].devices[0]), stages[s - 1].end) if s > 0 else None,
+                   sharded)
             known = self._stage_costs.get(key)
             if known is not None:
                 costs.append(known)
@@ -585,8 +680,9 @@ class PerfModel:
                 relief_opt_s = self.optimizer_time(stage.devices, stage.first, stage.end, stage.relief) - \
                     self.optimizer_time(stage.devices, stage.first, stage.end)
             name = stage.relief if stage.relief is not None else self.recompute
-            costs.append(StageCost(fwd, bwd, compute, tp_time, send_f, send_b, memory.total, have, memory,
-                                   name, relief_s, relief_opt_s))
+            with_f, with_b = self.overlap_sharded(fwd, bwd, sharded)
+            costs.append(StageCost(with_f, with_b, compute, tp_time, send_f, send_b, memory.total,
+                                   have, memory, name, relief_s, relief_opt_s, with_f - fwd + with_b - bwd))
             self._stage_costs[key] = costs[-1]
         return costs
 
@@ -606,21 +702,34 @@ class PerfModel:
                           ) -> dict[tuple[int, int], tuple[float, float]]:
         """Per live slot: (time of all its gradient all-reduces, time of its last bucket's). Each layer
         is reduced among the slots that hold it; layers with the same replica set form one group
-        (with identical pipelines: one group per stage); a slot reduces its groups one after another."""
+        (with identical pipelines: one group per stage); a slot reduces its groups one after another.
+        With overlap_param_gather (Megatron's distributed optimizer) only the reduce-scatter half is
+        left: the parameter all-gather runs behind the next step's forward (Megatron-LM
+        core/distributed/param_and_grad_buffer.py: start_param_sync from the forward pre-hook).
+        Under ZeRO-3 the gradients were reduce-scattered inside every micro-batch's backward
+        (sharded_collective_times): only the all-reduce of each shard across the shard's copies
+        (shard_replicas > 1, HSDP) remains."""
         holders = self.layer_holders(plan, failed_slots)
         groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
         for layer, slots in holders.items():
             groups.setdefault(tuple(slots), []).append(layer)
         per_slot: dict[tuple[int, int], tuple[float, float]] = {}
         grad_bytes = self.workload.params * self.grad_bytes / plan.tensor_parallel
+        reduce = ring_allgather_time if self.overlap_param_gather else ring_allreduce_time
         for slots, layers in groups.items():
             if len(slots) < 2:
                 continue
             ring = [plan.pipelines[j].stages[s].devices[0] for j, s in slots]
-            link = self.group_link(ring)
             nbytes = float(grad_bytes[layers].sum())
-            time = ring_allreduce_time(nbytes, len(slots), link)
-            last = ring_allreduce_time(min(nbytes, self.grad_bucket_bytes or nbytes), len(slots), link)
+            if self.zero_stage >= 3:
+                copies = min(self.shard_copies, len(slots))
+                if copies < 2:
+                    continue
+                nbytes /= shard_group_size(len(slots), self.shard_copies)
+                ring = [ring[start] for start, _ in shard_groups(len(slots), self.shard_copies)]
+            link = self.group_link(ring)
+            time = reduce(nbytes, len(ring), link)
+            last = reduce(min(nbytes, self.grad_bucket_bytes or nbytes), len(ring), link)
             for slot in slots:
                 total, _ = per_slot.get(slot, (0.0, 0.0))
                 per_slot[slot] = (total + time, last)
@@ -736,6 +845,9 @@ class PerfModel:
         compute = load * cost.compute_s
         tensor_parallel = load * cost.tensor_parallel_s
         p2p = load * (cost.send_forward_s + cost.send_backward_s)
-        parts = {"compute": compute, "pipeline_bubble": max(pipeline_time - compute - tensor_parallel - p2p, 0.0),
-                 "p2p": p2p, "tensor_parallel": tensor_parallel, "data_parallel": dp_time, "optimizer": opt_time}
+        sharded = load * cost.sharded_s  # ZeRO-3 gathers and reduce-scatters inside each micro-batch
+        parts = {"compute": compute,
+                 "pipeline_bubble": max(pipeline_time - compute - tensor_parallel - p2p - sharded, 0.0),
+                 "p2p": p2p, "tensor_parallel": tensor_parallel, "data_parallel": dp_time + sharded,
+                 "optimizer": opt_time}
         return {name: float(value) for name, value in parts.items()}

@@ -52,6 +52,7 @@ class PublishedRun:
     measured_step_s: float
     metric: str          # how measured_step_s was derived
     tp_comm_overlap: bool = False  # Megatron's --tp-comm-overlap stated
+    attention_kernel: str | None = None  # the stack's flash-attention kernel (ATTENTION_UTILISATION); None: eager
 
 
 def load_rows(directory: Path) -> list[dict[str, Any]]:
@@ -85,6 +86,34 @@ def _family(row: dict[str, Any]) -> str:
     if source == "deepspeed":
         return "GPT (Megatron-DeepSpeed)"
     return "NeMo"
+
+
+def _attention(row: dict[str, Any]) -> tuple[str, str | None]:
+    """(training.attention, flash kernel) of the row's stack. Megatron-LM's 2020 and 2021 runs predate
+    FlashAttention (Dao et al., May 2022): their attention core is two batched GEMMs around Megatron's
+    fused scale-mask-softmax and a dropout, which keep and re-read the a*s^2 scores (eager).
+    Megatron-LM 2024 runs Transformer Engine's flash attention (FlashAttention-2 class). llm-foundry's
+    benchmark sweep sets attn_impl 'triton' (scripts/train/benchmarking/submit_benchmarks.py): the
+    Triton port of FlashAttention v1 (MPT's flash_attn_triton)."""
+    source, definition = row["_source"], row["metric_definition"]
+    if source == "megatron_lm" and ("2021 formula" in definition or "counted activation recompute" in definition):
+        return "eager", None
+    if source == "llm_foundry":
+        return "flash", "flash-v1"
+    return "flash", "flash-v2"
+
+
+def _layers_per_stage(layers: int, pp: int) -> list[int] | None:
+    """Megatron-LM's split over pp stages: layers / pp transformer blocks each (it requires the
+    division to be exact without its uneven-split options), the embedding on the first stage and
+    the output layer on the last (megatron/core/transformer/transformer_block.py
+    get_num_layers_to_build; the model's layer list is embedding, blocks, head)."""
+    if pp <= 1 or layers % pp:
+        return None
+    counts = [layers // pp] * pp
+    counts[0] += 1
+    counts[-1] += 1
+    return counts
 
 
 def _refuse_unsupported(row: dict[str, Any]) -> None:
@@ -162,6 +191,21 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     recomputation = "full" if ac.startswith("full") or ac.startswith("activation") else (
         "selective" if ac.startswith("selective") else "none")
     zero = p.get("zero_stage") or 0
+    notes = str(p.get("notes") or "")
+    sharded: dict[str, Any] = {}
+    if source == "llm_foundry":
+        # PyTorch FSDP shards parameters, gradients and optimizer state under both strategies;
+        # SHARD_GRAD_OP keeps the gathered parameters from forward to backward (torch FSDP docs).
+        # Mixed precision (Composer, 2023): DEFAULT and PURE gather bf16 parameters and reduce in the
+        # parameter dtype (reduce_dtype unset takes param_dtype in torch's MixedPrecision): 2 bytes each,
+        # the parameter precision, so no override.
+        zero = 3
+        sharded["reshard_after_forward"] = p.get("sharding_strategy") != "SHARD_GRAD_OP"
+    elif "--overlap-param-gather" in notes:
+        # Megatron-LM asserts --use-distributed-optimizer with --overlap-param-gather (arguments.py).
+        zero = max(zero, 1)
+        sharded["overlap_param_gather"] = True
+    attention, kernel = _attention(row)
     per_node = min(int(hw.get("gpus_per_node") or 8), gpus)
     gated = _gated(m)
     # Heads unstated (Megatron's 2021 table): h / 128, which changes no FLOP and, under flash
@@ -181,15 +225,18 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
                     "network": NETWORKS[gpu]},
         "workload": {"inline": {"name": row["id"], "architecture": architecture}},
         "training": {"global_batch": global_batch, "micro_batch_size": mbs, "sequence_length": m["seq_len"],
-                     "recomputation": recomputation, "zero_stage": zero, "attention": "flash",
+                     "recomputation": recomputation, "zero_stage": zero, "attention": attention,
                      "sequence_parallel": bool(p.get("sequence_parallel")) and tp > 1,
-                     "overlap_grad_reduce": True},
+                     "overlap_grad_reduce": True, **sharded},
         "plan": {"tensor_parallel": tp, "layout": {"pipeline_parallel": pp, "data_parallel": dp}},
     }
+    split = _layers_per_stage(m["layers"], pp) if source in ("megatron_lm", "nemo") else None
+    if split is not None:
+        document["plan"]["layout"]["layers_per_stage"] = split
     measured, metric = _measured(row, global_batch, gpus)
     label = f"{m['name']} {gpu} {gpus}g TP{tp} PP{pp} DP{dp} s{m['seq_len']} mbs{mbs} {recomputation}"
-    overlap = "--tp-comm-overlap" in str(p.get("notes") or "")
-    return PublishedRun(row["id"], source, _family(row), gpu, label, document, measured, metric, overlap)
+    overlap = "--tp-comm-overlap" in notes
+    return PublishedRun(row["id"], source, _family(row), gpu, label, document, measured, metric, overlap, kernel)
 
 
 def predict_step(run: PublishedRun, efficiency: float) -> float:
@@ -211,16 +258,41 @@ def tp_exposed(run: PublishedRun) -> float:
     return TP_OVERLAP_EXPOSED if run.tp_comm_overlap else 1.0
 
 
-def efficiency_calibration(compute: dict[str, float], memory_efficiency: float,
-                           exposed: float = 1.0) -> "FrameworkCalibration":
+FLASH_V1_A100 = 0.325
+"""FlashAttention (v1) reaches 25-40% of an A100's peak (FlashAttention-2, Dao 2023, abstract): the middle."""
+FLASH_V2_A100 = 0.615
+"""FlashAttention-2 reaches 50-73% of an A100's peak (same abstract): the middle."""
+FLASH_V2_H100 = 0.35
+"""FlashAttention-2 reaches 35% of an H100's peak (FlashAttention-3, Shah et al. 2024, abstract)."""
+ATTENTION_UTILISATION = {
+    ("flash-v1", "A100-40"): FLASH_V1_A100, ("flash-v1", "A100-80"): FLASH_V1_A100,
+    ("flash-v2", "A100-40"): FLASH_V2_A100, ("flash-v2", "A100-80"): FLASH_V2_A100,
+    ("flash-v2", "H100-80"): FLASH_V2_H100,
+    # Not published for v1 on H100. Pre-Hopper kernels (mma.sync, no TMA or wgmma) lose the same share
+    # of the peak on H100 as FlashAttention-2 does: v1's A100 share x FlashAttention-2's H100 / A100.
+    ("flash-v1", "H100-80"): FLASH_V1_A100 * FLASH_V2_H100 / FLASH_V2_A100,
+}
+"""Share of peak a stack's flash-attention kernel sustains on the FLOPs it executes, per (kernel, GPU):
+published kernel figures, fitted on none of these rows (calibration.flash_attention_seconds)."""
+
+
+def attention_utilisation(run: PublishedRun) -> dict[str, float]:
+    found = ATTENTION_UTILISATION.get((run.attention_kernel, run.gpu)) if run.attention_kernel else None
+    return {run.gpu: found} if found else {}
+
+
+def efficiency_calibration(compute: dict[str, float], memory_efficiency: float, exposed: float = 1.0,
+                           attention: dict[str, float] | None = None, kind: str = "flash") -> "FrameworkCalibration":
     """A calibration pricing a block as FLOPs / (peak x e_gpu) + activation bytes / (bandwidth x e_mem)
     (perf/calibration.py's form, no profiles): the second term is what makes small models slower than
-    their FLOPs say."""
+    their FLOPs say, and its bytes follow the attention `kind` (eager adds the a*s^2 scores). `attention`:
+    per GPU, the flash kernel's utilisation (its attention core priced apart, at the FLOPs it executes)."""
     from chameleon_opt.instance.devices import CATALOGUE
     from chameleon_opt.perf.calibration import DeviceFit, FrameworkCalibration
     devices = {gpu: DeviceFit(CATALOGUE[gpu].peak_tflops, CATALOGUE[gpu].memory_bandwidth_gbps, e, ())
                for gpu, e in compute.items()}
-    return FrameworkCalibration("published", "flash", memory_efficiency, devices, tp_exposed=exposed)
+    return FrameworkCalibration("published", kind, memory_efficiency, devices, tp_exposed=exposed,
+                                attention_utilisation=dict(attention or {}))
 
 
 def predict_calibrated(run: PublishedRun, compute: float, memory_efficiency: float) -> float:
@@ -228,7 +300,8 @@ def predict_calibrated(run: PublishedRun, compute: float, memory_efficiency: flo
     from chameleon_opt.instance.load import build_instance
     from chameleon_opt.perf.model import PerfModel
     instance = build_instance(run.document, f"<{run.id}>")
-    calibration = efficiency_calibration({run.gpu: compute}, memory_efficiency, tp_exposed(run))
+    calibration = efficiency_calibration({run.gpu: compute}, memory_efficiency, tp_exposed(run),
+                                         attention_utilisation(run), run.document["training"]["attention"])
     return PerfModel(instance, calibration=calibration).evaluate(instance.plan).iteration_time_s
 
 
@@ -241,6 +314,12 @@ def step_terms(run: PublishedRun) -> tuple[float, float, float]:
     return a, b, base - 2.0 * a - 20.0 * b
 
 
+CHIP = {"A100-40": "A100", "A100-80": "A100", "H100-80": "H100", "V100-32": "V100"}
+"""The compute die of each catalogue GPU: A100 40 GB and 80 GB are the same GA100 (108 SMs, 312 TFLOP/s
+dense bf16; NVIDIA A100 data sheet) and differ in HBM, which the memory-traffic term prices by its own
+bandwidth. The compute efficiency is fitted per die, so a family on one A100 is predicted from the other."""
+
+
 @dataclass(frozen=True)
 class EfficiencyFit:
     compute: dict[str, float]   # per GPU type
@@ -249,19 +328,31 @@ class EfficiencyFit:
 
 
 def fit_efficiencies(runs: list[PublishedRun], terms: dict[str, tuple[float, float, float]]) -> EfficiencyFit:
-    """Per-GPU compute efficiency and one shared memory efficiency minimising the squared relative
-    step-time errors of `runs` (non-negative least squares in 1/e)."""
+    """Per-die compute efficiency (CHIP) and one shared memory efficiency minimising the squared relative
+    step-time errors of `runs` (least squares in 1/e, non-negative, compute efficiencies at most 1);
+    `compute` names every catalogue GPU on a fitted die."""
     import numpy as np
     from chameleon_opt.perf.calibration import _nonnegative_lstsq
-    gpus = sorted({r.gpu for r in runs})
-    design = np.zeros((len(runs), len(gpus) + 1))
+    chips = sorted({CHIP[r.gpu] for r in runs})
+    design = np.zeros((len(runs), len(chips) + 1))
     target = np.zeros(len(runs))
     for i, r in enumerate(runs):
         a, b, c = terms[r.id]
-        design[i, gpus.index(r.gpu)] = a / r.measured_step_s
+        design[i, chips.index(CHIP[r.gpu])] = a / r.measured_step_s
         design[i, -1] = b / r.measured_step_s
         target[i] = 1.0 - c / r.measured_step_s
-    coef = _nonnegative_lstsq(design, target)
-    compute = {g: float(1.0 / coef[k]) if coef[k] > 0 else 1.0 for k, g in enumerate(gpus)}
+    # No die sustains more than its peak: 1/e >= 1. A die whose free fit asks for more is held at its
+    # peak and the rest refitted (the other terms then absorb what its rows cannot).
+    at_peak = np.zeros(len(chips) + 1, dtype=bool)
+    while True:
+        free = ~at_peak
+        coef = np.ones(len(chips) + 1)
+        coef[free] = _nonnegative_lstsq(design[:, free], target - design[:, at_peak].sum(axis=1))
+        over = free[:-1] & (coef[:-1] < 1.0)
+        if not over.any():
+            break
+        at_peak[:-1] |= over
+    compute = {g: float(1.0 / coef[chips.index(chip)]) if coef[chips.index(chip)] > 0 else 1.0
+               for g, chip in CHIP.items() if chip in chips}
     return EfficiencyFit(compute, float(1.0 / coef[-1]) if coef[-1] > 0 else 1e9,
                          tuple(sorted({r.family for r in runs})))
