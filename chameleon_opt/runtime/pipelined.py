@@ -60,6 +60,7 @@ from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies,
 LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.01
 STATE_PARTS = ("param", "exp_avg", "exp_avg_sq")
+ABANDON_AFTER_S = 0.25   # a step still running this long after an abort's shut sockets is left behind
 STRAGGLER_S = 1.5   # survivors silent this long after a death get their stacks dumped (a diagnosis)
 
 
@@ -292,7 +293,15 @@ class Worker:
         return per_sample.sum() / self.job.global_batch
 
     # steps ------------------------------------------------------------------------------------
-    def step(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _run_step(self, msg: dict[str, Any], token: int) -> None:
+        """The step thread: run it and answer, unless an `abort` abandoned it meanwhile."""
+        reply = self.step(msg, token)
+        with self.lock:
+            if token == self.step_token:
+                self.step_token += 1   # answered: nothing left to abandon
+                self.conn.send(reply)
+
+    def step(self, msg: dict[str, Any], token: int | None = None) -> dict[str, Any]:
         role = self.role
         hang = bool(msg.get("hang"))
         if role is None:
@@ -313,12 +322,19 @@ class Worker:
             kwargs = {"target": rows[:, 1:], "losses": []} if last else {}
             self.schedule.step(*args, **kwargs)
             self._allreduce()
-        except Exception as error:  # a peer died: fail fast, so peers waiting on us fail too (the
-            sever_peer_sockets(self.store_port)  # groups are destroyed at the controller's `abort`)
-            for h in self.holders:
-                h.grad = None
-            if hook is not None:  # a victim whose step stopped before its forward: it dies in its step
-                self._die(hang)
+        except Exception as error:
+            with self.lock:
+                if token is not None and token != self.step_token:
+                    # abandoned by an `abort`: the worker has moved on (its sockets and gradients
+                    # may be the next generation's by now); touch nothing
+                    return {"event": "abandoned", "device": self.device}
+                # a peer died: fail fast, so peers waiting on us fail too (the groups are
+                # destroyed at the controller's `abort`)
+                sever_peer_sockets(self.store_port)
+                for h in self.holders:
+                    h.grad = None
+                if hook is not None:  # a victim whose step stopped before its forward: it dies in its step
+                    self._die(hang)
             return {"event": "aborted", "device": self.device, "error": _short(error), "t": time.time()}
         if hook is not None:  # fewer forwards than asked for (a small pipeline): it dies in its step
             self._die(hang)
@@ -410,6 +426,22 @@ class Worker:
         # critical path, and the connections no longer wait on it (severed above or by the abort);
         # the old generation's objects go with the next automatic collection
 
+    def _abandon_step(self) -> None:
+        """A step thread still running after its sockets were shut down waits for a receive that
+        gloo fails only at its timeout (a message cut off by the closed connection is not failed
+        with the pair: measured in 1 of 5 aborted DP2 x TP2 steps, in DTensor's all-reduce). It is
+        left to time out on its own (it holds the old groups) and answered for here: `aborted`."""
+        with self.lock:
+            if self.stepping is None or not self.stepping.is_alive() or self.step_token != self.stepping_token:
+                return   # it answered meanwhile
+            self.step_token += 1
+            self.conn.send({"event": "aborted", "device": self.device, "t": time.time(),
+                            "error": f"step abandoned {ABANDON_AFTER_S:g} s after its sockets were shut down"})
+        for h in self.holders:
+            h.grad = None
+        self.abandoned.append(self.stepping)
+        self.stepping = None
+
     def _join_step(self) -> None:
         if self.stepping is not None:
             self.stepping.join()
@@ -418,6 +450,9 @@ class Worker:
     def serve(self) -> None:
         self.role, self.schedule, self.holders = None, None, []
         self.stepping: threading.Thread | None = None
+        self.lock = threading.Lock()   # the step thread's reply and clean-up against an abandonment
+        self.step_token = 0            # the step running now; moves on when it answers or is abandoned
+        self.abandoned: list[threading.Thread] = []
         while True:
             msg = self.conn.recv()
             cmd = msg["cmd"]
@@ -433,7 +468,9 @@ class Worker:
                 elif cmd == "step":
                     # in a thread, so that an `abort` can reach a rank blocked on a peer that
                     # itself gave up (gloo would only notice at its timeout)
-                    self.stepping = threading.Thread(target=lambda m=msg: self.conn.send(self.step(m)))
+                    self.step_token += 1
+                    self.stepping_token = self.step_token
+                    self.stepping = threading.Thread(target=self._run_step, args=(msg, self.step_token), daemon=True)
                     self.stepping.start()
                 elif cmd == "commit":
                     self._join_step()
@@ -444,19 +481,14 @@ class Worker:
                     if msg.get("checkpoint"):
                         self.conn.send({"event": "saved", "save_s": self.save_checkpoint(msg["checkpoint"])})
                 elif cmd == "abort":
-                    severed = 0
-                    while self.stepping is not None and self.stepping.is_alive():
+                    if self.stepping is not None and self.stepping.is_alive():
                         # gloo's abort is a no-op for collectives: a rank blocked on a live peer
                         # (itself blocked) would wait out step_timeout_s. Shutting the generation's
                         # peer sockets down fails every pending operation at once, here and at the
-                        # peers (they read EOF), and the step thread replies `aborted`; again if
-                        # it still runs (a connection made after the first pass)
-                        if severed == 1:
-                            print(f"device {self.device}: the step still runs 0.1 s after its sockets were shut "
-                                  "down", file=sys.stderr, flush=True)
+                        # peers (they read EOF), and the step thread replies `aborted`
                         sever_peer_sockets(self.store_port)
-                        severed += 1
-                        self.stepping.join(0.1)
+                        self.stepping.join(ABANDON_AFTER_S)
+                        self._abandon_step()
                     self._join_step()
                     self._shutdown()
                 elif cmd == "dump":
@@ -464,6 +496,10 @@ class Worker:
                                                                     for k, v in s.items()}
                                                                 for n, s in self.state.items()}})
                 elif cmd == "stop":
+                    for thread in self.abandoned:
+                        # gloo's threads must not outlive the interpreter (it would abort the
+                        # process): an abandoned step ends at its groups' timeout
+                        thread.join(self.job.step_timeout_s + 1.0)
                     self._shutdown()
                     return
             except Exception as error:
@@ -515,7 +551,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _short(error: BaseException) -> str:
-    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+    """The error's type and first non-empty line (gloo's start with a newline), and its cause's
+    (torch pipelining wraps the communication error)."""
+    parts = []
+    while error is not None and len(parts) < 3:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        parts.append(f"{type(error).__name__}: {lines[0][:200] if lines else ''}")
+        error = error.__cause__ or error.__context__
+    return " <- ".join(parts)
 
 
 def worker_main(device: int, job: JobSpec, store_port: int, conn: Connection, heartbeat_slots: Any = None) -> None:
