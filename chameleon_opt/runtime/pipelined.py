@@ -428,9 +428,10 @@ class Worker:
 
     def _abandon_step(self) -> None:
         """A step thread still running after its sockets were shut down waits for a receive that
-        gloo fails only at its timeout (a message cut off by the closed connection is not failed
-        with the pair: measured in 1 of 5 aborted DP2 x TP2 steps, in DTensor's all-reduce). It is
-        left to time out on its own (it holds the old groups) and answered for here: `aborted`."""
+        gloo fails only at its timeout, not with the closed pair (seen in about 1 of 7 aborted
+        DP2 x TP2 steps, in DTensor's all-reduce: "unbound_buffer.cc Timed out"; likely a message
+        the closure cut off mid-read, not confirmed). It is left to time out on its own (it holds
+        the old groups) and answered for here: `aborted`."""
         with self.lock:
             if self.stepping is None or not self.stepping.is_alive() or self.step_token != self.stepping_token:
                 return   # it answered meanwhile

@@ -33,7 +33,8 @@ from typing import Any
 HEARTBEAT_PERIOD_S = 0.05
 SILENT_S = 1.0
 """A worker silent this long is taken for hung. Its heartbeat thread needs the GIL for a moment
-every 50 ms: the longest silence measured with 8 workers on 2 busy cores is in docs/design.md."""
+every 50 ms: once a worker has started, the longest gap between two beats measured in the kill
+campaigns (4 to 6 workers on 2 cores under other jobs' load) was 115 ms (docs/design.md)."""
 
 
 class Heartbeats:
