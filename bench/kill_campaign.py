@@ -288,6 +288,21 @@ def recovery_phases(recovery: dict[str, Any], runtime: str) -> dict[str, Any]:
     return row
 
 
+def _training_problems(run: dict[str, Any], reference: list[float], dead: tuple[int, ...]) -> list[str]:
+    """What a finished run got wrong against failure-free training and the planner's replay: its
+    losses (relative to the reference), samples seen other than once, the devices it lost."""
+    problems = []
+    losses = run["losses"]
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+    if len(losses) != STEPS or worst > 1e-5:
+        problems.append(f"losses differ from failure-free: {worst:.2e} relative over {len(losses)} steps")
+    if not all(run["samples_exactly_once"]):
+        problems.append(f"samples not exactly once: {run['samples_exactly_once']}")
+    if tuple(run["dead"]) != dead:
+        problems.append(f"dead {run['dead']}, planner expects {list(dead)}")
+    return problems
+
+
 def run(scenario: Scenario, expected: Expected, reference: list[float], workdir: Path) -> dict[str, Any]:
     """Run the demo in its own session; judge exit code, output, losses, hang and leftovers."""
     command = [sys.executable, "-m", "chameleon_opt.cli", "demo", *scenario.args(), "--no-compare", "--json"]
@@ -328,14 +343,7 @@ def run(scenario: Scenario, expected: Expected, reference: list[float], workdir:
         problems.append("stdout is not one JSON object")
     if code == 0 and payload and scenario.runtime == "hf":
         run_ = payload["runs"]["migration"]
-        losses = run_["losses"]
-        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
-        if len(losses) != STEPS or worst > 1e-5:
-            problems.append(f"losses differ from failure-free: {worst:.2e} relative over {len(losses)} steps")
-        if not all(run_["samples_exactly_once"]):
-            problems.append(f"samples not exactly once: {run_['samples_exactly_once']}")
-        if tuple(run_["dead"]) != expected.dead:
-            problems.append(f"dead {run_['dead']}, planner expects {list(expected.dead)}")
+        problems += _training_problems(run_, reference, expected.dead)
         hung = sorted(d for r in run_["recoveries"] for d in r["hung"])
         if hung != sorted({d for d, _ in scenario.hangs}):
             problems.append(f"the watchdog killed {hung}, hangs injected {scenario.hangs}")
@@ -343,16 +351,9 @@ def run(scenario: Scenario, expected: Expected, reference: list[float], workdir:
         phases = [recovery_phases(r, "hf") for r in run_["recoveries"]]
         heartbeat = run_["heartbeat_longest_s"]
     elif code == 0 and payload:
-        losses = payload["losses"]
-        worst = max(abs(a - b) / abs(a) for a, b in zip(reference, losses))
-        if len(losses) != STEPS or worst > 1e-5:
-            problems.append(f"losses differ from failure-free: {worst:.2e} relative over {len(losses)} steps")
-        if not all(payload["samples_exactly_once"]):
-            problems.append(f"samples not exactly once: {payload['samples_exactly_once']}")
+        problems += _training_problems(payload, reference, expected.dead)
         if payload["replica_max_difference"] != 0.0:
             problems.append(f"replicas differ by {payload['replica_max_difference']:.2e}")
-        if tuple(payload["dead"]) != expected.dead:
-            problems.append(f"dead {payload['dead']}, planner expects {list(expected.dead)}")
         latencies = [r["kill_to_first_step_s"] for r in payload["recoveries"]]
         phases = [recovery_phases(r, "gpt") for r in payload["recoveries"]]
         heartbeat = payload.get("heartbeat_longest_s")
