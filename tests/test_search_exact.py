@@ -221,3 +221,32 @@ def test_reproducers(name):
 def test_reproducers_against_brute_force(name):
     instance = load_instance(CASES / f"{name}.json")
     assert_exact(instance, instance.failed_devices)
+
+
+@given(seed=st.integers(0, 10 ** 6))
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+def test_whole_layer_conditions_hold_for_the_best_split_on_the_1f1b_graph(seed):
+    """The split test's conditions (per stage, and the round trip through each stage) are paths of
+    the 1F1B graph: with the same op times (each layer at the bound's cost, each op with its
+    blocking send), the best of all contiguous splits, timed by the exact longest path
+    (perf/pipeline.py), must pass them, for every stage count and micro-batch count."""
+    from chameleon_opt.perf.pipeline import one_f_one_b_time
+    from chameleon_opt.solve.bounds import RelaxationBound
+
+    data, failed = random_instance(seed)
+    instance = build_instance(data)
+    groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
+    if not groups:
+        return
+    bound = RelaxationBound(PerfModel(instance), groups, instance.global_micro_batches)
+    f, b, send, layers = bound.forward_prefix, bound.backward_prefix, bound.send, bound.layers
+    rng = random.Random(seed)
+    for stages in range(1, min(layers, 5) + 1):
+        for micro_batches in sorted({1, stages - 1, stages, stages + 1, rng.randint(1, 2 * stages + 2)} - {0}):
+            best = math.inf
+            for cuts in itertools.combinations(range(1, layers), stages - 1):
+                ends = (0, *cuts, layers)
+                forward = [f[ends[s + 1]] - f[ends[s]] + (send if s < stages - 1 else 0.0) for s in range(stages)]
+                backward = [b[ends[s + 1]] - b[ends[s]] + (send if s > 0 else 0.0) for s in range(stages)]
+                best = min(best, one_f_one_b_time(forward, backward, micro_batches))
+            assert bound.splittable(stages, micro_batches, best * (1 + 1e-9) + 1e-12), (stages, micro_batches, best)
