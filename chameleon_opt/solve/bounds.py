@@ -33,7 +33,6 @@ raised with whole-layer caps for every stage count that shapes the envelope (`_i
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -104,6 +103,7 @@ class MemoryRelaxation:
         self.static_prefix = np.concatenate([[0.0], np.cumsum(self.static)]).tolist()
         self.activation_prefix = {mode: np.concatenate([[0.0], np.cumsum(a)]).tolist()
                                   for mode, a in activations.items()}
+        self._capacities: dict[int, float] = {}
 
     def need(self, first: int, end: int, in_flight: float) -> float:
         """Relaxed bytes of a stage holding layers [first, end) with `in_flight` micro-batches."""
@@ -127,10 +127,14 @@ class MemoryRelaxation:
             position = end
         return position == self.layers
 
-    @functools.cache
     def capacity(self, stages: int) -> float:
         """Most micro-batches one pipeline of `stages` stages can run within memory (inf: any number,
-        since past `stages` x virtual micro-batches no stage holds more in flight)."""
+        since past `stages` x virtual micro-batches no stage holds more in flight); cached."""
+        if stages not in self._capacities:
+            self._capacities[stages] = self._capacity(stages)
+        return self._capacities[stages]
+
+    def _capacity(self, stages: int) -> float:
         top = stages * self.virtual
         if self.fits(stages, top):
             return math.inf
@@ -379,16 +383,21 @@ class RelaxationBound:
         known[makespan] = low
         return low
 
-    def integer_caps(self, makespan: float) -> list[float]:
+    def integer_caps(self, makespan: float, everywhere: bool = False) -> list[float]:
         """Caps by `makespan` of every stage count, whole-layer (`integer_cap`) wherever it can shape
         the envelope: the continuous caps bound them from above, so a stage count whose continuous
         point lies under the envelope of the others cannot raise it and keeps its continuous cap
         (the envelope then still bounds the whole-layer one from above). Whole-layer caps are
         computed for the envelope's vertices until they all are. (Only near each pipeline count's
         mean length, as before, left one continuous vertex elsewhere: at 16,384 devices 11
-        micro-batches on 10 stages where whole layers allow 10, covering the batch 1.2 s early.)"""
+        micro-batches on 10 stages where whole layers allow 10, covering the batch 1.2 s early.)
+        `everywhere`: whole-layer caps for every stage count (envelopes of subsets need them)."""
         caps = [float(np.searchsorted(row, makespan, side="right")) for row in self.table]
         exact = [s < self.shortest for s in range(1, len(caps) + 1)]
+        if everywhere:
+            for s in range(max(self.shortest, 1), self.longest + 1):
+                caps[s - 1] = float(self.integer_cap(s, makespan, int(caps[s - 1])))
+            return caps
         while True:
             todo = [s for s in _vertices(caps) if not exact[s - 1]]
             if not todo:
@@ -411,9 +420,7 @@ class RelaxationBound:
         K can be at most the largest K whose restricted envelope still covers (coverage only falls
         as K grows). Without this, mixing a few short pipelines (3 stages, 4 micro-batches) into
         long ones covered the batch early while the sync floor assumed stages of 1 / 23 of the model."""
-        caps = [float(np.searchsorted(row, makespan, side="right")) for row in self.table]
-        for s in range(max(self.shortest, 1), self.longest + 1):
-            caps[s - 1] = float(self.integer_cap(s, makespan, int(caps[s - 1])))
+        caps = self.integer_caps(makespan, everywhere=True)
         mean = np.minimum(self.groups / counts, self.longest)
         largest = np.zeros(len(counts), dtype=int)  # per count: the largest K that still covers (0: none)
         for k in range(max(self.shortest, 1), self.longest + 1):
@@ -432,10 +439,12 @@ class RelaxationBound:
         """The bound with whole-layer caps: min over makespans T of T + S(T), S(T) the least sync
         floor of a cover by T (`_least_sync`; non-increasing in T, as coverage only grows with T).
         T1, the least T any pipeline count covers by, is found by bisection from `low` (no pipeline
-        is faster; where nothing covers by it, up to INTEGER_REACH above); then on the grid T_i = T_0 (1 + STEP)^i from T_0 = the last makespan shown too
-        short (within INTEGER_PRECISION of T1), a makespan in [T_i, T_{i+1}) costs at least
-        T_i + S(T_{i+1}), until T_i + S(best) (S only falls) reaches the best. Past `deadline`, the last makespan shown too short plus the least sync
-        floor (still a bound; the caller keeps the continuous one when higher)."""
+        is faster; where nothing covers by it, up to INTEGER_REACH above). Then on the grid
+        T_i = T_0 (1 + STEP)^i from T_0 = the last makespan shown too short (within
+        INTEGER_PRECISION of T1), a makespan in [T_i, T_{i+1}) costs at least T_i + S(T_{i+1}),
+        until T_i + S(best) (S only falls) reaches the best; the decisive segments are then
+        sharpened. Past `deadline`, the last makespan shown too short plus the least sync floor
+        (still a bound; the caller keeps the continuous one when higher)."""
         least_sync = self.sync_floor(int(counts[0]))
         try:
             if self._covering(low, counts) is None:  # else `low` (the pipeline floor) is where the walk starts
@@ -480,7 +489,7 @@ class RelaxationBound:
         to SHARPEN_PRECISION: where S(start) is already S(end), start + S(end); else both halves.
         Halves that cannot go below `cap` are not split."""
         least = self._least_sync(start, counts)
-        if least is not None and least <= end_sync or end - start <= SHARPEN_PRECISION * end or \
+        if (least is not None and least <= end_sync) or end - start <= SHARPEN_PRECISION * end or \
                 start + end_sync >= cap:
             return start + end_sync
         middle = (start + end) / 2
@@ -547,15 +556,21 @@ class _OutOfTime(Exception):
     """The whole-layer refinement reached its deadline inside a makespan's test."""
 
 
-def _vertices(caps: list[float]) -> list[int]:
-    """Stage counts at the vertices of `_envelope`'s hull, up to its highest point."""
-    hull: list[tuple[float, float]] = [(0.0, 0.0)]
-    for s, c in enumerate(caps):
-        point = (float(s + 1), c)
+def _hull(caps: list[float]) -> list[tuple[float, float]]:
+    """The upper concave hull of (0, 0) and (stages, micro-batches by the makespan) for every stage
+    count (monotone chain)."""
+    hull: list[tuple[float, float]] = []
+    for point in [(0.0, 0.0)] + [(float(s + 1), c) for s, c in enumerate(caps)]:
         while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (point[1] - hull[-2][1])
                                   - (hull[-1][1] - hull[-2][1]) * (point[0] - hull[-2][0])) >= 0:
             hull.pop()
         hull.append(point)
+    return hull
+
+
+def _vertices(caps: list[float]) -> list[int]:
+    """Stage counts at the vertices of `_envelope`'s hull, up to its highest point."""
+    hull = _hull(caps)
     top = max(range(len(hull)), key=lambda i: (hull[i][1], -i))
     return [int(x) for x, _ in hull[1:top + 1]]
 
@@ -564,13 +579,7 @@ def _envelope(caps: list[float], mean_length: np.ndarray | float) -> np.ndarray 
     """The upper concave envelope of (stages, micro-batches by the makespan) through (0, 0), read at
     `mean_length`: the most micro-batches per pipeline when pipeline lengths may be mixed freely
     (the fractional relaxation of the pipeline counts)."""
-    points = [(0.0, 0.0)] + [(float(s + 1), c) for s, c in enumerate(caps)]
-    hull: list[tuple[float, float]] = []
-    for point in points:  # monotone chain
-        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (point[1] - hull[-2][1])
-                                  - (hull[-1][1] - hull[-2][1]) * (point[0] - hull[-2][0])) >= 0:
-            hull.pop()
-        hull.append(point)
+    hull = _hull(caps)
     xs = np.array([p[0] for p in hull])
     ys = np.maximum.accumulate(np.array([p[1] for p in hull]))
     return np.interp(mean_length, xs, ys)
