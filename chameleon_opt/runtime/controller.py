@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 import torch.distributed as dist
@@ -54,6 +54,7 @@ from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recovery
 from chameleon_opt.decision import with_stale_copies
 from chameleon_opt.rejoin import plan_join
+from chameleon_opt.runtime.cores import pin
 from chameleon_opt.runtime.gpt import GPTConfig
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, step_loss
 from chameleon_opt.runtime.schedule import order_operations
@@ -157,8 +158,9 @@ class Controller:
     def __init__(self, instance: Instance, *, policy: str = "auto", seed: int = 0, dtype: str = "float32",
                  time_limit_s: float = 5.0, group_timeout_s: float = 30.0,
                  progress: Callable[[str], None] | None = None, bubble_filling: bool = False,
-                 silent_s: float = SILENT_S) -> None:
+                 silent_s: float = SILENT_S, cores: Sequence[int] | None = None) -> None:
         self.instance, self.policy, self.seed, self.dtype = instance, policy, seed, dtype
+        self.cores = cores   # cores[device]: its own core (runtime/cores.py), or shared cores when None
         self.silent_s = silent_s
         self.time_limit_s, self.group_timeout_s = time_limit_s, group_timeout_s
         self.bubble_filling = bubble_filling
@@ -205,6 +207,8 @@ class Controller:
         proc = mp.get_context("spawn").Process(target=worker_main, args=(spec, child, self.heartbeats.slots),
                                                daemon=True)
         proc.start()
+        if self.cores is not None:
+            pin(proc.pid, self.cores[device])
         child.close()
         self.procs[device], self.conns[device] = proc, parent
 

@@ -55,6 +55,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.runtime import hf
+from chameleon_opt.runtime.cores import pin
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, start_heartbeat, step_loss
 
 LEARNING_RATE = 3e-3
@@ -670,7 +671,7 @@ class PipelinedController:
     def __init__(self, instance: Instance, hf_config: str | Path, *, seed: int = 0, dtype: str = "float64",
                  restore: str = "migration", checkpoint_dir: str | Path | None = None,
                  time_limit_s: float = 5.0, group_timeout_s: float = 30.0, step_timeout_s: float = 2.0,
-                 silent_s: float = SILENT_S) -> None:
+                 silent_s: float = SILENT_S, cores: Sequence[int] | None = None) -> None:
         if restore not in ("migration", "checkpoint", "verify"):
             raise ValueError(f"restore must be migration, checkpoint or verify, not {restore!r}")
         if restore != "migration" and checkpoint_dir is None:
@@ -684,6 +685,7 @@ class PipelinedController:
         # policy reconfigure: the plan keeps the TP degree (the workers cannot re-shard TP)
         self.options = PlanningOptions("reconfigure", time_limit_s)
         self.silent_s = silent_s
+        self.cores = cores                   # cores[device]: its own core (runtime/cores.py)
         self.plan = instance.plan            # the layout the state is in
         self.layouts: list[Plan] = [self.plan]
         self.failed: frozenset[int] = frozenset()
@@ -705,6 +707,8 @@ class PipelinedController:
             proc = ctx.Process(target=worker_main, args=(d, self.job, self.store.port, child, self.heartbeats.slots),
                                daemon=True)
             proc.start()
+            if self.cores is not None:
+                pin(proc.pid, self.cores[d])
             child.close()
             self.procs[d], self.conns[d] = proc, parent
 
@@ -876,19 +880,31 @@ class PipelinedController:
 
 
 def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_parallel: int, tensor_parallel: int,
-                     global_batch: int = 8, micro_batch_size: int = 1, sequence_length: int = 16) -> Instance:
+                     global_batch: int = 8, micro_batch_size: int = 1, sequence_length: int = 16,
+                     measured: Any = None, network: Mapping[str, float] | None = None) -> Instance:
     """An instance of CPU worker processes (one per device) training an HF config's model with a
-    regular layout, for the runtime's tests and the demo."""
+    regular layout, for the runtime's tests and the demo. With `measured` (a WorkloadSpec from
+    `profile.hf_workload_spec`) and the measured loopback `network`, the device type and times are
+    this machine's one core per process, so the model's predicted steps can be held against the
+    runtime's (bench/runtime_steps_hf.py); without, a nominal CPU core."""
     from chameleon_opt.instance.load import build_instance
     from chameleon_opt.workload.hf import workload_from_hf
 
     devices = pipeline_parallel * data_parallel * tensor_parallel
+    device_type: Any = {"name": "cpu-core", "memory_gib": 4, "peak_tflops": 0.05, "reserved_gib": 0.1}
+    workload = workload_from_hf(Path(hf_config))
+    links: dict[str, float] = {"intra_node_gbps": 2, "inter_node_gbps": 1, "intra_node_latency_us": 50}
+    if measured is not None:
+        from chameleon_opt.runtime.profile import cpu_device_type
+
+        device_type = cpu_device_type(measured, devices)
+        workload = measured.model_dump(mode="json", exclude_none=True)
+    if network is not None:
+        links = dict(network)
     return build_instance({
         "format": 1, "name": f"{Path(hf_config).parent.name}-cpu-{devices}",
-        "cluster": {"nodes": 1, "devices_per_node": devices,
-                    "device_type": {"name": "cpu-core", "memory_gib": 4, "peak_tflops": 0.05, "reserved_gib": 0.1},
-                    "network": {"intra_node_gbps": 2, "inter_node_gbps": 1, "intra_node_latency_us": 50}},
-        "workload": {"inline": workload_from_hf(Path(hf_config))},
+        "cluster": {"nodes": 1, "devices_per_node": devices, "device_type": device_type, "network": links},
+        "workload": {"inline": workload},
         "training": {"global_batch": global_batch, "micro_batch_size": micro_batch_size,
                      "sequence_length": sequence_length, "precision": "fp32"},
         "plan": {"tensor_parallel": tensor_parallel,

@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,23 +128,61 @@ class _SavedStorages:
 
 def profile_layers(cfg: GPTConfig, micro_batch_sizes: Sequence[int] = (1, 2, 4), repeats: int = 20,
                    dtype: torch.dtype = torch.float32, warmup: int = 3, seed: int = 0) -> LayerProfile:
+    """Profile the runtime's GPT (`runtime.gpt`), one module per workload layer."""
+    layers = [build_layer(cfg, index, seed, dtype) for index in range(cfg.num_layers)]
+
+    def tokens(mbs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = batch_tokens(cfg, seed, 0, mbs)
+        return rows[:, :-1], rows[:, 1:]
+
+    return profile_modules(layers, tokens, sample_loss, micro_batch_sizes, repeats, dtype, warmup)
+
+
+def profile_hf_layers(hf_config: str | Path, seq_len: int, micro_batch_sizes: Sequence[int] = (1, 2),
+                      repeats: int = 20, dtype: torch.dtype = torch.float32, warmup: int = 3,
+                      seed: int = 0) -> LayerProfile:
+    """Profile a Hugging Face model as the HF runtime cuts it (`runtime.hf.Stage` of one workload
+    layer each: embeddings, every decoder block, final norm + head), on `seq_len` tokens.
+
+    A Llama block alone also computes the rotary tables, which a stage of several blocks computes
+    once: a few microseconds per block that the profile charges every layer."""
+    from chameleon_opt.runtime import hf
+
+    config = hf.load_config(hf_config)
+    model = hf.build_model(config, seed, dtype, 1)
+    count = hf.num_blocks(config) + 2
+    layers = [hf.Stage(model, config, index, index + 1) for index in range(count)]
+
+    def tokens(mbs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = hf.batch_tokens(config.vocab_size, seq_len, seed, 0, mbs)
+        return rows[:, :-1], rows[:, 1:]
+
+    return profile_modules(layers, tokens, hf.sample_losses, micro_batch_sizes, repeats, dtype, warmup)
+
+
+def profile_modules(layers: Sequence[torch.nn.Module],
+                    tokens: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+                    head_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                    micro_batch_sizes: Sequence[int] = (1, 2, 4), repeats: int = 20,
+                    dtype: torch.dtype = torch.float32, warmup: int = 3) -> LayerProfile:
     """Time every layer's forward, backward and AdamW step with one torch thread (median of
     `repeats` after `warmup`), and measure its parameters, saved activations and output bytes.
 
-    Gradients accumulate across repeats, as they do across a step's micro-batches. Activation and
-    boundary bytes come from the largest micro-batch size, divided by it (rounded up)."""
+    `layers` are the workload layers in order (token ids into the first, logits out of the last),
+    `tokens(mbs)` gives (inputs, targets) of a micro-batch, `head_loss(logits, targets)` the
+    per-sample losses. Gradients accumulate across repeats, as they do across a step's
+    micro-batches. Activation and boundary bytes come from the largest micro-batch size, divided
+    by it (rounded up)."""
     if not micro_batch_sizes or min(micro_batch_sizes) < 1 or repeats < 1 or warmup < 0:
         raise ValueError("give positive micro-batch sizes, repeats >= 1 and warmup >= 0")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        layers = [build_layer(cfg, index, seed, dtype) for index in range(cfg.num_layers)]
-        head = cfg.num_layers - 1
+        head = len(layers) - 1
         forward: dict[int, tuple[float, ...]] = {}
         backward: dict[int, tuple[float, ...]] = {}
         for mbs in sorted(set(micro_batch_sizes)):
-            tokens = batch_tokens(cfg, seed, 0, mbs)
-            inputs, targets = tokens[:, :-1], tokens[:, 1:]
+            inputs, targets = tokens(mbs)
             fwd, bwd = [], []
             x: torch.Tensor = inputs
             for index, layer in enumerate(layers):
@@ -156,7 +194,7 @@ def profile_layers(cfg: GPTConfig, micro_batch_sizes: Sequence[int] = (1, 2, 4),
                     out = layer(x)
                     middle = time.perf_counter()
                     if index == head:
-                        sample_loss(out, targets).sum().backward()
+                        head_loss(out, targets).sum().backward()
                     else:
                         out.backward(torch.ones_like(out))
                     end = time.perf_counter()
@@ -181,8 +219,7 @@ def profile_layers(cfg: GPTConfig, micro_batch_sizes: Sequence[int] = (1, 2, 4),
             update.append(_median_s(samples))
 
         mbs = max(micro_batch_sizes)
-        tokens = batch_tokens(cfg, seed, 0, mbs)
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        inputs, targets = tokens(mbs)
         activation, boundary = [], []
         x = inputs
         for index, layer in enumerate(layers):
@@ -192,7 +229,7 @@ def profile_layers(cfg: GPTConfig, micro_batch_sizes: Sequence[int] = (1, 2, 4),
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
                 out = layer(x)
                 if index == head:
-                    sample_loss(out, targets)
+                    head_loss(out, targets)
             activation.append(-(-saved.nbytes // mbs))
             # nothing follows the head: its logits never cross a stage boundary
             boundary.append(0 if index == head else -(-out.numel() * out.element_size() // mbs))
@@ -283,27 +320,48 @@ def _machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
-def workload_spec(cfg: GPTConfig, profile: LayerProfile, name: str = "tiny-gpt-cpu",
-                  device_type: str = DEVICE_TYPE) -> WorkloadSpec:
-    """The `models/` workload of a measured profile: the architecture, the times (update column =
-    the whole model's AdamW step, as the format expects) and the measured layer bytes."""
+def _measured(profile: LayerProfile, model: str, device_type: str) -> tuple[LayerBytes, Profile]:
+    """A measured profile in the workload format: the times (update column = the whole model's
+    AdamW step, as the format expects) and the layer bytes, with where and how they were taken."""
     update = round(profile.update_whole_model_s, 9)
+    count = len(profile.params)
     times = {str(mbs): {"1": [[round(profile.forward_s[mbs][i], 9), round(profile.backward_s[mbs][i], 9), update]
-                              for i in range(cfg.num_layers)]}
+                              for i in range(count)]}
              for mbs in sorted(profile.forward_s)}
     dtype_name = str(profile.dtype).removeprefix("torch.")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    measured = (f"measured by chameleon_opt.runtime.profile on {_machine()}, {when}, torch {torch.__version__}, "
-                f"1 thread, {dtype_name}, median of {profile.repeats} after {profile.warmup} warm-up; each layer "
-                "timed alone; the head's backward includes the loss; update = AdamW step of the whole model")
-    source = (f"the runtime's GPT (chameleon_opt/runtime/gpt.py) on one CPU core per process; times, parameters "
-              f"and bytes (activations = tensors autograd saves for backward) {measured}")
-    return WorkloadSpec(
-        name=name, source=source, architecture=Architecture(**cfg.architecture()),
-        layer_bytes=LayerBytes(params=list(profile.params),
-                               activation_bytes_per_sample=list(profile.activation_bytes_per_sample),
-                               boundary_bytes_per_sample=list(profile.boundary_bytes_per_sample)),
-        profiles=[Profile(device_type=device_type, source=measured, times=times)])
+    measured = (f"{model} measured by chameleon_opt.runtime.profile on {_machine()}, {when}, torch "
+                f"{torch.__version__}, 1 thread, {dtype_name}, median of {profile.repeats} after {profile.warmup} "
+                "warm-up; each layer timed alone; the head's backward includes the loss; update = AdamW step of "
+                "the whole model; activations = tensors autograd saves for backward")
+    layer_bytes = LayerBytes(params=list(profile.params),
+                             activation_bytes_per_sample=list(profile.activation_bytes_per_sample),
+                             boundary_bytes_per_sample=list(profile.boundary_bytes_per_sample))
+    return layer_bytes, Profile(device_type=device_type, source=measured, times=times)
+
+
+def workload_spec(cfg: GPTConfig, profile: LayerProfile, name: str = "tiny-gpt-cpu",
+                  device_type: str = DEVICE_TYPE) -> WorkloadSpec:
+    """The `models/` workload of a measured profile of the runtime's GPT."""
+    layer_bytes, measured = _measured(profile, "the runtime's GPT (chameleon_opt/runtime/gpt.py)", device_type)
+    return WorkloadSpec(name=name, source=f"{measured.source} (one CPU core per process)",
+                        architecture=Architecture(**cfg.architecture()), layer_bytes=layer_bytes,
+                        profiles=[measured])
+
+
+def hf_workload_spec(hf_config: str | Path, profile: LayerProfile, seq_len: int,
+                     device_type: str = DEVICE_TYPE) -> WorkloadSpec:
+    """The workload of a Hugging Face config (`workload.hf`) with a measured profile of the HF
+    runtime's layers (`profile_hf_layers` on `seq_len` tokens) for one CPU core per process."""
+    from chameleon_opt.workload.hf import workload_from_hf
+
+    document = workload_from_hf(Path(hf_config))
+    document["architecture"]["seq_len"] = seq_len
+    layer_bytes, measured = _measured(profile, f"the HF runtime's stages of {hf_config}", device_type)
+    if len(profile.params) != document["architecture"]["layers"] + 2:
+        raise InputError(hf_config, "profile", f"{len(profile.params)} profiled layers",
+                         "profile this config with profile_hf_layers")
+    return WorkloadSpec(**document, layer_bytes=layer_bytes, profiles=[measured])
 
 
 def write_profile(path: str | Path, cfg: GPTConfig, profile: LayerProfile, name: str = "tiny-gpt-cpu",

@@ -1,0 +1,244 @@
+"""Predicted vs measured step time of the Hugging Face runtime, each worker on a core of its own.
+
+For each model family (a Llama-style and a GPT-2-style config in bench/data/, large enough that
+compute, not Python, dominates a step) the HF runtime's stages are profiled on this machine with
+one thread (`runtime.profile.profile_hf_layers`), the loopback network is measured, and for each
+PP x DP layout one job runs `--steps` global batches with one worker SIGKILLed in `--kill-step`:
+the median step before the kill is the failure-free step, the median after the recovery (the
+planner's reconfiguration over the survivors, executed with torch pipelining) the reconfigured
+step. Each is compared with the performance model's prediction for the plan that ran.
+
+The model's one framework parameter, `p2p_overhead_us` (Python, gloo and the pipelining schedule
+per send or receive, which the loopback fit does not see), is fitted leave-one-family-out: the
+Llama runs are predicted with the value fitted on the GPT-2 runs and the other way round. The raw
+model (no overhead) is shown too.
+
+The model prices one device per worker, so every worker is pinned to a core of its own (the
+controller keeps one more); with too few cores the bench measures but refuses to report errors.
+
+    .venv/bin/python bench/runtime_steps_hf.py [--layouts 2x2,4x2,2x4,4x3] [--steps 14] [--out DIR]
+Writes DIR/runtime_steps_hf.json and DIR/runtime_steps_hf.png (DIR: bench/out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+FAMILIES = {"llama": ROOT / "bench" / "data" / "bench-llama.json", "gpt2": ROOT / "bench" / "data" / "bench-gpt2.json"}
+SKIP = 2   # steps of a generation not measured: the first builds the schedule (shape inference)
+
+
+@dataclasses.dataclass
+class Case:
+    """One measured plan: the job it belongs to and what it ran."""
+
+    family: str
+    layout: str
+    run: str                 # failure-free | reconfigured
+    instance: Any
+    plan: Any
+    dead: frozenset[int]
+    measured_s: float
+    samples: int
+
+
+def parse_layouts(text: str) -> list[tuple[int, int]]:
+    layouts = []
+    for part in text.split(","):
+        pp, _, dp = part.lower().partition("x")
+        if not (pp.isdigit() and dp.isdigit()) or int(pp) < 1 or int(dp) < 1:
+            raise SystemExit(f"error: --layouts: {part!r} is not PPxDP (e.g. 2x2,4x2)")
+        layouts.append((int(pp), int(dp)))
+    return layouts
+
+
+def shape(plan: Any) -> str:
+    """Pipelines as 'layer ranges x micro-batches', e.g. '[0,5)[5,10) x12 | [0,10) x12'."""
+    return " | ".join("".join(f"[{s.first},{s.end})" for s in p.stages) + f" x{p.micro_batches}"
+                      for p in plan.pipelines)
+
+
+def predict(case: Case, p2p_us: float) -> float:
+    """The model's step for the case's plan with `p2p_us` framework cost per send or receive."""
+    from chameleon_opt.perf.model import PerfModel
+
+    cluster = case.instance.spec.cluster
+    network = cluster.network.model_copy(update={"p2p_overhead_us": p2p_us})
+    spec = case.instance.spec.model_copy(update={"cluster": cluster.model_copy(update={"network": network})})
+    instance = dataclasses.replace(case.instance, spec=spec)
+    return PerfModel(instance).evaluate(case.plan, case.dead).iteration_time_s
+
+
+def fit_overhead(cases: list[Case], grid: list[float]) -> float:
+    """The p2p overhead minimising the squared relative errors of `cases`."""
+    def loss(value: float) -> float:
+        return sum((predict(c, value) / c.measured_s - 1) ** 2 for c in cases)
+    return min(grid, key=loss)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default="llama,gpt2", help="comma-separated, of: " + ", ".join(FAMILIES))
+    parser.add_argument("--layouts", default="2x2,4x2,2x4,4x3", help="PPxDP layouts, comma-separated")
+    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--kill-step", type=int, default=6)
+    parser.add_argument("--victim", type=int, default=1)
+    parser.add_argument("--global-batch", type=int, default=24)
+    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=20, help="profile: timed runs per layer (median)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    args = parser.parse_args()
+    families = [f for f in args.families.split(",") if f]
+    if unknown := [f for f in families if f not in FAMILIES]:
+        raise SystemExit(f"error: --families: unknown {unknown}; use {', '.join(FAMILIES)}")
+    layouts = parse_layouts(args.layouts)
+    if not SKIP < args.kill_step < args.steps - SKIP:
+        raise SystemExit(f"error: --kill-step must leave {SKIP} + 1 steps before and after it")
+
+    import torch
+
+    from chameleon_opt.runtime.controller import Failure
+    from chameleon_opt.runtime.cores import available_cores, dedicated_cores
+    from chameleon_opt.runtime.pipelined import PipelinedController, reference_losses, runtime_instance
+    from chameleon_opt.runtime.profile import hf_workload_spec, measure_network, profile_hf_layers
+
+    console = Console(width=150)
+    workers = max(pp * dp for pp, dp in layouts)
+    cores = dedicated_cores(workers)
+    if cores is None:
+        console.print(f"[bold red]{len(available_cores())} cores for {workers} workers and the controller: workers "
+                      "would share cores, so no prediction error is reported (measured times only)[/]")
+    with console.status("measuring the loopback network..."):
+        network = measure_network().network()
+    console.print(f"network: {network}")
+    cases: list[Case] = []
+    checks: list[dict[str, Any]] = []
+    for family in families:
+        config = FAMILIES[family]
+        with console.status(f"profiling {family}..."):
+            if cores is not None:   # the profile on a core of its own too, as the workers run
+                mask = os.sched_getaffinity(0)
+                os.sched_setaffinity(0, {cores[0]})
+            profile = profile_hf_layers(config, args.seq_len, (args.micro_batch,), repeats=args.repeats,
+                                        dtype=torch.float32)
+            if cores is not None:
+                os.sched_setaffinity(0, mask)
+        spec = hf_workload_spec(config, profile, args.seq_len)
+        expected: list[float] | None = None
+        for pp, dp in layouts:
+            name = f"PP{pp} x DP{dp}"
+            instance = runtime_instance(config, pp, dp, 1, global_batch=args.global_batch,
+                                        micro_batch_size=args.micro_batch, sequence_length=args.seq_len,
+                                        measured=spec, network=network)
+            by_device = None if cores is None else {d: cores[i] for i, d in enumerate(sorted(instance.plan.devices))}
+            with console.status(f"{family} {name}: {args.steps} steps, device {args.victim} killed in step "
+                                f"{args.kill_step}..."):
+                started = time.perf_counter()
+                report = PipelinedController(instance, config, dtype="float32", cores=by_device,
+                                             step_timeout_s=30.0).run(
+                    args.steps, [Failure(args.kill_step, (args.victim,), after_ops=2)])
+                wall = time.perf_counter() - started
+            times = report.step_times_s
+            recovery = report.recoveries[0]
+            dead = frozenset(recovery.dead)
+            cases.append(Case(family, name, "failure-free", instance, instance.plan, frozenset(),
+                              statistics.median(times[SKIP:args.kill_step]), args.kill_step - SKIP))
+            cases.append(Case(family, name, "reconfigured", instance, recovery.plan, dead,
+                              statistics.median(times[args.kill_step + SKIP:]), args.steps - args.kill_step - SKIP))
+            if expected is None:   # the same batches and model for every layout of the family
+                expected = reference_losses(instance, config, args.steps, dtype="float32")
+            checks.append({"family": family, "layout": name, "wall_s": wall, "recovery_total_s": recovery.total_s,
+                           "every_sample_once": all(report.samples_exactly_once),
+                           "loss_deviation": max(abs(a - b) / abs(b) for a, b in zip(report.losses, expected)),
+                           "reconfigured_plan": shape(recovery.plan)})
+            console.print(f"{family} {name}: {wall:.1f} s, failure-free {cases[-2].measured_s * 1e3:.1f} ms, "
+                          f"reconfigured {cases[-1].measured_s * 1e3:.1f} ms, every sample once "
+                          f"{checks[-1]['every_sample_once']}, loss deviation {checks[-1]['loss_deviation']:.1e}")
+
+    grid = [float(v) for v in range(0, 3001, 10)]
+    fitted = {f: fit_overhead([c for c in cases if c.family != f], grid) if len(families) > 1 else None
+              for f in families}
+    rows = []
+    for c in cases:
+        overhead = fitted[c.family]
+        predicted = predict(c, overhead) if overhead is not None else None
+        rows.append({"family": c.family, "layout": c.layout, "run": c.run, "devices": len(set(c.plan.devices) - c.dead),
+                     "pipelines": len(c.plan.pipelines), "samples": c.samples, "measured_s": c.measured_s,
+                     "raw_model_s": predict(c, 0.0), "p2p_overhead_us": overhead, "predicted_s": predicted,
+                     "error": None if cores is None or predicted is None else predicted / c.measured_s - 1})
+    table = Table(title=f"HF runtime, predicted vs measured step ({'a core per worker' if cores else 'SHARED cores'}; "
+                        f"batch {args.global_batch}, micro-batch {args.micro_batch}, {args.seq_len} tokens, float32; "
+                        "p2p overhead fitted on the other family)")
+    for column in ("family", "layout", "run", "plan", "raw model ms", "p2p us", "predicted ms", "measured ms", "error"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(r["family"], r["layout"], r["run"], f"{r['pipelines']}p/{r['devices']}d",
+                      f"{r['raw_model_s'] * 1e3:.1f}", "-" if r["p2p_overhead_us"] is None else f"{r['p2p_overhead_us']:.0f}",
+                      "-" if r["predicted_s"] is None else f"{r['predicted_s'] * 1e3:.1f}", f"{r['measured_s'] * 1e3:.1f}",
+                      "n/a" if r["error"] is None else f"{r['error']:+.1%}")
+    console.print(table)
+    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+    summary = None
+    if errors:
+        summary = {"cases": len(errors), "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors)}
+        console.print(f"{len(errors)} cases: median |error| {summary['median_abs_error']:.1%}, "
+                      f"worst {summary['worst_abs_error']:.1%}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": available_cores(),
+                          "torch": torch.__version__, "python": platform.python_version()},
+              "dedicated_cores": cores is not None, "network": network, "args": {k: str(v) for k, v in vars(args).items()},
+              "rows": rows, "summary": summary, "runs": checks}
+    (args.out / "runtime_steps_hf.json").write_text(json.dumps(result, indent=2, default=float))
+    plot(rows, args.out / "runtime_steps_hf.png")
+    console.print(f"wrote {args.out / 'runtime_steps_hf.json'} and {args.out / 'runtime_steps_hf.png'}")
+    return 0
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Predicted against measured, one point per case, the diagonal and +-10% / 20% bands."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    top = max(max(r["measured_s"], r["predicted_s"] or 0.0, r["raw_model_s"]) for r in rows) * 1.1e3
+    for band, style in ((0.1, ":"), (0.2, "--")):
+        ax.plot([0, top], [0, top * (1 + band)], "k" + style, lw=0.7)
+        ax.plot([0, top], [0, top * (1 - band)], "k" + style, lw=0.7, label=f"±{band:.0%}")
+    ax.plot([0, top], [0, top], "k-", lw=0.8)
+    for family, marker in (("llama", "o"), ("gpt2", "s")):
+        for run, colour in (("failure-free", "tab:blue"), ("reconfigured", "tab:orange")):
+            picked = [r for r in rows if r["family"] == family and r["run"] == run and r["predicted_s"] is not None]
+            ax.scatter([r["measured_s"] * 1e3 for r in picked], [r["predicted_s"] * 1e3 for r in picked],
+                       marker=marker, color=colour, label=f"{family}, {run}")
+            ax.scatter([r["measured_s"] * 1e3 for r in picked], [r["raw_model_s"] * 1e3 for r in picked],
+                       marker=marker, facecolors="none", edgecolors=colour, alpha=0.5)
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("measured step (ms)")
+    ax.set_ylabel("predicted step (ms); hollow: raw model")
+    ax.set_title("HF runtime: predicted vs measured")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
