@@ -15,6 +15,10 @@ model (no overhead) is shown too.
 
 The model prices one device per worker, so every worker is pinned to a core of its own (the
 controller keeps one more); with too few cores the bench measures but refuses to report errors.
+A core is slower while its neighbours work (shared caches and memory bandwidth, all-core clock
+limits): a job of W workers is therefore priced with a profile taken in W pinned processes at
+once (the median of their per-layer times, `loaded_profile`), and the profile of one core alone
+is shown beside it.
 
     .venv/bin/python bench/runtime_steps_hf.py [--layouts 2x2,4x2,2x4,4x3] [--steps 14] [--out DIR]
 Writes DIR/runtime_steps_hf.json and DIR/runtime_steps_hf.png (DIR: bench/out).
@@ -50,11 +54,46 @@ class Case:
     family: str
     layout: str
     run: str                 # failure-free | reconfigured
-    instance: Any
+    instance: Any            # priced with the loaded profile (W workers at once)
+    alone: Any               # the same job priced with the profile of one core alone
     plan: Any
     dead: frozenset[int]
     measured_s: float
     samples: int
+
+
+def _profile_on(core: int, config: str, seq_len: int, mbs: int, repeats: int, out: Any) -> None:
+    """One of `loaded_profile`'s processes: pinned to `core`, it profiles and sends the result."""
+    import torch
+
+    from chameleon_opt.runtime.profile import profile_hf_layers
+
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    out.put(profile_hf_layers(config, seq_len, (mbs,), repeats=repeats, dtype=torch.float32))
+
+
+def loaded_profile(config: Path, seq_len: int, mbs: int, repeats: int, cores: list[int]) -> Any:
+    """The per-layer profile of a core while every core of `cores` runs the same profile: the
+    element-wise median over the processes (each pinned to one of them)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_profile_on, args=(core, str(config), seq_len, mbs, repeats, out)) for core in cores]
+    for proc in procs:
+        proc.start()
+    profiles = [out.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join()
+
+    def median(rows: list[tuple[float, ...]]) -> tuple[float, ...]:
+        return tuple(statistics.median(column) for column in zip(*rows))
+
+    first = profiles[0]
+    return dataclasses.replace(first, forward_s={mbs: median([p.forward_s[mbs] for p in profiles])},
+                               backward_s={mbs: median([p.backward_s[mbs] for p in profiles])},
+                               update_s=median([p.update_s for p in profiles]))
 
 
 def parse_layouts(text: str) -> list[tuple[int, int]]:
@@ -73,15 +112,16 @@ def shape(plan: Any) -> str:
                       for p in plan.pipelines)
 
 
-def predict(case: Case, p2p_us: float) -> float:
-    """The model's step for the case's plan with `p2p_us` framework cost per send or receive."""
+def predict(case: Case, p2p_us: float, alone: bool = False) -> float:
+    """The model's step for the case's plan with `p2p_us` framework cost per send or receive
+    (with the one-core-alone profile when `alone`)."""
     from chameleon_opt.perf.model import PerfModel
 
-    cluster = case.instance.spec.cluster
+    priced = case.alone if alone else case.instance
+    cluster = priced.spec.cluster
     network = cluster.network.model_copy(update={"p2p_overhead_us": p2p_us})
-    spec = case.instance.spec.model_copy(update={"cluster": cluster.model_copy(update={"network": network})})
-    instance = dataclasses.replace(case.instance, spec=spec)
-    return PerfModel(instance).evaluate(case.plan, case.dead).iteration_time_s
+    spec = priced.spec.model_copy(update={"cluster": cluster.model_copy(update={"network": network})})
+    return PerfModel(dataclasses.replace(priced, spec=spec)).evaluate(case.plan, case.dead).iteration_time_s
 
 
 def fit_overhead(cases: list[Case], grid: list[float]) -> float:
@@ -131,7 +171,7 @@ def main() -> int:
     checks: list[dict[str, Any]] = []
     for family in families:
         config = FAMILIES[family]
-        with console.status(f"profiling {family}..."):
+        with console.status(f"profiling {family} on one core..."):
             if cores is not None:   # the profile on a core of its own too, as the workers run
                 mask = os.sched_getaffinity(0)
                 os.sched_setaffinity(0, {cores[0]})
@@ -140,12 +180,20 @@ def main() -> int:
             if cores is not None:
                 os.sched_setaffinity(0, mask)
         spec = hf_workload_spec(config, profile, args.seq_len)
+        loaded_specs: dict[int, Any] = {}
         expected: list[float] | None = None
         for pp, dp in layouts:
             name = f"PP{pp} x DP{dp}"
-            instance = runtime_instance(config, pp, dp, 1, global_batch=args.global_batch,
-                                        micro_batch_size=args.micro_batch, sequence_length=args.seq_len,
-                                        measured=spec, network=network)
+            job = dict(global_batch=args.global_batch, micro_batch_size=args.micro_batch, sequence_length=args.seq_len,
+                       network=network)
+            alone = runtime_instance(config, pp, dp, 1, measured=spec, **job)
+            instance = alone
+            if cores is not None:
+                if pp * dp not in loaded_specs:
+                    with console.status(f"profiling {family} on {pp * dp} cores at once..."):
+                        loaded_specs[pp * dp] = hf_workload_spec(config, loaded_profile(
+                            config, args.seq_len, args.micro_batch, args.repeats, cores[:pp * dp]), args.seq_len)
+                instance = runtime_instance(config, pp, dp, 1, measured=loaded_specs[pp * dp], **job)
             by_device = None if cores is None else {d: cores[i] for i, d in enumerate(sorted(instance.plan.devices))}
             with console.status(f"{family} {name}: {args.steps} steps, device {args.victim} killed in step "
                                 f"{args.kill_step}..."):
@@ -157,9 +205,9 @@ def main() -> int:
             times = report.step_times_s
             recovery = report.recoveries[0]
             dead = frozenset(recovery.dead)
-            cases.append(Case(family, name, "failure-free", instance, instance.plan, frozenset(),
+            cases.append(Case(family, name, "failure-free", instance, alone, instance.plan, frozenset(),
                               statistics.median(times[SKIP:args.kill_step]), args.kill_step - SKIP))
-            cases.append(Case(family, name, "reconfigured", instance, recovery.plan, dead,
+            cases.append(Case(family, name, "reconfigured", instance, alone, recovery.plan, dead,
                               statistics.median(times[args.kill_step + SKIP:]), args.steps - args.kill_step - SKIP))
             if expected is None:   # the same batches and model for every layout of the family
                 expected = reference_losses(instance, config, args.steps, dtype="float32")
@@ -167,11 +215,15 @@ def main() -> int:
                            "every_sample_once": all(report.samples_exactly_once),
                            "loss_deviation": max(abs(a - b) / abs(b) for a, b in zip(report.losses, expected)),
                            "reconfigured_plan": shape(recovery.plan)})
+            args.out.mkdir(parents=True, exist_ok=True)
+            with (args.out / "runtime_steps_hf.runs.jsonl").open("a") as log:   # kept if a later run is cut off
+                log.write(json.dumps({**checks[-1], "step_times_s": times, "kill_step": args.kill_step,
+                                      "dead": sorted(dead)}) + "\n")
             console.print(f"{family} {name}: {wall:.1f} s, failure-free {cases[-2].measured_s * 1e3:.1f} ms, "
                           f"reconfigured {cases[-1].measured_s * 1e3:.1f} ms, every sample once "
                           f"{checks[-1]['every_sample_once']}, loss deviation {checks[-1]['loss_deviation']:.1e}")
 
-    grid = [float(v) for v in range(0, 3001, 10)]
+    grid = [float(v) for v in range(0, 10001, 20)]
     fitted = {f: fit_overhead([c for c in cases if c.family != f], grid) if len(families) > 1 else None
               for f in families}
     rows = []
@@ -180,16 +232,18 @@ def main() -> int:
         predicted = predict(c, overhead) if overhead is not None else None
         rows.append({"family": c.family, "layout": c.layout, "run": c.run, "devices": len(set(c.plan.devices) - c.dead),
                      "pipelines": len(c.plan.pipelines), "samples": c.samples, "measured_s": c.measured_s,
-                     "raw_model_s": predict(c, 0.0), "p2p_overhead_us": overhead, "predicted_s": predicted,
+                     "raw_model_s": predict(c, 0.0), "raw_model_alone_s": predict(c, 0.0, alone=True),
+                     "p2p_overhead_us": overhead, "predicted_s": predicted,
                      "error": None if cores is None or predicted is None else predicted / c.measured_s - 1})
     table = Table(title=f"HF runtime, predicted vs measured step ({'a core per worker' if cores else 'SHARED cores'}; "
                         f"batch {args.global_batch}, micro-batch {args.micro_batch}, {args.seq_len} tokens, float32; "
                         "p2p overhead fitted on the other family)")
-    for column in ("family", "layout", "run", "plan", "raw model ms", "p2p us", "predicted ms", "measured ms", "error"):
+    for column in ("family", "layout", "run", "plan", "raw, 1 core alone ms", "raw ms", "p2p us", "predicted ms",
+                   "measured ms", "error"):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(r["family"], r["layout"], r["run"], f"{r['pipelines']}p/{r['devices']}d",
-                      f"{r['raw_model_s'] * 1e3:.1f}", "-" if r["p2p_overhead_us"] is None else f"{r['p2p_overhead_us']:.0f}",
+                      f"{r['raw_model_alone_s'] * 1e3:.1f}", f"{r['raw_model_s'] * 1e3:.1f}", "-" if r["p2p_overhead_us"] is None else f"{r['p2p_overhead_us']:.0f}",
                       "-" if r["predicted_s"] is None else f"{r['predicted_s'] * 1e3:.1f}", f"{r['measured_s'] * 1e3:.1f}",
                       "n/a" if r["error"] is None else f"{r['error']:+.1%}")
     console.print(table)

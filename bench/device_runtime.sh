@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The runtime benches on a lent machine with 16 CPU cores (one per worker): installs the carried
+# wheels (.whl, cp312) into /tmp/site, then runs bench/runtime_steps_hf.py and bench/runtime_steps.py
+# with their outputs in $OUT. Not part of the project's set-up: the device machine has no registry.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+OUT=${OUT:-bench/out}
+mkdir -p "$OUT"
+nproc; lscpu | grep -E "Model name|Thread|Core|Socket" ; python3 -c "import torch, transformers, ortools, pulp, highspy, pydantic; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+timeout "${HF_TIMEOUT:-330}" python3 bench/runtime_steps_hf.py --out "$OUT" ${HF_ARGS:-} 2>&1 | tee "$OUT/runtime_steps_hf.log"
+timeout "${GPT_TIMEOUT:-120}" python3 bench/runtime_steps.py --reprofile --steps 14 2>&1 | tee "$OUT/runtime_steps.log"
+cp bench/out/runtime_steps.json bench/out/runtime_steps.png "$OUT"/ 2>/dev/null
+true
