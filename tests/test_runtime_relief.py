@@ -199,3 +199,13 @@ def test_stages_run_their_reliefs_and_a_recovery_runs_the_planned_one():
         for pipe in recovery.plan.pipelines))
     failed = frozenset({3})
     assert model.evaluate(recovery.plan, failed).memory_ok and not model.evaluate(without, failed).memory_ok
+
+
+def test_a_relief_the_workers_cannot_execute_is_refused_before_any_starts():
+    config = MODELS / "tiny-llama" / "config.json"
+    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=1, tensor_parallel=1)
+    pipe = instance.plan.pipelines[0]
+    plan = dataclasses.replace(instance.plan, pipelines=(dataclasses.replace(
+        pipe, stages=(dataclasses.replace(pipe.stages[0], relief="swap"), pipe.stages[1])),))
+    with pytest.raises(ValueError, match="unknown relief 'swap'"):
+        PipelinedController(dataclasses.replace(instance, plan=plan), config)

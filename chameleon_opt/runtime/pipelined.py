@@ -709,6 +709,8 @@ class PipelinedController:
             raise ValueError(f"restore must be migration, checkpoint or verify, not {restore!r}")
         if restore != "migration" and checkpoint_dir is None:
             raise ValueError("a checkpoint restore needs checkpoint_dir")
+        for stage in (st for pipe in instance.plan.pipelines for st in pipe.stages if st.relief is not None):
+            parse_relief(stage.relief)  # one the workers can execute, said before any starts
         self.instance, self.restore = instance, restore
         arch = instance.workload.architecture
         assert arch is not None
