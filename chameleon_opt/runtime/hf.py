@@ -10,18 +10,33 @@ whose rows are regrouped so that each TP shard holds whole heads of q, k and v.
 
 A tied embedding (GPT-2) and its head are separate copies in a stage; the runtime sums the
 gradients of both copies (on one stage or across the first and last), so they stay equal.
+
+A stage runs one activation mode of perf/relief_kinds.py (`Stage.set_activation_mode`): `full`
+checkpoints each block (torch.utils.checkpoint, non-reentrant: only the block's input is kept and
+the block is rerun in the backward), `selective` checkpoints each block's attention core (the
+function transformers dispatches to with Q, K and V: its scores and the kernel's statistics are
+not kept, Q, K and V are, Korthikanti et al.'s selective recomputation), `offload` copies the
+forward's saved activations to host memory (runtime/offload.py). None changes the arithmetic.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+from chameleon_opt.perf.relief_kinds import ACTIVATION_MODES
+from chameleon_opt.runtime.offload import ActivationOffload
+
+SELECTIVE_PREFIX = "chameleon-recompute-core-"
 
 def load_config(path: str | Path) -> Any:
     """A transformers config from a config.json, offline."""
@@ -108,8 +123,32 @@ class Stage(nn.Module):
                 self.head.weight.copy_(head.weight)
         if self.kind == "llama":
             self.rotary = core.rotary_emb
+        self.activation_mode = "none"
+        self.offload: ActivationOffload | None = None
+
+    def attention_modules(self) -> list[nn.Module]:
+        return [block.self_attn if self.kind == "llama" else block.attn for block in self.blocks.values()]
+
+    def set_activation_mode(self, mode: str) -> None:
+        """Run the forward under `mode` from now on (the module docstring says what each keeps).
+        Call it after sharding: offload leaves the parameters (by storage) on the device."""
+        if mode not in ACTIVATION_MODES:
+            raise ValueError(f"unknown activation mode {mode!r}: use one of {', '.join(ACTIVATION_MODES)}")
+        for attention in self.attention_modules():
+            # the blocks share the model's config: each gets its own, naming its attention function
+            base = attention.config._attn_implementation.removeprefix(SELECTIVE_PREFIX)
+            attention.config = copy.copy(attention.config)
+            attention.config._attn_implementation = selective_attention(base) if mode == "selective" else base
+        self.activation_mode = mode
+        self.offload = ActivationOffload(self.parameters()) if mode == "offload" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offload is not None:
+            with self.offload.hooks():
+                return self._forward(x)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.has_embedding:
             ids = x
             x = self.embed(ids)
@@ -118,8 +157,10 @@ class Stage(nn.Module):
         positions = torch.arange(x.shape[1]).unsqueeze(0)
         rotary = self.rotary(x, positions) if self.kind == "llama" else None
         for block in self.blocks.values():
-            out = block(x, position_embeddings=rotary, position_ids=positions) if rotary is not None else block(x)
-            x = out[0] if isinstance(out, tuple) else out
+            if self.activation_mode == "full":
+                x = checkpoint(_run_block, block, x, rotary, positions, use_reentrant=False)
+            else:
+                x = _run_block(block, x, rotary, positions)
         if self.has_head:
             x = self.head(self.norm(x))
         return x
@@ -129,6 +170,30 @@ class Stage(nn.Module):
         if name.startswith("blocks."):
             return int(name.split(".")[1])
         return 0 if name.startswith(("embed", "positions")) else self.end - 1
+
+
+def _run_block(block: nn.Module, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None,
+               positions: torch.Tensor) -> torch.Tensor:
+    out = block(x, position_embeddings=rotary, position_ids=positions) if rotary is not None else block(x)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def selective_attention(base: str) -> str:
+    """The name of an attention function that runs transformers' `base` one (sdpa, eager, ...)
+    under a non-reentrant checkpoint, registered on first use: the core's inputs Q, K and V (and
+    the mask) are what the backward keeps, the core is rerun from them."""
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = SELECTIVE_PREFIX + base
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        def recomputed(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            core = sys.modules[type(module).__module__].eager_attention_forward if base == "eager" \
+                else ALL_ATTENTION_FUNCTIONS[base]
+            return checkpoint(core, module, *args, use_reentrant=False, **kwargs)
+
+        AttentionInterface.register(name, recomputed)
+    return name
 
 
 def shard_stage(stage: Stage, mesh: Any) -> None:

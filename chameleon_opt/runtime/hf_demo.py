@@ -65,11 +65,14 @@ def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, 
             mode: {"losses": r.losses, "samples_exactly_once": r.samples_exactly_once, "loss_deviation": dev,
                    "dead": list(r.dead), "checkpoint_save_s": r.checkpoint_save_s,
                    "heartbeat_longest_s": r.heartbeat_longest_s,
+                   "reliefs": [{str(d): name for d, name in ran.items()} for ran in r.reliefs],
                    "recoveries": [{"step": x.step, "dead": list(x.dead), "hung": list(x.hung),
                                    "detection_s": x.detection_s, "planning_s": x.planning_s, "group_s": x.group_s,
                                    "build_s": x.build_s, "restore_s": x.restore_s, "first_step_s": x.first_step_s,
                                    "total_s": x.total_s, "aborted_transitions": x.aborted_transitions,
-                                   "plan": x.plan.to_json() if x.plan else None} for x in r.recoveries]}
+                                   "plan": x.plan.to_json() if x.plan else None,
+                                   "reliefs": {str(d): name for d, name in x.reliefs.items()}}
+                                  for x in r.recoveries]}
             for mode, (r, dev) in results.items()}})
         return
     table = Table(title=f"{config}: recovery (kill to next committed step), {shape}")

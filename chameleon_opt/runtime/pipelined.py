@@ -11,6 +11,13 @@ head copy), one flat all-reduce per holder set in one global order (deadlock-fre
 the local shards (exactly torch's AdamW, element-wise), so a shard's state is plain tensors that
 can move.
 
+Each stage runs its plan's memory relief (`Stage.relief`, None: the training's recomputation;
+perf/relief_kinds.py): its activation mode in the stage's forward (`hf.Stage.set_activation_mode`:
+block or attention-core checkpointing, or activations copied to host memory) and, with
+`+opt-offload`, its optimizer state and step in a host buffer (`offload.HostAdamW`). The planner
+chooses reliefs among the instance's `training.reliefs`, so a recovery that only fits with one runs
+it; every worker reports the relief it built (`PipelinedReport.reliefs`).
+
 On a failure the controller asks the planner (`planning.plan_recovery`, policy reconfigure: the plan
 keeps the TP degree) for a plan over the survivors, from the layout the state is in, and its
 migration schedule, and each shard a device lacks is sent by the planned peer-to-peer transfers (a layer's shard state flattened, the
@@ -52,10 +59,12 @@ from chameleon_opt.comm.lowering import state_shares
 from chameleon_opt.decision import with_stale_copies
 from chameleon_opt.errors import UnrecoverableError
 from chameleon_opt.instance.load import Instance
+from chameleon_opt.perf.relief_kinds import parse_relief, relief_name
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.runtime import hf
 from chameleon_opt.runtime.cores import pin
+from chameleon_opt.runtime.offload import HostAdamW
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, start_heartbeat, step_loss
 
 LEARNING_RATE = 3e-3
@@ -106,9 +115,10 @@ class Worker:
         self.groups: dict[tuple[int, ...], Any] = {}
 
     # the stage of a generation ----------------------------------------------------------------
-    def _build_stage(self, first: int, end: int, tp_group: Any, generation: int
+    def _build_stage(self, first: int, end: int, tp_group: Any, generation: int, activation_mode: str
                      ) -> tuple[hf.Stage, dict[str, torch.Tensor]]:
-        """The stage module (sharded when TP > 1) and each parameter's local shard, by name."""
+        """The stage module (sharded when TP > 1, running `activation_mode`) and each parameter's
+        local shard, by name."""
         model = hf.build_model(self.config, self.job.seed, self.dtype, self.job.tensor_parallel)
         stage = hf.Stage(model, self.config, first, end)
         if self.job.tensor_parallel > 1:
@@ -117,6 +127,7 @@ class Worker:
             # a mesh equal to an earlier generation's (same ranks) would hit DTensor's caches, which
             # hold that mesh and its destroyed group: a name per generation keeps them apart
             hf.shard_stage(stage, DeviceMesh.from_group(tp_group, "cpu", mesh_dim_names=(f"tp{generation}",)))
+        stage.set_activation_mode(activation_mode)
         return stage, {name: _local(p) for name, p in _named_params(stage)}
 
     def _layer_names(self, stage: hf.Stage, layer: int) -> list[str]:
@@ -145,9 +156,12 @@ class Worker:
             self._die(False)
         new_state: dict[str, dict[str, torch.Tensor]] = {}
         stage = None
+        relief = None
         if role is not None:
             first, end = role["layers"]
-            stage, shards = self._build_stage(first, end, groups.get(tuple(role["tp_group"])), msg["generation"])
+            mode, optimizer_offloaded = parse_relief(role["relief"])
+            stage, shards = self._build_stage(first, end, groups.get(tuple(role["tp_group"])), msg["generation"], mode)
+            relief = relief_name(stage.activation_mode, optimizer_offloaded)
             for name, shard in shards.items():
                 held = self.state.get(name) if self.tp_rank == role["tp_rank"] else None
                 if held is not None and self.layers is not None and self.layers[0] <= stage.layer_of(name) < self.layers[1]:
@@ -174,7 +188,7 @@ class Worker:
                 raise AssertionError(f"device {self.device} lacks {sorted(missing)[:3]} after the transition")
         self.pending = {"state": new_state, "stage": stage, "role": role, "groups": groups, "rank_of": rank_of}
         return {"event": "ready", "device": self.device, "group_s": t1 - t0, "build_s": t_built - t1,
-                "restore_s": t2 - t_built}
+                "restore_s": t2 - t_built, "relief": relief}
 
     def _migrate(self, transfers: list[dict[str, Any]], stage: hf.Stage | None,
                  new_state: dict[str, dict[str, torch.Tensor]], rank_of: dict[int, int]) -> None:
@@ -273,12 +287,19 @@ class Worker:
         self.holders = [_local(param).detach() for _, param in _named_params(self.stage)]
         self.names = [n for n, _ in _named_params(self.stage)]
         self.names_of_layer = {layer: self._layer_names(self.stage, layer) for layer in range(*self.layers)}
-        self.optimizer = torch.optim.AdamW(self.holders, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, foreach=False)
-        for name, holder in zip(self.names, self.holders):
-            st = self.state[name]
-            self.state[name] = {"param": holder, "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"]}
-            self.optimizer.state[holder] = {"step": torch.tensor(float(self.steps_done)), "exp_avg": st["exp_avg"],
-                                            "exp_avg_sq": st["exp_avg_sq"]}
+        self.host_optimizer = None
+        if parse_relief(role["relief"])[1]:  # the state moves into the host buffer, the step runs there
+            self.host_optimizer = HostAdamW(
+                self.holders, [(self.state[n]["exp_avg"], self.state[n]["exp_avg_sq"]) for n in self.names],
+                self.steps_done, LEARNING_RATE, WEIGHT_DECAY)
+            self.state = {name: self.host_optimizer.state(i) for i, name in enumerate(self.names)}
+        else:
+            self.optimizer = torch.optim.AdamW(self.holders, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, foreach=False)
+            for name, holder in zip(self.names, self.holders):
+                st = self.state[name]
+                self.state[name] = {"param": holder, "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"]}
+                self.optimizer.state[holder] = {"step": torch.tensor(float(self.steps_done)),
+                                                "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"]}
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
         pipe_stage = PipelineStage(self.stage, role["stage"], role["num_stages"], torch.device("cpu"),
@@ -392,9 +413,12 @@ class Worker:
             grads["head.weight"].copy_(grads["embed.weight"])
 
     def commit(self) -> None:
-        for holder, (_, param) in zip(self.holders, _named_params(self.stage)):
-            holder.grad = _local(param.grad)
-        self.optimizer.step()
+        if self.host_optimizer is not None:
+            self.host_optimizer.step([_local(param.grad) for _, param in _named_params(self.stage)])
+        else:
+            for holder, (_, param) in zip(self.holders, _named_params(self.stage)):
+                holder.grad = _local(param.grad)
+            self.optimizer.step()
         self.stage.zero_grad(set_to_none=True)
         for h in self.holders:
             h.grad = None
@@ -598,6 +622,7 @@ class Recovery:
     plan: Plan | None = None
     aborted_transitions: int = 0
     hung: tuple[int, ...] = ()  # devices the heartbeat watchdog found silent and killed
+    reliefs: dict[int, str] = field(default_factory=dict)  # device -> the relief its new stage runs
 
 
 @dataclass
@@ -610,13 +635,15 @@ class PipelinedReport:
     checkpoint_save_s: list[float] = field(default_factory=list)
     dead: tuple[int, ...] = ()
     heartbeat_longest_s: float = 0.0   # longest silence of a live worker the watchdog saw
+    reliefs: list[dict[int, str]] = field(default_factory=list)  # per plan: device -> relief its worker built
 
 
 def generation_message(plan: Plan, live: list[int], instance: Instance, transfers: list[dict[str, Any]]
                        ) -> dict[int, dict[str, Any]]:
     """Per live device: ranks, the groups every rank creates (same order everywhere) and its role.
     Ranks follow the plan pipeline by pipeline, stage by stage, TP innermost, so the t-th ranks of
-    a pipeline's stages ascend with the stage (a group's ranks are sorted: stage s is group rank s)."""
+    a pipeline's stages ascend with the stage (a group's ranks are sorted: stage s is group rank s).
+    A role's relief is its stage's, the training's recomputation where the plan names none."""
     order = [d for pipe in plan.pipelines for stage in pipe.stages for d in stage.devices]
     order += [d for d in live if d not in order]
     rank_of = {d: r for r, d in enumerate(order)}
@@ -633,6 +660,7 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
     roles: dict[int, dict[str, Any]] = {}
     offset = 0
     mbs = instance.micro_batch_size
+    recompute = instance.spec.training.recompute
     for pipe in plan.pipelines:
         for t in range(plan.tensor_parallel):
             groups.add(tuple(rank_of[stage.devices[t]] for stage in pipe.stages))
@@ -642,6 +670,7 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
             for t, d in enumerate(stage.devices):
                 roles[d] = {"layers": [stage.first, stage.end], "stage": s, "num_stages": len(pipe.stages),
                             "tp_rank": t, "tp_group": tp_group, "micro_batches": pipe.micro_batches,
+                            "relief": stage.relief if stage.relief is not None else recompute,
                             "sample_offset": offset * mbs,
                             "pp_group": [rank_of[st.devices[t]] for st in pipe.stages],
                             "grad_groups": {key: sorted(h) for (key, tt), h in holders.items() if tt == t}}
@@ -649,6 +678,11 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
     ordered = sorted(groups, key=lambda g: (len(g), g))
     return {d: {"rank_of": rank_of, "groups": [list(g) for g in ordered], "role": roles.get(d),
                 "transfers": transfers} for d in live}
+
+
+def ran_reliefs(replies: Mapping[int, dict[str, Any]]) -> dict[int, str]:
+    """Device -> the relief its worker built for the generation (devices without a stage left out)."""
+    return {d: r["relief"] for d, r in sorted(replies.items()) if r.get("relief") is not None}
 
 
 def as_failures(kills: Mapping[int, tuple[int, int]] | Sequence[Any] | None) -> list[Any]:
@@ -676,6 +710,8 @@ class PipelinedController:
             raise ValueError(f"restore must be migration, checkpoint or verify, not {restore!r}")
         if restore != "migration" and checkpoint_dir is None:
             raise ValueError("a checkpoint restore needs checkpoint_dir")
+        for stage in (st for pipe in instance.plan.pipelines for st in pipe.stages if st.relief is not None):
+            parse_relief(stage.relief)  # one the workers can execute, said before any starts
         self.instance, self.restore = instance, restore
         arch = instance.workload.architecture
         assert arch is not None
@@ -791,7 +827,8 @@ class PipelinedController:
         pending: Recovery | None = None
         kill_at = 0.0
         try:
-            self._generation(self.plan, None, "initial", 0, transition=False)
+            replies, _ = self._generation(self.plan, None, "initial", 0, transition=False)
+            report.reliefs.append(ran_reliefs(replies))
             step = 0
             while step < steps:
                 victims: dict[int, tuple[int, bool]] = {}
@@ -815,6 +852,7 @@ class PipelinedController:
                     pending = self._recover(step, tuple(sorted(dead)), kill_at)
                     report.recoveries.append(pending)
                     report.plans.append(self.plan)
+                    report.reliefs.append(pending.reliefs)
                     continue
                 folder = None
                 if self.job.checkpoint_dir is not None:
@@ -867,6 +905,7 @@ class PipelinedController:
         recovery.restore_s = max(r["restore_s"] for r in replies.values())
         recovery.plan = decision.plan
         recovery.hung = tuple(sorted(self.hung & set(recovery.dead)))
+        recovery.reliefs = ran_reliefs(replies)
         return recovery
 
     def _stop(self) -> None:
@@ -881,17 +920,21 @@ class PipelinedController:
 
 def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_parallel: int, tensor_parallel: int,
                      global_batch: int = 8, micro_batch_size: int = 1, sequence_length: int = 16,
+                     reliefs: Sequence[str] | None = None, memory_gib: float = 4.0, reserved_gib: float = 0.1,
                      measured: Any = None, network: Mapping[str, float] | None = None) -> Instance:
     """An instance of CPU worker processes (one per device) training an HF config's model with a
-    regular layout, for the runtime's tests and the demo. With `measured` (a WorkloadSpec from
-    `profile.hf_workload_spec`) and the measured loopback `network`, the device type and times are
-    this machine's one core per process, so the model's predicted steps can be held against the
-    runtime's (bench/runtime_steps_hf.py); without, a nominal CPU core."""
+    regular layout, for the runtime's tests and the demo. `reliefs` (`training.reliefs`: none,
+    selective, full, offload, opt-offload) are those the planner may give a stage; a small
+    `memory_gib` and `reserved_gib` per device (a tiny model's stage needs about 2 MiB) make memory
+    tight enough to need them. With `measured` (a WorkloadSpec from `profile.hf_workload_spec`)
+    and the measured loopback `network`, the device type and times are this machine's one core
+    per process, so the model's predicted steps can be held against the runtime's
+    (bench/runtime_steps_hf.py); without, a nominal CPU core."""
     from chameleon_opt.instance.load import build_instance
     from chameleon_opt.workload.hf import workload_from_hf
 
     devices = pipeline_parallel * data_parallel * tensor_parallel
-    device_type: Any = {"name": "cpu-core", "memory_gib": 4, "peak_tflops": 0.05, "reserved_gib": 0.1}
+    device_type: Any = {"name": "cpu-core", "memory_gib": memory_gib, "peak_tflops": 0.05, "reserved_gib": reserved_gib}
     workload = workload_from_hf(Path(hf_config))
     links: dict[str, float] = {"intra_node_gbps": 2, "inter_node_gbps": 1, "intra_node_latency_us": 50}
     if measured is not None:
@@ -906,7 +949,8 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
         "cluster": {"nodes": 1, "devices_per_node": devices, "device_type": device_type, "network": links},
         "workload": {"inline": workload},
         "training": {"global_batch": global_batch, "micro_batch_size": micro_batch_size,
-                     "sequence_length": sequence_length, "precision": "fp32"},
+                     "sequence_length": sequence_length, "precision": "fp32",
+                     **({"reliefs": list(reliefs)} if reliefs is not None else {})},
         "plan": {"tensor_parallel": tensor_parallel,
                  "layout": {"pipeline_parallel": pipeline_parallel, "data_parallel": data_parallel}}})
 
