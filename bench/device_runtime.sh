@@ -9,6 +9,8 @@ OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
 nproc; lscpu | grep -E "Model name|Thread|Core|Socket" ; python3 -c "import torch, transformers, ortools, pulp, highspy, pydantic; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 timeout "${HF_TIMEOUT:-330}" python3 bench/runtime_steps_hf.py --out "$OUT" ${HF_ARGS:-} 2>&1 | tee "$OUT/runtime_steps_hf.log"
-timeout "${GPT_TIMEOUT:-120}" python3 bench/runtime_steps.py --reprofile --steps 14 2>&1 | tee "$OUT/runtime_steps.log"
-cp bench/out/runtime_steps.json bench/out/runtime_steps.png "$OUT"/ 2>/dev/null
+if [ "${GPT_TIMEOUT:-120}" != 0 ]; then
+  timeout "${GPT_TIMEOUT:-120}" python3 bench/runtime_steps.py --reprofile --steps 14 2>&1 | tee "$OUT/runtime_steps.log"
+  cp bench/out/runtime_steps.json bench/out/runtime_steps.png "$OUT"/ 2>/dev/null
+fi
 true

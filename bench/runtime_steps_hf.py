@@ -142,12 +142,16 @@ def main() -> int:
     parser.add_argument("--micro-batch", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20, help="profile: timed runs per layer (median)")
+    parser.add_argument("--relieved", default="", help="also run these layouts with full recomputation (the "
+                        "relief checkpoints every block), e.g. 2x4")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     args = parser.parse_args()
     families = [f for f in args.families.split(",") if f]
     if unknown := [f for f in families if f not in FAMILIES]:
         raise SystemExit(f"error: --families: unknown {unknown}; use {', '.join(FAMILIES)}")
-    layouts = parse_layouts(args.layouts)
+    jobs = [(pp, dp, None) for pp, dp in parse_layouts(args.layouts)]
+    jobs += [(pp, dp, "full") for pp, dp in (parse_layouts(args.relieved) if args.relieved else [])]
+    layouts = [(pp, dp) for pp, dp, _ in jobs]
     if not SKIP < args.kill_step < args.steps - SKIP:
         raise SystemExit(f"error: --kill-step must leave {SKIP} + 1 steps before and after it")
 
@@ -182,10 +186,10 @@ def main() -> int:
         spec = hf_workload_spec(config, profile, args.seq_len)
         loaded_specs: dict[int, Any] = {}
         expected: list[float] | None = None
-        for pp, dp in layouts:
-            name = f"PP{pp} x DP{dp}"
+        for pp, dp, recompute in jobs:
+            name = f"PP{pp} x DP{dp}" + (f", {recompute} recompute" if recompute else "")
             job = dict(global_batch=args.global_batch, micro_batch_size=args.micro_batch, sequence_length=args.seq_len,
-                       network=network)
+                       network=network, recompute=recompute)
             alone = runtime_instance(config, pp, dp, 1, measured=spec, **job)
             instance = alone
             if cores is not None:
@@ -214,7 +218,8 @@ def main() -> int:
             checks.append({"family": family, "layout": name, "wall_s": wall, "recovery_total_s": recovery.total_s,
                            "every_sample_once": all(report.samples_exactly_once),
                            "loss_deviation": max(abs(a - b) / abs(b) for a, b in zip(report.losses, expected)),
-                           "reconfigured_plan": shape(recovery.plan)})
+                           "reconfigured_plan": shape(recovery.plan),
+                           "reliefs_ran": sorted({r for plan in report.reliefs for r in plan.values()})})
             args.out.mkdir(parents=True, exist_ok=True)
             with (args.out / "runtime_steps_hf.runs.jsonl").open("a") as log:   # kept if a later run is cut off
                 log.write(json.dumps({**checks[-1], "step_times_s": times, "kill_step": args.kill_step,

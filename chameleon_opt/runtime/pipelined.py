@@ -921,12 +921,14 @@ class PipelinedController:
 def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_parallel: int, tensor_parallel: int,
                      global_batch: int = 8, micro_batch_size: int = 1, sequence_length: int = 16,
                      reliefs: Sequence[str] | None = None, memory_gib: float = 4.0, reserved_gib: float = 0.1,
-                     measured: Any = None, network: Mapping[str, float] | None = None) -> Instance:
+                     measured: Any = None, network: Mapping[str, float] | None = None,
+                     recompute: str | None = None) -> Instance:
     """An instance of CPU worker processes (one per device) training an HF config's model with a
     regular layout, for the runtime's tests and the demo. `reliefs` (`training.reliefs`: none,
     selective, full, offload, opt-offload) are those the planner may give a stage; a small
     `memory_gib` and `reserved_gib` per device (a tiny model's stage needs about 2 MiB) make memory
-    tight enough to need them. With `measured` (a WorkloadSpec from `profile.hf_workload_spec`)
+    tight enough to need them; `recompute` is the training's own recomputation (every stage whose
+    plan names no relief runs it). With `measured` (a WorkloadSpec from `profile.hf_workload_spec`)
     and the measured loopback `network`, the device type and times are this machine's one core
     per process, so the model's predicted steps can be held against the runtime's
     (bench/runtime_steps_hf.py); without, a nominal CPU core."""
@@ -950,7 +952,8 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
         "workload": {"inline": workload},
         "training": {"global_batch": global_batch, "micro_batch_size": micro_batch_size,
                      "sequence_length": sequence_length, "precision": "fp32",
-                     **({"reliefs": list(reliefs)} if reliefs is not None else {})},
+                     **({"reliefs": list(reliefs)} if reliefs is not None else {}),
+                     **({"recomputation": recompute} if recompute is not None else {})},
         "plan": {"tensor_parallel": tensor_parallel,
                  "layout": {"pipeline_parallel": pipeline_parallel, "data_parallel": data_parallel}}})
 
