@@ -356,6 +356,41 @@ def published_validation(directory: Path) -> dict:
             "by_family": summary("family", "family")}
 
 
+def torchtitan_validation(published_dir: Path) -> dict:
+    """torchtitan's published runs through its importer (chameleon_opt/perf/torchtitan_runs.py): refused
+    rows by the key named; the rest priced with the torchtitan kernels and the efficiencies fitted on
+    every other published family (none on these rows: all held out). Memory against max_reserved."""
+    from chameleon_opt.instance.devices import CATALOGUE
+    from chameleon_opt.perf import published as P
+    from chameleon_opt.perf.calibration import DeviceFit, FrameworkCalibration
+    from chameleon_opt.perf.torchtitan_runs import import_rows
+    runs, refused = import_rows()
+    others = []
+    for row in P.load_rows(published_dir):
+        try:
+            others.append(P.to_run(row))
+        except P.Refused:
+            continue
+    fit = P.fit_efficiencies(others, {r.id: P.step_terms(r) for r in others})
+    rows = []
+    for r in runs:
+        device = r.document["cluster"]["device_type"]
+        spec = device if isinstance(device, dict) else CATALOGUE[device].model_dump()
+        calibration = FrameworkCalibration(
+            "torchtitan (held out)", "flash", fit.memory_efficiency,
+            {spec["name"]: DeviceFit(spec["peak_tflops"], spec["memory_bandwidth_gbps"], fit.compute[r.gpu], ())},
+            overhead_gib=0.0, kernels="torchtitan",
+            attention_utilisation={spec["name"]: P.ATTENTION_UTILISATION[("flash-v2", r.gpu)]})
+        instance = build_instance(r.document, f"<{r.id}>")
+        estimate = PerfModel(instance, calibration=calibration).evaluate(instance.plan)
+        peak = max(c.memory_bytes for p in estimate.pipelines for c in p.stages) / GIB
+        rows.append({"id": r.id, "family": r.family, "measured_s": r.measured_step_s,
+                     "predicted_s": estimate.iteration_time_s, "error_time": estimate.iteration_time_s / r.measured_step_s - 1,
+                     "measured_mem_gib": r.measured_memory_gib, "predicted_mem_gib": peak,
+                     "error_mem": peak / r.measured_memory_gib - 1 if r.measured_memory_gib else None})
+    return {"rows": rows, "refused": refused, "fitted_on": list(fit.fitted_on)}
+
+
 def render_published(published: dict, out: Path) -> list[str]:
     """The per-source and per-family tables (markdown lines, also printed) and the plot."""
     lines = ["## Published runs: step time, before and leave-one-family-out", ""]
@@ -421,6 +456,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     args = parser.parse_args()
     if args.published_dir.is_dir():
+        args.out.mkdir(parents=True, exist_ok=True)
+        torchtitan = torchtitan_validation(args.published_dir)
+        (args.out / "validate_perf_torchtitan.json").write_text(json.dumps(torchtitan, indent=1))
+        for r in torchtitan["rows"]:
+            memory = "" if r["error_mem"] is None else f"  memory {r['error_mem']:+.1%}"
+            console.print(f"torchtitan {r['id']:22s} time {r['error_time']:+.1%}{memory}")
         published = published_validation(args.published_dir)
         args.out.mkdir(parents=True, exist_ok=True)
         lines = render_published(published, args.out)

@@ -313,17 +313,16 @@ class PerfModel:
             if table.update_s.max() > 0:
                 update = table.update_s.max() * w.params / max(self.total_params, 1.0)
             # Profiles are measured without recomputation: add the recomputed forward work.
-            core = np.divide(w.attention_core_flops_per_sample, w.forward_flops_per_sample,
-                             out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
-            bwd = bwd + (fwd if recompute == "full" else fwd * core if recompute == "selective" else 0.0)
+            share = np.divide(w.recomputed_flops_per_sample(recompute, self.kernels), w.forward_flops_per_sample,
+                              out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
+            bwd = bwd + fwd * share
             if recompute == "full" and timed:
                 tp_bwd = (count_b - w.tp_allreduce_counts("none")[1]) * one
             self.time_sources[key[:2]] = "profile" if profile is not None else transferred.source
         else:
             rate = device.peak_tflops * 1e12 * device.efficiency
             fwd = w.forward_flops_per_sample * mbs / tp / rate
-            recomputed = (w.forward_flops_per_sample if recompute == "full" else
-                          w.attention_core_flops_per_sample if recompute == "selective" else 0.0)
+            recomputed = w.recomputed_flops_per_sample(recompute, self.kernels)
             bwd = 2.0 * fwd + recomputed * mbs / tp / rate
             tp_fwd, tp_bwd = count_f * one, count_b * one
             self.time_sources[key[:2]] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
@@ -539,11 +538,12 @@ class PerfModel:
             framework=self.framework_bytes(device))
 
     def _head_logit_bytes(self, tp: int) -> float:
-        """The fp32 logits (and their half-precision copy) of one micro-batch on one TP rank: the part
-        of the head's activations that the breakdown names `logits`."""
+        """The loss's logits buffers of one micro-batch on one TP rank (Workload.logit_bytes_per_entry):
+        the part of the head's activations that the breakdown names `logits`."""
         a = self.workload.architecture
         assert a is not None
-        return (4.0 + self.dtype_bytes) * self.workload.sequence_length * a.vocab / tp * self.micro_batch_size
+        return (self.workload.logit_bytes_per_entry(self.kernels) * self.workload.sequence_length * a.vocab / tp
+                * self.micro_batch_size)
 
     def stage_memory(self, devices: tuple[int, ...], first: int, end: int, stage: int, stages: int,
                      own_micro_batches: float, extra_micro_batches: float = 0.0,

@@ -45,7 +45,10 @@ class Kernels:
     intermediates plus GEMM-2's input), relu (its output, shared with GEMM-2's input), swiglu
     (unfused: gate, up, SiLU output and product). count_lse: the flash kernel's float32 log-sum-exp
     (4*a bytes per token) is counted; Korthikanti's table, which MEGATRON reproduces, omits it
-    (under 0.1% of a block)."""
+    (under 0.1% of a block). selective: what the stack's selective recomputation keeps: "core"
+    (Megatron: everything but the attention core) or "op-mm" (torchtitan's per-op policy:
+    op_sac_terms). logit_bytes: bytes per token and vocabulary entry the loss holds at the head's
+    backward (None: an fp32 logits copy plus the half-precision logits or their gradient)."""
 
     name: str
     norm: Norm = "fused"
@@ -58,6 +61,8 @@ class Kernels:
     mlp: Mlp = "fused"
     mask_bytes: int = 1
     count_lse: bool = True
+    selective: Literal["core", "op-mm"] = "core"
+    logit_bytes: float | None = None
 
     def with_attention(self, attention: str) -> "Kernels":
         """The same stack with another attention kernel (the instance's `attention` setting)."""
@@ -81,10 +86,20 @@ HF_EAGER = {
 for _alias in ("mistral", "qwen2", "qwen3"):
     HF_EAGER[_alias] = HF_EAGER["llama"]
 
-TORCHTITAN = Kernels("torchtitan", norm="fused", attention="flash", attention_dropout=False, hidden_dropout=False,
-                     mlp="swiglu")
-"""torchtitan's Llama: torch's fused RMSNorm (input and statistic), SDPA, no dropout, SwiGLU in
-eager ops (w1 output, w3 output, SiLU output, product)."""
+TORCHTITAN = Kernels("torchtitan", norm="rmsnorm-fp32", attention="flash", attention_dropout=False,
+                     hidden_dropout=False, mlp="swiglu", selective="op-mm", logit_bytes=14.0)
+"""torchtitan's Llama (torchtitan/models/llama/model.py and models/norms.py at 9dec370, the 2024
+benchmarks' commit): the default `rmsnorm` normalises an fp32 copy of its input (saved: that copy
+and the normalised tensor before the weight), SDPA (flash: Q, K, V, output, log-sum-exp), no
+dropout, SwiGLU in eager ops (w1 output, w3 output, SiLU output, product). Selective means the
+per-op policy (op_sac_terms). Loss: `cross_entropy(pred.flatten(0, 1).float(), labels)` (train.py);
+at the log-softmax backward the saved fp32 log-softmax output, its incoming fp32 gradient and the
+fp32 gradient it produces are alive together (12 bytes per token and vocabulary entry), and the
+caching allocator keeps the bf16 logits' freed block (`del pred` before backward), which none of
+those fp32 tensors fits, reserved: 2 more. Measured (bench/device/torchtitan_memory_probe.py, H200,
+torch 2.11, Llama 3 8B widths, 4-8 blocks, 8-16k tokens, expandable segments): the allocated peak
+is parameters + Adam state + activations + 12 B x tokens x vocab + the gathered root within 0.5%,
+and the reserved peak this model gives (gradients counted, 14 B) within 2.1% on five runs."""
 
 
 def kernels_for(stack: str | None, family: str | None) -> Kernels:
@@ -143,9 +158,35 @@ def block_terms(a: Architecture, k: Kernels, s: int, act: float, recompute_core:
     return terms
 
 
+def op_sac_terms(a: Architecture, act: float) -> dict[str, tuple[float, str]]:
+    """Saved bytes per token of one block under torchtitan's per-op selective checkpointing
+    (`_apply_ac_to_transformer_block`, parallelize_llama.py at 9dec370): the checkpoint's input,
+    and the outputs of the ops in its `_save_list` except every second `aten.mm` of the block. A
+    Llama block's matmuls run wq, wk, wv, wo, w1, w3, w2 (Attention.forward, FeedForward.forward),
+    so wq, wv, w1 and w2 are kept and wk, wo, w3 recomputed; the flash SDPA's output and log-sum-exp
+    are kept. Under TP with sequence parallelism w2's local matmul output is the full sequence (a
+    partial sum before its reduce-scatter), and both reduce-scatters' outputs are kept too."""
+    h, q, kv, f, heads = a.hidden, a.q_dim, a.kv_dim, a.ffn, a.heads
+    return {"block input": (act * h, "sp"), "wq, wv outputs": (act * (q + kv), "tp"),
+            "SDPA output and log-sum-exp": (act * q + 4.0 * heads, "tp"), "w1 output": (act * f, "tp"),
+            "w2 output": (act * h, "full")}
+
+
+def op_sac_recomputed_flops_per_token(a: Architecture) -> float:
+    """Forward FLOPs per token torchtitan's per-op policy reruns in a block's backward: the
+    matmuls it does not keep (wk, wo, w3)."""
+    return 2.0 * (a.hidden * a.kv_dim + a.q_dim * a.hidden + a.hidden * a.ffn)
+
+
 def block_bytes_per_sample(a: Architecture, k: Kernels, s: int, act: float, tp: int,
                            sequence_parallel: bool = False, recompute_core: bool = False) -> float:
     """One block's saved bytes for one sequence on one TP rank."""
     shard = tp if sequence_parallel else 1
-    terms = block_terms(a, k, s, act, recompute_core)
-    return s * sum(b / (tp if how == "tp" else shard) for b, how in terms.values())
+    if recompute_core and k.selective == "op-mm":
+        terms = op_sac_terms(a, act)
+        if tp > 1 and sequence_parallel:
+            terms["reduce-scatter outputs (2)"] = (2.0 * act * a.hidden, "sp")
+    else:
+        terms = block_terms(a, k, s, act, recompute_core)
+    divisor = {"tp": tp, "sp": shard, "full": 1}
+    return s * sum(b / divisor[how] for b, how in terms.values())

@@ -12,7 +12,8 @@ from functools import cached_property
 
 import numpy as np
 
-from chameleon_opt.workload.activations import MEGATRON, Kernels, block_bytes_per_sample
+from chameleon_opt.workload.activations import (MEGATRON, Kernels, block_bytes_per_sample,
+                                               op_sac_recomputed_flops_per_token)
 from chameleon_opt.workload.schema import Architecture, Profile, WorkloadSpec
 
 
@@ -171,8 +172,29 @@ class Workload:
             block = block_bytes_per_sample(a, chosen, s, float(self.dtype_bytes), tp, sequence_parallel,
                                            recompute_core=mode == "selective")
         embedding = s * h / shard
-        head = 4.0 * s * h / shard * scale + (4.0 + self.dtype_bytes) * s * a.vocab / tp
+        head = 4.0 * s * h / shard * scale + self.logit_bytes_per_entry(kernels) * s * a.vocab / tp
         return np.array([embedding] + [block] * a.layers + [head])
+
+    def logit_bytes_per_entry(self, kernels: Kernels | None) -> float:
+        """Bytes per token and vocabulary entry the loss holds at the head's backward: the stack's
+        (workload/activations.py Kernels.logit_bytes), else fp32 logits plus the half-precision
+        logits or their gradient."""
+        chosen = kernels or MEGATRON
+        return chosen.logit_bytes if chosen.logit_bytes is not None else 4.0 + self.dtype_bytes
+
+    def recomputed_flops_per_sample(self, recompute: bool | str, kernels: Kernels | None = None) -> np.ndarray:
+        """Forward FLOPs per layer that recomputation reruns in the backward: the whole forward
+        (full), the attention core (selective, Megatron's kind) or the matmuls torchtitan's per-op
+        policy does not keep (selective under its kernels), nothing otherwise."""
+        mode = _recompute_mode(recompute)
+        if mode == "full":
+            return self.forward_flops_per_sample
+        if mode != "selective":
+            return np.zeros(self.num_layers)
+        if (kernels or MEGATRON).selective == "op-mm" and self.architecture is not None:
+            per_block = self.sequence_length * op_sac_recomputed_flops_per_token(self.architecture)
+            return np.array([0.0] + [per_block] * self.architecture.layers + [0.0])
+        return self.attention_core_flops_per_sample
 
     def backward_transient_bytes_per_sample(self, tp: int, recompute: bool | str, attention: str = "flash",
                                             sequence_parallel: bool = False, kernels: Kernels | None = None

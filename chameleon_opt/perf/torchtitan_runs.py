@@ -1,0 +1,87 @@
+"""torchtitan's published measured runs (bench/data/torchtitan_published.json) as the planner sees them.
+
+Each row's `config` goes through the torchtitan importer exactly as a user's job config would
+(interop/torchtitan.py, written to a file and read back); a row whose settings the importer refuses
+is counted with the refused key, never priced. The measured step time comes from torchtitan's
+logged tokens/s per GPU (tps = local tokens / (seconds x TP x PP x CP)) and the measured memory is
+its logged `max_reserved` (the caching allocator's reserved peak, which excludes the CUDA context
+and NCCL's own buffers), so the prediction compared with it is the allocator's share of the model's
+peak: the total less the framework term (metric_definitions in the data file).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chameleon_opt.errors import InputError
+from chameleon_opt.interop.common import ClusterOptions
+from chameleon_opt.interop.torchtitan import import_torchtitan
+from chameleon_opt.perf.published import NETWORKS
+
+DATA = Path(__file__).resolve().parents[2] / "bench" / "data" / "torchtitan_published.json"
+
+
+@dataclass(frozen=True)
+class TorchtitanRun:
+    id: str
+    family: str
+    gpu: str                      # the die's catalogue name for the compute fit (H100-80, A100-80, ...)
+    document: dict[str, Any]      # the imported instance document
+    measured_step_s: float
+    measured_memory_gib: float | None
+
+
+def family_of(row: dict[str, Any]) -> str:
+    """The held-out unit: one model generation on one GPU and one release of the stack."""
+    generation = "Llama 2" if row["model"].startswith("llama2") else "Llama 3"
+    return f"{generation} ({row['source']['file'].split('/')[-1]}, {row['hardware']['gpu']})"
+
+
+def load(path: Path = DATA) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(rows, device types named by the rows that the catalogue lacks)."""
+    data = json.loads(path.read_text())
+    return data["rows"], data["devices"]
+
+
+def _die(gpu: str) -> str:
+    return "H100-80" if gpu.startswith("H100") else gpu
+
+
+def import_row(row: dict[str, Any], devices: dict[str, Any]) -> TorchtitanRun:
+    """The row's job through the importer (InputError when it refuses the job, naming the setting)."""
+    gpu = row["hardware"]["gpu"]
+    network = NETWORKS.get(_die(gpu), NETWORKS["H100-80"])
+    options = ClusterOptions(world_size=row["world_size"], devices_per_node=row["hardware"]["gpus_per_node"],
+                             intra_node_gbps=network["intra_node_gbps"], inter_node_gbps=network["inter_node_gbps"])
+    with tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / f"{row['id']}.json"
+        config.write_text(json.dumps(row["config"]))
+        document = import_torchtitan(config, options, [], name=row["id"])
+    device = devices.get(gpu)
+    if device is not None:
+        document["cluster"]["device_type"] = {k: v for k, v in device.items() if k != "note"}
+    else:
+        document["cluster"]["device_type"] = gpu
+    document["cluster"]["network"] = {k: v for k, v in network.items()}
+    par = row["config"]["parallelism"]
+    non_dp = par.get("tensor_parallel_degree", 1) * par.get("pipeline_parallel_degree", 1) * \
+        par.get("context_parallel_degree", 1)
+    training = row["config"]["training"]
+    step = training["local_batch_size"] * training["seq_len"] / (row["measured"]["tokens_per_s_per_gpu"] * non_dp)
+    return TorchtitanRun(row["id"], family_of(row), _die(gpu), document, step, row["measured"].get("memory_gib"))
+
+
+def import_rows(path: Path = DATA) -> tuple[list[TorchtitanRun], dict[str, str]]:
+    """Every importable row, and each refused row's id with the setting the importer named."""
+    rows, devices = load(path)
+    runs, refused = [], {}
+    for row in rows:
+        try:
+            runs.append(import_row(row, devices))
+        except InputError as why:
+            refused[row["id"]] = why.field
+    return runs, refused

@@ -1,0 +1,72 @@
+"""torchtitan's memory terms, each against numbers worked by hand from its code (and, for the whole
+peak, the H200 probe in bench/device/torchtitan_memory_probe.py), and the published rows' check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chameleon_opt.workload.activations import (MEGATRON, TORCHTITAN, block_bytes_per_sample, block_terms,
+                                                op_sac_recomputed_flops_per_token, op_sac_terms)
+from chameleon_opt.workload.model import Workload
+from chameleon_opt.workload.schema import Architecture, WorkloadSpec
+
+LLAMA3_8B = Architecture(layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq_len=8192,
+                         gated_mlp=True, learned_positions=False, family="llama")
+
+
+def workload(arch: Architecture = LLAMA3_8B) -> Workload:
+    return Workload(WorkloadSpec(name="llama3-8b", architecture=arch), arch.seq_len, 2)
+
+
+def test_op_sac_keeps_block_input_wq_wv_sdpa_w1_w2():
+    # 2 B each: input 4096, wq 4096, wv 1024, SDPA out 4096 (+ fp32 lse 32 heads), w1 14336, w2 4096
+    per_token = 2 * (4096 + 4096 + 1024 + 4096 + 14336 + 4096) + 4 * 32
+    assert sum(b for b, _ in op_sac_terms(LLAMA3_8B, 2.0).values()) == per_token == 63616
+    assert block_bytes_per_sample(LLAMA3_8B, TORCHTITAN, 8192, 2.0, 1, recompute_core=True) == 8192 * 63616
+
+
+def test_op_sac_under_tp_divides_only_the_column_parallel_outputs():
+    # TP 2 with sequence parallelism: input / 2, w2's partial sum undivided, two reduce-scatter outputs / 2
+    per_token = 2 * 4096 / 2 + 2 * (4096 + 1024 + 4096 + 14336) / 2 + 4 * 32 / 2 + 2 * 4096 + 2 * 2 * 4096 / 2
+    assert block_bytes_per_sample(LLAMA3_8B, TORCHTITAN, 8192, 2.0, 2, sequence_parallel=True,
+                                  recompute_core=True) == pytest.approx(8192 * per_token)
+
+
+def test_op_sac_recomputes_wk_wo_w3():
+    assert op_sac_recomputed_flops_per_token(LLAMA3_8B) == 2 * (4096 * 1024 + 4096 * 4096 + 4096 * 14336)
+    w = workload()
+    recomputed = w.recomputed_flops_per_sample("selective", TORCHTITAN)
+    assert recomputed[1] == 8192 * 2 * (4096 * 1024 + 4096 * 4096 + 4096 * 14336) and recomputed[0] == recomputed[-1] == 0
+    assert np.array_equal(w.recomputed_flops_per_sample("selective", MEGATRON), w.attention_core_flops_per_sample)
+
+
+def test_loss_buffers_are_fourteen_bytes_per_logit():
+    # log-softmax backward: saved fp32 output + fp32 incoming gradient + fp32 result (12 B), and the freed
+    # bf16 logits' block the allocator keeps (2 B): 16384 tokens x 128256 x 14 B = 27.4 GiB
+    w = workload()
+    assert w.logit_bytes_per_entry(TORCHTITAN) == 14.0 and w.logit_bytes_per_entry(None) == 6.0
+    head = w.activation_bytes_per_sample(1, "full", kernels=TORCHTITAN)[-1] * 2
+    assert head == 2 * (4 * 8192 * 4096 + 14 * 8192 * 128256)
+    assert head / 2**30 == pytest.approx(27.65, abs=0.01)
+
+
+def test_torchtitan_rmsnorm_keeps_its_fp32_copy_without_checkpointing():
+    terms = block_terms(LLAMA3_8B, TORCHTITAN, 8192, 2.0)
+    assert terms["norm inputs (2 norms)"][0] == 2 * (4 + 2) * 4096
+
+
+DATA = Path(__file__).resolve().parents[1] / "bench" / "data" / "torchtitan_published.json"
+
+
+def test_published_rows_import_or_are_refused_by_name():
+    from chameleon_opt.perf.torchtitan_runs import import_rows
+    runs, refused = import_rows(DATA)
+    assert {r.id for r in runs} >= {"tt24-8b-fsdp8", "tt24-8b-fsdp128"}
+    fp8 = [i for i in refused if "fp8" in i and "compile" not in i]
+    assert fp8 and all(refused[i] in ("float8.enable_float8_linear", "compile.enable",
+                                      "parallelism.enable_async_tensor_parallel") for i in fp8)
+    assert refused["tt24-8b-fsdp8-compile-fp8"] == "float8.enable_float8_linear"
+    assert refused["tt24-8b-fsdp4-cp2"] == "parallelism.context_parallel_degree"
