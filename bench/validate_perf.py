@@ -32,19 +32,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from chameleon_opt.instance.load import MODELS_DIR, build_instance
-from chameleon_opt.perf.calibrate import calibrate
-from chameleon_opt.perf.model import GIB, PerfModel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # bench.torchtitan_runs when run as a script
+
+from chameleon_opt.instance.load import MODELS_DIR, build_instance  # noqa: E402
+from chameleon_opt.perf.calibrate import calibrate  # noqa: E402
+from chameleon_opt.perf.model import GIB, PerfModel  # noqa: E402
 from chameleon_opt.perf.sailor_fit import (calibrate_sailor, fit_overhead, measured_plans, peak_memory,
                                            sailor_document, sailor_network)
-from chameleon_opt.workload.model import Workload
-from chameleon_opt.workload.schema import WorkloadSpec
+from chameleon_opt.workload.model import Workload  # noqa: E402
+from chameleon_opt.workload.schema import WorkloadSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=140)
@@ -357,13 +360,13 @@ def published_validation(directory: Path) -> dict:
 
 
 def torchtitan_validation(published_dir: Path) -> dict:
-    """torchtitan's published runs through its importer (chameleon_opt/perf/torchtitan_runs.py): refused
+    """torchtitan's published runs through its importer (bench/torchtitan_runs.py): refused
     rows by the key named; the rest priced with the torchtitan kernels and the efficiencies fitted on
     every other published family (none on these rows: all held out). Memory against max_reserved."""
     from chameleon_opt.instance.devices import CATALOGUE
     from chameleon_opt.perf import published as P
     from chameleon_opt.perf.calibration import DeviceFit, FrameworkCalibration
-    from chameleon_opt.perf.torchtitan_runs import import_rows
+    from bench.torchtitan_runs import import_rows
     runs, refused = import_rows()
     others = []
     for row in P.load_rows(published_dir):

@@ -62,7 +62,7 @@ DATA = Path(__file__).resolve().parents[1] / "bench" / "data" / "torchtitan_publ
 
 
 def test_published_rows_import_or_are_refused_by_name():
-    from chameleon_opt.perf.torchtitan_runs import import_rows
+    from bench.torchtitan_runs import import_rows
     runs, refused = import_rows(DATA)
     assert {r.id for r in runs} >= {"tt24-8b-fsdp8", "tt24-8b-fsdp128"}
     fp8 = [i for i in refused if "fp8" in i and "compile" not in i]
@@ -70,3 +70,21 @@ def test_published_rows_import_or_are_refused_by_name():
                                       "parallelism.enable_async_tensor_parallel") for i in fp8)
     assert refused["tt24-8b-fsdp8-compile-fp8"] == "float8.enable_float8_linear"
     assert refused["tt24-8b-fsdp4-cp2"] == "parallelism.context_parallel_degree"
+
+
+def test_imported_job_is_priced_with_torchtitan_kernels_as_a_user_gets_it():
+    """`import torchtitan` sets training.kernels, so the plain import path (no calibration given)
+    prices torchtitan's saved set and loss buffers: the 8-GPU 8B FSDP row's allocator peak
+    (the total less the framework term, as max_reserved excludes it) within 10% of the measured."""
+    from bench.torchtitan_runs import import_rows
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.perf.model import GIB, PerfModel
+
+    runs, _ = import_rows(DATA)
+    run = next(r for r in runs if r.id == "tt24-8b-fsdp8")
+    assert run.document["training"]["kernels"] == "torchtitan"
+    model = PerfModel(build_instance(run.document, "<tt24-8b-fsdp8>"))
+    assert model.kernels is TORCHTITAN
+    stage = model.evaluate(model.instance.plan).pipelines[0].stages[0]
+    allocator = (stage.memory_bytes - stage.memory.framework) / GIB
+    assert abs(allocator / run.measured_memory_gib - 1) < 0.10

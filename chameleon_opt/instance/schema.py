@@ -157,6 +157,11 @@ class Training(Strict):
     framework: str | None = Field(
         None, description="a framework calibrated in models/calibration/<name>.json: its fitted memory overhead and "
         "per-device time calibration are used. Default: none (catalogue values, marked assumed)")
+    kernels: Literal["megatron", "torchtitan"] | None = Field(
+        None, description="the stack whose kernels the activations, loss buffers and selective recomputation "
+        "follow (workload/activations.py): megatron (Korthikanti et al.'s counts) or torchtitan (fp32 RMSNorm "
+        "input, flash attention, per-op selective checkpointing, fp32 loss buffers); `import torchtitan` sets "
+        "it. Default: the framework calibration's, else megatron")
     assumptions: list[str] = Field(
         default_factory=list, description="how the trainer's own settings were mapped where the model is an "
         "approximation (written by `chameleon-solve import`); listed with every estimate's assumptions")

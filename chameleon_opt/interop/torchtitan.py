@@ -261,9 +261,9 @@ def _recomputation(r: _Reader) -> str:
     """The planner's recomputation mode for torchtitan's activation checkpointing, or a refusal.
 
     Full checkpointing of every block is the planner's `full`; torchtitan's per-op selective
-    policy (saves matmul, attention and collective outputs except every second matmul) keeps
-    less than the planner's `selective` (which keeps everything but the attention core) and
-    recomputes more: it is modelled as `selective`, conservatively on memory, and said so."""
+    policy (saves matmul, attention and collective outputs except every second matmul) is the
+    planner's `selective` under the torchtitan kernels (`training.kernels`, set by the importer:
+    workload/activations.py prices its saved set and the matmuls it reruns)."""
     ac = r.config.get("activation_checkpoint", {} if r.era == "toml" else None)
     where = "activation_checkpoint"
     if ac is None:
@@ -295,9 +295,6 @@ def _recomputation(r: _Reader) -> str:
     if mode != "selective":
         raise r.refuse(f"{where}.mode", f"unknown mode {mode!r}", "use none, full or selective")
     if option == "op":
-        r.assumptions.append("torchtitan per-op selective activation checkpointing modelled as selective "
-                             "recomputation (keeps at least what torchtitan keeps; its extra matmul recompute not "
-                             "timed)")
         return "selective"
     if option == "1":
         return "full"
@@ -462,7 +459,7 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
         r.assumptions.append(f"torchtitan HSDP: {replicate} copies of each FSDP shard, {shard}-way within each; "
                              "gradients timed as one all-reduce over the data-parallel group")
     train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **state,
-                             "recomputation": _recomputation(r),
+                             "recomputation": _recomputation(r), "kernels": "torchtitan",
                              "sequence_parallel": tp > 1 and (era == "toml" or bool(par.get("enable_sequence_parallel",
                                                                                                True))),
                              "assumptions": r.assumptions}

@@ -247,8 +247,8 @@ class PerfModel:
         self.calibration = calibration
         architecture = self.workload.architecture
         try:
-            self.kernels = kernels_for(calibration.kernels if calibration is not None else None,
-                                       architecture.family if architecture is not None else None)
+            stack = calibration.kernels if calibration is not None and calibration.kernels else training.kernels
+            self.kernels = kernels_for(stack, architecture.family if architecture is not None else None)
         except ValueError as error:
             from chameleon_opt.errors import InputError
             raise InputError(None, "workload.architecture.family", str(error),

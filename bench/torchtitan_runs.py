@@ -22,7 +22,7 @@ from chameleon_opt.interop.common import ClusterOptions
 from chameleon_opt.interop.torchtitan import import_torchtitan
 from chameleon_opt.perf.published import NETWORKS
 
-DATA = Path(__file__).resolve().parents[2] / "bench" / "data" / "torchtitan_published.json"
+DATA = Path(__file__).resolve().parent / "data" / "torchtitan_published.json"
 
 
 @dataclass(frozen=True)
