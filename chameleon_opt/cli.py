@@ -561,7 +561,8 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
              deterministic: bool = typer.Option(False, "--deterministic",
                                                 help="charge each plan search the --time-limit (its worst case) "
                                                      "instead of its measured wall time, so identical runs give "
-                                                     "identical results"),
+                                                     "identical results (when no search is cut short by the limit: "
+                                                     "give one they end well within)"),
              plot: Path = typer.Option(None, "--plot", help="write throughput over time (PNG, SVG or PDF)"),
              force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
