@@ -162,6 +162,10 @@ class Training(Strict):
         "follow (workload/activations.py): megatron (Korthikanti et al.'s counts) or torchtitan (fp32 RMSNorm "
         "input, flash attention, per-op selective checkpointing, fp32 loss buffers); `import torchtitan` sets "
         "it. Default: the framework calibration's, else megatron")
+    loss_chunks: PositiveInt = Field(
+        1, description="the loss computes the head and its loss over this many slices of a micro-batch's tokens in "
+        "turn (torchtitan's ChunkedLossWrapper, `loss.num_chunks`), so its logits buffers hold one slice; "
+        "`import torchtitan` sets it")
     assumptions: list[str] = Field(
         default_factory=list, description="how the trainer's own settings were mapped where the model is an "
         "approximation (written by `chameleon-solve import`); listed with every estimate's assumptions")
