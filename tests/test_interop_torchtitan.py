@@ -319,3 +319,15 @@ def test_toml_debug_config_without_pipelining_ignores_its_schedule(tmp_path):
     with pytest.raises(InputError, match="several stages per rank"):
         import_torchtitan(_write(tmp_path, text.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4"),
                                  "pp4.toml"), ClusterOptions(world_size=64), [])
+
+
+def test_python_era_mixed_precision_without_sharding(tmp_path):
+    """Since June 2026 torchtitan applies FSDP's mixed precision at shard degree 1 too, so TP
+    without FSDP computes in bf16; a dump of then carries the model's config under model_spec."""
+    parallelism = {**PYTHON_ERA["parallelism"], "data_parallel_shard_degree": 1, "data_parallel_replicate_degree": 4}
+    older = {**PYTHON_ERA, "parallelism": parallelism}
+    newer = {**older, "model_spec": {**PYTHON_ERA["model_spec"], "model": {"dim": 4096}}}
+    assert import_torchtitan(_write(tmp_path, json.dumps(older), "a.json"), ClusterOptions(world_size=16),
+                             [])["training"]["precision"] == "fp32"
+    assert import_torchtitan(_write(tmp_path, json.dumps(newer), "b.json"), ClusterOptions(world_size=16),
+                             [])["training"]["precision"] == "bf16"

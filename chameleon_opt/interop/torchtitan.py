@@ -368,7 +368,10 @@ def _state(r: _Reader, training: dict[str, Any], par: dict[str, Any], tp: int, p
     stored = _DTYPE_BYTES[dtype]
     total = 4 * stored  # parameter, gradient, Adam's two moments
     fsdp = shard > 1
-    c = _DTYPE_BYTES[compute] if fsdp or (tp == 1 and pp == 1) else stored
+    # since June 2026 (parallelize.py: "Always run apply_fsdp_to_decoder") torchtitan wraps the model in
+    # FSDP's mixed precision even at shard degree 1; dumps of then carry the model's config in model_spec
+    always_mixed = r.era == "python" and "model" in (r.config.get("model_spec") or {})
+    c = _DTYPE_BYTES[compute] if fsdp or always_mixed or (tp == 1 and pp == 1) else stored
     grads = stored
     adam = 2 * stored
     reshard = str(par.get("fsdp_reshard_after_forward", "default"))
