@@ -258,6 +258,14 @@ class Failures(Strict):
     next_fault_s: PositiveFloat | None = Field(None, description="explicit time to the next fault D")
 
 
+def torchtitan_always_mixed(era: str, config: dict[str, Any] | None) -> bool:
+    """Whether this torchtitan release computes in its mixed precision even without FSDP sharding.
+    Since June 2026 parallelize.py always applies FSDP (and its MixedPrecisionPolicy), and its
+    config dumps carry the model's config in `model_spec`; before, a job whose data-parallel shard
+    degree is 1 got DDP or nothing, which trains in the parameters' dtype (fp32)."""
+    return era == "python" and "model" in ((config or {}).get("model_spec") or {})
+
+
 class TrainerSource(Strict):
     """The trainer job an instance was imported from, kept so that `export-plan` writes a complete
     config of that trainer (the original with its parallelism settings replaced), not a fragment."""

@@ -33,6 +33,7 @@ from typing import Any
 
 from chameleon_opt.errors import InputError
 from chameleon_opt.instance.load import MODELS_DIR
+from chameleon_opt.instance.schema import torchtitan_always_mixed
 from chameleon_opt.interop.common import (TORCHTITAN_ORDER, ClusterOptions, cluster_document, failure_document,
                                           workload_blocks, workload_document)
 
@@ -370,7 +371,7 @@ def _state(r: _Reader, training: dict[str, Any], par: dict[str, Any], tp: int, p
     fsdp = shard > 1
     # since June 2026 (parallelize.py: "Always run apply_fsdp_to_decoder") torchtitan wraps the model in
     # FSDP's mixed precision even at shard degree 1; dumps of then carry the model's config in model_spec
-    always_mixed = r.era == "python" and "model" in (r.config.get("model_spec") or {})
+    always_mixed = torchtitan_always_mixed(r.era, r.config)
     c = _DTYPE_BYTES[compute] if fsdp or always_mixed or (tp == 1 and pp == 1) else stored
     grads = stored
     adam = 2 * stored
