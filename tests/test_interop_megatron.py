@@ -247,3 +247,30 @@ def test_distributed_optimizer_instances_are_copies_of_each_shard():
     plain = import_megatron(GPT + ["--num-distributed-optimizer-instances", "2"], ClusterOptions(world_size=32), [])
     assert "shard_replicas" not in plain["training"]
 
+
+
+def test_launch_script_reads_megatrons_own_example_idioms(tmp_path):
+    """What examples/llama/train_llama3_8b_h100_fp8.sh does (Megatron-LM, 2026): array elements
+    quoted with their value ("--vocab-size 128256"), which the unquoted ${A[@]} splits again, a
+    `[ ! -f "$PRETRAIN_SCRIPT_PATH" ]` guard that exits, and "$PRETRAIN_SCRIPT_PATH" as the
+    program. Quoted elements are read as bash passes them, so a quoted fp8 setting is refused
+    rather than lost; a script that trains another model (pretrain_bert.py) is refused."""
+    idioms = SCRIPT.replace("    --vocab-size 128256 \\\n", "    ${DATA_ARGS[@]} \\\n").replace(
+        "torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py", 'torchrun ${DISTRIBUTED_ARGS[@]} "$PRETRAIN_SCRIPT_PATH"'
+    ).replace("MODEL_PARALLEL_ARGS=(", 'PRETRAIN_SCRIPT_PATH="pretrain_gpt.py"\nDATA_ARGS=()\n'
+              'DATA_ARGS+=(\n    "--mock-data"\n    "--vocab-size 128256"\n)\n'
+              'if [ ! -f "$PRETRAIN_SCRIPT_PATH" ]; then\n    echo "not found"\n    exit 1\nfi\nMODEL_PARALLEL_ARGS=(')
+    script = tmp_path / "train.sh"
+    script.write_text(idioms)
+    doc = import_megatron([str(script)], ClusterOptions(), [])
+    assert doc["workload"]["inline"]["architecture"]["vocab"] == 128256 and _layers(doc) == [17, 17]
+    assert "--vocab-size" in doc["trainer"]["arguments"]
+    script.write_text(idioms.replace("TRAINING_ARGS+=(--fp8-format hybrid)", 'TRAINING_ARGS+=("--fp8-format hybrid")')
+                      .replace('DTYPE="bf16"', 'DTYPE="fp8"'))
+    with pytest.raises(InputError) as err:
+        import_megatron([str(script)], ClusterOptions(), [])
+    assert err.value.field == "--fp8-format"
+    script.write_text(idioms.replace('PRETRAIN_SCRIPT_PATH="pretrain_gpt.py"', 'PRETRAIN_SCRIPT_PATH="pretrain_bert.py"'))
+    with pytest.raises(InputError) as err:
+        import_megatron([str(script)], ClusterOptions(), [])
+    assert err.value.field == "pretrain_bert.py" and err.value.exit_code == 2

@@ -274,3 +274,60 @@ def test_python_era_export_keeps_its_keys(tmp_path):
     assert config["parallelism"]["data_parallel_shard_degree"] == 4
     again = import_torchtitan(_write(tmp_path, json.dumps(config), "again.json"), ClusterOptions(world_size=16), [])
     assert again["plan"] == doc["plan"] and again["training"] == doc["training"]
+
+
+def test_python_era_recipe_dump_as_torchtitan_writes_it(tmp_path):
+    """The llama3 debug recipe's shape as torchtitan dumps it in mid-2026 (configs.py fields of
+    then, config_registry.py overrides): pipelining off but Interleaved1F1B named, the recipes'
+    ChunkedLossWrapper (`loss.num_chunks` 8), `full_dtensor` (May to August 2026) and the
+    HybridEP key present, CUDA graphs on. It imports; the loss buffers are one chunk's; an export
+    that pipelines it names a one-stage schedule and turns CUDA graphs off, as torchtitan requires."""
+    from chameleon_opt.interop.export import TorchtitanParallelism, TorchtitanTraining, torchtitan_config
+    from chameleon_opt.perf.model import PerfModel
+
+    parallelism = {**PYTHON_ERA["parallelism"], "tensor_parallel_degree": 1, "pipeline_parallel_degree": 1,
+                   "pipeline_parallel_schedule": "Interleaved1F1B", "num_pp_microbatches": 1,
+                   "full_dtensor": False, "hybridep_non_blocking_expert_capacity_factor": None}
+    training = {**PYTHON_ERA["training"], "disable_cuda_graphs": False}
+    dump = {**PYTHON_ERA, "parallelism": parallelism, "training": training,
+            "loss": {"num_chunks": 8, "loss_fn": {"global_vocab_size": 128256}}}
+    doc = import_torchtitan(_write(tmp_path, json.dumps(dump), "job_config.json"), ClusterOptions(world_size=8), [])
+    assert doc["training"]["loss_chunks"] == 8 and "layers_per_stage" not in doc["plan"]["layout"]
+    assert any("CUDA graphs" in a for a in doc["training"]["assumptions"])
+    chunked = PerfModel(build_instance(doc))
+    whole = PerfModel(build_instance({**doc, "training": {**doc["training"], "loss_chunks": 1}}))
+    # 14 B per token and vocabulary entry for the whole micro-batch, one eighth with 8 chunks
+    assert whole._head_logit_bytes(1) == pytest.approx(14 * 16384 * 128256)
+    assert chunked._head_logit_bytes(1) == pytest.approx(whole._head_logit_bytes(1) / 8)
+    pipelined = torchtitan_config(dump, TorchtitanParallelism(
+        data_parallel_replicate_degree=1, data_parallel_shard_degree=4, tensor_parallel_degree=1,
+        pipeline_parallel_degree=2, pipeline_parallel_microbatch_size=2,
+        module_fqns_per_model_part=[["tok_embeddings"], ["lm_head"]]),
+        TorchtitanTraining(local_batch_size=8, global_batch_size=32, seq_len=8192), 4)
+    assert pipelined["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
+    assert pipelined["training"]["disable_cuda_graphs"] is True
+    assert pipelined["parallelism"]["num_pp_microbatches"] == 4
+
+
+def test_toml_debug_config_without_pipelining_ignores_its_schedule(tmp_path):
+    """torchtitan v0.2.2's llama3 debug_model.toml names Interleaved1F1B with
+    pipeline_parallel_degree = 1: torchtitan builds no schedule, so neither does the import."""
+    text = LLAMA70_PP4.replace("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 1").replace(
+        '"1F1B"', '"Interleaved1F1B"')
+    doc = import_torchtitan(_write(tmp_path, text), ClusterOptions(world_size=64), [])
+    assert doc["plan"]["layout"]["pipeline_parallel"] == 1
+    with pytest.raises(InputError, match="several stages per rank"):
+        import_torchtitan(_write(tmp_path, text.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4"),
+                                 "pp4.toml"), ClusterOptions(world_size=64), [])
+
+
+def test_python_era_mixed_precision_without_sharding(tmp_path):
+    """Since June 2026 torchtitan applies FSDP's mixed precision at shard degree 1 too, so TP
+    without FSDP computes in bf16; a dump of then carries the model's config under model_spec."""
+    parallelism = {**PYTHON_ERA["parallelism"], "data_parallel_shard_degree": 1, "data_parallel_replicate_degree": 4}
+    older = {**PYTHON_ERA, "parallelism": parallelism}
+    newer = {**older, "model_spec": {**PYTHON_ERA["model_spec"], "model": {"dim": 4096}}}
+    assert import_torchtitan(_write(tmp_path, json.dumps(older), "a.json"), ClusterOptions(world_size=16),
+                             [])["training"]["precision"] == "fp32"
+    assert import_torchtitan(_write(tmp_path, json.dumps(newer), "b.json"), ClusterOptions(world_size=16),
+                             [])["training"]["precision"] == "bf16"

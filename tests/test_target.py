@@ -5,6 +5,7 @@ restriction; export-plan's default space is its format's trainer."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -136,3 +137,27 @@ def test_export_plan_defaults_to_its_trainers_space(tmp_path) -> None:
     done = runner.invoke(app, ["export-plan", "paper-32", "--format", "megatron", "-o", str(out), "--time-limit", "5"])
     assert done.exit_code == 0, done.output
     assert json.loads(out.read_text())["uniform"] is True
+
+
+def test_torchtitan_recovery_keeps_a_shard_degree_its_release_trains_in_bf16() -> None:
+    """HSDP with 2 copies: a torchtitan release before June 2026 runs a data-parallel shard degree
+    of 1 as DDP in fp32, not as priced. Over 2 nodes of 4 with a device lost (7 survivors) and no
+    room for the whole model on one device, the free uniform space's best is 2 replicas of 3
+    stages (shard degree 1); the torchtitan restriction of such a release proves that no plan it
+    trains as priced is left, and a dump of a later release (model config in model_spec) keeps
+    the 2 replicas."""
+    spec = tiny_instance(0, nodes=2, per_node=4, blocks=4, micro_batches=4, memory_gib=1.2)
+    spec["training"].update({"zero_stage": 1, "shard_replicas": 2})
+    spec["plan"]["layout"] = {"pipeline_parallel": 2, "data_parallel": 4}
+    instance = build_instance(spec, "tiny-hsdp")
+    failed = frozenset({0})
+    model = PerfModel(instance)
+    free, _, _, _ = uniform_plans(instance, failed, model, Deadline.after(60))
+    assert (len(free.pipelines), len(free.pipelines[0].stages)) == (2, 3)   # shard degree 1: the case at stake
+    kept, _, _, complete = uniform_plans(instance, failed, model, Deadline.after(60), sharded_precision=True)
+    assert complete and kept is None
+    source = {"name": "torchtitan", "era": "python", "config": {"model_spec": {"model": {"dim": 8}}}}
+    later = build_instance({**spec, "trainer": source}, "tiny-hsdp-2026")
+    decided = plan_recovery(dataclasses.replace(later, failed_devices=failed), failed,
+                            PlanningOptions("reconfigure", 10.0, target="torchtitan"))
+    assert len(decided.plan.pipelines) == 2

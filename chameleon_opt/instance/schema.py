@@ -162,6 +162,10 @@ class Training(Strict):
         "follow (workload/activations.py): megatron (Korthikanti et al.'s counts) or torchtitan (fp32 RMSNorm "
         "input, flash attention, per-op selective checkpointing, fp32 loss buffers); `import torchtitan` sets "
         "it. Default: the framework calibration's, else megatron")
+    loss_chunks: PositiveInt = Field(
+        1, description="the loss computes the head and its loss over this many slices of a micro-batch's tokens in "
+        "turn (torchtitan's ChunkedLossWrapper, `loss.num_chunks`), so its logits buffers hold one slice; "
+        "`import torchtitan` sets it")
     assumptions: list[str] = Field(
         default_factory=list, description="how the trainer's own settings were mapped where the model is an "
         "approximation (written by `chameleon-solve import`); listed with every estimate's assumptions")
@@ -252,6 +256,14 @@ class Failures(Strict):
     events: list[FailureEvent] = Field(default_factory=list)
     mtbf_hours_per_device: PositiveFloat | None = Field(None, description="exponential failures per device")
     next_fault_s: PositiveFloat | None = Field(None, description="explicit time to the next fault D")
+
+
+def torchtitan_always_mixed(era: str, config: dict[str, Any] | None) -> bool:
+    """Whether this torchtitan release computes in its mixed precision even without FSDP sharding.
+    Since June 2026 parallelize.py always applies FSDP (and its MixedPrecisionPolicy), and its
+    config dumps carry the model's config in `model_spec`; before, a job whose data-parallel shard
+    degree is 1 got DDP or nothing, which trains in the parameters' dtype (fp32)."""
+    return era == "python" and "model" in ((config or {}).get("model_spec") or {})
 
 
 class TrainerSource(Strict):

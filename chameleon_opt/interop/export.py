@@ -363,6 +363,13 @@ def torchtitan_config(original: dict[str, Any] | None, parallelism: TorchtitanPa
     par.pop("pipeline_parallel_layers_per_stage", None)  # the explicit module lists say it all
     if pp == 1:
         par.pop("module_fqns_per_model_part", None)
+    else:
+        # a job that did not pipeline may name a looped schedule (torchtitan's debug configs do), which
+        # with one part per rank torchtitan refuses; and torchtitan's CUDA graphs refuse pipelining
+        if str(par.get("pipeline_parallel_schedule", "1F1B")) not in ("1F1B", "GPipe"):
+            par["pipeline_parallel_schedule"] = "1F1B"
+        if "disable_cuda_graphs" in train:
+            train["disable_cuda_graphs"] = True
     if new_batch_keys:
         context = train.get("max_context_length") or training.seq_len
         mbs = training.local_batch_size // (micro_batches if pp > 1 else 1)

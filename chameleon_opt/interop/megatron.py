@@ -79,6 +79,11 @@ def read_arguments(args: list[str]) -> tuple[list[str], list[str], Path | None]:
                              "give a launch script or a file of Megatron-LM arguments") from None
         if file.suffix == ".sh" or text.startswith("#!") or re.search(r"^\s*(torchrun|python\S*)\s", text, re.M):
             launch = read_launch_script(file)
+            program = Path(launch.program).name
+            if program != "pretrain_gpt.py":
+                # pretrain_bert.py, pretrain_t5.py, pretrain_mamba.py, pretrain_vlm.py: other models and losses
+                raise InputError(file, program, "trains a model other than Megatron-LM's GPT (decoder-only) "
+                                 "model, which the planner does not model", "import a pretrain_gpt.py launch")
             return launch.arguments, launch.launcher, file
         try:
             return shlex.split(text, comments=True), [], file

@@ -5,8 +5,10 @@ examples/llama/train_llama3_8b_h100_fp8.sh) set variables and bash arrays, test 
 `if [[ ... ]]` blocks and end in `torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${...[@]}`. This
 reads that subset of bash: assignments (`NAME=value`, `export NAME=value`, `NAME=( ... )`,
 `NAME+=( ... )`), `$NAME`, `${NAME}`, `${NAME:-default}`, `${NAME[@]}`, `$(( arithmetic ))`,
-`if/elif/else/fi` on `[[ "$A" == "b" ]]`, `!=`, `-z`, `-n` joined by `||` / `&&`, and the launch
-line. A variable neither set in the script nor in the environment (`$1`, `$(command)`) stays
+`if/elif/else/fi` on `[[ "$A" == "b" ]]`, `!=`, `-z`, `-n`, negated with `!`, joined by `||` /
+`&&`, and the launch line. File tests (`[ ! -f "$PRETRAIN_SCRIPT_PATH" ]`, `-d`, `-e`) are about the
+machine the job ran on, which the reader cannot see: they count as true (the path exists), so the
+scripts' guards that stop when a file is missing do not stop it. A variable neither set in the script nor in the environment (`$1`, `$(command)`) stays
 unexpanded, and is an error only where its value is needed.
 """
 
@@ -26,14 +28,16 @@ UNSET = "\x00"
 _ASSIGN = re.compile(r"^(?:export\s+|declare\s+(?:-\w+\s+)?|local\s+)?([A-Za-z_]\w*)(\+?)=(.*)$", re.S)
 _VAR = re.compile(r"\$\(\((.*?)\)\)|\$\{([A-Za-z_]\w*)\[[@*]\]\}|\$\{([A-Za-z_]\w*)(?::?[-=]([^}]*))?\}"
                   r"|\$([A-Za-z_]\w*|\d|@|\*|#)|\$\(([^)]*)\)|`([^`]*)`")
+_FILE_TESTS = ("-f", "-d", "-e", "-r", "-s", "-x", "-w")
 _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
 
 @dataclass(frozen=True)
 class LaunchLine:
-    """What the script runs: the launcher's arguments and the training script's arguments."""
+    """What the script runs: the launcher's arguments, the training script and its arguments."""
 
     launcher: list[str]
+    program: str
     arguments: list[str]
 
 
@@ -110,8 +114,8 @@ class _Script:
                 if UNSET in expression or not re.fullmatch(r"[\d\s+\-*/%()]+", expression):
                     return f"{UNSET}$(({arithmetic})){UNSET}"
                 return str(int(eval(expression.replace("/", "//"), {"__builtins__": {}})))  # digits and operators
-            if array is not None:
-                return shlex.join(self.arrays[array]) if array in self.arrays else f"{UNSET}{array}{UNSET}"
+            if array is not None:  # unquoted: the elements are split again at whitespace, as bash does
+                return " ".join(self.arrays[array]) if array in self.arrays else f"{UNSET}{array}{UNSET}"
             if command is not None or backtick is not None:
                 return f"{UNSET}$({command if command is not None else backtick}){UNSET}"
             key = name or bare
@@ -122,36 +126,46 @@ class _Script:
         return _VAR.sub(substitute, text)
 
     def words(self, text: str, line: int) -> list[str]:
-        text = re.sub(r'"(\$\{\w+\[@\]\})"', r"\1", text)  # "${A[@]}": one word per element, as unquoted
+        # "${A[@]}": one word per element ("--vocab-size 128256" stays one word, as bash passes it)
+        text = re.sub(r'"\$\{(\w+)\[@\]\}"',
+                      lambda m: shlex.join(self.arrays[m[1]]) if m[1] in self.arrays else m[0], text)
         try:
             return shlex.split(self.expand(text, line))
         except ValueError as err:
             raise InputError(self.path, f"line {line}", f"cannot be read ({err})", "fix the quoting") from None
 
     def condition(self, text: str, line: int) -> bool:
-        """`[[ a == b ]]`, `!=`, `-z`, `-n`, joined by `||` and `&&` (left to right)."""
+        """`[[ a == b ]]`, `!=`, `-z`, `-n`, file tests (true), each negated by `!`, joined by `||`
+        and `&&` (left to right)."""
         words = self.words(text, line)
         result, joiner, i = None, None, 0
         while i < len(words):
             if words[i] in ("||", "&&"):
                 joiner, i = words[i], i + 1
                 continue
-            if words[i] not in ("[[", "["):
+            negate = words[i] == "!"
+            i += negate
+            if i >= len(words) or words[i] not in ("[[", "["):
                 raise InputError(self.path, f"line {line}", f"condition {text!r} is not a [[ ... ]] test",
                                  "pass the Megatron-LM arguments directly instead of the script")
             close = next((j for j in range(i, len(words)) if words[j] in ("]]", "]")), len(words))
             test = words[i + 1:close]
-            if any(UNSET in w for w in test):
+            if test[:1] == ["!"]:
+                negate, test = not negate, test[1:]
+            if len(test) == 2 and test[0] in _FILE_TESTS:
+                value = True  # the job ran, so the paths its script checks existed
+            elif any(UNSET in w for w in test):
                 raise InputError(self.path, f"line {line}", f"condition {text!r} depends on ${unset_name(''.join(test))}",
                                  "define it in the script or the environment")
-            if len(test) == 3 and test[1] in ("==", "=", "!="):
+            elif len(test) == 3 and test[1] in ("==", "=", "!="):
                 value = (test[0] == test[2]) == (test[1] != "!=")
             elif len(test) in (1, 2) and test[0] in ("-z", "-n"):
                 empty = len(test) == 1 or test[1] == ""
                 value = empty if test[0] == "-z" else not empty
             else:
-                raise InputError(self.path, f"line {line}", f"condition {text!r} is not ==, !=, -z or -n",
-                                 "pass the Megatron-LM arguments directly instead of the script")
+                raise InputError(self.path, f"line {line}", f"condition {text!r} is not ==, !=, -z, -n or a "
+                                 "file test", "pass the Megatron-LM arguments directly instead of the script")
+            value = value != negate
             result = value if result is None else (result or value) if joiner == "||" else (result and value)
             i = close + 1
         return bool(result)
@@ -222,10 +236,10 @@ def _launch(words: list[str]) -> LaunchLine | None:
         return None
     command = os.path.basename(words[0])
     if command == "torchrun":
-        return LaunchLine(words[1:script], words[script + 1:])
+        return LaunchLine(words[1:script], words[script], words[script + 1:])
     if command.startswith("python"):
         if "-m" in words[:script] and any(w in _LAUNCHERS for w in words[:script]):
             start = next(i for i, w in enumerate(words) if w in _LAUNCHERS) + 1
-            return LaunchLine(words[start:script], words[script + 1:])
-        return LaunchLine([], words[script + 1:])
+            return LaunchLine(words[start:script], words[script], words[script + 1:])
+        return LaunchLine([], words[script], words[script + 1:])
     return None

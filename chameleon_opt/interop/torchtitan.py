@@ -33,6 +33,7 @@ from typing import Any
 
 from chameleon_opt.errors import InputError
 from chameleon_opt.instance.load import MODELS_DIR
+from chameleon_opt.instance.schema import torchtitan_always_mixed
 from chameleon_opt.interop.common import (TORCHTITAN_ORDER, ClusterOptions, cluster_document, failure_document,
                                           workload_blocks, workload_document)
 
@@ -55,7 +56,9 @@ _PARALLELISM_KEYS = {
     # harmless: they configure parallelisms that must be 1, or the SPMD bookkeeping
     "context_parallel_load_balancer", "context_parallel_rotate_method", "context_parallel_ptrr_mask_key",
     "expert_parallel_comm_backend", "pipeline_parallel_expert_parallel_overlap", "spmd_backend",
-    "enable_compiled_autograd"}
+    "enable_compiled_autograd", "hybridep_non_blocking_expert_capacity_factor",
+    # another implementation of the same TP/FSDP sharding (May to August 2026; every dump of then has it)
+    "full_dtensor"}
 _TRAINING_KEYS = {
     "local_batch_size", "global_batch_size", "seq_len", "num_tokens_per_microbatch_per_dp_rank",
     "num_tokens_per_train_step", "max_context_length", "dtype", "mixed_precision_param", "mixed_precision_reduce",
@@ -215,7 +218,11 @@ def default_split(blocks: int, stages: int, input_weight: int, output_weight: in
 
 
 def _split(r: _Reader, par: dict[str, Any], pp: int, workload: dict[str, Any]) -> list[int] | None:
-    """Layers per stage as torchtitan places them, or a refusal for what the planner cannot place."""
+    """Layers per stage as torchtitan places them, or a refusal for what the planner cannot place.
+    Without pipelining torchtitan builds no schedule, so its schedule settings are not read (the
+    debug configs name Interleaved1F1B with pipeline_parallel_degree = 1)."""
+    if pp == 1:
+        return None
     schedule = str(par.get("pipeline_parallel_schedule", "1F1B"))
     if par.get("pipeline_parallel_schedule_csv"):
         raise r.refuse("parallelism.pipeline_parallel_schedule_csv", "a custom schedule is not modelled",
@@ -232,8 +239,6 @@ def _split(r: _Reader, par: dict[str, Any], pp: int, workload: dict[str, Any]) -
     if schedule not in SINGLE_STAGE_SCHEDULES:
         raise r.refuse("parallelism.pipeline_parallel_schedule", f"unknown schedule {schedule!r}",
                        f"use one of {', '.join(SINGLE_STAGE_SCHEDULES)}")
-    if pp == 1:
-        return None  # no pipelining: torchtitan ignores the split settings
     parts = par.get("module_fqns_per_model_part")
     if parts:
         return _parts_layers(r, parts, pp)
@@ -364,7 +369,10 @@ def _state(r: _Reader, training: dict[str, Any], par: dict[str, Any], tp: int, p
     stored = _DTYPE_BYTES[dtype]
     total = 4 * stored  # parameter, gradient, Adam's two moments
     fsdp = shard > 1
-    c = _DTYPE_BYTES[compute] if fsdp or (tp == 1 and pp == 1) else stored
+    # since June 2026 (parallelize.py: "Always run apply_fsdp_to_decoder") torchtitan wraps the model in
+    # FSDP's mixed precision even at shard degree 1; dumps of then carry the model's config in model_spec
+    always_mixed = torchtitan_always_mixed(r.era, r.config)
+    c = _DTYPE_BYTES[compute] if fsdp or always_mixed or (tp == 1 and pp == 1) else stored
     grads = stored
     adam = 2 * stored
     reshard = str(par.get("fsdp_reshard_after_forward", "default"))
@@ -407,6 +415,23 @@ def _optimizer(r: _Reader) -> None:
                        "set it to false")
 
 
+def _loss_chunks(r: _Reader) -> int:
+    """How many token slices torchtitan's loss runs the head over (ChunkedLossWrapper, the
+    recipes' loss since mid-2026: `loss.num_chunks`, 8 by default), 1 for a plain loss. Its
+    slices' logits are alive one at a time, which the planner prices as 1/num_chunks of the
+    measured whole-batch loss buffers."""
+    loss = r.config.get("loss")
+    if not isinstance(loss, dict) or "num_chunks" not in loss:
+        return 1
+    chunks = r.int(loss, "loss", "num_chunks", 1)
+    if chunks < 1:
+        raise r.refuse("loss.num_chunks", f"got {chunks}", "give a positive number of chunks")
+    if chunks > 1:
+        r.assumptions.append(f"torchtitan chunked loss: the head and loss run over {chunks} token slices in turn; "
+                             f"loss buffers priced as 1/{chunks} of the whole micro-batch's (not measured)")
+    return chunks
+
+
 def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], model: str | None = None,
                       name: str | None = None) -> dict[str, Any]:
     """An instance document for the job a torchtitan config describes (device ids = its ranks)."""
@@ -435,6 +460,11 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
     if tp > 1 and par.get("disable_loss_parallel"):
         raise r.refuse("parallelism.disable_loss_parallel", "gathers the full logits on every TP rank, which the "
                        "planner (vocab-parallel loss) does not model", "set it to false")
+    if par.get("full_dtensor"):
+        r.assumptions.append("torchtitan full DTensor mode: timed as the default TP / FSDP implementation")
+    if era == "python" and pp == 1 and "disable_cuda_graphs" in training and not training["disable_cuda_graphs"]:
+        r.assumptions.append("torchtitan CUDA graphs (training.disable_cuda_graphs = false): kernel launches timed "
+                             "as eager, graph memory pools not counted")
     if par.get("enable_fsdp_symm_mem"):
         r.assumptions.append("torchtitan FSDP symmetric memory: collectives timed as NCCL's")
     _optimizer(r)
@@ -460,6 +490,7 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
                              "gradients timed as one all-reduce over the data-parallel group")
     train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **state,
                              "recomputation": _recomputation(r), "kernels": "torchtitan",
+                             "loss_chunks": _loss_chunks(r),
                              "sequence_parallel": tp > 1 and (era == "toml" or bool(par.get("enable_sequence_parallel",
                                                                                                True))),
                              "assumptions": r.assumptions}

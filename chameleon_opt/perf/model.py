@@ -249,6 +249,9 @@ class PerfModel:
         try:
             stack = calibration.kernels if calibration is not None and calibration.kernels else training.kernels
             self.kernels = kernels_for(stack, architecture.family if architecture is not None else None)
+            if training.loss_chunks > 1:  # one slice of the tokens' logits alive at a time
+                per_entry = self.workload.logit_bytes_per_entry(self.kernels)
+                self.kernels = replace(self.kernels, logit_bytes=per_entry / training.loss_chunks)
         except ValueError as error:
             from chameleon_opt.errors import InputError
             raise InputError(None, "workload.architecture.family", str(error),

@@ -10,7 +10,9 @@ new layout. (`any` keeps the full space of `solve/search.py`.)
 
 The space searched: stage count S, replica count P with P dividing the micro-batches (and a
 multiple of training.shard_replicas: both trainers split the data-parallel ranks into that many
-equal shard groups, torchtitan's HSDP and Megatron's distributed-optimizer instances), every
+equal shard groups, torchtitan's HSDP and Megatron's distributed-optimizer instances; for a
+sharded torchtitan job whose release trains a shard degree of 1 in fp32, P / shard_replicas >= 2
+unless a replica is one device), every
 contiguous layer split (all compositions while there are at most SPLIT_ENUMERATION of them for an S,
 else the min-max template split of each device type present and the even split), and every ordered
 choice of the surviving TP groups while there are at most PLACEMENT_ENUMERATION (else two orders:
@@ -31,6 +33,7 @@ import math
 import time
 
 from chameleon_opt.instance.load import Instance
+from chameleon_opt.instance.schema import torchtitan_always_mixed
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
@@ -110,9 +113,12 @@ def placements(groups: list[tuple[int, ...]], stages: int, replicas: int, orders
 
 
 def uniform_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
-                  orders: tuple[str, ...] | None = None) -> tuple[Plan | None, float, int, bool]:
+                  orders: tuple[str, ...] | None = None, sharded_precision: bool = False
+                  ) -> tuple[Plan | None, float, int, bool]:
     """(best plan, its exact step, candidates priced in full, complete) over the uniform space;
-    complete is False when the deadline stopped the enumeration. A split is priced in full only
+    complete is False when the deadline stopped the enumeration. With `sharded_precision` (a
+    trainer that computes in mixed precision only under FSDP sharding) a plan of more than one
+    device per replica keeps a data-parallel shard degree of at least 2. A split is priced in full only
     when it fits in memory and the slowest of its distinct pipelines alone (exact 1F1B, a lower
     bound on the step) beats the best so far: pruning that keeps the search exact."""
     tp, total, layers = instance.plan.tensor_parallel, instance.global_micro_batches, instance.workload.num_layers
@@ -124,6 +130,8 @@ def uniform_plans(instance: Instance, failed: frozenset[int], model: PerfModel, 
     for stages in range(1, min(layers, len(groups)) + 1):
         for replicas in range(len(groups) // stages, 0, -1):
             if total % replicas or replicas % model.shard_copies:  # trainers split DP into equal shard groups
+                continue
+            if sharded_precision and replicas // model.shard_copies < 2 and (stages > 1 or tp > 1):
                 continue
             holders = {layer: replicas for layer in range(layers)}
             for used in placements(groups, stages, replicas, orders):
@@ -159,12 +167,21 @@ def target_plan(instance: Instance, failed: frozenset[int], target: str, model: 
     free search's `bound` when given. INFEASIBLE only when the uniform space was searched whole and
     nothing fits."""
     start = time.perf_counter()
-    plan, step, priced, complete = uniform_plans(instance, failed, model, deadline, TRAINER_ORDERS.get(target))
+    source = instance.spec.trainer
+    # torchtitan before June 2026 runs a shard degree of 1 as DDP (or nothing) in fp32, not the
+    # job's bf16: a recovery to it would not train as priced (parallelize.py, apply_ddp)
+    sharded_precision = target == "torchtitan" and instance.spec.training.zero >= 1 and not (
+        source is not None and source.name == "torchtitan" and torchtitan_always_mixed(source.era, source.config))
+    plan, step, priced, complete = uniform_plans(instance, failed, model, deadline, TRAINER_ORDERS.get(target),
+                                                 sharded_precision)
     wall = time.perf_counter() - start
     note = f"{target}: {priced} uniform plans priced" + ("" if complete else " (stopped at the deadline)")
     if plan is None:
         status = Status.INFEASIBLE if complete else Status.NO_SOLUTION
         why = "no uniform plan fits in memory" if complete else "no uniform plan found in time"
+        if sharded_precision:
+            why += (" with a data-parallel shard degree of at least 2 (this torchtitan release trains a shard degree "
+                    "of 1 in fp32, not the job's mixed precision)")
         return SolveResult(status, None, None, None, wall, "uniform", 0.0, None, f"{why}; {note}; space: {SPACE}",
                            stopped_early=not complete)
     bound = None if bound is None else min(bound, step)
