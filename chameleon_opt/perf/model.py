@@ -315,9 +315,11 @@ class PerfModel:
             tp_fwd, tp_bwd = (np.zeros_like(fwd), np.zeros_like(fwd)) if timed else (count_f * one, count_b * one)
             if table.update_s.max() > 0:
                 update = table.update_s.max() * w.params / max(self.total_params, 1.0)
-            # Profiles are measured without recomputation: add the recomputed forward work.
-            share = np.divide(w.recomputed_flops_per_sample(recompute, self.kernels), w.forward_flops_per_sample,
-                              out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
+            # Profiles are measured without recomputation: add the recomputed forward work (all of
+            # it under full recomputation, FLOPs or not; a part's share of the FLOPs otherwise).
+            share = np.ones(w.num_layers) if recompute == "full" else np.divide(
+                w.recomputed_flops_per_sample(recompute, self.kernels), w.forward_flops_per_sample,
+                out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
             bwd = bwd + fwd * share
             if recompute == "full" and timed:
                 tp_bwd = (count_b - w.tp_allreduce_counts("none")[1]) * one
