@@ -250,3 +250,35 @@ def test_whole_layer_conditions_hold_for_the_best_split_on_the_1f1b_graph(seed):
                 backward = [b[ends[s + 1]] - b[ends[s]] + (send if s > 0 else 0.0) for s in range(stages)]
                 best = min(best, one_f_one_b_time(forward, backward, micro_batches))
             assert bound.splittable(stages, micro_batches, best * (1 + 1e-9) + 1e-12), (stages, micro_batches, best)
+
+
+def test_relaxation_counts_the_groups_of_each_device_type():
+    """One fast and two slow survivors (one layer, two micro-batches): a relaxation that lets every
+    group run at the fast type's pace covers the batch in one fast micro-batch (two pipelines of
+    one); with the groups counted per type, the two micro-batches take at least two fast ones
+    (on the one fast group, or one of them on a slow group), and that floor still holds against
+    the brute force over the whole space."""
+    from chameleon_opt.solve.exact import exact_search
+
+    fast, slow = [[1.0, 2.0, 0.0]], [[2.0, 4.0, 0.0]]
+    data = {
+        "format": 1, "name": "typed-relaxation",
+        "cluster": {"nodes": 2, "devices_per_node": 2,
+                    "device_type": {"name": "fast", "memory_gib": 100.0, "peak_tflops": 2, "reserved_gib": 0},
+                    "network": {"intra_node_gbps": 100, "inter_node_gbps": 10},
+                    "overrides": [{"devices": [1, 2, 3], "device_type": {
+                        "name": "slow", "memory_gib": 100.0, "peak_tflops": 1, "reserved_gib": 0}}]},
+        "workload": {"inline": {"name": "toy", "layer_bytes": {
+            "params": [10 ** 7], "activation_bytes_per_sample": [10 ** 7], "boundary_bytes_per_sample": [0]},
+            "profiles": [{"device_type": "fast", "times": {"1": {"1": fast}}},
+                         {"device_type": "slow", "times": {"1": {"1": slow}}}]}},
+        "training": {"global_batch": 2, "micro_batch_size": 1},
+        "plan": {"tensor_parallel": 1, "layout": {"pipeline_parallel": 1, "data_parallel": 2}},
+    }
+    instance, failed = build_instance(data), frozenset({3})
+    model = PerfModel(instance)
+    outcome = exact_search(instance, model, failed, math.inf, Deadline.never())
+    one_fast = model.pipeline_time(model.stage_costs(Plan(1, (Pipeline((Stage((0,), 0, 1),), 1),)), 0, [0.0]), 1)
+    best, _ = brute_force(instance, failed)
+    assert outcome.complete and outcome.objective == pytest.approx(best, rel=1e-9)
+    assert 2 * one_fast * (1 - 1e-9) <= outcome.bound <= best * (1 + 1e-9), (outcome.bound, one_fast, best)
