@@ -69,6 +69,9 @@ LOWER_SIMULATION_UNITS = 100_000
 per-stage closed-form bound."""
 TABLE_BUDGET = 500_000
 """Most steps of the relaxation's cover and completion tables (groups x micro-batches^2 x stages)."""
+COUNTED_BUDGET = 20_000_000
+"""Most steps of the pipeline-counted table (`Relaxation.counted_table`, vectorised: the cover's steps
+times the pipeline counts); beyond, the reported floor is the pipeline time's alone."""
 TYPED_BUDGET = 5_000_000
 """Most (state, kinds of one pipeline, n, m) steps of the type-aware cover tables (vectorised); beyond,
 or beyond CROSSING_BUDGET (split, order of kinds) pairs, the relaxation lets every group be of the
@@ -172,6 +175,16 @@ def _orders(profile: tuple[int, ...]) -> list[tuple[int, ...]]:
             for rest in _orders(profile[:kind] + (k - 1,) + profile[kind + 1:])]
 
 
+def _largest_stage(sizes: list[float], stages: int) -> float:
+    """The least largest part of any split of `sizes` into at most `stages` contiguous parts."""
+    prefix = list(itertools.accumulate(sizes, initial=0.0))
+    best = [prefix[end] for end in range(len(sizes) + 1)]  # best[end]: one part over [0, end)
+    for _ in range(stages - 1):
+        best = [min([best[end]] + [max(best[cut], prefix[end] - prefix[cut]) for cut in range(1, end)])
+                for end in range(len(sizes) + 1)]
+    return best[-1]
+
+
 def _compositions(layers: int, stages: int) -> list[tuple[int, ...]]:
     """Every boundary tuple (0, b1, ..., layers) of `stages` non-empty contiguous stages."""
     return [(0,) + cut + (layers,) for cut in itertools.combinations(range(1, layers), stages - 1)]
@@ -217,6 +230,11 @@ class Relaxation:
         self.lower: dict[tuple[int, ...], list[float]] = {}
         self.cover: list[list[float]] = []
         self.completion: list[list[list[float]]] = []
+        self.counted: list[list[float]] | None = None  # with the pipelines counted, when affordable
+        # per layer: its least optimizer step over the device types and reliefs (a stage's is a sum)
+        self.update = [min(model.optimizer_time(group, layer, layer + 1, relief)
+                           for group in self.representative.values() for relief in model.relief_options)
+                       for layer in range(self.layers)]
 
     def _kinds(self, per_type: Counter) -> None:
         """Kinds of groups the relaxation counts: one per stage device type when its tables fit
@@ -232,6 +250,7 @@ class Relaxation:
             if len(kinds) == 1 or (table <= TYPED_BUDGET and placements <= CROSSING_BUDGET):
                 break
         self.kind_of = {name: k for k, kind in enumerate(kinds) for name in kind}
+        self.table_steps = table // states  # per state: pipelines' kinds x micro-batches^2
         self.kind_count = counts
         self.profiles = profiles
         self.stride = [math.prod(c + 1 for c in counts[k + 1:]) for k in range(len(counts))]
@@ -247,6 +266,8 @@ class Relaxation:
             return False
         self.lower = lower
         self.cover, self.completion = self.cover_tables(lower)
+        if len(self.cover) * self.table_steps * min(self.groups, self.total) <= COUNTED_BUDGET:
+            self.counted = self.counted_table(lower)
         return True
 
     def lower_times(self, deadline: Deadline) -> dict[tuple[int, ...], list[float]] | None:
@@ -387,6 +408,42 @@ class Relaxation:
         completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
         return cover.tolist(), completion.tolist()
 
+    def counted_table(self, lower: dict[tuple[int, ...], list[float]]) -> list[list[float]]:
+        """counted[P][state]: least makespan of exactly P pipelines running the whole batch on at most
+        the groups of `state` (the cover relaxation with the pipelines counted: the all-reduce floor
+        grows with P, `ExactSearch.floor`). The same programme as `cover_tables`, once per P."""
+        total, kinds = self.total, len(self.kind_count)
+        comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
+        level = comps.sum(axis=1)
+        shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]
+        shift = np.where(shift >= 0, shift, total + 1)
+        items = [(s, np.array(v), sum(x * y for x, y in zip(v, self.stride)), np.array(lower[v][1:]))
+                 for s, vs in self.profiles.items() for v in vs]
+        previous = np.full((len(comps), total + 1), np.inf)
+        previous[:, 0] = 0.0  # no pipeline runs nothing
+        counted = [[math.inf] * len(comps)]
+        for _ in range(min(self.groups, total)):
+            table = np.full((len(comps), total + 1), np.inf)
+            for g in range(1, self.groups + 1):
+                rows = np.flatnonzero(level == g)
+                parts = comps[rows]
+                best = np.full((rows.size, total + 1), np.inf)
+                for stages, profile, offset, times in items:
+                    if stages > g:
+                        continue
+                    fit = (parts >= profile).all(axis=1)
+                    if not fit.any():
+                        continue
+                    rest = np.concatenate([previous[rows[fit] - offset], np.full((int(fit.sum()), 1), np.inf)], axis=1)
+                    best[fit] = np.minimum(best[fit], np.maximum(rest[:, shift], times[None, None, :]).min(axis=2))
+                for k, stride in enumerate(self.stride):  # groups may idle
+                    fewer = parts[:, k] >= 1
+                    best[fewer] = np.minimum(best[fewer], table[rows[fewer] - stride])
+                table[rows] = best
+            counted.append(table[:, total].tolist())
+            previous = table
+        return counted
+
 
 class ExactSearch:
     """Branch and bound for one inventory of TP groups (see the module docstring)."""
@@ -438,8 +495,22 @@ class ExactSearch:
         self.class_stride = [relaxation.state([name]) for name in self.class_type]
 
     def floor(self) -> float:
-        """The relaxation's floor on the pipeline time of every plan on these groups."""
-        return self.relaxation.cover[self.root][self.total]
+        """The relaxation's floor on the step of every plan on these groups: with the pipelines
+        counted (`Relaxation.counted`), min over P of the least makespan of P pipelines plus the
+        least all-reduce of P replicas and the least optimizer step (the shortest pipeline has at
+        most G / P stages, so one of its stages holds at least `_largest_stage` of the gradients, and
+        one takes at least `_largest_stage` of the layers' least optimizer steps); else the
+        pipeline-time floor alone."""
+        relaxation = self.relaxation
+        if relaxation.counted is None:
+            return relaxation.cover[self.root][self.total]
+        grad = (self.model.workload.params * self.model.grad_bytes / self.tp).tolist()
+        floors = []
+        for p in range(1, len(relaxation.counted)):
+            shortest = min(self.groups // p, self.layers)
+            floors.append(relaxation.counted[p][self.root] + self.ring_bound(p, _largest_stage(grad, shortest))
+                          + _largest_stage(relaxation.update, shortest))
+        return min(floors)
 
     @staticmethod
     def split_count(layers: int, longest: int) -> int:
