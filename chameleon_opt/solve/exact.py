@@ -96,7 +96,7 @@ class ExactOutcome:
     columns: int
     leaves: int
     reason: str
-    bound: float = 0.0  # the relaxation's floor on every plan's pipeline time (holds when stopped early)
+    bound: float = 0.0  # the relaxation's floor on every plan's step (`ExactSearch.floor`; holds when stopped early)
 
 
 def _groupings(devices: list[int], tp: int, limit: int) -> list[list[tuple[int, ...]]] | None:
@@ -229,6 +229,7 @@ class Relaxation:
         self.kinds = [[name for name in most if self.kind_of[name] == k] for k in range(len(self.kind_count))]
         self.lower: dict[tuple[int, ...], list[float]] = {}
         self.cover: list[list[float]] = []
+        self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
         self.counted: list[list[float]] | None = None  # with the pipelines counted, when affordable
         # per layer: its least optimizer step over the device types and reliefs (a stage's is a sum)
@@ -265,7 +266,8 @@ class Relaxation:
         if lower is None:
             return False
         self.lower = lower
-        self.cover, self.completion = self.cover_tables(lower)
+        self.capped, self.completion = self.cover_tables(lower)
+        self.cover = self.capped[self.longest]
         if len(self.cover) * self.table_steps * min(self.groups, self.total) <= COUNTED_BUDGET:
             self.counted = self.counted_table(lower)
         return True
@@ -370,20 +372,22 @@ class Relaxation:
                 best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
         return best
 
-    def cover_tables(self, lower: dict[tuple[int, ...], list[float]]) -> tuple[list[list[float]],
+    def cover_tables(self, lower: dict[tuple[int, ...], list[float]]) -> tuple[list[list[list[float]]],
                                                                                 list[list[list[float]]]]:
-        """cover[state][n]: least makespan of pipelines running n micro-batches on at most the groups
-        of `state` (of each kind), each pipeline at its lower time for its kinds (a relaxation: no
-        memory beyond `lower`'s, no node placement); completion[S][state][n]: the same when one of
-        the pipelines has at least S stages (a pipeline being grown past S - 1 stages is cut when
-        this cannot beat the incumbent). A dynamic programme over states by their group count,
-        vectorised over the states of one count and the micro-batch counts."""
-        total, kinds = self.total, len(self.kind_count)
+        """capped[c][state][n]: least makespan of pipelines of at most c stages running n
+        micro-batches on at most the groups of `state` (of each kind), each pipeline at its lower
+        time for its kinds (a relaxation: no memory beyond `lower`'s, no node placement; c = longest
+        is the cover itself); completion[S][state][n]: the same when one pipeline has at least S
+        stages and the others no more than it (a pipeline being grown past S - 1 stages is cut when
+        this cannot beat the incumbent: the master lists pipelines by non-increasing stages, so the
+        ones after a pipeline of S stages have at most S). A dynamic programme over states by their
+        group count, vectorised over the caps, the states of one count and the micro-batch counts."""
+        total, kinds, longest = self.total, len(self.kind_count), self.longest
         comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
         level = comps.sum(axis=1)
-        cover = np.full((len(comps), total + 1), np.inf)
-        cover[:, 0] = 0.0
-        here = np.full((self.longest + 2, len(comps), total + 1), np.inf)  # here[S]: one pipeline of S stages
+        capped = np.full((longest + 1, len(comps), total + 1), np.inf)
+        capped[:, :, 0] = 0.0
+        here = np.full((longest + 2, len(comps), total + 1), np.inf)  # here[S]: the largest has S stages
         shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]  # (n, m) -> n - m
         shift = np.where(shift >= 0, shift, total + 1)  # column total + 1 is infinite: m > n
         items = [(s, np.array(v), sum(x * y for x, y in zip(v, self.stride)), np.array(lower[v][1:]))
@@ -391,22 +395,25 @@ class Relaxation:
         for g in range(1, self.groups + 1):
             rows = np.flatnonzero(level == g)
             parts = comps[rows]
+            best = np.full((longest + 1, rows.size, total + 1), np.inf)
             for stages, profile, offset, times in items:
                 if stages > g:
                     continue
-                fit = rows[(parts >= profile).all(axis=1)]
-                if not fit.size:
+                fit = (parts >= profile).all(axis=1)
+                if not fit.any():
                     continue
-                previous = np.concatenate([cover[fit - offset], np.full((fit.size, 1), np.inf)], axis=1)
-                value = np.maximum(previous[:, shift], times[None, None, :]).min(axis=2)
-                here[stages, fit] = np.minimum(here[stages, fit], value)
-            best = here[1:, rows].min(axis=0)
+                source = rows[fit] - offset
+                previous = np.concatenate([capped[stages:, source], np.full((longest + 1 - stages, source.size, 1),
+                                                                             np.inf)], axis=2)
+                value = np.maximum(previous[:, :, shift], times).min(axis=3)  # (caps >= stages, states, n)
+                here[stages, rows[fit]] = np.minimum(here[stages, rows[fit]], value[0])
+                best[stages:, fit] = np.minimum(best[stages:, fit], value)
             for k, stride in enumerate(self.stride):  # groups may idle
                 fewer = parts[:, k] >= 1
-                best[fewer] = np.minimum(best[fewer], cover[rows[fewer] - stride])
-            cover[rows] = np.minimum(cover[rows], best)
+                best[:, fewer] = np.minimum(best[:, fewer], capped[:, rows[fewer] - stride])
+            capped[:, rows] = np.minimum(capped[:, rows], np.minimum.accumulate(best, axis=0))
         completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
-        return cover.tolist(), completion.tolist()
+        return capped.tolist(), completion.tolist()
 
     def counted_table(self, lower: dict[tuple[int, ...], list[float]]) -> list[list[float]]:
         """counted[P][state]: least makespan of exactly P pipelines running the whole batch on at most
@@ -588,7 +595,7 @@ class ExactSearch:
         """Depth-first over pipelines in non-increasing key order (stages, micro-batches, shape,
         boundaries: a multiset, not a sequence), each pipeline grown stage by stage from the groups
         left, the first untouched node of a family standing for all of them."""
-        lower, cover, completion = self.relaxation.lower, self.relaxation.cover, self.relaxation.completion
+        lower, capped, completion = self.relaxation.lower, self.relaxation.capped, self.relaxation.completion
         reach = self.reach_table(lower, incumbent)  # the incumbent only falls: items only drop out
         grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
         inter = self.model.inter
@@ -685,7 +692,7 @@ class ExactSearch:
                         rest = n_left - m
                         if rest and reach[stages, m][g_left - stages] < rest:
                             continue  # key order: what follows runs at most this much
-                        value = max(new_worst, cover[after][rest]) + new_opt
+                        value = max(new_worst, capped[stages][after][rest]) + new_opt  # later: <= stages
                         if value >= best[0] * (1 - PRUNE_TOLERANCE):
                             continue
                         value += ring_floor(pipelines + (1 if rest else 0), new_grad, nodes, bounds)
