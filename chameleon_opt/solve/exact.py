@@ -82,6 +82,8 @@ INVENTORY_BUDGET = 64
 """Most inventories (combinations of the nodes' distinct groupings) searched: each is a branch and
 bound of its own, so their count is checked before any is built (a product over 50 heterogeneous
 nodes has 2^50 of them)."""
+SHORT_SHARE = 0.3
+"""Of the branch and bound's time, at most this much for its runs capped at shorter pipelines."""
 PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
@@ -594,7 +596,10 @@ class ExactSearch:
     def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000) -> ExactOutcome:
         """Depth-first over pipelines in non-increasing key order (stages, micro-batches, shape,
         boundaries: a multiset, not a sequence), each pipeline grown stage by stage from the groups
-        left, the first untouched node of a family standing for all of them."""
+        left, the first untouched node of a family standing for all of them. Runs with pipelines of
+        at most 1, 2, ... stages come first, within SHORT_SHARE of the time: their trees are small
+        and often hold the best plans, which then cut the whole tree (depth first, long first
+        pipelines hold most of it)."""
         lower, capped, completion = self.relaxation.lower, self.relaxation.capped, self.relaxation.completion
         reach = self.reach_table(lower, incumbent)  # the incumbent only falls: items only drop out
         grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
@@ -602,6 +607,7 @@ class ExactSearch:
         holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
         best: list = [incumbent, None]
         stats = {"leaves": 0, "nodes": 0, "complete": True}
+        window, cap = [deadline], [self.longest]  # the current run's deadline and longest pipeline
         taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
         touched = Counter()                  # groups in use per node
         chosen: list[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = []
@@ -652,7 +658,7 @@ class ExactSearch:
             if n_left == 0:
                 leaf()
                 return
-            if stats["leaves"] >= leaf_budget or deadline.expired():
+            if stats["leaves"] >= leaf_budget or window[0].expired():
                 stats["complete"] = False
                 return
             if last is not None and reach[last[0], last[1]][g_left] < n_left:
@@ -666,7 +672,7 @@ class ExactSearch:
             if not stats["complete"]:
                 return
             stats["nodes"] += 1
-            if stats["nodes"] % 512 == 0 and deadline.expired():
+            if stats["nodes"] % 512 == 0 and window[0].expired():
                 stats["complete"] = False
                 return
             stages = len(classes)
@@ -677,7 +683,7 @@ class ExactSearch:
                 nodes = [self.class_node[c] for c in classes]
                 for bounds in self.splits[stages]:
                     limit = best[0] * (1 - PRUNE_TOLERANCE)
-                    if (shape, bounds, self.most_pipelines) not in self.prices and deadline.expired():  # 0.1-1 ms
+                    if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
                         stats["complete"] = False
                         return
                     priced = self.price(seq, shape, bounds, limit)
@@ -703,7 +709,7 @@ class ExactSearch:
                         master(rest, g_left - stages, after, new_worst, new_opt, new_grad, key)
                         hold(nodes, bounds, -1)
                         chosen.pop()
-            if stages >= min(self.longest, g_left) or (last is not None and stages >= last[0]):
+            if stages >= min(cap[0], g_left) or (last is not None and stages >= last[0]):
                 return
             if max(worst, completion[stages + 1][state][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # no longer pipeline (with the rest) can beat the incumbent
@@ -719,6 +725,12 @@ class ExactSearch:
                 taken[c] -= 1
                 touched[self.class_node[c]] -= 1
 
+        for short in range(1, self.longest):
+            if deadline.expired():
+                break
+            window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
+            master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None)
+        window[0], cap[0], stats["complete"] = deadline, self.longest, True
         master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None)
         reason = (f"branch and bound over {len(self.prices)} priced pipeline shapes, {stats['nodes']} nodes, "
                   f"{stats['leaves']} plans evaluated" + ("" if stats["complete"] else " (stopped early)"))
