@@ -270,7 +270,8 @@ class Relaxation:
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
-        if len(self.cover) * self.table_steps * min(self.groups, self.total) <= COUNTED_BUDGET:
+        if len(self.cover) * self.table_steps * min(self.groups, self.total) <= COUNTED_BUDGET \
+                and not deadline.expired():
             self.counted = self.counted_table(lower)
         return True
 
