@@ -682,6 +682,7 @@ class ExactSearch:
                          tuple(self.class_node[a] != self.class_node[b] for a, b in zip(classes, classes[1:])))
                 pipelines = len(chosen) + 1
                 nodes = [self.class_node[c] for c in classes]
+                candidates = []  # every split and micro-batch count that may beat the incumbent, by bound
                 for bounds in self.splits[stages]:
                     limit = best[0] * (1 - PRUNE_TOLERANCE)
                     if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
@@ -703,13 +704,18 @@ class ExactSearch:
                         if value >= best[0] * (1 - PRUNE_TOLERANCE):
                             continue
                         value += ring_floor(pipelines + (1 if rest else 0), new_grad, nodes, bounds)
-                        if value >= best[0] * (1 - PRUNE_TOLERANCE):
-                            continue
-                        chosen.append((tuple(seq), bounds, m))
-                        hold(nodes, bounds, 1)
-                        master(rest, g_left - stages, after, new_worst, new_opt, new_grad, key)
-                        hold(nodes, bounds, -1)
-                        chosen.pop()
+                        if value < best[0] * (1 - PRUNE_TOLERANCE):
+                            candidates.append((value, key, new_worst, new_opt, new_grad))
+                candidates.sort()  # the most promising first: good plans early, and the rest cut by them
+                for value, key, new_worst, new_opt, new_grad in candidates:
+                    if value >= best[0] * (1 - PRUNE_TOLERANCE):
+                        break
+                    _, m, _, bounds = key
+                    chosen.append((tuple(seq), bounds, m))
+                    hold(nodes, bounds, 1)
+                    master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key)
+                    hold(nodes, bounds, -1)
+                    chosen.pop()
             if stages >= min(cap[0], g_left) or (last is not None and stages >= last[0]):
                 return
             if max(worst, completion[stages + 1][state][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
