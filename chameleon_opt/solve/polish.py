@@ -155,8 +155,13 @@ def polish_placement(model: PerfModel, plan: Plan, failed: frozenset[int], deadl
     """Placement polish: two stages on TP groups of the same device type trade groups while the
     plan's exact step (best reliefs) falls. Which node holds which stage changes only the sends and
     the all-reduce rings: plateaus of near-equal plans the branch and bound may not tell apart in
-    time (a 16-device instance: 2e-4 s of rings, one swap away). Returns the plan and its step."""
+    time (a 16-device instance: 2e-4 s of rings, one swap away). The aligned placement
+    (`aligned_placement`) is tried first: rings stay inside a node only when every holder of their
+    layers does, which no single swap reaches. Returns the plan and its step."""
     best, best_value = relieved(model, plan, failed)
+    aligned, value = relieved(model, aligned_placement(model, best), failed)
+    if value < best_value * (1 - 1e-12):
+        best, best_value = aligned, value
     slots = [(j, s) for j, pipe in enumerate(best.pipelines) for s in range(len(pipe.stages))]
     improved = math.isfinite(best_value)
     while improved and not deadline.expired():
@@ -176,3 +181,28 @@ def polish_placement(model: PerfModel, plan: Plan, failed: frozenset[int], deadl
             if value < best_value * (1 - 1e-12):
                 best, best_value, improved = candidate, value, True
     return best, best_value
+
+
+def aligned_placement(model: PerfModel, plan: Plan) -> Plan:
+    """The plan's TP groups re-dealt among its stages of the same device type so that stages holding
+    the same layers (one gradient ring) share a node where they can: columns of such stages, the
+    largest first, each filled from the node with the most unassigned groups of its type."""
+    free: dict[tuple[str, int], list[tuple[int, ...]]] = {}
+    columns: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
+    for j, pipe in enumerate(plan.pipelines):
+        for s, stage in enumerate(pipe.stages):
+            name = model.stage_device(stage.devices).name
+            free.setdefault((name, model.instance.node_of(stage.devices[0])), []).append(stage.devices)
+            columns.setdefault((stage.first, stage.end, name), []).append((j, s))
+    dealt: dict[tuple[int, int], tuple[int, ...]] = {}
+    for (_, _, name), slots in sorted(columns.items(), key=lambda item: -len(item[1])):
+        left = list(slots)
+        while left:  # the node with the most groups of the type left gives as many as it has
+            source = max((k for k in free if k[0] == name and free[k]), key=lambda k: (len(free[k]), -k[1]))
+            taken = min(len(free[source]), len(left))
+            for slot in left[:taken]:
+                dealt[slot] = free[source].pop(0)
+            left = left[taken:]
+    return Plan(plan.tensor_parallel, tuple(
+        Pipeline(tuple(Stage(dealt[j, s], st.first, st.end) for s, st in enumerate(pipe.stages)), pipe.micro_batches)
+        for j, pipe in enumerate(plan.pipelines)), plan.rerouted)
