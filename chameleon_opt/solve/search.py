@@ -275,7 +275,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     if plan is not None and len(groups) <= EXACT_GROUPS and not deadline.expired():
         placed, placed_value = polish_placement(model, plan, failed, deadline.share(PLACEMENT_SHARE))
         if placed_value < value * (1 - 1e-12):
-            plan, value = placed, placed_value
+            plan, value, used = placed, placed_value, f"{used}, placement polish"
             notes.append("stages traded TP groups of their device type (placement polish)")
     exact = None
     if not deadline.expired():
