@@ -250,3 +250,65 @@ def test_whole_layer_conditions_hold_for_the_best_split_on_the_1f1b_graph(seed):
                 backward = [b[ends[s + 1]] - b[ends[s]] + (send if s > 0 else 0.0) for s in range(stages)]
                 best = min(best, one_f_one_b_time(forward, backward, micro_batches))
             assert bound.splittable(stages, micro_batches, best * (1 + 1e-9) + 1e-12), (stages, micro_batches, best)
+
+
+def test_relaxation_counts_the_groups_of_each_device_type():
+    """One fast and two slow survivors (one layer, two micro-batches): a relaxation that lets every
+    group run at the fast type's pace covers the batch in one fast micro-batch (two pipelines of
+    one); with the groups counted per type, the two micro-batches take at least two fast ones
+    (on the one fast group, or one of them on a slow group), and that floor still holds against
+    the brute force over the whole space."""
+    from chameleon_opt.solve.exact import exact_search
+
+    fast, slow = [[1.0, 2.0, 0.0]], [[2.0, 4.0, 0.0]]
+    data = {
+        "format": 1, "name": "typed-relaxation",
+        "cluster": {"nodes": 2, "devices_per_node": 2,
+                    "device_type": {"name": "fast", "memory_gib": 100.0, "peak_tflops": 2, "reserved_gib": 0},
+                    "network": {"intra_node_gbps": 100, "inter_node_gbps": 10},
+                    "overrides": [{"devices": [1, 2, 3], "device_type": {
+                        "name": "slow", "memory_gib": 100.0, "peak_tflops": 1, "reserved_gib": 0}}]},
+        "workload": {"inline": {"name": "toy", "layer_bytes": {
+            "params": [10 ** 7], "activation_bytes_per_sample": [10 ** 7], "boundary_bytes_per_sample": [0]},
+            "profiles": [{"device_type": "fast", "times": {"1": {"1": fast}}},
+                         {"device_type": "slow", "times": {"1": {"1": slow}}}]}},
+        "training": {"global_batch": 2, "micro_batch_size": 1},
+        "plan": {"tensor_parallel": 1, "layout": {"pipeline_parallel": 1, "data_parallel": 2}},
+    }
+    instance, failed = build_instance(data), frozenset({3})
+    model = PerfModel(instance)
+    outcome = exact_search(instance, model, failed, math.inf, Deadline.never())
+    one_fast = model.pipeline_time(model.stage_costs(Plan(1, (Pipeline((Stage((0,), 0, 1),), 1),)), 0, [0.0]), 1)
+    best, _ = brute_force(instance, failed)
+    assert outcome.complete and outcome.objective == pytest.approx(best, rel=1e-9)
+    assert 2 * one_fast * (1 - 1e-9) <= outcome.bound <= best * (1 + 1e-9), (outcome.bound, one_fast, best)
+
+
+def test_placement_polish_keeps_each_gradient_ring_inside_a_node():
+    """Two pipelines of two stages on two nodes of two devices, large gradients, a slow inter-node
+    link: one pipeline per node makes both layers' rings cross nodes; the aligned placement (each
+    layer's holders on one node, the small activation sends crossing instead) is faster, and the
+    polish finds it."""
+    from chameleon_opt.solve.polish import polish_placement, relieved
+
+    data = {
+        "format": 1, "name": "aligned-rings",
+        "cluster": {"nodes": 2, "devices_per_node": 2,
+                    "device_type": {"name": "fast", "memory_gib": 100.0, "peak_tflops": 2, "reserved_gib": 0},
+                    "network": {"intra_node_gbps": 100, "inter_node_gbps": 1}},
+        "workload": {"inline": {"name": "toy", "layer_bytes": {
+            "params": [10 ** 9, 10 ** 9], "activation_bytes_per_sample": [10 ** 7] * 2,
+            "boundary_bytes_per_sample": [10 ** 6] * 2},
+            "profiles": [{"device_type": "fast", "times": {"1": {"1": [[1.0, 2.0, 0.0]] * 2}}}]}},
+        "training": {"global_batch": 2, "micro_batch_size": 1},
+        "plan": {"tensor_parallel": 1, "layout": {"pipeline_parallel": 2, "data_parallel": 2}},
+    }
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    per_node = Plan(1, tuple(Pipeline((Stage((a,), 0, 1), Stage((b,), 1, 2)), 1) for a, b in ((0, 1), (2, 3))))
+    _, before = relieved(model, per_node)
+    plan, after = polish_placement(model, per_node, frozenset(), Deadline.never())
+    assert after < before * (1 - 1e-6), (before, after)
+    assert after == pytest.approx(model.evaluate(plan, frozenset()).iteration_time_s, rel=1e-12)
+    for s in range(2):
+        assert len({instance.node_of(pipe.stages[s].devices[0]) for pipe in plan.pipelines}) == 1

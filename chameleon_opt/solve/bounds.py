@@ -111,6 +111,16 @@ class MemoryRelaxation:
         return static + min((min(in_flight, 2.0) if mode == "offload" else in_flight) * (prefix[end] - prefix[first])
                             for mode, prefix in self.activation_prefix.items())
 
+    def needs(self, first: np.ndarray, end: np.ndarray, in_flight: float) -> np.ndarray:
+        """`need` of many stages at once (layer ranges [first, end), one in-flight count)."""
+        static = np.asarray(self.static_prefix)
+        least = np.full(np.shape(first), np.inf)
+        for mode, prefix in self.activation_prefix.items():
+            held = np.asarray(prefix)
+            kept = min(in_flight, 2.0) if mode == "offload" else in_flight
+            least = np.minimum(least, kept * (held[end] - held[first]))
+        return static[end] - static[first] + least
+
     def fits(self, stages: int, micro_batches: int) -> bool:
         """Whether some contiguous split into `stages` stages fits with `micro_batches` per pipeline.
         Greedy is exact: in-flight counts never grow along the pipeline, so later stages are never

@@ -23,11 +23,18 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   Step = max t + DP + max u; a candidate is cut when
       max(t so far, cover(groups left, micro-batches left)) + max u + ring floor >= incumbent,
   and a pipeline stops growing when no longer one can beat the incumbent (`completion`).
-  cover(g, n) is a DP over a relaxation: every stage range at its fastest device type and relief,
-  boundary sends at the faster link except the node crossings a pipeline longer than a node must
-  make; the ring floor is the all-reduce of the largest stage over the pipelines there will be,
-  on the inter-node link when no node can hold a slot of every pipeline, and of the layers whose
-  holders already sit on two nodes. Leaves: PerfModel.evaluate after choose_reliefs.
+  cover(state, n) is a DP over a relaxation that counts the groups left of each device type (a
+  state; one kind for all types when the tables would be too large): a pipeline taking v_k groups
+  of type k costs at least lower(v, m), every stage range at its type's fastest relief, in every
+  order of the types along the pipeline, boundary sends at the faster link except the node
+  crossings a pipeline longer than a node must make, so
+      cover(state, n) = min(cover(state - e_k, n), min over v <= state, m <= n of
+                        max(lower(v, m), cover(state - v, n - m)))
+  and no plan is priced with more fast groups than the cluster has; lower(v, m) counts only splits
+  whose every stage fits the relaxed memory of its own type. The tables are built once for every
+  inventory (`Relaxation`). The ring floor is the all-reduce of the largest stage over the
+  pipelines there will be, on the inter-node link when no node can hold a slot of every pipeline,
+  and of the layers whose holders already sit on two nodes. Leaves: PerfModel.evaluate after choose_reliefs.
 When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
 first, the caller reports its own valid bound instead.
 """
@@ -43,6 +50,7 @@ import numpy as np
 
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
+from chameleon_opt.perf.memory import in_flight_micro_batches
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
@@ -61,12 +69,21 @@ LOWER_SIMULATION_UNITS = 100_000
 per-stage closed-form bound."""
 TABLE_BUDGET = 500_000
 """Most steps of the relaxation's cover and completion tables (groups x micro-batches^2 x stages)."""
+COUNTED_BUDGET = 20_000_000
+"""Most steps of the pipeline-counted table (`Relaxation.counted_table`, vectorised: the cover's steps
+times the pipeline counts); beyond, the reported floor is the pipeline time's alone."""
+TYPED_BUDGET = 5_000_000
+"""Most (state, kinds of one pipeline, n, m) steps of the type-aware cover tables (vectorised); beyond,
+or beyond CROSSING_BUDGET (split, order of kinds) pairs, the relaxation lets every group be of the
+fastest device type."""
 GROUPING_BUDGET = 2_000
 """Most groupings of one node's survivors into TP groups enumerated before giving up exactness."""
 INVENTORY_BUDGET = 64
 """Most inventories (combinations of the nodes' distinct groupings) searched: each is a branch and
 bound of its own, so their count is checked before any is built (a product over 50 heterogeneous
 nodes has 2^50 of them)."""
+SHORT_SHARE = 0.3
+"""Of the branch and bound's time, at most this much for its runs capped at shorter pipelines."""
 PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
@@ -81,7 +98,7 @@ class ExactOutcome:
     columns: int
     leaves: int
     reason: str
-    bound: float = 0.0  # the relaxation's floor on every plan's pipeline time (holds when stopped early)
+    bound: float = 0.0  # the relaxation's floor on every plan's step (`ExactSearch.floor`; holds when stopped early)
 
 
 def _groupings(devices: list[int], tp: int, limit: int) -> list[list[tuple[int, ...]]] | None:
@@ -140,6 +157,36 @@ def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp
     return [[g for node in choice for g in node] for choice in itertools.product(*per_node)]
 
 
+def _profiles(counts: list[int], stages: int) -> list[tuple[int, ...]]:
+    """Every way to take `stages` groups from kinds of these counts: groups per kind."""
+    if len(counts) == 1:
+        return [(stages,)] if stages <= counts[0] else []
+    return [(k,) + rest for k in range(min(counts[0], stages) + 1) for rest in _profiles(counts[1:], stages - k)]
+
+
+def _multinomial(profile: tuple[int, ...]) -> int:
+    """Distinct orders of a pipeline's stages with these groups per kind."""
+    return math.factorial(sum(profile)) // math.prod(math.factorial(k) for k in profile)
+
+
+def _orders(profile: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Every distinct sequence of kinds along a pipeline with these groups per kind."""
+    if not sum(profile):
+        return [()]
+    return [(kind,) + rest for kind, k in enumerate(profile) if k
+            for rest in _orders(profile[:kind] + (k - 1,) + profile[kind + 1:])]
+
+
+def _largest_stage(sizes: list[float], stages: int) -> float:
+    """The least largest part of any split of `sizes` into at most `stages` contiguous parts."""
+    prefix = list(itertools.accumulate(sizes, initial=0.0))
+    best = [prefix[end] for end in range(len(sizes) + 1)]  # best[end]: one part over [0, end)
+    for _ in range(stages - 1):
+        best = [min([best[end]] + [max(best[cut], prefix[end] - prefix[cut]) for cut in range(1, end)])
+                for end in range(len(sizes) + 1)]
+    return best[-1]
+
+
 def _compositions(layers: int, stages: int) -> list[tuple[int, ...]]:
     """Every boundary tuple (0, b1, ..., layers) of `stages` non-empty contiguous stages."""
     return [(0,) + cut + (layers,) for cut in itertools.combinations(range(1, layers), stages - 1)]
@@ -155,13 +202,266 @@ class Priced:
     grad_bytes: float
 
 
+class Relaxation:
+    """The branch and bound's relaxation, one for every inventory of the same survivors (their
+    group counts per device type differ, nothing else it reads does): kinds of groups, each
+    pipeline's least time per groups of each kind (`lower`), and the cover and completion tables
+    over states, the groups left of each kind, up to the most any inventory has (see `cover_tables`)."""
+
+    def __init__(self, model: PerfModel, options: list[list[tuple[int, ...]]], total: int, live: list[int]) -> None:
+        self.model, self.total, self.live = model, total, live
+        self.layers = model.workload.num_layers
+        self.virtual = model.options.virtual_stages or 1
+        self.sample = options[0]
+        self.groups = len(options[0])  # every inventory forms as many groups (maximal groupings)
+        self.longest = min(self.layers, self.groups)
+        self.splits = {s: _compositions(self.layers, s) for s in range(1, self.longest + 1)}
+        per_node = Counter(model.instance.node_of(g[0]) for g in options[0])
+        self.most_per_node = max(per_node.values())
+        self.representative: dict[str, tuple[int, ...]] = {}
+        most: Counter = Counter()  # per device type: the most groups any inventory has of it
+        for groups in options:
+            here = Counter()
+            for group in groups:
+                name = model.stage_device(group).name
+                self.representative.setdefault(name, group)
+                here[name] += 1
+            most |= here
+        self._kinds(most)
+        self.kinds = [[name for name in most if self.kind_of[name] == k] for k in range(len(self.kind_count))]
+        self.lower: dict[tuple[int, ...], list[float]] = {}
+        self.cover: list[list[float]] = []
+        self.capped: list[list[list[float]]] = []
+        self.completion: list[list[list[float]]] = []
+        self.counted: list[list[float]] | None = None  # with the pipelines counted, when affordable
+        # per layer: its least optimizer step over the device types and reliefs (a stage's is a sum)
+        self.update = [min(model.optimizer_time(group, layer, layer + 1, relief)
+                           for group in self.representative.values() for relief in model.relief_options)
+                       for layer in range(self.layers)]
+
+    def _kinds(self, per_type: Counter) -> None:
+        """Kinds of groups the relaxation counts: one per stage device type when its tables fit
+        TYPED_BUDGET, else one for all (every stage then at the fastest type, as many as there are
+        groups). A state is the number of groups left of each kind, in mixed radix (`stride`)."""
+        names = sorted(per_type)
+        for kinds in ([[name] for name in names], [names]):
+            counts = [min(sum(per_type[name] for name in kind), self.groups) for kind in kinds]
+            profiles = {s: _profiles(counts, s) for s in range(1, self.longest + 1)}
+            states = math.prod(c + 1 for c in counts)
+            table = states * sum(map(len, profiles.values())) * self.total ** 2
+            placements = sum(len(self.splits[s]) * sum(_multinomial(v) for v in vs) for s, vs in profiles.items())
+            if len(kinds) == 1 or (table <= TYPED_BUDGET and placements <= CROSSING_BUDGET):
+                break
+        self.kind_of = {name: k for k, kind in enumerate(kinds) for name in kind}
+        self.table_steps = table // states  # per state: pipelines' kinds x micro-batches^2
+        self.kind_count = counts
+        self.profiles = profiles
+        self.stride = [math.prod(c + 1 for c in counts[k + 1:]) for k in range(len(counts))]
+
+    def state(self, types: list[str]) -> int:
+        """The state of these groups (their stage device types)."""
+        return sum(self.stride[self.kind_of[name]] for name in types)
+
+    def build(self, deadline: Deadline) -> bool:
+        """Fills the tables; False when `deadline` passed first."""
+        lower = self.lower_times(deadline)
+        if lower is None:
+            return False
+        self.lower = lower
+        self.capped, self.completion = self.cover_tables(lower)
+        self.cover = self.capped[self.longest]
+        if len(self.cover) * self.table_steps * min(self.groups, self.total) <= COUNTED_BUDGET \
+                and not deadline.expired():
+            self.counted = self.counted_table(lower)
+        return True
+
+    def lower_times(self, deadline: Deadline) -> dict[tuple[int, ...], list[float]] | None:
+        """lower[v][m]: a lower bound on the schedule time of every pipeline whose stages take v[k]
+        groups of each kind k, running m micro-batches (None past `deadline`). Each stage range takes
+        its fastest forward and backward over its kind's device types and the supported reliefs, for
+        every order of the kinds along the pipeline; each boundary its send on the faster link,
+        except that a pipeline longer than a node's groups crosses nodes at least
+        ceil(S / groups per node) - 1 times (every choice of those boundaries is tried). The time of
+        those operations, minimised over the layer splits and orders, is the exact 1F1B longest path
+        (monotone in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the
+        per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
+        bound also skips the simulations that cannot lower the minimum. A split counts only where
+        every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
+        micro-batches 1F1B holds in flight there: inf where none does."""
+        model = self.model
+        kinds = len(self.kind_count)
+        fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
+        for name, group in self.representative.items():
+            kind = self.kind_of[name]
+            for first in range(self.layers):
+                for end in range(first + 1, self.layers + 1):
+                    times = [model.stage_times(group, first, end, r)[:2] for r in model.relief_options]
+                    fastest[kind, first, end] = np.minimum(fastest[kind, first, end],
+                                                           (min(t[0] for t in times), min(t[1] for t in times)))
+        inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
+        intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
+        cheap = np.minimum(intra, inter)
+        choices = {}
+        for stages, splits in self.splits.items():
+            crossings = max(-(-stages // self.most_per_node) - 1, 0)
+            choices[stages] = list(itertools.combinations(range(stages - 1), crossings)) \
+                if math.comb(stages - 1, crossings) * len(splits) <= CROSSING_BUDGET else [()]
+        orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
+        units = sum(len(splits) * len(choices[s]) * sum(len(orders[v]) for v in self.profiles[s]) * s * m
+                    for s, splits in self.splits.items() for m in range(1, self.total + 1))
+        simulate = self.virtual > 1 or units <= LOWER_SIMULATION_UNITS
+        # memory: each kind's stages within the relaxed memory of its own device types
+        names = model.instance.device_types
+        memories = [MemoryRelaxation(model, self.sample, self.total, [d for d in self.live if names[d].name in kind])
+                    for kind in self.kinds]
+        lower: dict[tuple[int, ...], list[float]] = {}
+        for stages, splits in self.splits.items():
+            if deadline.expired():
+                return None
+            b = np.array(splits)
+            ranges = fastest[:, b[:, :-1], b[:, 1:]]  # (kinds, splits, stages, forward/backward)
+            fits = np.zeros((len(self.kinds), len(splits), stages, self.total), dtype=bool)
+            for k, memory in enumerate(memories):
+                for s in range(stages):
+                    for m in range(1, self.total + 1):
+                        held = in_flight_micro_batches(s, stages, m, 0.0, self.virtual)
+                        fits[k, :, s, m - 1] = memory.needs(b[:, s], b[:, s + 1], held) <= memory.budget
+            for profile in self.profiles[stages]:
+                best = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap, inter, simulate)
+                lower[profile] = best.tolist()
+        return lower
+
+    def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray, crossings: list[tuple[int, ...]],
+                     orders: list[tuple[int, ...]], cheap: np.ndarray, inter: np.ndarray,
+                     simulate: bool) -> np.ndarray:
+        """best[m]: the least time of m micro-batches over every split (`b`), crossing choice and
+        order of kinds, with each stage's range times per kind (`ranges`) and whether it fits in memory
+        with m micro-batches (`fits`: kind, split, stage, m - 1). The closed-form bound of
+        every candidate comes first (numpy); the simulation then visits candidates by it, skipping
+        those whose bound cannot lower the minimum (plain 1F1B only: interleaving is simulated)."""
+        stages, total = b.shape[1] - 1, self.total
+        counts = np.arange(1, total + 1)
+        position = np.arange(stages)
+        warmup = np.arange(stages - 1, -1, -1)  # k_s = S - s - 1
+        forwards, backwards, fitting = [], [], []
+        for crossing in crossings:
+            sends = cheap[b[:, 1:-1] - 1].copy() if stages > 1 else np.zeros((len(b), 0))
+            for s in crossing:
+                sends[:, s] = inter[b[:, s + 1] - 1]
+            for order in orders:
+                placed = ranges[np.array(order), :, position]  # (stages, splits, forward/backward)
+                forward, backward = placed[:, :, 0].T.copy(), placed[:, :, 1].T.copy()
+                forward[:, :-1] += sends
+                backward[:, 1:] += sends
+                forwards.append(forward)
+                backwards.append(backward)
+                fitting.append(fits[np.array(order), :, position].all(axis=0))  # (splits, m - 1)
+        forward, backward = np.concatenate(forwards), np.concatenate(backwards)
+        whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
+        closed = (whole[:, None, None] + (counts - 1)[None, :, None] * backward[:, None, :]
+                  + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
+        fit = np.concatenate(fitting)
+        closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
+        best = np.full(total + 1, np.inf)
+        if not simulate:
+            best[1:] = closed.min(axis=0)
+            return best
+        for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
+            ops = None
+            for m in range(1, total + 1):
+                if not fit[k, m - 1] or (self.virtual == 1 and closed[k, m - 1] >= best[m]):
+                    continue  # no plan, or the simulation is at least the closed form
+                ops = ops or [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
+                best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
+        return best
+
+    def cover_tables(self, lower: dict[tuple[int, ...], list[float]]) -> tuple[list[list[list[float]]],
+                                                                                list[list[list[float]]]]:
+        """capped[c][state][n]: least makespan of pipelines of at most c stages running n
+        micro-batches on at most the groups of `state` (of each kind), each pipeline at its lower
+        time for its kinds (a relaxation: no memory beyond `lower`'s, no node placement; c = longest
+        is the cover itself); completion[S][state][n]: the same when one pipeline has at least S
+        stages and the others no more than it (a pipeline being grown past S - 1 stages is cut when
+        this cannot beat the incumbent: the master lists pipelines by non-increasing stages, so the
+        ones after a pipeline of S stages have at most S). A dynamic programme over states by their
+        group count, vectorised over the caps, the states of one count and the micro-batch counts."""
+        total, kinds, longest = self.total, len(self.kind_count), self.longest
+        comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
+        level = comps.sum(axis=1)
+        capped = np.full((longest + 1, len(comps), total + 1), np.inf)
+        capped[:, :, 0] = 0.0
+        here = np.full((longest + 2, len(comps), total + 1), np.inf)  # here[S]: the largest has S stages
+        shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]  # (n, m) -> n - m
+        shift = np.where(shift >= 0, shift, total + 1)  # column total + 1 is infinite: m > n
+        items = [(s, np.array(v), sum(x * y for x, y in zip(v, self.stride)), np.array(lower[v][1:]))
+                 for s, vs in self.profiles.items() for v in vs]
+        for g in range(1, self.groups + 1):
+            rows = np.flatnonzero(level == g)
+            parts = comps[rows]
+            best = np.full((longest + 1, rows.size, total + 1), np.inf)
+            for stages, profile, offset, times in items:
+                if stages > g:
+                    continue
+                fit = (parts >= profile).all(axis=1)
+                if not fit.any():
+                    continue
+                source = rows[fit] - offset
+                previous = np.concatenate([capped[stages:, source], np.full((longest + 1 - stages, source.size, 1),
+                                                                             np.inf)], axis=2)
+                value = np.maximum(previous[:, :, shift], times).min(axis=3)  # (caps >= stages, states, n)
+                here[stages, rows[fit]] = np.minimum(here[stages, rows[fit]], value[0])
+                best[stages:, fit] = np.minimum(best[stages:, fit], value)
+            for k, stride in enumerate(self.stride):  # groups may idle
+                fewer = parts[:, k] >= 1
+                best[:, fewer] = np.minimum(best[:, fewer], capped[:, rows[fewer] - stride])
+            capped[:, rows] = np.minimum(capped[:, rows], np.minimum.accumulate(best, axis=0))
+        completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
+        return capped.tolist(), completion.tolist()
+
+    def counted_table(self, lower: dict[tuple[int, ...], list[float]]) -> list[list[float]]:
+        """counted[P][state]: least makespan of exactly P pipelines running the whole batch on at most
+        the groups of `state` (the cover relaxation with the pipelines counted: the all-reduce floor
+        grows with P, `ExactSearch.floor`). The same programme as `cover_tables`, once per P."""
+        total, kinds = self.total, len(self.kind_count)
+        comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
+        level = comps.sum(axis=1)
+        shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]
+        shift = np.where(shift >= 0, shift, total + 1)
+        items = [(s, np.array(v), sum(x * y for x, y in zip(v, self.stride)), np.array(lower[v][1:]))
+                 for s, vs in self.profiles.items() for v in vs]
+        previous = np.full((len(comps), total + 1), np.inf)
+        previous[:, 0] = 0.0  # no pipeline runs nothing
+        counted = [[math.inf] * len(comps)]
+        for _ in range(min(self.groups, total)):
+            table = np.full((len(comps), total + 1), np.inf)
+            for g in range(1, self.groups + 1):
+                rows = np.flatnonzero(level == g)
+                parts = comps[rows]
+                best = np.full((rows.size, total + 1), np.inf)
+                for stages, profile, offset, times in items:
+                    if stages > g:
+                        continue
+                    fit = (parts >= profile).all(axis=1)
+                    if not fit.any():
+                        continue
+                    rest = np.concatenate([previous[rows[fit] - offset], np.full((int(fit.sum()), 1), np.inf)], axis=1)
+                    best[fit] = np.minimum(best[fit], np.maximum(rest[:, shift], times[None, None, :]).min(axis=2))
+                for k, stride in enumerate(self.stride):  # groups may idle
+                    fewer = parts[:, k] >= 1
+                    best[fewer] = np.minimum(best[fewer], table[rows[fewer] - stride])
+                table[rows] = best
+            counted.append(table[:, total].tolist())
+            previous = table
+        return counted
+
+
 class ExactSearch:
     """Branch and bound for one inventory of TP groups (see the module docstring)."""
 
     def __init__(self, instance: Instance, model: PerfModel, groups: list[tuple[int, ...]], tp: int,
-                 prices: dict[tuple, Priced] | None = None) -> None:
-        """`prices`: shapes already priced (by another inventory of the same survivors: a shape's
-        terms do not depend on which groups realise it)."""
+                 relaxation: Relaxation, prices: dict[tuple, Priced] | None = None) -> None:
+        """`relaxation`: built for these survivors; `prices`: shapes already priced (by another
+        inventory of the same survivors: a shape's terms do not depend on which groups realise it)."""
         self.instance, self.model, self.tp = instance, model, tp
         self.total = instance.global_micro_batches
         self.layers = instance.workload.num_layers
@@ -200,6 +500,27 @@ class ExactSearch:
         self.longest = min(self.layers, self.groups)
         self.splits = {s: _compositions(self.layers, s) for s in range(1, self.longest + 1)}
         self.prices: dict[tuple, Priced] = {} if prices is None else prices
+        self.relaxation = relaxation
+        self.root = relaxation.state([model.stage_device(g).name for g in groups])
+        self.class_stride = [relaxation.state([name]) for name in self.class_type]
+
+    def floor(self) -> float:
+        """The relaxation's floor on the step of every plan on these groups: with the pipelines
+        counted (`Relaxation.counted`), min over P of the least makespan of P pipelines plus the
+        least all-reduce of P replicas and the least optimizer step (the shortest pipeline has at
+        most G / P stages, so one of its stages holds at least `_largest_stage` of the gradients, and
+        one takes at least `_largest_stage` of the layers' least optimizer steps); else the
+        pipeline-time floor alone."""
+        relaxation = self.relaxation
+        if relaxation.counted is None:
+            return relaxation.cover[self.root][self.total]
+        grad = (self.model.workload.params * self.model.grad_bytes / self.tp).tolist()
+        floors = []
+        for p in range(1, len(relaxation.counted)):
+            shortest = min(self.groups // p, self.layers)
+            floors.append(relaxation.counted[p][self.root] + self.ring_bound(p, _largest_stage(grad, shortest))
+                          + _largest_stage(relaxation.update, shortest))
+        return min(floors)
 
     @staticmethod
     def split_count(layers: int, longest: int) -> int:
@@ -207,106 +528,17 @@ class ExactSearch:
         return sum(math.comb(layers - 1, s - 1) for s in range(1, longest + 1))
 
     # -- bounds ----------------------------------------------------------------------------------
-    def lower_times(self, deadline: Deadline) -> list[list[float]] | None:
-        """lower[S][m]: a lower bound on the schedule time of every S-stage pipeline running m
-        micro-batches (None past `deadline`). Each stage range takes its fastest forward and backward
-        over the device types present and the supported reliefs; each boundary its send on the
-        faster link, except that a pipeline longer than a node's groups crosses nodes at least
-        ceil(S / groups per node) - 1 times (every choice of those boundaries is tried). The time of
-        those operations, minimised over the layer splits, is the exact 1F1B longest path (monotone
-        in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the per-stage
-        bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s."""
-        model = self.model
-        types = {name: self.pools[c][0] for c, name in enumerate(self.class_type)}
-        fastest = np.zeros((self.layers + 1, self.layers + 1, 2))
-        for first in range(self.layers):
-            for end in range(first + 1, self.layers + 1):
-                times = [model.stage_times(g, first, end, r)[:2] for g in types.values() for r in model.relief_options]
-                fastest[first, end] = (min(t[0] for t in times), min(t[1] for t in times))
-        inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
-        intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
-        cheap = np.minimum(intra, inter)
-        choices = {}
-        for stages, splits in self.splits.items():
-            crossings = max(-(-stages // self.most_per_node) - 1, 0)
-            choices[stages] = list(itertools.combinations(range(stages - 1), crossings)) \
-                if math.comb(stages - 1, crossings) * len(splits) <= CROSSING_BUDGET else [()]
-        units = sum(len(splits) * len(choices[s]) * s * m for s, splits in self.splits.items()
-                    for m in range(1, self.total + 1))
-        simulate = self.virtual > 1 or units <= LOWER_SIMULATION_UNITS
-        # memory: an S-stage pipeline of m micro-batches no relaxed split can hold is no column at all
-        memory = MemoryRelaxation(model, [g for pool in self.pools for g in pool], self.total)
-        lower = [[0.0] * (self.total + 1) for _ in range(self.longest + 1)]
-        for stages, splits in self.splits.items():
-            if deadline.expired():
-                return None
-            b = np.array(splits)
-            ranges = fastest[b[:, :-1], b[:, 1:]]                  # (splits, stages, forward/backward)
-            best = np.full(self.total + 1, np.inf)
-            for crossing in choices[stages]:
-                sends = cheap[b[:, 1:-1] - 1].copy() if stages > 1 else np.zeros((len(splits), 0))
-                for s in crossing:
-                    sends[:, s] = inter[b[:, s + 1] - 1]
-                forward = ranges[:, :, 0].copy()
-                backward = ranges[:, :, 1].copy()
-                forward[:, :-1] += sends
-                backward[:, 1:] += sends
-                if simulate:
-                    for k in range(len(splits)):
-                        ops = [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
-                        for m in range(1, self.total + 1):
-                            best[m] = min(best[m], model.pipeline_time(ops, m, self.virtual))
-                    continue
-                whole = forward.sum(axis=1) + backward.sum(axis=1)   # W per split
-                warmup = np.arange(stages - 1, -1, -1)               # k_s = S - s - 1
-                for m in range(1, self.total + 1):
-                    stage = whole[:, None] + (m - 1) * backward + np.maximum(m - 1 - warmup, 0)[None, :] * forward
-                    best[m] = min(best[m], float(stage.max(axis=1).min()))
-            lower[stages] = [0.0] + [float(v) if self._holds(memory, stages, m) else math.inf
-                                     for m, v in enumerate(best[1:], start=1)]
-        return lower
-
-    def _holds(self, memory: MemoryRelaxation, stages: int, micro_batches: int) -> bool:
-        """Whether some split of `stages` stages can hold `micro_batches` in flight under the memory
-        relaxation (past stages x virtual micro-batches no stage holds more)."""
-        return memory.fits(stages, min(micro_batches, stages * self.virtual))
-
-    def cover_table(self, lower: list[list[float]]) -> list[list[float]]:
-        """cover[g][n]: least makespan of pipelines running n micro-batches on at most g groups,
-        each pipeline at its lower time (a relaxation: any device types, no memory, no sends)."""
-        cover = [[0.0] + [math.inf] * self.total for _ in range(self.groups + 1)]
-        for g in range(1, self.groups + 1):
-            for n in range(1, self.total + 1):
-                value = cover[g - 1][n]
-                for stages in range(1, min(g, self.longest) + 1):
-                    for m in range(1, n + 1):
-                        value = min(value, max(lower[stages][m], cover[g - stages][n - m]))
-                cover[g][n] = value
-        return cover
-
-    def completion_table(self, lower: list[list[float]], cover: list[list[float]]) -> list[list[list[float]]]:
-        """completion[S][g][n]: least makespan when the next pipeline has at least S stages and it and
-        the rest run n micro-batches on g groups (the same relaxation as `cover_table`); a pipeline
-        being grown past S - 1 stages is cut when this cannot beat the incumbent."""
-        inf = math.inf
-        table = [[[inf] * (self.total + 1) for _ in range(self.groups + 1)] for _ in range(self.longest + 2)]
-        for stages in range(self.longest, 0, -1):
-            for g in range(stages, self.groups + 1):
-                for n in range(1, self.total + 1):
-                    here = min((max(lower[stages][m], cover[g - stages][n - m]) for m in range(1, n + 1)), default=inf)
-                    table[stages][g][n] = min(here, table[stages + 1][g][n])
-        return table
-
-    def reach_table(self, lower: list[list[float]], limit: float) -> dict[tuple[int, int], list[int]]:
+    def reach_table(self, lower: dict[tuple[int, ...], list[float]], limit: float) -> dict[tuple[int, int], list[int]]:
         """reach[S, m][g]: the most micro-batches g groups can run in pipelines whose (stages,
-        micro-batches) come at or before (S, m) in key order and whose relaxed time is below `limit`
-        (an unbounded knapsack over that prefix of the items). Since the master lists pipelines in
-        non-increasing key order, the pipelines after one keyed (S, m) must fit within it."""
+        micro-batches) come at or before (S, m) in key order and whose relaxed time (of any kinds)
+        is below `limit` (an unbounded knapsack over that prefix of the items). Since the master
+        lists pipelines in non-increasing key order, the pipelines after one keyed (S, m) must fit
+        within it."""
         reach: dict[tuple[int, int], list[int]] = {}
         best = [0] * (self.groups + 1)
         for stages in range(1, self.longest + 1):
             for m in range(1, self.total + 1):
-                if lower[stages][m] < limit:
+                if min(lower[v][m] for v in self.relaxation.profiles[stages]) < limit:
                     for g in range(stages, self.groups + 1):
                         best[g] = max(best[g], best[g - stages] + m)
                 reach[stages, m] = list(best)
@@ -365,18 +597,18 @@ class ExactSearch:
     def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000) -> ExactOutcome:
         """Depth-first over pipelines in non-increasing key order (stages, micro-batches, shape,
         boundaries: a multiset, not a sequence), each pipeline grown stage by stage from the groups
-        left, the first untouched node of a family standing for all of them."""
-        lower = self.lower_times(deadline)
-        if lower is None:
-            return ExactOutcome(None, incumbent, False, 0, 0, "the relaxation's tables ran out of time", 0.0)
-        cover = self.cover_table(lower)
-        completion = self.completion_table(lower, cover)
+        left, the first untouched node of a family standing for all of them. Runs with pipelines of
+        at most 1, 2, ... stages come first, within SHORT_SHARE of the time: their trees are small
+        and often hold the best plans, which then cut the whole tree (depth first, long first
+        pipelines hold most of it)."""
+        lower, capped, completion = self.relaxation.lower, self.relaxation.capped, self.relaxation.completion
         reach = self.reach_table(lower, incumbent)  # the incumbent only falls: items only drop out
         grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
         inter = self.model.inter
         holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
         best: list = [incumbent, None]
         stats = {"leaves": 0, "nodes": 0, "complete": True}
+        window, cap = [deadline], [self.longest]  # the current run's deadline and longest pipeline
         taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
         touched = Counter()                  # groups in use per node
         chosen: list[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = []
@@ -422,23 +654,26 @@ class ExactSearch:
                 return True
             return all(touched[other] for other in self.family[node] if other < node)
 
-        def master(n_left: int, g_left: int, worst: float, opt: float, grad: float, last: tuple | None) -> None:
+        def master(n_left: int, g_left: int, state: int, worst: float, opt: float, grad: float,
+                   last: tuple | None) -> None:
             if n_left == 0:
                 leaf()
                 return
-            if stats["leaves"] >= leaf_budget or deadline.expired():
+            if stats["leaves"] >= leaf_budget or window[0].expired():
                 stats["complete"] = False
                 return
             if last is not None and reach[last[0], last[1]][g_left] < n_left:
                 return  # the pipelines allowed after `last` cannot run what is left
-            grow([], [], n_left, g_left, worst, opt, grad, last)
+            grow([], [], n_left, g_left, state, state, worst, opt, grad, last)
 
-        def grow(classes: list[int], seq: list[tuple[int, ...]], n_left: int, g_left: int, worst: float,
-                 opt: float, grad: float, last: tuple | None) -> None:
+        def grow(classes: list[int], seq: list[tuple[int, ...]], n_left: int, g_left: int, state: int, after: int,
+                 worst: float, opt: float, grad: float, last: tuple | None) -> None:
+            """`state`: the groups of each kind left before this pipeline, `after`: once its stages
+            so far are taken."""
             if not stats["complete"]:
                 return
             stats["nodes"] += 1
-            if stats["nodes"] % 512 == 0 and deadline.expired():
+            if stats["nodes"] % 512 == 0 and window[0].expired():
                 stats["complete"] = False
                 return
             stages = len(classes)
@@ -447,9 +682,10 @@ class ExactSearch:
                          tuple(self.class_node[a] != self.class_node[b] for a, b in zip(classes, classes[1:])))
                 pipelines = len(chosen) + 1
                 nodes = [self.class_node[c] for c in classes]
+                candidates = []  # every split and micro-batch count that may beat the incumbent, by bound
                 for bounds in self.splits[stages]:
                     limit = best[0] * (1 - PRUNE_TOLERANCE)
-                    if (shape, bounds, self.most_pipelines) not in self.prices and deadline.expired():  # 0.1-1 ms
+                    if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
                         stats["complete"] = False
                         return
                     priced = self.price(seq, shape, bounds, limit)
@@ -464,20 +700,25 @@ class ExactSearch:
                         rest = n_left - m
                         if rest and reach[stages, m][g_left - stages] < rest:
                             continue  # key order: what follows runs at most this much
-                        value = max(new_worst, cover[g_left - stages][rest]) + new_opt
+                        value = max(new_worst, capped[stages][after][rest]) + new_opt  # later: <= stages
                         if value >= best[0] * (1 - PRUNE_TOLERANCE):
                             continue
                         value += ring_floor(pipelines + (1 if rest else 0), new_grad, nodes, bounds)
-                        if value >= best[0] * (1 - PRUNE_TOLERANCE):
-                            continue
-                        chosen.append((tuple(seq), bounds, m))
-                        hold(nodes, bounds, 1)
-                        master(rest, g_left - stages, new_worst, new_opt, new_grad, key)
-                        hold(nodes, bounds, -1)
-                        chosen.pop()
-            if stages >= min(self.longest, g_left) or (last is not None and stages >= last[0]):
+                        if value < best[0] * (1 - PRUNE_TOLERANCE):
+                            candidates.append((value, key, new_worst, new_opt, new_grad))
+                candidates.sort()  # the most promising first: good plans early, and the rest cut by them
+                for value, key, new_worst, new_opt, new_grad in candidates:
+                    if value >= best[0] * (1 - PRUNE_TOLERANCE):
+                        break
+                    _, m, _, bounds = key
+                    chosen.append((tuple(seq), bounds, m))
+                    hold(nodes, bounds, 1)
+                    master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key)
+                    hold(nodes, bounds, -1)
+                    chosen.pop()
+            if stages >= min(cap[0], g_left) or (last is not None and stages >= last[0]):
                 return
-            if max(worst, completion[stages + 1][g_left][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
+            if max(worst, completion[stages + 1][state][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # no longer pipeline (with the rest) can beat the incumbent
             for c in self.order:  # fastest device types first: good plans (and cuts) come early
                 pool = self.pools[c]
@@ -486,15 +727,22 @@ class ExactSearch:
                 group = pool[taken[c]]
                 taken[c] += 1
                 touched[self.class_node[c]] += 1
-                grow(classes + [c], seq + [group], n_left, g_left, worst, opt, grad, last)
+                grow(classes + [c], seq + [group], n_left, g_left, state, after - self.class_stride[c], worst, opt,
+                     grad, last)
                 taken[c] -= 1
                 touched[self.class_node[c]] -= 1
 
-        master(self.total, self.groups, 0.0, 0.0, 0.0, None)
+        for short in range(1, self.longest):
+            if deadline.expired():
+                break
+            window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
+            master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None)
+        window[0], cap[0], stats["complete"] = deadline, self.longest, True
+        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None)
         reason = (f"branch and bound over {len(self.prices)} priced pipeline shapes, {stats['nodes']} nodes, "
                   f"{stats['leaves']} plans evaluated" + ("" if stats["complete"] else " (stopped early)"))
         return ExactOutcome(best[1], best[0], stats["complete"], len(self.prices), stats["leaves"], reason,
-                            cover[self.groups][self.total])
+                            self.floor())
 
 
 @dataclass(frozen=True)
@@ -529,10 +777,18 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
     options = inventories(instance, model, failed, tp, deadline)
     if options is None:
         return None
+    options = [groups for groups in options if groups]
+    if not options:
+        return ExactOutcome(None, incumbent, True, 0, 0, "no TP group survives", math.inf)
+    relaxation = Relaxation(model, options, instance.global_micro_batches,
+                            [d for d in range(instance.num_devices) if d not in failed])
+    if not relaxation.build(deadline):
+        return ExactOutcome(None, incumbent, False, 0, 0, "the relaxation's tables ran out of time", 0.0)
     prices: dict[tuple, Priced] = {}  # shared: the inventories realise the same shapes
-    searches = [ExactSearch(instance, model, groups, tp, prices) for groups in options if groups]
-    plan, objective, leaves, reason = None, incumbent, 0, "no TP group survives"
-    floors = [0.0] * len(searches)  # each inventory's relaxation floor (its part of the space)
+    searches = sorted((ExactSearch(instance, model, groups, tp, relaxation, prices) for groups in options),
+                      key=ExactSearch.floor)  # the most promising first: good incumbents early
+    plan, objective, leaves, reason = None, incumbent, 0, ""
+    floors = [search.floor() for search in searches]  # each inventory's relaxation floor (its part of the space)
     pending = list(range(len(searches)))
     for _ in range(2):  # a second pass resumes the inventories stopped early, with the better incumbent
         stopped = []

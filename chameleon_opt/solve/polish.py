@@ -6,6 +6,7 @@ rebalanced on exact 1F1B times, and layer boundaries moved one at a time while t
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from chameleon_opt.perf.model import PerfModel
@@ -110,3 +111,98 @@ def polish_splits(model: PerfModel, plan: Plan, deadline: Deadline) -> Plan:
         pipelines.append(Pipeline(tuple(Stage(st.devices, new[s], new[s + 1]) for s, st in enumerate(pipe.stages)),
                                   pipe.micro_batches))
     return Plan(plan.tensor_parallel, tuple(pipelines), plan.rerouted)
+
+
+def polish_step_splits(model: PerfModel, plan: Plan, failed: frozenset[int], deadline: Deadline) -> tuple[Plan, float]:
+    """Split polish on the whole step: the 1F1B polish ignores the gradient all-reduce and the
+    optimizer step, which follow the largest stage, so a split slower in 1F1B can make the faster
+    plan. Each pipeline shape (boundaries, micro-batches, first stage's type) has a boundary moved
+    one layer, in all its pipelines at once, while the plan's exact step (best reliefs) falls.
+    Returns the plan and its step (inf when it fits no relief)."""
+    best, best_value = relieved(model, plan, failed)
+
+    def key(pipe: Pipeline) -> tuple:
+        return ((pipe.stages[0].first,) + tuple(st.end for st in pipe.stages), pipe.micro_batches,
+                model.stage_device(pipe.stages[0].devices).name)
+
+    moved = math.isfinite(best_value)
+    while moved and not deadline.expired():
+        moved = False
+        for shape in dict.fromkeys(key(pipe) for pipe in best.pipelines if len(pipe.stages) > 1):
+            bounds = shape[0]
+            for i in range(1, len(bounds) - 1):
+                for step in (-1, 1):
+                    trial = list(bounds)
+                    trial[i] += step
+                    if not trial[i - 1] < trial[i] < trial[i + 1] or deadline.expired():
+                        continue
+                    candidate = Plan(plan.tensor_parallel, tuple(
+                        Pipeline(tuple(Stage(st.devices, trial[s], trial[s + 1]) for s, st in enumerate(pipe.stages)),
+                                 pipe.micro_batches) if key(pipe) == shape else pipe
+                        for pipe in best.pipelines), best.rerouted)
+                    candidate, value = relieved(model, candidate, failed)
+                    if value < best_value * (1 - 1e-12):
+                        best, best_value, moved = candidate, value, True
+                        break
+                if moved:
+                    break
+            if moved:
+                break
+    return best, best_value
+
+
+def polish_placement(model: PerfModel, plan: Plan, failed: frozenset[int], deadline: Deadline) -> tuple[Plan, float]:
+    """Placement polish: two stages on TP groups of the same device type trade groups while the
+    plan's exact step (best reliefs) falls. Which node holds which stage changes only the sends and
+    the all-reduce rings: plateaus of near-equal plans the branch and bound may not tell apart in
+    time (a 16-device instance: 2e-4 s of rings, one swap away). The aligned placement
+    (`aligned_placement`) is tried first: rings stay inside a node only when every holder of their
+    layers does, which no single swap reaches. Returns the plan and its step."""
+    best, best_value = relieved(model, plan, failed)
+    aligned, value = relieved(model, aligned_placement(model, best), failed)
+    if value < best_value * (1 - 1e-12):
+        best, best_value = aligned, value
+    slots = [(j, s) for j, pipe in enumerate(best.pipelines) for s in range(len(pipe.stages))]
+    improved = math.isfinite(best_value)
+    while improved and not deadline.expired():
+        improved = False
+        for a, b in itertools.combinations(slots, 2):
+            if deadline.expired():
+                break
+            first, second = best.pipelines[a[0]].stages[a[1]], best.pipelines[b[0]].stages[b[1]]
+            if model.stage_device(first.devices).name != model.stage_device(second.devices).name:
+                continue
+            stages = [list(pipe.stages) for pipe in best.pipelines]
+            stages[a[0]][a[1]] = Stage(second.devices, first.first, first.end)
+            stages[b[0]][b[1]] = Stage(first.devices, second.first, second.end)
+            candidate = Plan(best.tensor_parallel, tuple(Pipeline(tuple(st), pipe.micro_batches)
+                                                         for st, pipe in zip(stages, best.pipelines)), best.rerouted)
+            candidate, value = relieved(model, candidate, failed)
+            if value < best_value * (1 - 1e-12):
+                best, best_value, improved = candidate, value, True
+    return best, best_value
+
+
+def aligned_placement(model: PerfModel, plan: Plan) -> Plan:
+    """The plan's TP groups re-dealt among its stages of the same device type so that stages holding
+    the same layers (one gradient ring) share a node where they can: columns of such stages, the
+    largest first, each filled from the node with the most unassigned groups of its type."""
+    free: dict[tuple[str, int], list[tuple[int, ...]]] = {}
+    columns: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
+    for j, pipe in enumerate(plan.pipelines):
+        for s, stage in enumerate(pipe.stages):
+            name = model.stage_device(stage.devices).name
+            free.setdefault((name, model.instance.node_of(stage.devices[0])), []).append(stage.devices)
+            columns.setdefault((stage.first, stage.end, name), []).append((j, s))
+    dealt: dict[tuple[int, int], tuple[int, ...]] = {}
+    for (_, _, name), slots in sorted(columns.items(), key=lambda item: -len(item[1])):
+        left = list(slots)
+        while left:  # the node with the most groups of the type left gives as many as it has
+            source = max((k for k in free if k[0] == name and free[k]), key=lambda k: (len(free[k]), -k[1]))
+            taken = min(len(free[source]), len(left))
+            for slot in left[:taken]:
+                dealt[slot] = free[source].pop(0)
+            left = left[taken:]
+    return Plan(plan.tensor_parallel, tuple(
+        Pipeline(tuple(Stage(dealt[j, s], st.first, st.end) for s, st in enumerate(pipe.stages)), pipe.micro_batches)
+        for j, pipe in enumerate(plan.pipelines)), plan.rerouted)

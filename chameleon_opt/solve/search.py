@@ -9,7 +9,8 @@ with a bound that says how far from optimal it may be.
    the chosen backend unless the incumbent already meets the bound; the mix is lowered onto TP
    groups and polished on the exact model (reliefs, micro-batch rebalancing, neighbouring mixes,
    layer splits: solve/polish.py). With several reliefs the relief-free templates compete too;
-3. pipelines of mixed device types (solve/mixed.py);
+3. pipelines of mixed device types (solve/mixed.py); the incumbent's stages then trade TP groups
+   of their device type while the exact step falls (`polish_placement`, up to EXACT_GROUPS groups);
 4. branch and bound over the whole space when it is small (solve/exact.py), else the paper's
    enumeration (solve/enumerator.py) as one more incumbent while the survivors form at most
    ENUMERATION_GROUPS TP groups;
@@ -39,11 +40,12 @@ from chameleon_opt.solve.constructive import (Mix, best_counts, bound_guided_mix
                                               restricted_mix)
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.enumerator import enumerate_plans
-from chameleon_opt.solve.exact import exact_search
+from chameleon_opt.solve.exact import EXACT_GROUPS, exact_search
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.levels import LevelModel, level_model, lp_lower_bound, solve_level_model
 from chameleon_opt.solve.mixed import mixed_plans
-from chameleon_opt.solve.polish import polish_splits, rebalance_exact, relieved
+from chameleon_opt.solve.polish import (polish_placement, polish_splits, polish_step_splits, rebalance_exact,
+                                        relieved)
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.templates import Template, build_templates
 
@@ -54,6 +56,7 @@ MIN_SEARCH_S = 0.02  # less time left than this: the search does not start (NO_S
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
 ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
 ENUMERATION_GROUPS = 64  # beyond this many TP groups it cannot finish in seconds (bench/solver_scaling.py)
+PLACEMENT_SHARE = 0.1  # of what is left, for the placement polish of the incumbent (up to EXACT_GROUPS groups)
 EXACT_SHARE = 0.85  # of what is left, for the branch and bound (the rest: the relaxation bound if it stops)
 OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
 SPACE = ("pipelines of TP groups formed inside nodes from any survivors (idle allowed), stages of any "
@@ -182,8 +185,13 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
         if polished != plan:
             polished, value = relieved(model, polished, failed)
             if value < best_time * (1 - 1e-12):
-                plan = polished
+                plan, best_time = polished, value
                 why += "; layer splits polished on the exact 1F1B time"
+        if polish.left() >= 2 * evaluation_s:  # each move is one exact evaluation; the check follows
+            stepped, value = polish_step_splits(model, plan, failed, Deadline(polish.end - evaluation_s))
+            if value < best_time * (1 - 1e-12):
+                plan, best_time = stepped, value
+                why += "; layer splits polished on the exact step"
         if not math.isfinite(best_time):  # no plan the exact model accepts: none leaves this path
             return SolveResult(Status.NO_SOLUTION, None, None, None, wall, used, build, seed,
                                f"the template plans overflow the exact memory model ({why})")
@@ -264,6 +272,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if mixed and mixed[0][1] < value * (1 - 1e-12):
             plan, value, used = mixed[0][0], mixed[0][1], "mixed"
             notes.append(f"a pipeline set of mixed device types is faster ({len(mixed[0][0].pipelines)} pipelines)")
+    if plan is not None and len(groups) <= EXACT_GROUPS and not deadline.expired():
+        placed, placed_value = polish_placement(model, plan, failed, deadline.share(PLACEMENT_SHARE))
+        if placed_value < value * (1 - 1e-12):
+            plan, value, used = placed, placed_value, f"{used}, placement polish"
+            notes.append("stages traded TP groups of their device type (placement polish)")
     exact = None
     if not deadline.expired():
         exact = exact_search(instance, model, failed, value, deadline.share(EXACT_SHARE))
@@ -280,14 +293,15 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
             plan, value, used = exact.plan, exact.objective, "branch-and-bound"
     if exact is not None and exact.complete:
         bound: float | None = value
-    elif deadline.expired():  # no time for the relaxation (seconds at 16,384 devices): the gap is unknown,
-        bound = None          # and with no plan, infeasibility unproven (NO_SOLUTION): both said so
-        notes.append("no time left for the relaxation bound")
+    elif deadline.expired() and (exact is None or exact.bound <= 0):
+        bound = None  # no time for the relaxation (seconds at 16,384 devices): the gap is unknown, and
+        notes.append("no time left for the relaxation bound")  # with no plan, infeasibility unproven
     else:
-        bound = relaxation_bound(model, groups, instance.global_micro_batches, live, deadline)
+        bound = 0.0 if deadline.expired() else relaxation_bound(model, groups, instance.global_micro_batches, live,
+                                                                deadline)
         if exact is not None and exact.bound > bound:  # the branch and bound's own floor (memory-aware)
             bound = exact.bound
-            notes.append("bound: the branch and bound's relaxation (every inventory's pipeline-time floor)")
+            notes.append("bound: the branch and bound's relaxation (every inventory's floor)")
     wall = time.perf_counter() - start
     space = f"space: {SPACE}"
     if plan is None or not math.isfinite(value):
