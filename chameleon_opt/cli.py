@@ -395,7 +395,12 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
          failed_ids: list[str] = FAILED, failed_node: list[str] = FAILED_NODE,
          replace_failures: bool = REPLACE_FAILURES,
          stages_table: bool = typer.Option(False, "--stages", help="also print each plan's per-stage times, "
-                                           "memory and relief")) -> None:
+                                           "memory and relief"),
+         tp_degrees: str = typer.Option("", "--tp-degrees", metavar="T,T,...",
+                                        help="TP degrees a reconfiguration may move to (e.g. 1,2,4; each divides the "
+                                             "devices per node and the model's heads, KV heads and MLP size): each "
+                                             "is searched, a change re-shards the state from the last step's "
+                                             "checkpoint (network.checkpoint_read_gbps)")) -> None:
     """Plan the recovery from the failures (the file's and --failed/--failed-node), or, with
     --joined, the return of devices: candidates, scores, the chosen plan."""
     import time
@@ -411,7 +416,7 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
         if migration_plot is not None:
             check_figure_output(migration_plot, "--migration-plot", force)
         options = PlanningOptions(policy.value, time_limit, _solver_options(backend.value, threads, seed, solver_log, params),
-                                  next_fault_s, target=target.value)
+                                  next_fault_s, target=target.value, tp_degrees=_degrees(tp_degrees))
         instance = load_instance(file)
         failed = failed_devices(instance, failed_ids, failed_node, replace_failures)
         if not failed:
@@ -440,6 +445,8 @@ def plan(file: Path = typer.Argument(..., help="instance file (JSON or YAML)"),
                    "time_limit_s": time_limit, "wall_s": planned_s,
                    "stages": [stage.to_json() for stage in decision.stages],
                    "stopped_early": decision.stopped_early}
+        if decision.reshard is not None:
+            payload["tensor_parallel_change"] = decision.reshard.to_json()
         if decision.interim is not None:
             payload["interim"] = {"plan": decision.interim.plan.to_json(),
                                   "iteration_time_s": decision.interim.iteration_time_s,
@@ -493,10 +500,17 @@ def _print_decision(instance: Any, decision: "RecoveryDecision", options: Any, j
                      f"migration, process groups), then run the new layout ({step})", soft_wrap=True)
         sections = [(f"after the pause ({step})", decision)]
     stdout.print(f"why: {_why(instance, decision, options)}", highlight=False, soft_wrap=True)
+    reshard = decision.reshard
+    if reshard is not None:
+        moves = (f"TP degree changes {reshard.from_tp} -> {reshard.to_tp}: every device reads its new shards from the "
+                 f"last step's checkpoint, {sig(reshard.total_bytes / 1e9)} GB to "
+                 f"{devices(set(reshard.bytes_per_device))}, {sig(reshard.read_s)} s at {sig(reshard.read_gbps)} GB/s "
+                 "each (no peer-to-peer migration across TP degrees)")
     for heading, part in sections:
         stdout.print(f"\n[bold]{heading}[/]:")
         if part is decision and moves:
-            when = "in the background, before the switch" if decision.interim is not None else "during the pause"
+            when = "in the background, before the switch" if decision.interim is not None and reshard is None \
+                else "during the pause"
             stdout.print(f"  {when}: {moves}", markup=False, highlight=False, soft_wrap=True)
         for line in layout_lines(part.plan, failed, instance.num_devices, instance.plan):
             stdout.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
@@ -518,6 +532,18 @@ def _print_decision(instance: Any, decision: "RecoveryDecision", options: Any, j
         spent.items()), highlight=False, soft_wrap=True)
     if not stages_table:
         stdout.print("per-stage times and memory: --stages; everything: --json", style="dim")
+
+
+def _degrees(text: str) -> tuple[int, ...]:
+    """`--tp-degrees 1,2,4` as a tuple (empty: keep the job's degree)."""
+    try:
+        degrees = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise InputError(COMMAND_LINE, "--tp-degrees", f"{text!r} is not a list of integers", "write e.g. 1,2,4") \
+            from None
+    if any(tp < 1 for tp in degrees):
+        raise InputError(COMMAND_LINE, "--tp-degrees", f"{text!r} holds a degree below 1", "write e.g. 1,2,4")
+    return degrees
 
 
 def _why(instance: Any, decision: "RecoveryDecision", options: Any) -> str:

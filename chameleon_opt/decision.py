@@ -25,9 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from chameleon_opt.check import check_plan
-from chameleon_opt.comm import assign_slots, communication_plan
+from chameleon_opt.comm import assign_slots, communication_plan, schedule_allreduce
 from chameleon_opt.comm.api import CommInfo
 from chameleon_opt.comm.migration import FINISH_S_PER_TRANSFER
+from chameleon_opt.comm.reshard import CheckpointReshard, checkpoint_reshard
 from chameleon_opt.comm.state import held_every_copy, shard_copies_lost, shard_copies_phrase
 from chameleon_opt.comm.transfers import Migration
 from chameleon_opt.errors import InfeasibleError, InputError, UnrecoverableError
@@ -180,7 +181,8 @@ class RecoveryOption:
     rebuild_s: float = 0.0        # of transition_s: re-creating the communicators the change touches
     devices_touched: int = 0      # live devices whose stage, TP rank or neighbours change
     groups_rebuilt: int = 0       # communicators (TP groups, data-parallel rings) created anew
-    bytes_moved: int = 0          # state migrated before training resumes
+    bytes_moved: int = 0          # state migrated (or read from the checkpoint) before training resumes
+    reshard: CheckpointReshard | None = None  # a TP-degree change: the state is re-sharded from the checkpoint
 
     @property
     def iteration_time_s(self) -> float:
@@ -200,7 +202,14 @@ class RecoveryOption:
                 "iteration_time_s": self.step_s, "transition_time_s": self.transition_s, "score": self.score,
                 "solve": None if self.solve is None else self.solve.to_json(),
                 **({"scope": self.scope, "rebuild_s": self.rebuild_s, "devices_touched": self.devices_touched,
-                    "groups_rebuilt": self.groups_rebuilt, "bytes_moved": self.bytes_moved} if self.scope else {})}
+                    "groups_rebuilt": self.groups_rebuilt, "bytes_moved": self.bytes_moved} if self.scope else {}),
+                **({"tensor_parallel_change": self.reshard.to_json()} if self.reshard is not None else {})}
+
+    @property
+    def pause_s(self) -> float:
+        """Of the transition, what cannot overlap training: the communicators' rebuild, and a TP
+        change's read of the checkpoint (it loads the last committed step, so it follows it)."""
+        return self.rebuild_s + (self.reshard.read_s if self.reshard is not None else 0.0)
 
 
 @dataclass(frozen=True)
@@ -248,8 +257,8 @@ def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfMod
 
 
 def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
-                          options: SolverOptions = DEFAULT, *, worth: Callable[[float, float], float] | None = None
-                          ) -> tuple[RecoveryOption, tuple[StageTime, ...]]:
+                          options: SolverOptions = DEFAULT, *, worth: Callable[[float, float], float] | None = None,
+                          tp_degrees: tuple[int, ...] = ()) -> tuple[RecoveryOption, tuple[StageTime, ...]]:
     """Re-plan over the survivors, locally (solve/local.py: intact pipelines kept, only the damaged
     ones' survivors and spares re-planned; LOCAL_SHARE of `deadline`) and globally (the search,
     SEARCH_SHARE of what is left), then schedule their migrations: each option's transition = the
@@ -258,7 +267,12 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
     (at 131,072 devices a re-shard's took 13.6 s of 30 and left the search 5 s: its bound was cut
     short). The one `worth` scores higher (Eq. 8: `decide` passes it; else the faster step) is the
     candidate. The global plan's migration is only scheduled when its step beats the local one's
-    (else it cannot win: a larger change for no faster step)."""
+    (else it cannot win: a larger change for no faster step).
+
+    With `tp_degrees` (checked by `check_tp_degrees`) each other TP degree is searched too, one
+    search each over the survivors' groups of that degree, the search's time split evenly among
+    the degrees (without them the current degree's search gets all of it, as before), and priced
+    as a checkpoint re-shard (`_resharded`)."""
     worth = worth or (lambda step, transition: -step)
     stages: list[StageTime] = []
     start = time.perf_counter()
@@ -268,10 +282,21 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
     stages.append(StageTime("local search", max(searching.end - start, 0.0), local_s, searching.expired(),
                             f"{len(local)} local plan(s) fit" + (f"; best: {local[0].how}" if local else "")))
     start = time.perf_counter()
-    searching = deadline.share(SEARCH_SHARE)
+    others = [tp for tp in tp_degrees if tp != instance.plan.tensor_parallel]
+    window = deadline.share(SEARCH_SHARE)
+    searching = window.share(1 / (1 + len(others)))  # no other degree: the whole window
     result = search_plan(instance, failed, model=model, deadline=searching, options=options)
     search_s = time.perf_counter() - start
     stages.append(_stage("search", searching, start, result))
+    changed: list[tuple[SolveResult[Plan], float]] = []
+    for k, tp in enumerate(others):  # the instance seen at another degree: the search forms groups of tp
+        started = time.perf_counter()
+        searching = window.share(1 / (len(others) - k))
+        other = search_plan(dataclasses.replace(instance, plan=Plan(tp, ())), failed, model=model,
+                            deadline=searching, options=options)
+        stages.append(_stage(f"search (TP {tp})", searching, started, other))
+        if other.status.has_solution and other.solution is not None:
+            changed.append((other, time.perf_counter() - started))
     found = result.status.has_solution and result.solution is not None
     global_step = model.evaluate(result.solution, failed).iteration_time_s if found else math.inf
     local_option, chosen, skipped = None, None, []
@@ -307,17 +332,19 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
     else:
         global_option = _scheduled(instance, failed, model, result.solution, result, search_s, "global", deadline,
                                    options, stages, assign=True)
-    usable = [o for o in (local_option, global_option) if o is not None and o.feasible]
+    resharded = [_resharded(instance, failed, model, other, found_s, deadline, options, stages)
+                 for other, found_s in changed]
+    usable = [o for o in (local_option, global_option, *resharded) if o is not None and o.feasible]
     if not usable:
         if local_option is not None:
             return dataclasses.replace(global_option, reason=f"local: {local_option.reason}; global: "
                                        f"{global_option.reason}"), tuple(stages)
         return global_option, tuple(stages)
     best = max(usable, key=lambda o: worth(o.iteration_time_s, o.transition_s))
-    others = [o for o in (local_option, global_option) if o is not None and o is not best]
-    reason = best.reason + "".join(f"; the {o.scope} plan: {o.reason}" if not o.feasible else
-                                   f"; the {o.scope} plan ({o.iteration_time_s:.4g} s per step, transition "
-                                   f"{o.transition_s:.3g} s) scores lower" for o in others)
+    rivals = [o for o in (local_option, global_option, *resharded) if o is not None and o is not best]
+    reason = best.reason + "".join(f"; the {_named(o)} plan: {o.reason}" if not o.feasible else
+                                   f"; the {_named(o)} plan ({o.iteration_time_s:.4g} s per step, transition "
+                                   f"{o.transition_s:.3g} s) scores lower" for o in rivals)
     solve = best.solve
     if best.scope == "local":  # a plan of the search's space, bounded by the search's own bound
         bound = None if result.bound is None else min(result.bound, best.iteration_time_s)
@@ -326,6 +353,65 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
                             local_s, "local", 0.0, options.seed, f"local re-plan ({chosen.how}); bound from the "
                             f"global search: {result.reason}", stopped_early=result.stopped_early)
     return dataclasses.replace(best, reason=reason, solve=solve), tuple(stages)
+
+
+def _named(option: RecoveryOption) -> str:
+    return option.scope if option.reshard is None else f"{option.scope} TP {option.reshard.to_tp}"
+
+
+def _resharded(instance: Instance, failed: frozenset[int], model: PerfModel, result: SolveResult[Plan],
+               found_s: float, deadline: Deadline, options: SolverOptions, stages: list[StageTime]) -> RecoveryOption:
+    """The searched plan of another TP degree, priced as the re-shard the runtime runs
+    (comm/reshard.py): no peer-to-peer transfer (the migration layer moves whole shards of one
+    degree), every live device of the plan reads its new shards from the last step's checkpoint,
+    and every communicator is rebuilt (every TP group is new and every device's shards change).
+    Transition: the search + the slowest device's read + a full rebuild (GROUP_REBUILD_S)."""
+    assert result.solution is not None
+    plan, started = result.solution, time.perf_counter()
+    label = f"communication (TP {plan.tensor_parallel})"
+    if deadline.expired():
+        stages.append(StageTime(label, 0.0, 0.0, True, "not started"))
+        return RecoveryOption("reconfigure", False, f"stopped early: the deadline passed before the TP "
+                              f"{plan.tensor_parallel} plan's gradient rounds could be scheduled (raise --time-limit)",
+                              solve=result, scope="global")
+    reshard = checkpoint_reshard(model, instance.plan, plan, failed)
+    allreduce = schedule_allreduce(model, plan, failed, deadline.share(COMM_SHARE), options)
+    held = {d for d in instance.plan.devices if d not in failed}
+    nothing = SolveResult(Status.OPTIMAL, (), 0.0, 0.0, 0.0, "checkpoint", 0.0, options.seed,
+                          f"TP {reshard.from_tp} -> {reshard.to_tp}: no peer-to-peer transfer, every device reads its "
+                          "new shards from the checkpoint")
+    migration = Migration(plan, (), 0, 0.0, 0.0, 0.0, 0, (), {d: -1 for d in sorted(held)}, nothing)
+    comm = CommInfo(plan, None, migration, allreduce, time.perf_counter() - started)
+    stages.append(StageTime(label, max(deadline.end - started, 0.0), time.perf_counter() - started,
+                            allreduce.solve.stopped_early, f"checkpoint re-shard, all-reduce "
+                            f"{allreduce.solve.status.value}"))
+    change = disruption(model, instance.plan, plan, failed)
+    touched = set(reshard.bytes_per_device) | held  # every device of the plan reads, every old holder drops
+    transition = found_s + reshard.read_s + GROUP_REBUILD_S
+    why = (f"global at TP {reshard.to_tp} (was {reshard.from_tp}): {len(plan.pipelines)} pipelines over the "
+           f"survivors; transition = search {found_s:.2f} s + checkpoint re-shard {reshard.read_s:.3g} s "
+           f"({reshard.total_bytes / 1e9:.3g} GB read by {len(reshard.bytes_per_device)} devices at "
+           f"{reshard.read_gbps:g} GB/s each: the migration cannot move shards across TP degrees) + rebuilding all "
+           f"{change.groups_total} process groups {GROUP_REBUILD_S:.2f} s")
+    return RecoveryOption("reconfigure", True, why, plan, model.evaluate(plan, failed), transition, solve=result,
+                          communication=(migration, allreduce.rounds, comm), scope="global",
+                          rebuild_s=GROUP_REBUILD_S, devices_touched=len(touched), groups_rebuilt=change.groups_total,
+                          bytes_moved=reshard.total_bytes, reshard=reshard)
+
+
+def check_tp_degrees(instance: Instance, degrees: tuple[int, ...]) -> None:
+    """Raise InputError for a candidate TP degree no plan can use: a TP group sits inside one node,
+    and the runtime shards attention by heads (query and KV heads) and the MLP by its inner size."""
+    arch = instance.workload.architecture
+    for tp in degrees:
+        widths = {"devices_per_node": instance.devices_per_node}
+        if arch is not None:
+            widths.update(heads=arch.heads, kv_heads=arch.kv_heads or arch.heads, ffn=arch.ffn)
+        bad = [f"{name} {value}" for name, value in widths.items() if tp < 1 or value % tp]
+        if bad:
+            raise InputError(None, "tp_degrees", f"TP {tp} does not divide {', '.join(bad)}",
+                             "give degrees that divide the devices per node, the attention heads, KV heads and "
+                             "the MLP's inner size")
 
 
 def target_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, target: str, *,
@@ -468,11 +554,12 @@ def with_stale_copies(error: UnrecoverableError, earlier: list[Plan], instance: 
 
 def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", *, deadline: Deadline,
            options: SolverOptions = DEFAULT, next_fault_s: float | None = None, model: PerfModel | None = None,
-           bubble_filling: bool = True, target: str = "any") -> Decision:
+           bubble_filling: bool = True, target: str = "any", tp_degrees: tuple[int, ...] = ()) -> Decision:
     """Build the candidates the policy asks for within `deadline`, score them (Eq. 8,
     `score_option`) and pick the best. With a `target` trainer other than `any` the only
     candidate is the reconfiguration that trainer can run (`target_candidate`): neither
-    rerouting nor the hybrid is something Megatron-LM or torchtitan can execute.
+    rerouting nor the hybrid is something Megatron-LM or torchtitan can execute. `tp_degrees`: the
+    TP degrees a reconfiguration may move to (`reconfigure_candidate`; empty: the job's degree only).
 
     Raises UnrecoverableError when some layer lost every replica (only a checkpoint has it)."""
     sharded, holders = _shards_lost(instance, failed)
@@ -486,6 +573,7 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", *, 
     if gone:
         raise UnrecoverableError(f"layers {gone[0]}-{gone[-1]} ({len(gone)} layers) lost every replica: no surviving "
                                  "copy of their parameters and optimizer state; restart from the last checkpoint")
+    check_tp_degrees(instance, tp_degrees)
     model = model or PerfModel(instance)  # another model: what a policy believes (e.g. perturbed)
     survivors = instance.num_devices - len(failed)
     explicit = next_fault_s if next_fault_s is not None else instance.spec.failures.next_fault_s
@@ -514,7 +602,8 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", *, 
         batch = instance.spec.training.global_batch
         candidate, searched = reconfigure_candidate(
             instance, failed, model, deadline=deadline, options=options,
-            worth=lambda step, transition: score_option(batch, step, transition, explicit, mean))
+            worth=lambda step, transition: score_option(batch, step, transition, explicit, mean),
+            tp_degrees=tp_degrees)
         candidates.append(candidate)
         stages += searched
     batch = instance.spec.training.global_batch
@@ -524,12 +613,12 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", *, 
     rr = next((c for c in scored if c.policy == "reroute" and c.feasible), None)
     rc = next((c for c in scored if c.policy == "reconfigure" and c.feasible), None)
     if policy == "auto" and rr is not None and rc is not None:
-        background = rc.transition_s - rc.rebuild_s
-        score = score_option(batch, rc.iteration_time_s, rc.rebuild_s, explicit, mean,
+        background = rc.transition_s - rc.pause_s
+        score = score_option(batch, rc.iteration_time_s, rc.pause_s, explicit, mean,
                              interim_step_s=rr.iteration_time_s, background_s=background)
         scored.append(dataclasses.replace(rc, policy="hybrid", reason=f"reroute now; switch to the reconfigured "
-                                          f"({rc.scope}) plan after {background:.2f} s of background search and "
-                                          f"migration, pausing {rc.rebuild_s:.2f} s", transition_s=rc.rebuild_s,
+                                          f"({_named(rc)}) plan after {background:.2f} s of background search and "
+                                          f"migration, pausing {rc.pause_s:.2f} s", transition_s=rc.pause_s,
                                           score=score, interim=rr))
     usable = [c for c in scored if c.feasible and c.score > 0]
     if not usable:

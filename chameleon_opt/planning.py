@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from chameleon_opt.check import assert_sound
 from chameleon_opt.comm import Migration, communication_plan, schedule_allreduce
 from chameleon_opt.comm.api import CommInfo
+from chameleon_opt.comm.reshard import CheckpointReshard
 from chameleon_opt.comm.lowering import LoweredPlan, RankPlan, absent_rank_plan
 from chameleon_opt.errors import InfeasibleError, InputError, NoSolutionError
 from chameleon_opt.instance.load import Instance
@@ -43,7 +44,9 @@ answer (0.1-0.2 s at 16,384 devices, which would otherwise all fall after the de
 class PlanningOptions:
     """How to plan: the policy (`auto`: Eq. 8 among rerouting, reconfiguration and the hybrid),
     the time limit for the whole decision, the solver settings, and an explicit time to the next
-    fault D (else the instance's fault statistics)."""
+    fault D (else the instance's fault statistics). `tp_degrees`: TP degrees a reconfiguration may
+    move to besides the job's own (opt-in: each is searched within the search's share of the time,
+    and a change is priced as a re-shard from the last step's checkpoint, comm/reshard.py)."""
 
     policy: str = "auto"
     time_limit_s: float = 10.0
@@ -51,6 +54,7 @@ class PlanningOptions:
     next_fault_s: float | None = None
     bubble_filling: bool = True  # also place rerouted work into the peers' idle time (solve/bubbles.py)
     target: str = "any"  # the trainer whose vocabulary the plan must fit (solve/target.py)
+    tp_degrees: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -59,6 +63,9 @@ class PlanningOptions:
             raise InputError(None, "target", f"unknown target {self.target!r}", f"use one of {', '.join(TARGETS)}")
         if not self.time_limit_s > 0:
             raise InputError(None, "time_limit_s", f"got {self.time_limit_s!r}", "give a positive number of seconds")
+        if self.tp_degrees and self.target != "any":
+            raise InputError(None, "tp_degrees", f"a TP change is not planned for target {self.target}",
+                             "use --target any with TP degrees")
         if self.next_fault_s is not None and not self.next_fault_s > 0:
             raise InputError(None, "next_fault_s", f"got {self.next_fault_s!r}", "give a positive number of seconds")
 
@@ -76,7 +83,9 @@ class RecoveryDecision:
     solve, `communication` the scheduling's details and `stages` each stage's time limit, time and
     whether it stopped early. A hybrid's `plan` is the final, reconfigured plan, and `interim` the
     rerouting decision to run at once while the search and migration proceed in the background
-    (its `candidates` are empty); `transition_s` is then the pause of the switch."""
+    (its `candidates` are empty); `transition_s` is then the pause of the switch. `reshard` is set
+    when the plan changes the TP degree: no migration moves state, every device reads its new
+    shards from the checkpoint of the last committed step."""
 
     policy: str
     reason: str
@@ -93,6 +102,12 @@ class RecoveryDecision:
     solve: SolveResult[Plan] | None = None
     communication: CommInfo | None = None
     stages: tuple[StageTime, ...] = ()
+    reshard: CheckpointReshard | None = None
+
+    @property
+    def tensor_parallel_changed(self) -> bool:
+        """The plan runs another TP degree: its state comes from the checkpoint (`reshard`)."""
+        return self.reshard is not None
 
     @property
     def iteration_time_s(self) -> float:
@@ -138,7 +153,7 @@ def executable(state: Instance, option: RecoveryOption, failed: frozenset[int], 
     ranks = LoweredPlan(state, plan, migration, rounds, failed)
     return RecoveryDecision(option.policy, reason, failed, state.num_devices, plan, option.estimate,
                             option.transition_s, candidates, migration, tuple(tuple(r) for r in rounds), ranks,
-                            solve=option.solve, communication=comm, stages=stages)
+                            solve=option.solve, communication=comm, stages=stages, reshard=option.reshard)
 
 
 def current_rank_plans(instance: Instance, deadline: Deadline,
@@ -178,7 +193,7 @@ def plan_recovery(instance: Instance, failed: frozenset[int], options: PlanningO
     deciding = deadline.share(1 - FINISH_SHARE)
     decision = decide(instance, failed, options.policy, next_fault_s=options.next_fault_s, deadline=deciding,
                       bubble_filling=options.bubble_filling, target=options.target,
-                      options=options.solver)
+                      options=options.solver, tp_degrees=options.tp_degrees)
     if decision.chosen is None:
         if decision.proven:
             raise InfeasibleError(decision.reason)

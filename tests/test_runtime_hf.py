@@ -38,3 +38,26 @@ def test_killed_worker_recovers_by_reconfiguration_with_tp_kept(family, restore,
     assert recovery.dead == (5,) and recovery.plan is not None
     assert recovery.plan.tensor_parallel == 2 and 5 not in recovery.plan.devices
     assert recovery.plan != instance.plan  # reconfigured (every pipeline runs a torch Schedule1F1B)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2"])
+def test_a_kill_that_makes_another_tp_degree_faster_reshards_from_the_checkpoint(family, tmp_path):
+    """PP1 x DP2 x TP2 on 4 processes; device 3 dies in step 1. Keeping TP 2 leaves one group of 2
+    (device 2 idle); with `tp_degrees` the planner moves to TP 1 on all 3 survivors (faster by its
+    model), and the state is re-sharded from the last step's checkpoint although the restore is
+    `migration`: every step's loss equals failure-free training (float64, 1e-5 relative), every
+    sample once. GPT-2's fused q/k/v rows are laid out per TP degree: its checkpoint stores them in
+    one layout (`_pieces`), which the equal losses after a TP 2 -> 1 change check."""
+    config = MODELS / family / "config.json"
+    instance = runtime_instance(config, pipeline_parallel=1, data_parallel=2, tensor_parallel=2)
+    steps = 3
+    expected = reference_losses(instance, config, steps)
+    report = PipelinedController(instance, config, restore="migration", checkpoint_dir=tmp_path,
+                                 tp_degrees=(1, 2)).run(steps, {1: (3, 1)})
+    assert len(report.losses) == steps and all(report.samples_exactly_once)
+    for got, want in zip(report.losses, expected):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    (recovery,) = report.recoveries
+    assert recovery.dead == (3,) and recovery.tensor_parallel == (2, 1) and recovery.restore == "checkpoint"
+    assert recovery.plan.tensor_parallel == 1 and sorted(recovery.plan.devices) == [0, 1, 2]

@@ -48,6 +48,10 @@ class Network(Strict):
     host_memory_gbps: PositiveFloat = Field(
         50.0, description="per-device share of the host's memory bandwidth, GB/s: the CPU optimizer step "
         "of offloaded optimizer state (assumed unless given)")
+    checkpoint_read_gbps: PositiveFloat = Field(
+        2.0, description="per-device GB/s reading model state from the last step's checkpoint: prices a "
+        "re-plan that changes the TP degree (every device loads its new shards, torch.distributed.checkpoint's "
+        "re-shard; planning option tp_degrees). Assumed unless given")
 
 
 class DeviceOverride(Strict):

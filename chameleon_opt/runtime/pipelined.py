@@ -19,12 +19,16 @@ chooses reliefs among the instance's `training.reliefs`, so a recovery that only
 it; every worker reports the relief it built (`PipelinedReport.reliefs`).
 
 On a failure the controller asks the planner (`planning.plan_recovery`, policy reconfigure: the plan
-keeps the TP degree) for a plan over the survivors, from the layout the state is in, and its
-migration schedule, and each shard a device lacks is sent by the planned peer-to-peer transfers (a layer's shard state flattened, the
-schedule's byte shares cut into element ranges). `restore="checkpoint"` instead re-shards from a
-`torch.distributed.checkpoint` written after every committed step, keyed by parameter names (the
-baseline the migration must beat); `verify=True` migrates and also loads the checkpoint, and
-checks that both give the same state. A step commits in two phases (every rank ready, then the
+keeps the TP degree unless `tp_degrees` allows others) for a plan over the survivors, from the
+layout the state is in, and its migration schedule, and each shard a device lacks is sent by the
+planned peer-to-peer transfers (a layer's shard state flattened, the schedule's byte shares cut
+into element ranges). `restore="checkpoint"` instead re-shards from a `torch.distributed.checkpoint`
+written after every committed step, keyed by parameter names (the baseline the migration must
+beat); `verify=True` migrates and also loads the checkpoint, and checks that both give the same
+state. A plan of another TP degree (`tp_degrees`) is always restored from the checkpoint, as the
+planner prices it (comm/reshard.py): the transfers move shards of one degree only. The stored
+global tensors do not depend on the degree (GPT-2's fused q/k/v rows, laid out per degree, are
+stored as their q, k and v parts: `_pieces`). A step commits in two phases (every rank ready, then the
 optimizer steps), so the step a failure interrupts is redone whole. A transition keeps the old
 state until every rank is ready (`go`), so a failure during it (the planner is asked again from the
 same layout with one more device gone) loses nothing; when some layer has no live holder left the
@@ -109,19 +113,20 @@ class Worker:
         self.state: dict[str, dict[str, torch.Tensor]] = {}   # name -> local shard of param + moments
         self.layers: tuple[int, int] | None = None
         self.tp_rank = 0
+        self.tp_degree = job.tensor_parallel   # of the shards in `state`
         self.steps_done = 0
         self.stage: hf.Stage | None = None
         self.pending: dict[str, Any] | None = None
         self.groups: dict[tuple[int, ...], Any] = {}
 
     # the stage of a generation ----------------------------------------------------------------
-    def _build_stage(self, first: int, end: int, tp_group: Any, generation: int, activation_mode: str
+    def _build_stage(self, first: int, end: int, tp: int, tp_group: Any, generation: int, activation_mode: str
                      ) -> tuple[hf.Stage, dict[str, torch.Tensor]]:
-        """The stage module (sharded when TP > 1, running `activation_mode`) and each parameter's
-        local shard, by name."""
-        model = hf.build_model(self.config, self.job.seed, self.dtype, self.job.tensor_parallel)
+        """The stage module (sharded over its TP group of `tp` when TP > 1, running
+        `activation_mode`) and each parameter's local shard, by name."""
+        model = hf.build_model(self.config, self.job.seed, self.dtype, tp)
         stage = hf.Stage(model, self.config, first, end)
-        if self.job.tensor_parallel > 1:
+        if tp > 1:
             from torch.distributed.device_mesh import DeviceMesh
 
             # a mesh equal to an earlier generation's (same ranks) would hit DTensor's caches, which
@@ -160,10 +165,13 @@ class Worker:
         if role is not None:
             first, end = role["layers"]
             mode, optimizer_offloaded = parse_relief(role["relief"])
-            stage, shards = self._build_stage(first, end, groups.get(tuple(role["tp_group"])), msg["generation"], mode)
+            tp = len(role["tp_group"])
+            stage, shards = self._build_stage(first, end, tp, groups.get(tuple(role["tp_group"])), msg["generation"],
+                                              mode)
             relief = relief_name(stage.activation_mode, optimizer_offloaded)
             for name, shard in shards.items():
-                held = self.state.get(name) if self.tp_rank == role["tp_rank"] else None
+                same = self.tp_rank == role["tp_rank"] and self.tp_degree == tp  # the same shard of the same cut
+                held = self.state.get(name) if same else None
                 if held is not None and self.layers is not None and self.layers[0] <= stage.layer_of(name) < self.layers[1]:
                     new_state[name] = {part: held[part].clone() for part in STATE_PARTS}
                 elif msg["generation"] == 0:
@@ -231,15 +239,15 @@ class Worker:
     # checkpoint --------------------------------------------------------------------------------
     def _dcp_state(self, stage: hf.Stage, state: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
         """Shard state as DTensors keyed by parameter name (`blocks.3.mlp.up_proj.weight.exp_avg`):
-        DCP stores global tensors, so any stage split or replica can load any of them."""
+        DCP stores global tensors, so any stage split, replica or TP degree can load any of them."""
         from torch.distributed.tensor import DTensor
 
         out: dict[str, Any] = {}
         for name, p in _named_params(stage):
             for part in STATE_PARTS:
-                local = state[name][part]
-                out[f"{name}.{part}"] = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False) \
-                    if isinstance(p, DTensor) else local
+                for key, local in _pieces(stage, name, state[name][part]):
+                    out[f"{key}.{part}"] = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False) \
+                        if isinstance(p, DTensor) else local
         return out
 
     def save_checkpoint(self, folder: str) -> float:
@@ -263,7 +271,12 @@ class Worker:
                  for n, p in _named_params(stage)}
         target = self._dcp_state(stage, empty)
         dcp.load(target, checkpoint_id=folder)
-        return {n: {part: (lambda v: v.to_local() if isinstance(v, DTensor) else v)(target[f"{n}.{part}"]).clone()
+
+        def loaded(key: str) -> torch.Tensor:
+            value = target[key]
+            return value.to_local() if isinstance(value, DTensor) else value
+
+        return {n: {part: torch.cat([loaded(f"{key}.{part}") for key, _ in _pieces(stage, n, empty[n][part])])
                     for part in STATE_PARTS} for n in empty}
 
     def go(self) -> None:
@@ -280,7 +293,7 @@ class Worker:
         if role is None:
             self.layers, self.schedule = None, None
             return
-        self.layers, self.tp_rank = tuple(role["layers"]), role["tp_rank"]
+        self.layers, self.tp_rank, self.tp_degree = tuple(role["layers"]), role["tp_rank"], len(role["tp_group"])
         for name, param in _named_params(self.stage):
             with torch.no_grad():
                 _local(param).copy_(self.state[name]["param"])
@@ -566,6 +579,16 @@ def sever_peer_sockets(store_port: int) -> int:
     return severed
 
 
+def _pieces(stage: hf.Stage, name: str, local: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """A parameter's local shard as the checkpoint's keys and tensors. GPT-2's fused attention
+    projection holds rows [q_r k_r v_r] on TP rank r (hf._linearise_gpt2: a layout per degree), so
+    it is stored as its q, k and v parts (`...c_attn.weight.q`), each rank's part a row shard of
+    the unfused projection: global tensors whose layout no TP degree changes. Others: as they are."""
+    if stage.kind == "gpt2" and ".attn.c_attn." in name:
+        return [(f"{name}.{part}", rows) for part, rows in zip("qkv", local.chunk(3, dim=0))]
+    return [(name, local)]
+
+
 def _named_params(stage: hf.Stage) -> list[tuple[str, torch.nn.Parameter]]:
     return list(stage.named_parameters())
 
@@ -611,7 +634,7 @@ class Recovery:
 
     step: int
     dead: tuple[int, ...]
-    restore: str
+    restore: str                # migration, checkpoint or verify: what restored the state
     detection_s: float = 0.0    # kill or hang -> every survivor stopped the step and reported
     planning_s: float = 0.0     # every decision (one more after each aborted transition)
     group_s: float = 0.0        # slowest rank forming the generation's groups
@@ -623,6 +646,7 @@ class Recovery:
     aborted_transitions: int = 0
     hung: tuple[int, ...] = ()  # devices the heartbeat watchdog found silent and killed
     reliefs: dict[int, str] = field(default_factory=dict)  # device -> the relief its new stage runs
+    tensor_parallel: tuple[int, int] | None = None  # (from, to) when the plan changed the TP degree
 
 
 @dataclass
@@ -700,16 +724,22 @@ def as_failures(kills: Mapping[int, tuple[int, int]] | Sequence[Any] | None) -> 
 class PipelinedController:
     """Runs `steps` global batches of an HF model on the instance's plan, killing (or stopping)
     workers in given steps or transitions and recovering by reconfiguration (planned migration, or
-    a checkpoint re-shard)."""
+    a checkpoint re-shard). `tp_degrees`: TP degrees a recovery may move to (PlanningOptions'); a
+    change is restored from the checkpoint of the last committed step whatever `restore` says, so
+    it needs `checkpoint_dir` (a checkpoint is then saved after every step: the measured
+    `checkpoint_save_s`), and none is planned before the first step has committed."""
 
     def __init__(self, instance: Instance, hf_config: str | Path, *, seed: int = 0, dtype: str = "float64",
                  restore: str = "migration", checkpoint_dir: str | Path | None = None,
                  time_limit_s: float = 5.0, group_timeout_s: float = 30.0, step_timeout_s: float = 2.0,
-                 silent_s: float = SILENT_S, cores: Sequence[int] | None = None) -> None:
+                 silent_s: float = SILENT_S, cores: Sequence[int] | None = None,
+                 tp_degrees: Sequence[int] = ()) -> None:
         if restore not in ("migration", "checkpoint", "verify"):
             raise ValueError(f"restore must be migration, checkpoint or verify, not {restore!r}")
         if restore != "migration" and checkpoint_dir is None:
             raise ValueError("a checkpoint restore needs checkpoint_dir")
+        if tp_degrees and checkpoint_dir is None:
+            raise ValueError("a TP change is restored from the checkpoint: tp_degrees needs checkpoint_dir")
         for stage in (st for pipe in instance.plan.pipelines for st in pipe.stages if st.relief is not None):
             parse_relief(stage.relief)  # one the workers can execute, said before any starts
         self.instance, self.restore = instance, restore
@@ -718,8 +748,8 @@ class PipelinedController:
         self.job = JobSpec(str(hf_config), seed, instance.spec.training.global_batch, instance.micro_batch_size,
                            instance.spec.training.sequence_length or arch.seq_len, instance.plan.tensor_parallel,
                            dtype, group_timeout_s, step_timeout_s, None if checkpoint_dir is None else str(checkpoint_dir))
-        # policy reconfigure: the plan keeps the TP degree (the workers cannot re-shard TP)
-        self.options = PlanningOptions("reconfigure", time_limit_s)
+        # policy reconfigure; other TP degrees only when allowed (restored from the checkpoint)
+        self.options = PlanningOptions("reconfigure", time_limit_s, tp_degrees=tuple(tp_degrees))
         self.silent_s = silent_s
         self.cores = cores                   # cores[device]: its own core (runtime/cores.py)
         self.plan = instance.plan            # the layout the state is in
@@ -890,12 +920,17 @@ class PipelinedController:
             recovery.dead = tuple(sorted(set(recovery.dead) | new))
             t0 = time.perf_counter()
             state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=self.failed)
+            # no checkpoint yet (the first step has not committed): nothing to re-shard from
+            options = self.options if self.checkpoint is not None else dataclasses.replace(self.options, tp_degrees=())
             try:
-                decision = plan_recovery(state, self.failed, self.options)
+                decision = plan_recovery(state, self.failed, options)
             except UnrecoverableError as error:
                 raise with_stale_copies(error, self.layouts, state, self.failed) from None
             recovery.planning_s += time.perf_counter() - t0
-            replies, new = self._generation(decision.plan, decision.migration, self.restore, step)
+            changed = decision.plan.tensor_parallel != self.plan.tensor_parallel
+            recovery.restore = "checkpoint" if changed else self.restore
+            recovery.tensor_parallel = (self.plan.tensor_parallel, decision.plan.tensor_parallel) if changed else None
+            replies, new = self._generation(decision.plan, decision.migration, recovery.restore, step)
             if not new:
                 break
             recovery.aborted_transitions += 1
