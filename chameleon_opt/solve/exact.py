@@ -84,6 +84,9 @@ bound of its own, so their count is checked before any is built (a product over 
 nodes has 2^50 of them)."""
 SHORT_SHARE = 0.3
 """Of the branch and bound's time, at most this much for its runs capped at shorter pipelines."""
+REGULAR_SHARE = 0.15
+"""Of the branch and bound's time, at most this much for its first run, over plans whose pipelines
+all have the first one's layer split (`ExactSearch.solve`)."""
 PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
@@ -609,6 +612,8 @@ class ExactSearch:
         best: list = [incumbent, None]
         stats = {"leaves": 0, "nodes": 0, "complete": True}
         window, cap = [deadline], [self.longest]  # the current run's deadline and longest pipeline
+        regular = [False]  # the current run copies the first pipeline's shape and split (`copy` below)
+        filled = [0]  # pipelines a regular run completed (at full length), to stop at the first placement
         taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
         touched = Counter()                  # groups in use per node
         chosen: list[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = []
@@ -655,7 +660,8 @@ class ExactSearch:
             return all(touched[other] for other in self.family[node] if other < node)
 
         def master(n_left: int, g_left: int, state: int, worst: float, opt: float, grad: float,
-                   last: tuple | None) -> None:
+                   last: tuple | None, last_nodes: tuple[int, ...]) -> None:
+            """`last`, `last_nodes`: the previous pipeline's key and the nodes of its stages."""
             if n_left == 0:
                 leaf()
                 return
@@ -664,12 +670,15 @@ class ExactSearch:
                 return
             if last is not None and reach[last[0], last[1]][g_left] < n_left:
                 return  # the pipelines allowed after `last` cannot run what is left
-            grow([], [], n_left, g_left, state, state, worst, opt, grad, last)
+            grow([], [], n_left, g_left, state, state, worst, opt, grad, last, last_nodes)
 
         def grow(classes: list[int], seq: list[tuple[int, ...]], n_left: int, g_left: int, state: int, after: int,
-                 worst: float, opt: float, grad: float, last: tuple | None) -> None:
+                 worst: float, opt: float, grad: float, last: tuple | None, last_nodes: tuple[int, ...]) -> None:
             """`state`: the groups of each kind left before this pipeline, `after`: once its stages
-            so far are taken."""
+            so far are taken. Pipelines of equal keys come with non-decreasing node tuples: swapping
+            two of them and renaming the nodes by first use gives the same plan with a smaller tuple
+            first, so the lexicographically least such sequence, which every plan has, obeys both
+            this and the family rule (`allowed`)."""
             if not stats["complete"]:
                 return
             stats["nodes"] += 1
@@ -677,11 +686,14 @@ class ExactSearch:
                 stats["complete"] = False
                 return
             stages = len(classes)
+            if regular[0] and last is not None and stages == last[0]:
+                filled[0] += 1
             if stages:
                 shape = (tuple(self.class_type[c] for c in classes),
                          tuple(self.class_node[a] != self.class_node[b] for a, b in zip(classes, classes[1:])))
                 pipelines = len(chosen) + 1
                 nodes = [self.class_node[c] for c in classes]
+                repeats = tuple(nodes) < last_nodes  # a key equal to `last` would repeat a plan
                 candidates = []  # every split and micro-batch count that may beat the incumbent, by bound
                 for bounds in self.splits[stages]:
                     limit = best[0] * (1 - PRUNE_TOLERANCE)
@@ -693,8 +705,13 @@ class ExactSearch:
                         if m > n_left:
                             break
                         key = (stages, m, shape, bounds)
-                        if last is not None and key > last:
-                            break  # keys grow with m
+                        if regular[0] and last is not None and (stages, shape, bounds) != (last[0], *last[2:]):
+                            break  # a regular run: the first pipeline's shape and split only
+                        if last is not None and key >= last:
+                            if key > last:
+                                break  # keys grow with m
+                            if repeats:
+                                continue
                         new_worst, new_opt = max(worst, time_s), max(opt, optimizer_s)
                         new_grad = max(grad, priced.grad_bytes)
                         rest = n_left - m
@@ -713,32 +730,46 @@ class ExactSearch:
                     _, m, _, bounds = key
                     chosen.append((tuple(seq), bounds, m))
                     hold(nodes, bounds, 1)
-                    master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key)
+                    master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key, tuple(nodes))
                     hold(nodes, bounds, -1)
                     chosen.pop()
             if stages >= min(cap[0], g_left) or (last is not None and stages >= last[0]):
                 return
             if max(worst, completion[stages + 1][state][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # no longer pipeline (with the rest) can beat the incumbent
+            copy = regular[0] and last is not None  # a regular run: the first pipeline's shape, greedily placed
             for c in self.order:  # fastest device types first: good plans (and cuts) come early
                 pool = self.pools[c]
                 if taken[c] == len(pool) or not allowed(c):
                     continue
+                if copy and (self.class_type[c] != last[2][0][stages] or (stages and (
+                        self.class_node[c] != self.class_node[classes[-1]]) != last[2][1][stages - 1])):
+                    continue
                 group = pool[taken[c]]
                 taken[c] += 1
                 touched[self.class_node[c]] += 1
+                before = filled[0]
                 grow(classes + [c], seq + [group], n_left, g_left, state, after - self.class_stride[c], worst, opt,
-                     grad, last)
+                     grad, last, last_nodes)
                 taken[c] -= 1
                 touched[self.class_node[c]] -= 1
+                if copy and filled[0] > before:
+                    return  # the lowest nodes that fit: stages of equal layers pile into nodes in order
 
+        # A regular run first: every pipeline after the first copies its shape and split, each stage on
+        # the lowest node that fits (micro-batches free). A small tree whose leaves pile a stage's
+        # replicas into few nodes (intra-node rings, which the placement-blind relaxation cannot see);
+        # only an incumbent, never a proof.
+        window[0], regular[0] = deadline.share(REGULAR_SHARE), True
+        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
+        regular[0] = False
         for short in range(1, self.longest):
             if deadline.expired():
                 break
             window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
-            master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None)
+            master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
         window[0], cap[0], stats["complete"] = deadline, self.longest, True
-        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None)
+        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
         reason = (f"branch and bound over {len(self.prices)} priced pipeline shapes, {stats['nodes']} nodes, "
                   f"{stats['leaves']} plans evaluated" + ("" if stats["complete"] else " (stopped early)"))
         return ExactOutcome(best[1], best[0], stats["complete"], len(self.prices), stats["leaves"], reason,
