@@ -378,6 +378,19 @@ class Relaxation:
                 best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
         return best
 
+    def _programme(self, lower: dict[tuple[int, ...], list[float]]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, np.ndarray, int, np.ndarray]]]:
+        """What the cover programmes share: every state (groups left of each kind) with its group
+        count, the index of n - m for each (n, m) (total + 1, an infinite column, when m > n), and
+        each pipeline item as (stages, kinds it takes, its offset among the states, lower time by m)."""
+        total, kinds = self.total, len(self.kind_count)
+        comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
+        shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]
+        shift = np.where(shift >= 0, shift, total + 1)
+        items = [(s, np.array(v), sum(x * y for x, y in zip(v, self.stride)), np.array(lower[v][1:]))
+                 for s, vs in self.profiles.items() for v in vs]
+        return comps, comps.sum(axis=1), shift, items
+
     def cover_tables(self, lower: dict[tuple[int, ...], list[float]]) -> tuple[list[list[list[float]]],
                                                                                 list[list[list[float]]]]:
         """capped[c][state][n]: least makespan of pipelines of at most c stages running n
@@ -388,16 +401,11 @@ class Relaxation:
         this cannot beat the incumbent: the master lists pipelines by non-increasing stages, so the
         ones after a pipeline of S stages have at most S). A dynamic programme over states by their
         group count, vectorised over the caps, the states of one count and the micro-batch counts."""
-        total, kinds, longest = self.total, len(self.kind_count), self.longest
-        comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
-        level = comps.sum(axis=1)
+        total, longest = self.total, self.longest
+        comps, level, shift, items = self._programme(lower)
         capped = np.full((longest + 1, len(comps), total + 1), np.inf)
         capped[:, :, 0] = 0.0
         here = np.full((longest + 2, len(comps), total + 1), np.inf)  # here[S]: the largest has S stages
-        shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]  # (n, m) -> n - m
-        shift = np.where(shift >= 0, shift, total + 1)  # column total + 1 is infinite: m > n
-        items = [(s, np.array(v), sum(x * y for x, y in zip(v, self.stride)), np.array(lower[v][1:]))
-                 for s, vs in self.profiles.items() for v in vs]
         for g in range(1, self.groups + 1):
             rows = np.flatnonzero(level == g)
             parts = comps[rows]
@@ -425,13 +433,8 @@ class Relaxation:
         """counted[P][state]: least makespan of exactly P pipelines running the whole batch on at most
         the groups of `state` (the cover relaxation with the pipelines counted: the all-reduce floor
         grows with P, `ExactSearch.floor`). The same programme as `cover_tables`, once per P."""
-        total, kinds = self.total, len(self.kind_count)
-        comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
-        level = comps.sum(axis=1)
-        shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]
-        shift = np.where(shift >= 0, shift, total + 1)
-        items = [(s, np.array(v), sum(x * y for x, y in zip(v, self.stride)), np.array(lower[v][1:]))
-                 for s, vs in self.profiles.items() for v in vs]
+        total = self.total
+        comps, level, shift, items = self._programme(lower)
         previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
