@@ -33,7 +33,10 @@ optimizer steps), so the step a failure interrupts is redone whole. A transition
 state until every rank is ready (`go`), so a failure during it (the planner is asked again from the
 same layout with one more device gone) loses nothing; when some layer has no live holder left the
 job ends with UnrecoverableError (exit 5) naming the layers. A worker that hangs alive is found by
-its heartbeat (`replies.Heartbeats`), SIGKILLed and recovered from as a dead one.
+its heartbeat (`replies.Heartbeats`), SIGKILLed and recovered from as a dead one. A failed device
+can come back as a fresh worker holding no state (`controller.Rejoin`): `rejoin.plan_join` decides
+its return and the next generation gives it its state by the planned transfers; a failure during
+that transition leaves it out again.
 """
 
 from __future__ import annotations
