@@ -110,6 +110,7 @@ class Expected:
     layouts: list[Any]          # layouts after each recovery, for scenarios that target idle devices
     reason: str = ""
     rejoins: list[tuple[str, bool]] = field(default_factory=list)   # per rejoin: the policy, aborted
+    tp_changes: list[tuple[int, int]] = field(default_factory=list)  # per recovery changing it: (from, to)
 
 
 def replay(scenario: Scenario) -> Expected:
@@ -132,6 +133,7 @@ def replay(scenario: Scenario) -> Expected:
     moving = sorted(scenario.in_transition, key=lambda k: k[1])
     layouts: list[Any] = []
     rejoined: list[tuple[str, bool]] = []
+    tp_changes: list[tuple[int, int]] = []
 
     def victims(step: int) -> set[int]:
         hit = {d for d, s in moving if s <= step}
@@ -160,7 +162,10 @@ def replay(scenario: Scenario) -> Expected:
                 adopt(chosen.interim.plan)
                 state["switch"] = chosen.communication[2].plan
             else:
+                before = state["layout"].tensor_parallel
                 adopt(chosen.communication[2].plan if chosen.communication else chosen.plan)
+                if state["layout"].tensor_parallel != before:
+                    tp_changes.append((before, state["layout"].tensor_parallel))
             return
 
     def join(joined: frozenset[int], step: int) -> None:
@@ -197,8 +202,8 @@ def replay(scenario: Scenario) -> Expected:
                 else:
                     adopt(target)
     except UnrecoverableError as error:
-        return Expected(5, tuple(sorted(state["failed"])), layouts, str(error), rejoined)
-    return Expected(0, tuple(sorted(state["failed"])), layouts, rejoins=rejoined)
+        return Expected(5, tuple(sorted(state["failed"])), layouts, str(error), rejoined, tp_changes)
+    return Expected(0, tuple(sorted(state["failed"])), layouts, rejoins=rejoined, tp_changes=tp_changes)
 
 
 # ---- drawing scenarios --------------------------------------------------------------------------------
@@ -419,6 +424,9 @@ def run(scenario: Scenario, expected: Expected, reference: list[float], workdir:
         back = [(r["policy"], r["aborted"]) for r in run_["rejoins"]]
         if back != expected.rejoins:
             problems.append(f"rejoins {back}, planner expects {expected.rejoins}")
+        changes = [tuple(r["tensor_parallel"]) for r in run_["recoveries"] if r["tensor_parallel"]]
+        if changes != expected.tp_changes:
+            problems.append(f"TP degree changes {changes}, planner expects {expected.tp_changes}")
         latencies = [r["total_s"] for r in run_["recoveries"]]
         phases = [recovery_phases(r, "hf") for r in run_["recoveries"]]
         phases += [rejoin_phases(r) for r in run_["rejoins"] if r["policy"] != "keep-running" and not r["aborted"]]
@@ -459,7 +467,7 @@ def main() -> None:
         parser.error(f"--kinds: {args.runtime} draws from {', '.join(ALL_KINDS[args.runtime])}")
     if args.out is None:
         args.out = ROOT / "bench" / "out" / ("kill_campaign_hf.json" if args.runtime == "hf" else "kill_campaign.json")
-    results = campaign(args.seeds, args.per_seed, print, args.runtime, tuple(args.kinds) if args.kinds else None)
+    results = campaign(args.seeds, args.per_seed, lambda line: print(line, flush=True), args.runtime, tuple(args.kinds) if args.kinds else None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     sys.exit(0 if results["passed"] == results["scenarios"] else 1)
