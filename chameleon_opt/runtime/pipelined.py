@@ -788,7 +788,6 @@ class PipelinedController:
         self.hung: set[int] = set()
         self.generations = 0
         self.pending_transition_kills: list[Any] = []
-        self.newcomers: frozenset[int] = frozenset()   # devices back whose state is not theirs yet
 
     def _spawn(self) -> None:
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=self.job.group_timeout_s),
@@ -1008,11 +1007,10 @@ class PipelinedController:
             return []   # they stay out (failed) until a later rejoin
         for d in sorted(joined):
             self._start_worker(d)
-        failed_before, self.failed, self.newcomers = self.failed, decision.failed, joined
+        failed_before, self.failed = self.failed, decision.failed
         changed = decision.plan.tensor_parallel != self.plan.tensor_parallel
         rejoined.restore = "checkpoint" if changed else self.restore
         replies, dead = self._generation(decision.plan, decision.migration, rejoined.restore, step)
-        self.newcomers = frozenset()
         if not dead:
             rejoined.group_s = max(r["group_s"] for r in replies.values())
             rejoined.build_s = max(r["build_s"] for r in replies.values())
