@@ -87,3 +87,22 @@ def test_a_killed_device_comes_back_as_a_fresh_worker_and_gets_its_state():
     assert (admitted.step, admitted.policy, admitted.aborted, admitted.restore) == (3, "scale-up", False, "migration")
     assert admitted.plan is not None and 3 in admitted.plan.devices and report.plans[-1] == admitted.plan
     assert [r.dead for r in report.recoveries] == [(3,)] and report.dead == ()
+
+
+@pytest.mark.parametrize("args, option, problem", [
+    (["--kill", "3@1", "--tp-degrees", "1,x"], "--tp-degrees", "not a list of integers"),
+    (["--kill", "3@1", "--tp-degrees", "4"], "--tp-degrees", "does not divide kv_heads 2"),
+    (["--kill", "3@2", "--rejoin", "3@1"], "--rejoin", "not killed"),
+    (["--kill", "3@1", "--rejoin", "2@3"], "--rejoin", "not killed"),
+])
+def test_demo_hf_refuses_bad_rejoins_and_tp_degrees_before_starting(args, option, problem):
+    """One line naming the option and the fix, exit 2, before any worker starts."""
+    from typer.testing import CliRunner
+
+    from chameleon_opt.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--hf", str(MODELS / "tiny-llama"), "--hf-layout", "1x2x2",
+                                      "--steps", "4", *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    (line,) = [line for line in result.output.splitlines() if line.strip()]
+    assert option in line and problem in line and "fix:" in line
