@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from chameleon_opt.console import emit_json, parse_kill, stdout
 from chameleon_opt.errors import InputError
+from chameleon_opt.instance.load import Instance
 from chameleon_opt.incident import COMMAND_LINE
 
 RESTORES = ("migration", "checkpoint", "verify")
@@ -25,7 +25,7 @@ def parse_layout(text: str) -> tuple[int, int, int]:
     return pp, dp, tp
 
 
-def check_degrees(instance: Any, degrees: tuple[int, ...]) -> None:
+def check_degrees(instance: Instance, degrees: tuple[int, ...]) -> None:
     """`--tp-degrees` the runtime can shard the model at (the planner's check, named as the option)."""
     from chameleon_opt.decision import check_tp_degrees
 
