@@ -19,9 +19,13 @@ the next committed step: median and worst, and by phase), and writes bench/out/k
 pipelining, DTensor TP, recovery by reconfiguration only) on 4-process worlds of tiny-llama and
 tiny-gpt2: PP2 x DP2 (TP1) and DP2 x TP2 (PP1); its losses are checked against single-process
 training of the whole model (float64). A `hang` scenario stops a worker (SIGSTOP) in a step
-instead of killing it: the heartbeat watchdog must find it. Rejoins are not drawn: the HF runtime
-does not bring devices back. `--kinds` picks kinds (the tiny-GPT runtime also runs `hang`, not
-drawn by default so that its seeds keep their scenarios):
+instead of killing it: the heartbeat watchdog must find it. A `rejoin` scenario kills a device and
+brings it back a step or more later as a fresh worker (`--rejoin`), sometimes with a kill inside the
+transition that admits it (a survivor's or its own) or a kill after it; the replay plans its return
+with `rejoin.plan_join`, and each run's rejoin decisions must be the replay's. A `tp-change`
+scenario runs a DP2 x TP2 world with `--tp-degrees 1,2` (the recovery may move to TP 1, re-sharded
+from the checkpoint), sometimes bringing the device back afterwards. `--kinds` picks kinds (the
+tiny-GPT runtime also runs `hang`, not drawn by default so that its seeds keep their scenarios):
 
     .venv/bin/python bench/kill_campaign.py --runtime hf --seeds 1 2 3 --per-seed 12 \
         --out bench/out/kill_campaign_hf.json
@@ -52,7 +56,9 @@ KINDS = ("single", "same-step", "different-steps", "every-replica", "in-transiti
 HF_MODELS = ROOT / "models" / "hf"
 HF_INSTANCES = {"llama-pp2-dp2": ("tiny-llama", (2, 2, 1)), "gpt2-pp2-dp2": ("tiny-gpt2", (2, 2, 1)),
                 "llama-dp2-tp2": ("tiny-llama", (1, 2, 2)), "gpt2-dp2-tp2": ("tiny-gpt2", (1, 2, 2))}
-HF_KINDS = ("single", "same-step", "different-steps", "every-replica", "in-transition", "idle-or-source", "hang")
+HF_KINDS = ("single", "same-step", "different-steps", "every-replica", "in-transition", "idle-or-source", "hang",
+            "rejoin", "tp-change")
+TP_DEGREES = (1, 2)    # a tp-change scenario's --tp-degrees
 ALL_KINDS = {"gpt": KINDS + ("hang",), "hf": HF_KINDS}
 STEPS = 6
 TIME_LIMIT_S = 5.0     # the controller's planning limit: the replay plans with the same one
@@ -71,6 +77,8 @@ class Scenario:
     note: str = ""
     hangs: list[tuple[int, int]] = field(default_factory=list)   # (device, step): SIGSTOP, not SIGKILL
     runtime: str = "gpt"                                      # gpt: the tiny GPT; hf: demo --hf
+    rejoins: list[tuple[int, int]] = field(default_factory=list)  # (device, step): back before that step
+    tp_degrees: tuple[int, ...] = ()                          # --tp-degrees (hf)
 
     def args(self) -> list[str]:
         if self.runtime == "hf":
@@ -80,14 +88,17 @@ class Scenario:
             head = [str(INSTANCES[self.instance]), "--steps", str(STEPS), "--policy", self.policy]
         return (head + [f"--kill={d}@{s}" for d, s in self.kills]
                 + [f"--kill-in-transition={d}@{s}" for d, s in self.in_transition]
-                + [f"--hang={d}@{s}" for d, s in self.hangs])
+                + [f"--hang={d}@{s}" for d, s in self.hangs] + [f"--rejoin={d}@{s}" for d, s in self.rejoins]
+                + ([f"--tp-degrees={','.join(map(str, self.tp_degrees))}"] if self.tp_degrees else []))
 
     def label(self) -> str:
         kills = " ".join(f"{d}@{s}" for d, s in self.kills)
         moving = " ".join(f"{d}@{s}" for d, s in self.in_transition)
         stopped = " ".join(f"{d}@{s}" for d, s in self.hangs)
+        back = " ".join(f"{d}@{s}" for d, s in self.rejoins)
         return (f"seed {self.seed} #{self.index:02d} {self.kind:15s} {self.instance} {self.policy:11s} kill {kills}"
-                + (f" hang {stopped}" if stopped else "")
+                + (f" hang {stopped}" if stopped else "") + (f" rejoin {back}" if back else "")
+                + (f" tp-degrees {','.join(map(str, self.tp_degrees))}" if self.tp_degrees else "")
                 + (f" in-transition {moving}" if moving else "") + (f" ({self.note})" if self.note else ""))
 
 
@@ -98,15 +109,22 @@ class Expected:
     dead: tuple[int, ...]
     layouts: list[Any]          # layouts after each recovery, for scenarios that target idle devices
     reason: str = ""
+    rejoins: list[tuple[str, bool]] = field(default_factory=list)   # per rejoin: the policy, aborted
+    tp_changes: list[tuple[int, int]] = field(default_factory=list)  # per recovery changing it: (from, to)
 
 
 def replay(scenario: Scenario) -> Expected:
     """What the planner says about the scenario: the failures in the runtime's order (step kills
     at their step; an in-transition kill at the first transition at or after its step; a hybrid's
     switch after the step that follows its decision), each planned with `decide` from the layout
-    the state is in. Exit 5 as soon as some layer has no live holder in that layout."""
+    the state is in. Exit 5 as soon as some layer has no live holder in that layout. A rejoin
+    before a step is planned with `plan_join` first; a kill inside the transition that admits it
+    leaves the newcomer out again and is recovered from (nothing to recover when only the
+    newcomer died)."""
     from chameleon_opt.errors import UnrecoverableError
     from chameleon_opt.decision import decide
+    from chameleon_opt.planning import PlanningOptions
+    from chameleon_opt.rejoin import plan_join
     from chameleon_opt.solve.deadline import Deadline
 
     base = base_instance(scenario.runtime, scenario.instance)
@@ -114,6 +132,8 @@ def replay(scenario: Scenario) -> Expected:
     state = {"layout": base.plan, "failed": frozenset(), "switch": None}
     moving = sorted(scenario.in_transition, key=lambda k: k[1])
     layouts: list[Any] = []
+    rejoined: list[tuple[str, bool]] = []
+    tp_changes: list[tuple[int, int]] = []
 
     def victims(step: int) -> set[int]:
         hit = {d for d, s in moving if s <= step}
@@ -129,8 +149,10 @@ def replay(scenario: Scenario) -> Expected:
             state["failed"] = state["failed"] | dead
             state["switch"] = None
             inst = dataclasses.replace(base, plan=state["layout"], failed_devices=state["failed"])
+            # the HF controller plans no TP change before the first step's checkpoint
             decision = decide(inst, state["failed"], scenario.policy, deadline=Deadline.after(TIME_LIMIT_S),
-                              bubble_filling=False)  # as the controller plans: see its docstring
+                              bubble_filling=False,  # as the controller plans: see its docstring
+                              tp_degrees=scenario.tp_degrees if step > 0 else ())
             chosen = decision.chosen
             assert chosen is not None, decision.reason
             dead = victims(step)
@@ -140,11 +162,35 @@ def replay(scenario: Scenario) -> Expected:
                 adopt(chosen.interim.plan)
                 state["switch"] = chosen.communication[2].plan
             else:
+                before = state["layout"].tensor_parallel
                 adopt(chosen.communication[2].plan if chosen.communication else chosen.plan)
+                if state["layout"].tensor_parallel != before:
+                    tp_changes.append((before, state["layout"].tensor_parallel))
             return
+
+    def join(joined: frozenset[int], step: int) -> None:
+        if not joined:
+            return
+        inst = dataclasses.replace(base, plan=state["layout"], failed_devices=state["failed"])
+        decision = plan_join(inst, state["layout"], state["failed"], joined,
+                             PlanningOptions("reconfigure", TIME_LIMIT_S, tp_degrees=scenario.tp_degrees))
+        if decision.policy == "keep-running":
+            rejoined.append((decision.policy, False))
+            return
+        before, state["failed"] = state["failed"], decision.failed
+        hit = victims(step)                   # the newcomers are live in their transition
+        rejoined.append((decision.policy, bool(hit)))
+        if not hit:
+            adopt(decision.plan)
+            return
+        state["failed"] = before
+        if hit - joined:
+            recover(hit - joined, step)
 
     try:
         for step in range(STEPS):
+            for device, _ in [(d, s) for d, s in scenario.rejoins if s == step]:
+                join(frozenset({device}) & state["failed"], step)
             dead = {d for d, s in strikes if s == step} - state["failed"]
             if dead:
                 recover(dead, step)
@@ -156,8 +202,8 @@ def replay(scenario: Scenario) -> Expected:
                 else:
                     adopt(target)
     except UnrecoverableError as error:
-        return Expected(5, tuple(sorted(state["failed"])), layouts, str(error))
-    return Expected(0, tuple(sorted(state["failed"])), layouts)
+        return Expected(5, tuple(sorted(state["failed"])), layouts, str(error), rejoined, tp_changes)
+    return Expected(0, tuple(sorted(state["failed"])), layouts, rejoins=rejoined, tp_changes=tp_changes)
 
 
 # ---- drawing scenarios --------------------------------------------------------------------------------
@@ -196,6 +242,25 @@ def draw(rng: random.Random, seed: int, index: int, kind: str, runtime: str = "g
         scenario.kills = [(rng.choice(devices), rng.randint(1, 4))]
     elif kind == "hang":
         scenario.hangs = [(rng.choice(devices), rng.randint(1, 4))]
+    elif kind == "rejoin":
+        first, back = rng.choice(devices), rng.randint(2, 4)
+        scenario.kills, scenario.rejoins = [(first, rng.randint(1, back - 1))], [(first, back)]
+        then = rng.randrange(3)
+        if then == 1:   # a kill inside the transition that admits it: a survivor's or its own
+            scenario.in_transition = [(rng.choice(devices), back)]
+            scenario.note = "a kill in the rejoin's transition"
+        elif then == 2 and back < STEPS - 1:
+            scenario.kills.append((rng.choice(devices), back + 1))
+            scenario.note = "a kill after the rejoin"
+    elif kind == "tp-change":
+        scenario.instance = rng.choice(sorted(name for name, (_, layout) in HF_INSTANCES.items() if layout[2] > 1))
+        scenario.tp_degrees = TP_DEGREES
+        devices = sorted(base_instance(runtime, scenario.instance).plan.devices)
+        first = rng.choice(devices)
+        scenario.kills = [(first, step)]
+        if rng.random() < 0.5:
+            scenario.rejoins = [(first, step + 1 + rng.randrange(STEPS - step - 2))]
+            scenario.note = "brought back after the recovery"
     elif kind == "same-step":
         scenario.kills = [(d, step) for d in rng.sample(devices, 2)]
     elif kind == "different-steps":
@@ -285,7 +350,16 @@ def recovery_phases(recovery: dict[str, Any], runtime: str) -> dict[str, Any]:
     row = {phase: (recovery[key] if key else 0.0) for phase, key in zip(PHASES, keys)}
     row["hung"] = bool(recovery.get("hung"))
     row["aborted_transitions"] = recovery.get("aborted_transitions", 0)
+    row["rejoin"] = False
     return row
+
+
+def rejoin_phases(rejoin: dict[str, Any]) -> dict[str, Any]:
+    """An admitted rejoin of an HF run's JSON in the same phases, from its decision to the next
+    committed step (nothing to detect; its groups wait for the new process to start)."""
+    keys = (None, "planning_s", "group_s", "build_s", "restore_s", "first_step_s", "total_s")
+    row = {phase: (rejoin[key] if key else 0.0) for phase, key in zip(PHASES, keys)}
+    return {**row, "hung": False, "aborted_transitions": 0, "rejoin": True}
 
 
 def _training_problems(run: dict[str, Any], reference: list[float], dead: tuple[int, ...]) -> list[str]:
@@ -347,8 +421,15 @@ def run(scenario: Scenario, expected: Expected, reference: list[float], workdir:
         hung = sorted(d for r in run_["recoveries"] for d in r["hung"])
         if hung != sorted({d for d, _ in scenario.hangs}):
             problems.append(f"the watchdog killed {hung}, hangs injected {scenario.hangs}")
+        back = [(r["policy"], r["aborted"]) for r in run_["rejoins"]]
+        if back != expected.rejoins:
+            problems.append(f"rejoins {back}, planner expects {expected.rejoins}")
+        changes = [tuple(r["tensor_parallel"]) for r in run_["recoveries"] if r["tensor_parallel"]]
+        if changes != expected.tp_changes:
+            problems.append(f"TP degree changes {changes}, planner expects {expected.tp_changes}")
         latencies = [r["total_s"] for r in run_["recoveries"]]
         phases = [recovery_phases(r, "hf") for r in run_["recoveries"]]
+        phases += [rejoin_phases(r) for r in run_["rejoins"] if r["policy"] != "keep-running" and not r["aborted"]]
         heartbeat = run_["heartbeat_longest_s"]
     elif code == 0 and payload:
         problems += _training_problems(payload, reference, expected.dead)
@@ -386,7 +467,7 @@ def main() -> None:
         parser.error(f"--kinds: {args.runtime} draws from {', '.join(ALL_KINDS[args.runtime])}")
     if args.out is None:
         args.out = ROOT / "bench" / "out" / ("kill_campaign_hf.json" if args.runtime == "hf" else "kill_campaign.json")
-    results = campaign(args.seeds, args.per_seed, print, args.runtime, tuple(args.kinds) if args.kinds else None)
+    results = campaign(args.seeds, args.per_seed, lambda line: print(line, flush=True), args.runtime, tuple(args.kinds) if args.kinds else None)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     sys.exit(0 if results["passed"] == results["scenarios"] else 1)
@@ -419,11 +500,12 @@ def campaign(seeds: list[int], per_seed: int, say: Any, runtime: str = "gpt",
                   else "n/a"))
     say(summary)
     recoveries = [p for row in rows for p in row["phases"]]
-    by_kind = {"kills": [p for p in recoveries if not p["hung"]], "hangs": [p for p in recoveries if p["hung"]]}
+    by_kind = {"kills": [p for p in recoveries if not p["hung"] and not p["rejoin"]],
+               "hangs": [p for p in recoveries if p["hung"]], "rejoins": [p for p in recoveries if p["rejoin"]]}
     phases = {kind: {phase: (statistics.median(p[phase] for p in group), max(p[phase] for p in group))
                      for phase in PHASES} for kind, group in by_kind.items() if group}
     for kind, table in phases.items():
-        say(f"  {kind}: {len(by_kind[kind])} recoveries, median / worst ms: "
+        say(f"  {kind}: {len(by_kind[kind])} {'admitted' if kind == 'rejoins' else 'recoveries'}, median / worst ms: "
             + ", ".join(f"{phase} {m * 1e3:.0f} / {w * 1e3:.0f}" for phase, (m, w) in table.items()))
     beats = [row["heartbeat_longest_s"] for row in rows if row.get("heartbeat_longest_s") is not None]
     if beats:

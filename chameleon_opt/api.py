@@ -38,7 +38,7 @@ from chameleon_opt.instance.load import Instance, build_instance, load_instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import POLICIES, PlanningOptions, RecoveryDecision, plan_recovery
-from chameleon_opt.decision import RecoveryOption, with_stale_copies
+from chameleon_opt.decision import RecoveryOption, check_tp_degrees, with_stale_copies
 from chameleon_opt.rejoin import plan_join
 from chameleon_opt.solve.backends import SolverOptions
 
@@ -51,16 +51,24 @@ class Planner:
     `instance` is an Instance, the path of an instance file, or a parsed instance document (a
     trainer building the instance for its own world size). `policy` is `auto` (Eq. 8 among
     rerouting, reconfiguration and the hybrid), `reroute` or `reconfigure`; `time_limit_s`,
-    `threads` and `seed` go to the solvers."""
+    `threads` and `seed` go to the solvers. `tp_degrees`: TP degrees a reconfiguration may move
+    to besides the job's own (each must divide the devices per node and the model's heads, KV
+    heads and MLP size); the trainer then restores such a plan from its last checkpoint, as the
+    planner prices it."""
 
     def __init__(self, instance: Instance | str | Path | Mapping[str, Any], policy: str = "auto",
-                 time_limit_s: float = 10.0, threads: int = 1, seed: int = 0, target: str = "any") -> None:
+                 time_limit_s: float = 10.0, threads: int = 1, seed: int = 0, target: str = "any",
+                 tp_degrees: Iterable[int] = ()) -> None:
         if policy not in POLICIES:
             raise InputError(None, "policy", f"unknown policy {policy!r}", f"use one of {', '.join(POLICIES)}")
         if not time_limit_s > 0:
             raise InputError(None, "time_limit_s", f"got {time_limit_s!r}", "give a positive number of seconds")
         if threads < 1:
             raise InputError(None, "threads", f"got {threads!r}", "use at least 1")
+        degrees = tuple(tp_degrees)
+        wrong = next((tp for tp in degrees if isinstance(tp, bool) or not isinstance(tp, Integral)), None)
+        if wrong is not None:
+            raise InputError(None, "tp_degrees", f"{wrong!r} is not a TP degree", "give integers, e.g. (1, 2)")
         if isinstance(instance, Instance):
             base = instance
         elif isinstance(instance, Mapping):
@@ -68,7 +76,9 @@ class Planner:
         else:
             base = load_instance(instance)
         self.policy, self.time_limit_s, self.threads, self.seed = policy, time_limit_s, threads, seed
-        self.options = PlanningOptions(policy, time_limit_s, SolverOptions(threads=threads, seed=seed), target=target)
+        check_tp_degrees(base, tuple(int(tp) for tp in degrees))
+        self.options = PlanningOptions(policy, time_limit_s, SolverOptions(threads=threads, seed=seed), target=target,
+                                       tp_degrees=tuple(int(tp) for tp in degrees))
         self._base = dataclasses.replace(base, failed_devices=frozenset())
         self._layout = base.plan
         self._layouts = [base.plan]   # every layout so far: who held what, to explain stale copies

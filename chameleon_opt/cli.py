@@ -740,7 +740,10 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
                                        help="with --hf: the layout, one process per device (2x2x2: 8 processes)"),
          restore: str = typer.Option("migration", "--restore", help="with --hf: migration, checkpoint (runs both "
                                      "and prints both latencies) or verify (migration checked against the "
-                                     "checkpoint)")) -> None:
+                                     "checkpoint)"),
+         tp_degrees: str = typer.Option("", "--tp-degrees", metavar="T,T,...",
+                                        help="with --hf: TP degrees a recovery may move to (e.g. 1,2); a change "
+                                             "re-shards the state from the checkpoint saved after every step")) -> None:
     """Train a small GPT with one CPU process per device, kill workers, recover with the planner,
     and show the timeline (and write a plot)."""
     import importlib.util
@@ -753,14 +756,14 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
         if hf is not None:
             from chameleon_opt.runtime.hf_demo import hf_demo
 
-            if rejoin:
-                raise InputError(COMMAND_LINE, "--rejoin", "the Hugging Face runtime does not bring devices back",
-                                 "leave --rejoin out with --hf")
             if policy not in (Policy.auto, Policy.reconfigure):
                 raise InputError(COMMAND_LINE, "--policy", "the Hugging Face runtime recovers by reconfiguration only",
                                  "use --policy reconfigure (or auto) with --hf")
             return hf_demo(hf / "config.json" if hf.is_dir() else hf, restore, steps, kill, seed, as_json,
-                           kill_in_transition, hang, hf_layout)
+                           kill_in_transition, hang, hf_layout, rejoin, _degrees(tp_degrees))
+        if tp_degrees:
+            raise InputError(COMMAND_LINE, "--tp-degrees", "the tiny-GPT runtime runs TP 1 only",
+                             "use --tp-degrees with --hf CONFIG")
         if importlib.util.find_spec("torch") is None:
             raise InputError(COMMAND_LINE, "demo", "torch is not installed", "pip install -e '.[runtime]'")
         if dtype not in ("float32", "float64"):

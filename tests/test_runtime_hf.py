@@ -61,3 +61,48 @@ def test_a_kill_that_makes_another_tp_degree_faster_reshards_from_the_checkpoint
     (recovery,) = report.recoveries
     assert recovery.dead == (3,) and recovery.tensor_parallel == (2, 1) and recovery.restore == "checkpoint"
     assert recovery.plan.tensor_parallel == 1 and sorted(recovery.plan.devices) == [0, 1, 2]
+
+
+@pytest.mark.multiprocess
+def test_a_killed_device_comes_back_as_a_fresh_worker_and_gets_its_state():
+    """PP2 x DP2 on 4 processes (tiny-llama): device 3 dies in step 1; it comes back before step 2
+    as a fresh process and dies inside the transition that admits it (`in_transition`), so it is
+    out again and the survivors go on with their state; it comes back once more before step 3 and
+    the planner's scale-up gives it its state by the planned transfers. Every step's loss equals
+    failure-free training (float64, 1e-5 relative), every sample once, device 3 trains at the end."""
+    from chameleon_opt.runtime.controller import Failure, Rejoin
+
+    config = MODELS / "tiny-llama" / "config.json"
+    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=1)
+    steps = 4
+    expected = reference_losses(instance, config, steps)
+    report = PipelinedController(instance, config).run(
+        steps, [Failure(1, (3,), after_ops=1), Failure(2, (3,), in_transition=True)],
+        [Rejoin(2, (3,)), Rejoin(3, (3,))])
+    assert len(report.losses) == steps and all(report.samples_exactly_once)
+    for got, want in zip(report.losses, expected):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    aborted, admitted = report.rejoins
+    assert (aborted.step, aborted.policy, aborted.aborted) == (2, "scale-up", True)
+    assert (admitted.step, admitted.policy, admitted.aborted, admitted.restore) == (3, "scale-up", False, "migration")
+    assert admitted.plan is not None and 3 in admitted.plan.devices and report.plans[-1] == admitted.plan
+    assert [r.dead for r in report.recoveries] == [(3,)] and report.dead == ()
+
+
+@pytest.mark.parametrize("args, option, problem", [
+    (["--kill", "3@1", "--tp-degrees", "1,x"], "--tp-degrees", "not a list of integers"),
+    (["--kill", "3@1", "--tp-degrees", "4"], "--tp-degrees", "does not divide kv_heads 2"),
+    (["--kill", "3@2", "--rejoin", "3@1"], "--rejoin", "not killed"),
+    (["--kill", "3@1", "--rejoin", "2@3"], "--rejoin", "not killed"),
+])
+def test_demo_hf_refuses_bad_rejoins_and_tp_degrees_before_starting(args, option, problem):
+    """One line naming the option and the fix, exit 2, before any worker starts."""
+    from typer.testing import CliRunner
+
+    from chameleon_opt.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--hf", str(MODELS / "tiny-llama"), "--hf-layout", "1x2x2",
+                                      "--steps", "4", *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    (line,) = [line for line in result.output.splitlines() if line.strip()]
+    assert option in line and problem in line and "fix:" in line

@@ -100,3 +100,17 @@ def test_cli_says_the_tp_degree_changed(tmp_path):
     plain = CliRunner().invoke(app, ["plan", str(path), "--failed", "3", "--policy", "reconfigure", "--json"])
     assert json.loads(plain.output)["plan"]["tensor_parallel"] == 2
     assert "tensor_parallel_change" not in json.loads(plain.output)
+
+
+def test_the_planner_api_takes_tp_degrees():
+    """`api.Planner(tp_degrees=...)` plans as `PlanningOptions.tp_degrees` does and refuses a degree
+    no plan can use when it is built, before any failure."""
+    from chameleon_opt.api import Planner
+
+    decision = Planner(job(), policy="reconfigure", time_limit_s=5.0, tp_degrees=(1, 2)).on_failure([3])
+    assert decision.plan.tensor_parallel == 1 and decision.tensor_parallel_changed
+    assert Planner(job(), policy="reconfigure", time_limit_s=5.0).on_failure([3]).plan.tensor_parallel == 2
+    with pytest.raises(InputError, match="kv_heads 2"):
+        Planner(job(), tp_degrees=(4,))
+    with pytest.raises(InputError, match="not a TP degree"):
+        Planner(job(), tp_degrees=("2",))

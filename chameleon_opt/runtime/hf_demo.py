@@ -1,6 +1,7 @@
 """`chameleon-solve demo --hf CONFIG`: the Hugging Face runtime (`runtime.pipelined`) on CPU
-processes, with failures injected and recovered by reconfiguration; the failure-free losses are
-computed in this process (one model, torch's AdamW) and compared step by step."""
+processes, with failures injected and recovered by reconfiguration (TP degree changes with
+`--tp-degrees`), killed devices brought back (`--rejoin`); the failure-free losses are computed in
+this process (one model, torch's AdamW) and compared step by step."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from chameleon_opt.console import emit_json, parse_kill, stdout
 from chameleon_opt.errors import InputError
+from chameleon_opt.instance.load import Instance
 from chameleon_opt.incident import COMMAND_LINE
 
 RESTORES = ("migration", "checkpoint", "verify")
@@ -23,25 +25,40 @@ def parse_layout(text: str) -> tuple[int, int, int]:
     return pp, dp, tp
 
 
+def check_degrees(instance: Instance, degrees: tuple[int, ...]) -> None:
+    """`--tp-degrees` the runtime can shard the model at (the planner's check, named as the option)."""
+    from chameleon_opt.decision import check_tp_degrees
+
+    try:
+        check_tp_degrees(instance, degrees)
+    except InputError as error:
+        raise InputError(COMMAND_LINE, "--tp-degrees", error.problem, error.fix) from None
+
+
 def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, as_json: bool,
-            kill_in_transition: list[str] = (), hang: list[str] = (), layout: str = "2x2x2") -> None:
+            kill_in_transition: list[str] = (), hang: list[str] = (), layout: str = "2x2x2",
+            rejoin: list[str] = (), tp_degrees: tuple[int, ...] = ()) -> None:
     """PP x DP x TP (`layout`, default 2 x 2 x 2: 8 processes) training the config's model. Each
     `--kill DEVICE@STEP` SIGKILLs that worker after its stage's 2nd forward of the step (several
     may share a step), each `--hang` SIGSTOPs it there instead (found by the heartbeat watchdog),
     each `--kill-in-transition` kills it inside the first recovery at or after STEP; every failure
     is recovered by reconfiguration, and a failure that leaves some layer without a live copy ends
-    with exit 5 naming the layers. `--restore checkpoint` runs the job twice, by planned migration
+    with exit 5 naming the layers. Each `--rejoin DEVICE@STEP` brings a device killed (or hung) before
+    STEP back before it as a fresh worker: the planner decides its return and the next generation
+    gives it its state. `--tp-degrees` lets a recovery change the TP degree (restored from the
+    checkpoint saved after every step). `--restore checkpoint` runs the job twice, by planned migration
     and by a torch.distributed.checkpoint re-shard, and prints both recovery latencies (kill to
     next committed step); `verify` migrates and checks against the checkpoint."""
     from rich.table import Table
 
-    from chameleon_opt.runtime.controller import Failure
+    from chameleon_opt.runtime.controller import Failure, Rejoin
     from chameleon_opt.runtime.pipelined import PipelinedController, reference_losses, runtime_instance
 
     if restore not in RESTORES:
         raise InputError(COMMAND_LINE, "--restore", f"unknown restore {restore!r}", "use migration, checkpoint or verify")
     pp, dp, tp = parse_layout(layout)
     instance = runtime_instance(config, pipeline_parallel=pp, data_parallel=dp, tensor_parallel=tp)
+    check_degrees(instance, tp_degrees)
     failures: list[Failure] = []
     for option, values in (("--kill", kill), ("--hang", hang), ("--kill-in-transition", kill_in_transition)):
         for device, step in (parse_kill(k, option) for k in values):
@@ -50,13 +67,23 @@ def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, 
                                  f"use devices 0..{instance.num_devices - 1} and steps below {steps}")
             failures.append(Failure(step, (device,), after_ops=2, hang=option == "--hang",
                                     in_transition=option == "--kill-in-transition"))
+    rejoins: list[Rejoin] = []
+    for device, step in (parse_kill(r, "--rejoin") for r in rejoin):
+        if not any(f.devices == (device,) and f.step < step and not f.in_transition for f in failures) \
+                or step >= steps:
+            raise InputError(COMMAND_LINE, "--rejoin", f"device {device} is not killed (--kill or --hang) before step "
+                             f"{step}, or {step} is not before --steps {steps}", "bring back a killed device in a "
+                             "later step")
+        rejoins.append(Rejoin(step, (device,)))
     expected = reference_losses(instance, config, steps, seed)
     runs = ["migration", "checkpoint"] if restore == "checkpoint" else [restore]
     results = {}
     for mode in runs:
         with tempfile.TemporaryDirectory(prefix="chameleon-dcp-") as folder:
-            report = PipelinedController(instance, config, seed=seed, restore=mode,
-                                         checkpoint_dir=None if mode == "migration" else folder).run(steps, failures)
+            # a TP change is restored from the checkpoint, so with --tp-degrees every step saves one
+            report = PipelinedController(instance, config, seed=seed, restore=mode, tp_degrees=tp_degrees,
+                                         checkpoint_dir=None if mode == "migration" and not tp_degrees else folder
+                                         ).run(steps, failures, rejoins)
         deviation = max(abs(a - b) / abs(b) for a, b in zip(report.losses, expected))
         results[mode] = (report, deviation)
     shape = f"PP{pp} x DP{dp} x TP{tp} on {instance.num_devices} processes"
@@ -70,9 +97,15 @@ def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, 
                                    "detection_s": x.detection_s, "planning_s": x.planning_s, "group_s": x.group_s,
                                    "build_s": x.build_s, "restore_s": x.restore_s, "first_step_s": x.first_step_s,
                                    "total_s": x.total_s, "aborted_transitions": x.aborted_transitions,
-                                   "plan": x.plan.to_json() if x.plan else None,
+                                   "plan": x.plan.to_json() if x.plan else None, "restore": x.restore,
+                                   "tensor_parallel": list(x.tensor_parallel) if x.tensor_parallel else None,
                                    "reliefs": {str(d): name for d, name in x.reliefs.items()}}
-                                  for x in r.recoveries]}
+                                  for x in r.recoveries],
+                   "rejoins": [{"step": x.step, "devices": list(x.devices), "policy": x.policy, "reason": x.reason,
+                                "restore": x.restore, "planning_s": x.planning_s, "group_s": x.group_s,
+                                "build_s": x.build_s, "restore_s": x.restore_s, "first_step_s": x.first_step_s,
+                                "total_s": x.total_s, "aborted": x.aborted,
+                                "plan": x.plan.to_json() if x.plan else None} for x in r.rejoins]}
             for mode, (r, dev) in results.items()}})
         return
     table = Table(title=f"{config}: recovery (kill to next committed step), {shape}")
@@ -84,6 +117,13 @@ def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, 
             table.add_row(mode, str(x.step), str(list(x.dead)), *(f"{v * 1e3:.0f}" for v in (
                 x.detection_s, x.planning_s, x.group_s, x.build_s, x.restore_s, x.first_step_s, x.total_s)))
     stdout.print(table)
+    for mode, (r, _) in results.items():
+        for x in r.rejoins:
+            admitted = "aborted by a failure in its transition" if x.aborted else (
+                f"admitted in {x.total_s * 1e3:.0f} ms to the next committed step (plan {x.planning_s * 1e3:.0f}, "
+                f"groups {x.group_s * 1e3:.0f}, build {x.build_s * 1e3:.0f}, {x.restore} {x.restore_s * 1e3:.0f} ms)"
+                if x.policy != "keep-running" else "kept out")
+            stdout.print(f"{mode}: devices {list(x.devices)} back before step {x.step}: {x.policy}, {admitted}")
     for mode, (r, dev) in results.items():
         save = f"; checkpoint save per step {sum(r.checkpoint_save_s) / len(r.checkpoint_save_s) * 1e3:.0f} ms" \
             if r.checkpoint_save_s else ""

@@ -33,7 +33,10 @@ optimizer steps), so the step a failure interrupts is redone whole. A transition
 state until every rank is ready (`go`), so a failure during it (the planner is asked again from the
 same layout with one more device gone) loses nothing; when some layer has no live holder left the
 job ends with UnrecoverableError (exit 5) naming the layers. A worker that hangs alive is found by
-its heartbeat (`replies.Heartbeats`), SIGKILLed and recovered from as a dead one.
+its heartbeat (`replies.Heartbeats`), SIGKILLed and recovered from as a dead one. A failed device
+can come back as a fresh worker holding no state (`controller.Rejoin`): `rejoin.plan_join` decides
+its return and the next generation gives it its state by the planned transfers; a failure during
+that transition leaves it out again.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.relief_kinds import parse_relief, relief_name
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, plan_recovery
+from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime import hf
 from chameleon_opt.runtime.cores import pin
 from chameleon_opt.runtime.offload import HostAdamW
@@ -75,6 +79,7 @@ LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.01
 STATE_PARTS = ("param", "exp_avg", "exp_avg_sq")
 ABANDON_AFTER_S = 0.25   # a step still running this long after an abort's shut sockets is left behind
+GROUP_NAMES_PER_GENERATION = 1000   # group names a generation may use (it forms one per holder set, TP and PP group)
 STRAGGLER_S = 1.5   # survivors silent this long after a death get their stacks dumped (a diagnosis)
 
 
@@ -147,6 +152,12 @@ class Worker:
         t0 = time.perf_counter()
         rank_of = {int(d): r for d, r in msg["rank_of"].items()}
         self._shutdown()
+        from torch.distributed import distributed_c10d
+
+        # group names (and their store keys) are this counter, which destroy_process_group resets: set
+        # the same on every rank, a device back included, and never to a name an earlier generation
+        # used (an old group freed later unregisters its name)
+        distributed_c10d._world.group_count = msg["group_base"]
         dist.init_process_group("gloo", store=dist.PrefixStore(f"gen{msg['name']}/", self.store),
                                 rank=rank_of[self.device], world_size=len(rank_of),
                                 timeout=timedelta(seconds=self.job.group_timeout_s))
@@ -194,7 +205,8 @@ class Worker:
             missing = set(shards) - set(new_state)
             if missing:
                 raise AssertionError(f"device {self.device} lacks {sorted(missing)[:3]} after the transition")
-        self.pending = {"state": new_state, "stage": stage, "role": role, "groups": groups, "rank_of": rank_of}
+        self.pending = {"state": new_state, "stage": stage, "role": role, "groups": groups, "rank_of": rank_of,
+                        "steps_done": msg["steps_done"]}
         return {"event": "ready", "device": self.device, "group_s": t1 - t0, "build_s": t_built - t1,
                 "restore_s": t2 - t_built, "relief": relief}
 
@@ -288,6 +300,7 @@ class Worker:
             self.heartbeat_slots = None
         p, self.pending = self.pending, None
         self.state, self.stage, self.groups, self.rank_of = p["state"], p["stage"], p["groups"], p["rank_of"]
+        self.steps_done = p["steps_done"]   # a device back starts from none: AdamW's bias correction needs it
         role = p["role"]
         self.role = role
         if role is None:
@@ -449,16 +462,10 @@ class Worker:
         self.groups, self.schedule, self.stage, self.pending = {}, None, None, None
         if dist.is_initialized():
             sever_peer_sockets(self.store_port)
-            # group names are a counter that destroy_process_group resets; an old group freed
-            # later unregisters its name, so a new group must never reuse one
-            from torch.distributed import distributed_c10d
-
-            count = distributed_c10d._world.group_count
             try:
-                dist.destroy_process_group()
+                dist.destroy_process_group()   # resets the group-name counter: `generation` sets it
             except Exception:
                 pass
-            distributed_c10d._world.group_count = count
         del held
         # no gc.collect() here: it took 0.13-0.27 s per rank (7 ranks on 2 cores) on the recovery's
         # critical path, and the connections no longer wait on it (severed above or by the abort);
@@ -650,6 +657,26 @@ class Recovery:
 
 
 @dataclass
+class Rejoined:
+    """Failed devices back before a step as fresh workers: the planner's decision (`plan_join`)
+    and, when admitted, what their transition took, to the next committed step."""
+
+    step: int
+    devices: tuple[int, ...]
+    policy: str                 # keep-running (they stay out), or scale-up
+    reason: str
+    restore: str = ""           # how the newcomers got their state: migration, checkpoint or verify
+    planning_s: float = 0.0
+    group_s: float = 0.0
+    build_s: float = 0.0
+    restore_s: float = 0.0
+    first_step_s: float = 0.0
+    total_s: float = 0.0        # the decision's start -> the next committed step
+    plan: Plan | None = None
+    aborted: bool = False       # a failure during its transition: the newcomers are out again
+
+
+@dataclass
 class PipelinedReport:
     losses: list[float]
     samples_exactly_once: list[bool]
@@ -660,6 +687,7 @@ class PipelinedReport:
     dead: tuple[int, ...] = ()
     heartbeat_longest_s: float = 0.0   # longest silence of a live worker the watchdog saw
     reliefs: list[dict[int, str]] = field(default_factory=list)  # per plan: device -> relief its worker built
+    rejoins: list[Rejoined] = field(default_factory=list)
 
 
 def generation_message(plan: Plan, live: list[int], instance: Instance, transfers: list[dict[str, Any]]
@@ -762,21 +790,27 @@ class PipelinedController:
         self.pending_transition_kills: list[Any] = []
 
     def _spawn(self) -> None:
-        ctx = mp.get_context("spawn")
         self.store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=self.job.group_timeout_s),
                                    wait_for_workers=False)
         self.procs: dict[int, Any] = {}
         self.conns: dict[int, Connection] = {}
         self.heartbeats = Heartbeats(self.instance.num_devices, self.silent_s)
         for d in sorted(self.plan.devices):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(d, self.job, self.store.port, child, self.heartbeats.slots),
-                               daemon=True)
-            proc.start()
-            if self.cores is not None:
-                pin(proc.pid, self.cores[d])
-            child.close()
-            self.procs[d], self.conns[d] = proc, parent
+            self._start_worker(d)
+
+    def _start_worker(self, device: int) -> None:
+        """One worker process holding no state (its first generation gives it its stage and state);
+        a device back reuses its heartbeat slot, cleared so that its start-up is not watched."""
+        ctx = mp.get_context("spawn")
+        self.heartbeats.reset(device)
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=worker_main, args=(device, self.job, self.store.port, child, self.heartbeats.slots),
+                           daemon=True)
+        proc.start()
+        if self.cores is not None:
+            pin(proc.pid, self.cores[device])
+        child.close()
+        self.procs[device], self.conns[device] = proc, parent
 
     def _collect(self, expect: set[int], abort_on_death: bool = False) -> tuple[dict[int, dict[str, Any]], set[int]]:
         """Replies of `expect` and the devices that died meanwhile (a hung one is killed by the
@@ -826,9 +860,11 @@ class PipelinedController:
                                       [dataclasses.asdict(share) for share in state_shares(migration)])
         name = self.generations   # every attempt a new name: an aborted one's store keys are not reused
         self.generations += 1
+        assert len(messages[live[0]]["groups"]) < GROUP_NAMES_PER_GENERATION - 1
         for d in live:
             self._send(d, {"cmd": "generation", "name": name, "generation": name, "restore": restore,
-                           "checkpoint": self.checkpoint, "die_in_transition": d in victims, **messages[d]})
+                           "checkpoint": self.checkpoint, "die_in_transition": d in victims, "steps_done": step,
+                           "group_base": GROUP_NAMES_PER_GENERATION * name, **messages[d]})
         replies, dead = self._collect(set(live))
         bad = {d: r for d, r in replies.items() if r["event"] != "ready"}
         if dead and transition:
@@ -844,23 +880,28 @@ class PipelinedController:
         self.layouts.append(plan)
         return replies, set()
 
-    def run(self, steps: int, kills: Mapping[int, tuple[int, int]] | Sequence[Any] | None = None
-            ) -> PipelinedReport:
+    def run(self, steps: int, kills: Mapping[int, tuple[int, int]] | Sequence[Any] | None = None,
+            rejoins: Sequence[Any] = ()) -> PipelinedReport:
         """`kills`: `controller.Failure`s (in a step: the victim dies, or hangs with `hang`, after
         its stage's `after_ops`-th forward, 1 if None; or `in_transition`), or a mapping step ->
-        (device, forwards): that device dies after its stage's n-th forward in that step."""
+        (device, forwards): that device dies after its stage's n-th forward in that step.
+        `rejoins`: `controller.Rejoin`s, failed devices back before a step (`_rejoin`)."""
         failures = as_failures(kills)
         self.pending_transition_kills = [f for f in failures if f.in_transition]
         in_step = [f for f in failures if not f.in_transition]
         self._spawn()
         report = PipelinedReport([], [], [], [self.plan], [])
-        pending: Recovery | None = None
-        kill_at = 0.0
+        pending: list[tuple[Recovery | Rejoined, float]] = []   # each timed from its start to the next commit
         try:
             replies, _ = self._generation(self.plan, None, "initial", 0, transition=False)
             report.reliefs.append(ran_reliefs(replies))
             step = 0
+            rejoined_at = -1   # the last step whose rejoins were run (a step redone after a kill runs none)
             while step < steps:
+                if rejoined_at < step:
+                    rejoined_at = step
+                    for back in [r for r in rejoins if r.step == step]:
+                        pending += self._rejoin(step, tuple(back.devices), report)
                 victims: dict[int, tuple[int, bool]] = {}
                 for f in [f for f in in_step if f.step == step]:
                     in_step.remove(f)
@@ -879,10 +920,11 @@ class PipelinedController:
                     for d in sorted(self.procs):
                         self._send(d, {"cmd": "abort"})
                     kill_at, self.kill_time = self.kill_time or time.perf_counter(), None
-                    pending = self._recover(step, tuple(sorted(dead)), kill_at)
-                    report.recoveries.append(pending)
+                    recovery = self._recover(step, tuple(sorted(dead)), kill_at)
+                    report.recoveries.append(recovery)
                     report.plans.append(self.plan)
-                    report.reliefs.append(pending.reliefs)
+                    report.reliefs.append(recovery.reliefs)
+                    pending.append((recovery, kill_at))
                     continue
                 folder = None
                 if self.job.checkpoint_dir is not None:
@@ -890,10 +932,10 @@ class PipelinedController:
                 for d in sorted(self.procs):
                     self._send(d, {"cmd": "commit", "checkpoint": folder})
                 elapsed = time.perf_counter() - t0
-                if pending is not None:
-                    pending.first_step_s = elapsed
-                    pending.total_s = time.perf_counter() - kill_at
-                    pending = None
+                for opened, started in pending:
+                    opened.first_step_s = elapsed
+                    opened.total_s = time.perf_counter() - started
+                pending = []
                 if folder is not None:
                     saved, _ = self._collect(set(self.procs))
                     report.checkpoint_save_s.append(max(r["save_s"] for r in saved.values()))
@@ -942,6 +984,69 @@ class PipelinedController:
         recovery.hung = tuple(sorted(self.hung & set(recovery.dead)))
         recovery.reliefs = ran_reliefs(replies)
         return recovery
+
+    def _rejoin(self, step: int, devices: tuple[int, ...], report: PipelinedReport
+                ) -> list[tuple[Recovery | Rejoined, float]]:
+        """Failed `devices` are back before `step`, as fresh processes holding no state: the planner
+        decides their return from the layout the state is in (`rejoin.plan_join`; this runtime
+        never reroutes, so keep-running or scale-up). Unless they stay out, their workers start and
+        the next generation gives them their state by the planned transfers (a checkpoint re-shard
+        with `restore` checkpoint, or when the plan's TP degree differs). A failure during that
+        transition stops the newcomers (they are out again) and is recovered from as any other.
+        Returns what opened, each with its start, for the next commit to time."""
+        joined = frozenset(devices) & self.failed
+        if not joined:
+            return []
+        started = time.perf_counter()
+        state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=self.failed)
+        decision = plan_join(state, self.plan, self.failed, joined, self.options)
+        rejoined = Rejoined(step, tuple(sorted(joined)), decision.policy, decision.reason,
+                            planning_s=time.perf_counter() - started)
+        report.rejoins.append(rejoined)
+        if decision.policy == "keep-running":
+            return []   # they stay out (failed) until a later rejoin
+        for d in sorted(joined):
+            self._start_worker(d)
+        failed_before, self.failed = self.failed, decision.failed
+        changed = decision.plan.tensor_parallel != self.plan.tensor_parallel
+        rejoined.restore = "checkpoint" if changed else self.restore
+        replies, dead = self._generation(decision.plan, decision.migration, rejoined.restore, step)
+        if not dead:
+            rejoined.group_s = max(r["group_s"] for r in replies.values())
+            rejoined.build_s = max(r["build_s"] for r in replies.values())
+            rejoined.restore_s = max(r["restore_s"] for r in replies.values())
+            rejoined.plan = decision.plan
+            report.plans.append(decision.plan)
+            report.reliefs.append(ran_reliefs(replies))
+            return [(rejoined, started)]
+        rejoined.aborted = True
+        self._drop(joined)
+        self.failed = failed_before
+        kill_at, self.kill_time = self.kill_time or time.perf_counter(), None
+        lost = tuple(sorted(dead - joined))
+        if not lost:
+            # only newcomers died: the survivors kept their state; the layout's groups are formed again
+            _, dead = self._generation(self.plan, None, "migration", step)
+            lost = tuple(sorted(dead))
+            if not lost:
+                return []
+        recovery = self._recover(step, lost, kill_at)
+        recovery.aborted_transitions += 1
+        report.recoveries.append(recovery)
+        report.plans.append(self.plan)
+        report.reliefs.append(recovery.reliefs)
+        return [(recovery, kill_at)]
+
+    def _drop(self, devices: frozenset[int]) -> None:
+        """Stop the workers of `devices` still alive (newcomers that never got their state)."""
+        for d in sorted(devices & set(self.procs)):
+            self._send(d, {"cmd": "stop"})
+            proc = self.procs.pop(d)
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            self.conns.pop(d).close()
 
     def _stop(self) -> None:
         for d in list(self.procs):
