@@ -36,18 +36,3 @@ def test_fixed_seeds_pass() -> None:
                                                                        "every-replica"]
     assert results["passed"] == results["scenarios"] == 3, "\n".join(lines)
     assert {row["exit"] for row in results["runs"]} <= {0, 5}
-
-
-def test_an_hf_rejoin_aborted_by_a_kill_in_its_transition_passes() -> None:
-    """Seed 1's rejoin on the HF runtime: tiny-gpt2 PP2 x DP2, device 0 killed in step 1 and back
-    before step 3, device 3 killed inside the transition that admits it; the run must match the
-    planner's replay (its rejoin decision aborted, the recovery from device 3) with the
-    failure-free losses, every sample once, and leave no process."""
-    pytest.importorskip("transformers")
-    module = campaign_module()
-    lines: list[str] = []
-    results = module.campaign([1], 1, lines.append, "hf", ("rejoin",))
-    (row,) = results["runs"]
-    assert "rejoin 0@3 in-transition 3@3" in row["scenario"], row["scenario"]
-    assert results["passed"] == 1, "\n".join(lines)
-    assert row["exit"] in (0, 5)

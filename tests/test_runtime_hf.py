@@ -41,7 +41,9 @@ def test_killed_worker_recovers_by_reconfiguration_with_tp_kept(family, restore,
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2"])
+# GPT-2 only: its fused q/k/v is laid out per TP degree, the case a re-shard can get wrong (the
+# Llama path is the same code without the regrouping; bench/kill_campaign.py's tp-change kind runs both)
+@pytest.mark.parametrize("family", ["tiny-gpt2"])
 def test_a_kill_that_makes_another_tp_degree_faster_reshards_from_the_checkpoint(family, tmp_path):
     """PP1 x DP2 x TP2 on 4 processes; device 3 dies in step 1. Keeping TP 2 leaves one group of 2
     (device 2 idle); with `tp_degrees` the planner moves to TP 1 on all 3 survivors (faster by its
