@@ -198,11 +198,10 @@ def main() -> int:
                         loaded_specs[pp * dp] = hf_workload_spec(config, loaded_profile(
                             config, args.seq_len, args.micro_batch, args.repeats, cores[:pp * dp]), args.seq_len)
                 instance = runtime_instance(config, pp, dp, 1, measured=loaded_specs[pp * dp], **job)
-            by_device = None if cores is None else {d: cores[i] for i, d in enumerate(sorted(instance.plan.devices))}
             with console.status(f"{family} {name}: {args.steps} steps, device {args.victim} killed in step "
                                 f"{args.kill_step}..."):
                 started = time.perf_counter()
-                report = PipelinedController(instance, config, dtype="float32", cores=by_device,
+                report = PipelinedController(instance, config, dtype="float32", cores=cores,
                                              step_timeout_s=30.0).run(
                     args.steps, [Failure(args.kill_step, (args.victim,), after_ops=2)])
                 wall = time.perf_counter() - started
@@ -248,8 +247,10 @@ def main() -> int:
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(r["family"], r["layout"], r["run"], f"{r['pipelines']}p/{r['devices']}d",
-                      f"{r['raw_model_alone_s'] * 1e3:.1f}", f"{r['raw_model_s'] * 1e3:.1f}", "-" if r["p2p_overhead_us"] is None else f"{r['p2p_overhead_us']:.0f}",
-                      "-" if r["predicted_s"] is None else f"{r['predicted_s'] * 1e3:.1f}", f"{r['measured_s'] * 1e3:.1f}",
+                      f"{r['raw_model_alone_s'] * 1e3:.1f}", f"{r['raw_model_s'] * 1e3:.1f}",
+                      "-" if r["p2p_overhead_us"] is None else f"{r['p2p_overhead_us']:.0f}",
+                      "-" if r["predicted_s"] is None else f"{r['predicted_s'] * 1e3:.1f}",
+                      f"{r['measured_s'] * 1e3:.1f}",
                       "n/a" if r["error"] is None else f"{r['error']:+.1%}")
     console.print(table)
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
@@ -261,7 +262,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": available_cores(),
                           "torch": torch.__version__, "python": platform.python_version()},
-              "dedicated_cores": cores is not None, "network": network, "args": {k: str(v) for k, v in vars(args).items()},
+              "dedicated_cores": cores is not None, "network": network,
+              "args": {k: str(v) for k, v in vars(args).items()},
               "rows": rows, "summary": summary, "runs": checks}
     (args.out / "runtime_steps_hf.json").write_text(json.dumps(result, indent=2, default=float))
     plot(rows, args.out / "runtime_steps_hf.png")

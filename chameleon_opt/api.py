@@ -65,10 +65,11 @@ class Planner:
             raise InputError(None, "time_limit_s", f"got {time_limit_s!r}", "give a positive number of seconds")
         if threads < 1:
             raise InputError(None, "threads", f"got {threads!r}", "use at least 1")
-        degrees = tuple(tp_degrees)
-        wrong = next((tp for tp in degrees if isinstance(tp, bool) or not isinstance(tp, Integral)), None)
+        given = tuple(tp_degrees)
+        wrong = next((tp for tp in given if isinstance(tp, bool) or not isinstance(tp, Integral)), None)
         if wrong is not None:
             raise InputError(None, "tp_degrees", f"{wrong!r} is not a TP degree", "give integers, e.g. (1, 2)")
+        degrees = tuple(int(tp) for tp in given)
         if isinstance(instance, Instance):
             base = instance
         elif isinstance(instance, Mapping):
@@ -76,9 +77,9 @@ class Planner:
         else:
             base = load_instance(instance)
         self.policy, self.time_limit_s, self.threads, self.seed = policy, time_limit_s, threads, seed
-        check_tp_degrees(base, tuple(int(tp) for tp in degrees))
+        check_tp_degrees(base, degrees)
         self.options = PlanningOptions(policy, time_limit_s, SolverOptions(threads=threads, seed=seed), target=target,
-                                       tp_degrees=tuple(int(tp) for tp in degrees))
+                                       tp_degrees=degrees)
         self._base = dataclasses.replace(base, failed_devices=frozenset())
         self._layout = base.plan
         self._layouts = [base.plan]   # every layout so far: who held what, to explain stale copies

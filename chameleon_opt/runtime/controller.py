@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -54,7 +53,7 @@ from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recovery
 from chameleon_opt.decision import with_stale_copies
 from chameleon_opt.rejoin import plan_join
-from chameleon_opt.runtime.cores import pin
+from chameleon_opt.runtime.cores import start_worker
 from chameleon_opt.runtime.gpt import GPTConfig
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, step_loss
 from chameleon_opt.runtime.schedule import order_operations
@@ -200,17 +199,11 @@ class Controller:
 
     def _start_worker(self, device: int, layers: tuple[int, int] | None, steps_done: int) -> None:
         """One worker process: built with `layers` (the job's start) or empty (a device back)."""
-        parent, child = mp.get_context("spawn").Pipe()
         spec = WorkerSpec(device, "127.0.0.1", self.store.port, self.cfg, self.seed, self.batch, self.mbs,
                           self.dtype, self.group_timeout_s, layers, steps_done)
         self.heartbeats.reset(device)
-        proc = mp.get_context("spawn").Process(target=worker_main, args=(spec, child, self.heartbeats.slots),
-                                               daemon=True)
-        proc.start()
-        if self.cores is not None:
-            pin(proc.pid, self.cores[device])
-        child.close()
-        self.procs[device], self.conns[device] = proc, parent
+        self.procs[device], self.conns[device] = start_worker(
+            worker_main, (spec,), self.heartbeats.slots, None if self.cores is None else self.cores[device])
 
     def _live(self) -> list[int]:
         return sorted(self.procs)

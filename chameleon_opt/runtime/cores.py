@@ -8,7 +8,12 @@ own and refuse to report a prediction error when there are not enough cores for 
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
 
 
 def available_cores() -> list[int]:
@@ -33,3 +38,17 @@ def pin(pid: int, core: int) -> None:
     """Run process `pid` on `core` only. Set by the parent right after the start, before the
     spawned child imports torch, so every thread it creates later inherits the one core."""
     os.sched_setaffinity(pid, {core})
+
+
+def start_worker(target: Callable[..., None], args: tuple[Any, ...], heartbeat_slots: Any, core: int | None
+                 ) -> tuple[BaseProcess, Connection]:
+    """A spawned worker process running `target(*args, conn, heartbeat_slots)`, on `core` alone
+    when given (shared cores when None), and the controller's end of its pipe."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(*args, child, heartbeat_slots), daemon=True)
+    proc.start()
+    if core is not None:
+        pin(proc.pid, core)
+    child.close()
+    return proc, parent

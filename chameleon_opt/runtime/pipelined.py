@@ -44,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import gc
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -71,9 +70,10 @@ from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime import hf
-from chameleon_opt.runtime.cores import pin
+from chameleon_opt.runtime.cores import start_worker
 from chameleon_opt.runtime.offload import HostAdamW
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, start_heartbeat, step_loss
+from chameleon_opt.workload.schema import WorkloadSpec
 
 LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.01
@@ -801,16 +801,10 @@ class PipelinedController:
     def _start_worker(self, device: int) -> None:
         """One worker process holding no state (its first generation gives it its stage and state);
         a device back reuses its heartbeat slot, cleared so that its start-up is not watched."""
-        ctx = mp.get_context("spawn")
         self.heartbeats.reset(device)
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=worker_main, args=(device, self.job, self.store.port, child, self.heartbeats.slots),
-                           daemon=True)
-        proc.start()
-        if self.cores is not None:
-            pin(proc.pid, self.cores[device])
-        child.close()
-        self.procs[device], self.conns[device] = proc, parent
+        self.procs[device], self.conns[device] = start_worker(
+            worker_main, (device, self.job, self.store.port), self.heartbeats.slots,
+            None if self.cores is None else self.cores[device])
 
     def _collect(self, expect: set[int], abort_on_death: bool = False) -> tuple[dict[int, dict[str, Any]], set[int]]:
         """Replies of `expect` and the devices that died meanwhile (a hung one is killed by the
@@ -1061,7 +1055,7 @@ class PipelinedController:
 def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_parallel: int, tensor_parallel: int,
                      global_batch: int = 8, micro_batch_size: int = 1, sequence_length: int = 16,
                      reliefs: Sequence[str] | None = None, memory_gib: float = 4.0, reserved_gib: float = 0.1,
-                     measured: Any = None, network: Mapping[str, float] | None = None,
+                     measured: WorkloadSpec | None = None, network: Mapping[str, float] | None = None,
                      recompute: str | None = None) -> Instance:
     """An instance of CPU worker processes (one per device) training an HF config's model with a
     regular layout, for the runtime's tests and the demo. `reliefs` (`training.reliefs`: none,
@@ -1077,15 +1071,15 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
 
     devices = pipeline_parallel * data_parallel * tensor_parallel
     device_type: Any = {"name": "cpu-core", "memory_gib": memory_gib, "peak_tflops": 0.05, "reserved_gib": reserved_gib}
-    workload = workload_from_hf(Path(hf_config))
-    links: dict[str, float] = {"intra_node_gbps": 2, "inter_node_gbps": 1, "intra_node_latency_us": 50}
     if measured is not None:
         from chameleon_opt.runtime.profile import cpu_device_type
 
         device_type = cpu_device_type(measured, devices)
         workload = measured.model_dump(mode="json", exclude_none=True)
-    if network is not None:
-        links = dict(network)
+    else:
+        workload = workload_from_hf(Path(hf_config))
+    links = dict(network) if network is not None else {"intra_node_gbps": 2, "inter_node_gbps": 1,
+                                                       "intra_node_latency_us": 50}
     return build_instance({
         "format": 1, "name": f"{Path(hf_config).parent.name}-cpu-{devices}",
         "cluster": {"nodes": 1, "devices_per_node": devices, "device_type": device_type, "network": links},

@@ -44,6 +44,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -203,6 +204,18 @@ class Priced:
 
     times: tuple[tuple[int, float, float], ...]
     grad_bytes: float
+
+
+def _fitting(items: list[tuple[int, np.ndarray, int, np.ndarray]], parts: np.ndarray, groups: int
+             ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """The cover programmes' pipeline items (`_programme`) that fit some state of `parts` (states of
+    `groups` groups): (stages, offset among the states, lower time by m, the states it fits)."""
+    for stages, profile, offset, times in items:
+        if stages > groups:
+            continue
+        fit = (parts >= profile).all(axis=1)
+        if fit.any():
+            yield stages, offset, times, fit
 
 
 class Relaxation:
@@ -410,12 +423,7 @@ class Relaxation:
             rows = np.flatnonzero(level == g)
             parts = comps[rows]
             best = np.full((longest + 1, rows.size, total + 1), np.inf)
-            for stages, profile, offset, times in items:
-                if stages > g:
-                    continue
-                fit = (parts >= profile).all(axis=1)
-                if not fit.any():
-                    continue
+            for stages, offset, times, fit in _fitting(items, parts, g):
                 source = rows[fit] - offset
                 previous = np.concatenate([capped[stages:, source], np.full((longest + 1 - stages, source.size, 1),
                                                                              np.inf)], axis=2)
@@ -444,12 +452,7 @@ class Relaxation:
                 rows = np.flatnonzero(level == g)
                 parts = comps[rows]
                 best = np.full((rows.size, total + 1), np.inf)
-                for stages, profile, offset, times in items:
-                    if stages > g:
-                        continue
-                    fit = (parts >= profile).all(axis=1)
-                    if not fit.any():
-                        continue
+                for stages, offset, times, fit in _fitting(items, parts, g):
                     rest = np.concatenate([previous[rows[fit] - offset], np.full((int(fit.sum()), 1), np.inf)], axis=1)
                     best[fit] = np.minimum(best[fit], np.maximum(rest[:, shift], times[None, None, :]).min(axis=2))
                 for k, stride in enumerate(self.stride):  # groups may idle
