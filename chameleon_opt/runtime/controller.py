@@ -203,7 +203,8 @@ class Controller:
                           self.dtype, self.group_timeout_s, layers, steps_done)
         self.heartbeats.reset(device)
         self.procs[device], self.conns[device] = start_worker(
-            worker_main, (spec,), self.heartbeats.slots, None if self.cores is None else self.cores[device])
+            worker_main, (spec,), self.heartbeats.slots, None if self.cores is None else self.cores[device],
+            preload=("chameleon_opt.runtime.worker",))
 
     def _live(self) -> list[int]:
         return sorted(self.procs)

@@ -617,6 +617,11 @@ def _short(error: BaseException) -> str:
     return " <- ".join(parts)
 
 
+WORKER_IMPORTS = ("chameleon_opt.runtime.pipelined", "torch.distributed.pipelining", "torch.distributed.tensor.parallel",
+                  "transformers.modeling_utils")
+"""What a worker imports, preloaded by the fork server (`cores.start_worker`)."""
+
+
 def worker_main(device: int, job: JobSpec, store_port: int, conn: Connection, heartbeat_slots: Any = None) -> None:
     """Process entry: one compute thread per worker (they share the machine's cores), and from
     its first generation on a heartbeat into `heartbeat_slots[device]` when given."""
@@ -804,7 +809,7 @@ class PipelinedController:
         self.heartbeats.reset(device)
         self.procs[device], self.conns[device] = start_worker(
             worker_main, (device, self.job, self.store.port), self.heartbeats.slots,
-            None if self.cores is None else self.cores[device])
+            None if self.cores is None else self.cores[device], preload=WORKER_IMPORTS)
 
     def _collect(self, expect: set[int], abort_on_death: bool = False) -> tuple[dict[int, dict[str, Any]], set[int]]:
         """Replies of `expect` and the devices that died meanwhile (a hung one is killed by the
