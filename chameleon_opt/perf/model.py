@@ -321,6 +321,12 @@ class PerfModel:
                 w.recomputed_flops_per_sample(recompute, self.kernels), w.forward_flops_per_sample,
                 out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
             bwd = bwd + fwd * share
+            if (transferred is not None and not transferred.includes_collectives and recompute == "selective"
+                    and self.kernels.selective == "op-mm"):
+                # The FLOP share reruns the matmuls; a per-op policy (torchtitan's) reruns every
+                # unfused element-wise chain too (it saves only matmul and SDPA outputs).
+                eager = self.calibration.elementwise_forward_s(w, device.name, tp) * mbs
+                bwd = bwd + eager * (1.0 - share)
             if recompute == "full" and timed:
                 tp_bwd = (count_b - w.tp_allreduce_counts("none")[1]) * one
             self.time_sources[key[:2]] = "profile" if profile is not None else transferred.source
