@@ -113,3 +113,26 @@ def test_eager_chains_are_priced_at_hbm_bandwidth_only_for_eager_stacks():
     chain = 8192 * 438272 / (2039e9 * ELEMENTWISE_HBM_SHARE)
     assert np.allclose(ef[1:-1] - ff[1:-1], chain) and np.allclose(eb[1:-1] - fb[1:-1], 2 * chain)
     assert ef[0] == ff[0] and eb[-1] == fb[-1]
+
+
+def test_importer_priced_job_adds_the_eager_chains_to_its_flop_time():
+    """Without a calibration (a user's plain import), the torchtitan kernels' unfused chains are added
+    to the catalogue-efficiency FLOP time: the Llama 2 13B no-checkpointing row's one-GPU stage takes
+    (forward + backward) 3 x the chains' HBM time more than the same job on Megatron's fused kernels."""
+    import copy
+    from bench.torchtitan_runs import import_rows
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.perf.calibration import ELEMENTWISE_HBM_SHARE
+    from chameleon_opt.perf.model import PerfModel
+
+    runs, _ = import_rows(DATA)
+    run = next(r for r in runs if r.id == "tt24a-l2-13b-none")
+    fused_document = copy.deepcopy(run.document)
+    fused_document["training"]["kernels"] = "megatron"
+    eager, fused = (PerfModel(build_instance(d, "<13b>")) for d in (run.document, fused_document))
+    devices, layers = (0,), eager.workload.num_layers
+    (ef, eb, _, _), (ff, fb, _, _) = eager.stage_times(devices, 0, layers), fused.stage_times(devices, 0, layers)
+    w, mbs = eager.workload, eager.micro_batch_size
+    chains = float(w.unfused_elementwise_bytes_per_sample(1, TORCHTITAN).sum()) * mbs
+    bandwidth = eager.stage_device(devices).memory_bandwidth_gbps * 1e9 * ELEMENTWISE_HBM_SHARE
+    assert chains > 0 and np.isclose((ef + eb) - (ff + fb), 3 * chains / bandwidth)
