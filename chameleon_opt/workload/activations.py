@@ -105,9 +105,13 @@ def unfused_elementwise_bytes_per_token(a: Architecture, k: Kernels, act: float)
     if k.elementwise != "eager":
         return 0.0
     h, q, kv, f = a.hidden, a.q_dim, a.kv_dim, a.ffn
-    norm = (act + 4) + (4 + 4) + 4 + (4 + 4) + (4 + act) + 2 * act - 2 * act
-    rotary = (act + 4) + (4 + 4) + (4 + act) - 2 * act
-    swiglu = (2 * act + 3 * act - 3 * act) if a.gated_mlp else 0.0
+    fp32 = 4.0
+    norm_chain = (act + fp32) + 2 * fp32 + fp32 + 2 * fp32 + (fp32 + act) + 2 * act
+    rotary_chain = (act + fp32) + 2 * fp32 + (fp32 + act)
+    swiglu_chain = 2 * act + 3 * act
+    norm = norm_chain - 2 * act              # 32 B per element in bf16
+    rotary = rotary_chain - 2 * act          # 16
+    swiglu = (swiglu_chain - 3 * act) if a.gated_mlp else 0.0   # 4
     repeat = 2 * act * (kv + q) if q != kv else 0.0
     transpose = 2 * act * q
     return 2 * norm * h + rotary * (q + kv) + swiglu * f + repeat + transpose
