@@ -88,3 +88,51 @@ def test_imported_job_is_priced_with_torchtitan_kernels_as_a_user_gets_it():
     stage = model.evaluate(model.instance.plan).pipelines[0].stages[0]
     allocator = (stage.memory_bytes - stage.memory.framework) / GIB
     assert abs(allocator / run.measured_memory_gib - 1) < 0.10
+
+
+def test_unfused_elementwise_bytes_of_llama3_8b_block_by_hand():
+    """torchtitan's eager chains beyond their fused kernels, bf16, per token of one block: two
+    RMSNorms 2 x 32 h, rotary 16 (q + kv), SwiGLU 4 f, K/V repeats 4 (kv + q), output copy 4 q.
+    Megatron's fused kernels add nothing."""
+    from chameleon_opt.workload.activations import unfused_elementwise_bytes_per_token
+    by_hand = 2 * 32 * 4096 + 16 * (4096 + 1024) + 4 * 14336 + 4 * (1024 + 4096) + 4 * 4096
+    assert unfused_elementwise_bytes_per_token(LLAMA3_8B, TORCHTITAN, 2.0) == by_hand == 438272
+    assert unfused_elementwise_bytes_per_token(LLAMA3_8B, MEGATRON, 2.0) == 0.0
+    per_layer = workload().unfused_elementwise_bytes_per_sample(2, TORCHTITAN)
+    assert per_layer[0] == per_layer[-1] == 0.0 and per_layer[1] == 8192 * by_hand / 2
+
+
+def test_eager_chains_are_priced_at_hbm_bandwidth_only_for_eager_stacks():
+    """A calibration with torchtitan's kernels adds the chains (forward once, backward twice) at
+    ELEMENTWISE_HBM_SHARE of the HBM bandwidth; the same calibration on Megatron's kernels does not."""
+    from chameleon_opt.perf.calibration import ELEMENTWISE_HBM_SHARE, DeviceFit, FrameworkCalibration
+    devices = {"A100-80": DeviceFit(312.0, 2039.0, 0.7, ())}
+    eager = FrameworkCalibration("t", "flash", 0.1, devices, kernels="torchtitan")
+    fused = FrameworkCalibration("m", "flash", 0.1, devices)
+    (ef, eb), (ff, fb) = eager.forward_backward(workload(), "A100-80", 1), fused.forward_backward(workload(), "A100-80", 1)
+    chain = 8192 * 438272 / (2039e9 * ELEMENTWISE_HBM_SHARE)
+    assert np.allclose(ef[1:-1] - ff[1:-1], chain) and np.allclose(eb[1:-1] - fb[1:-1], 2 * chain)
+    assert ef[0] == ff[0] and eb[-1] == fb[-1]
+
+
+def test_importer_priced_job_adds_the_eager_chains_to_its_flop_time():
+    """Without a calibration (a user's plain import), the torchtitan kernels' unfused chains are added
+    to the catalogue-efficiency FLOP time: the Llama 2 13B no-checkpointing row's one-GPU stage takes
+    (forward + backward) 3 x the chains' HBM time more than the same job on Megatron's fused kernels."""
+    import copy
+    from bench.torchtitan_runs import import_rows
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.perf.calibration import ELEMENTWISE_HBM_SHARE
+    from chameleon_opt.perf.model import PerfModel
+
+    runs, _ = import_rows(DATA)
+    run = next(r for r in runs if r.id == "tt24a-l2-13b-none")
+    fused_document = copy.deepcopy(run.document)
+    fused_document["training"]["kernels"] = "megatron"
+    eager, fused = (PerfModel(build_instance(d, "<13b>")) for d in (run.document, fused_document))
+    devices, layers = (0,), eager.workload.num_layers
+    (ef, eb, _, _), (ff, fb, _, _) = eager.stage_times(devices, 0, layers), fused.stage_times(devices, 0, layers)
+    w, mbs = eager.workload, eager.micro_batch_size
+    chains = float(w.unfused_elementwise_bytes_per_sample(1, TORCHTITAN).sum()) * mbs
+    bandwidth = eager.stage_device(devices).memory_bandwidth_gbps * 1e9 * ELEMENTWISE_HBM_SHARE
+    assert chains > 0 and np.isclose((ef + eb) - (ff + fb), 3 * chains / bandwidth)

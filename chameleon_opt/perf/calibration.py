@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from chameleon_opt.workload.activations import ELEMENTWISE_BACKWARD_RATIO, Kernels, kernels_for
 from chameleon_opt.workload.model import LayerTable, Workload, fit_profile_times
 
 CALIBRATION_DIR = "calibration"
@@ -104,7 +105,27 @@ class FrameworkCalibration:
             flops = flops - 3.0 * core
             attention_f, attention_b = flash_attention_seconds(core, rate * utilisation)
         total = flops / (rate * fit.compute_efficiency) + traffic / (fit.memory_bandwidth_gbps * 1e9 * self.memory_efficiency)
-        return total / 3.0 + attention_f, total * 2.0 / 3.0 + attention_b
+        eager = self.elementwise_forward_s(workload, device, tp)
+        return total / 3.0 + attention_f + eager, total * 2.0 / 3.0 + attention_b + eager * ELEMENTWISE_BACKWARD_RATIO
+
+    def elementwise_forward_s(self, workload: Workload, device: str, tp: int) -> np.ndarray:
+        """Per-sample forward seconds, per layer, of the element-wise kernels the stack runs unfused
+        (workload.unfused_elementwise_bytes_per_sample, zero unless its kernels are eager), streamed
+        at ELEMENTWISE_HBM_SHARE of the device's HBM bandwidth. Why apart from the fitted memory term:
+        that term is fitted on fused stacks (Megatron-LM, llm-foundry), whose chains are one kernel."""
+        fit = self.devices.get(device)
+        kernels = self.stack_kernels()
+        if fit is None or kernels is None or kernels.elementwise != "eager":
+            return np.zeros(workload.num_layers)
+        nbytes = workload.unfused_elementwise_bytes_per_sample(tp, kernels)
+        return nbytes / (fit.memory_bandwidth_gbps * 1e9 * ELEMENTWISE_HBM_SHARE)
+
+    def stack_kernels(self) -> Kernels | None:
+        """The stack's kernels where they do not depend on the model family (not Hugging Face's:
+        its calibrations are fitted on its own eager profiles, whose slopes include the chains)."""
+        if self.kernels in (None, "hf"):
+            return None
+        return kernels_for(self.kernels, None)
 
     def transfer(self, workload: Workload, device: str, micro_batch_size: int, tp: int,
                  withheld: frozenset[str] = frozenset()) -> Transferred | None:
@@ -166,6 +187,12 @@ class FrameworkCalibration:
                    tuple(data.get("excluded", ())), tuple(data.get("notes", ())), data.get("kernels"),
                    float(data.get("tp_exposed", 1.0)), dict(data.get("attention_utilisation", {})))
 
+
+ELEMENTWISE_HBM_SHARE = 0.85
+"""Share of HBM peak bandwidth a large streaming element-wise kernel sustains on A100 / H100: STREAM-
+class copy and triad kernels reach about 85-90% of the data-sheet bandwidth (BabelStream-type
+results on A100 and H100). Assumed (the low end: the decomposed chains include reductions), fitted
+on none of the validation rows."""
 
 FLASH_CAUSAL_SHARE = 0.5
 """A causal flash-attention kernel skips the key blocks above the diagonal: half of the s^2 score

@@ -41,7 +41,8 @@ from chameleon_opt.perf.memory import (MemoryBreakdown, TERM_MEANING, in_flight_
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.relief_kinds import ReliefCost, parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan
-from chameleon_opt.workload.activations import kernels_for
+from chameleon_opt.perf.calibration import ELEMENTWISE_HBM_SHARE
+from chameleon_opt.workload.activations import ELEMENTWISE_BACKWARD_RATIO, kernels_for
 
 GIB = float(1 << 30)
 STAGE_COSTS_KEPT = 200_000  # remembered stage costs per model before the memo starts afresh
@@ -321,6 +322,12 @@ class PerfModel:
                 w.recomputed_flops_per_sample(recompute, self.kernels), w.forward_flops_per_sample,
                 out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
             bwd = bwd + fwd * share
+            if (transferred is not None and not transferred.includes_collectives and recompute == "selective"
+                    and self.kernels.selective == "op-mm"):
+                # The FLOP share reruns the matmuls; a per-op policy (torchtitan's) reruns every
+                # unfused element-wise chain too (it saves only matmul and SDPA outputs).
+                eager = self.calibration.elementwise_forward_s(w, device.name, tp) * mbs
+                bwd = bwd + eager * (1.0 - share)
             if recompute == "full" and timed:
                 tp_bwd = (count_b - w.tp_allreduce_counts("none")[1]) * one
             self.time_sources[key[:2]] = "profile" if profile is not None else transferred.source
@@ -329,6 +336,12 @@ class PerfModel:
             fwd = w.forward_flops_per_sample * mbs / tp / rate
             recomputed = w.recomputed_flops_per_sample(recompute, self.kernels)
             bwd = 2.0 * fwd + recomputed * mbs / tp / rate
+            # An eager stack's unfused element-wise chains (zero for fused kernels), which a FLOP count
+            # does not see: streamed through HBM, forward once, backward twice, rerun by recomputation.
+            eager = w.unfused_elementwise_bytes_per_sample(tp, self.kernels) * mbs / (
+                device.memory_bandwidth_gbps * 1e9 * ELEMENTWISE_HBM_SHARE)
+            rerun = recompute == "full" or (recompute == "selective" and self.kernels.selective == "op-mm")
+            fwd, bwd = fwd + eager, bwd + eager * (ELEMENTWISE_BACKWARD_RATIO + (1.0 if rerun else 0.0))
             tp_fwd, tp_bwd = count_f * one, count_b * one
             self.time_sources[key[:2]] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
                                       "(catalogue efficiency)")

@@ -63,12 +63,58 @@ class Kernels:
     count_lse: bool = True
     selective: Literal["core", "op-mm"] = "core"
     logit_bytes: float | None = None
+    elementwise: Literal["fused", "eager"] = "fused"
+    """eager: the block's element-wise chains (RMSNorm, rotary, SwiGLU's gate, K/V repeats) run as
+    separate PyTorch kernels, each a round trip through HBM (unfused_elementwise_bytes_per_token)."""
 
     def with_attention(self, attention: str) -> "Kernels":
         """The same stack with another attention kernel (the instance's `attention` setting)."""
         if attention == self.attention:
             return self
         return Kernels(**{**self.__dict__, "attention": attention})  # type: ignore[arg-type]
+
+
+ELEMENTWISE_BACKWARD_RATIO = 2.0
+"""HBM bytes of an element-wise chain's backward per byte of its forward: each op's backward reads
+its output gradient and its saved input(s) and writes its input gradient(s). Counted op by op on
+the chains of unfused_elementwise_bytes_per_token (decomposed RMSNorm: about 76 h bytes backward
+against 36 h forward; SiLU x up: 18 f against 10 f; a copy's backward is one copy): 1.8-2.1, so 2.
+Derived from the op list, fitted on nothing."""
+
+
+def unfused_elementwise_bytes_per_token(a: Architecture, k: Kernels, act: float) -> float:
+    """Forward HBM bytes per token of one block that an eager stack's element-wise chains move beyond
+    their fused equivalents (one read of the inputs, one write of the output), at TP 1.
+
+    Why: Megatron-LM (Apex / Transformer Engine) fuses the norm, the rotary embedding, the gated
+    activation and bias-dropout-add into single kernels; MPT under llm-foundry runs one torch kernel
+    per op (F.layer_norm, GELU, the residual add), which is the fused count too. torchtitan's Llama
+    without torch.compile (models/llama/model.py and models/norms.py at 9dec370, the 2024 benchmarks'
+    commit) decomposes them, and every extra kernel is a full pass over HBM that the per-layer
+    activation proxy of the fitted memory term (calibration.py, fitted on the fused stacks) does not
+    see. Per element, `act` bytes in the activation dtype, 4 in fp32:
+    - RMSNorm (two per block, width h): x.float() (act + 4), pow(2) (4 + 4), mean (4),
+      x * rsqrt (4 + 4), type_as (4 + act), * weight (act + act); fused: act + act.
+    - rotary on Q and K (widths q and kv): x.float() (act + 4), complex multiply (4 + 4),
+      type_as (4 + act); fused: act + act.
+    - SwiGLU (width f): silu(w1 x) (act + act), * w3 x (2 act + act); fused: 2 act + act.
+    - grouped-query K and V repeated to every query head before SDPA (repeat_kv: read kv, write q,
+      twice) and the attention output's transpose(1, 2).contiguous() copy (act q + act q).
+    Not counted: the loss's fp32 cast of the logits (Megatron's cross-entropy casts too) and the
+    residual adds (one kernel in both stacks)."""
+    if k.elementwise != "eager":
+        return 0.0
+    h, q, kv, f = a.hidden, a.q_dim, a.kv_dim, a.ffn
+    fp32 = 4.0
+    norm_chain = (act + fp32) + 2 * fp32 + fp32 + 2 * fp32 + (fp32 + act) + 2 * act
+    rotary_chain = (act + fp32) + 2 * fp32 + (fp32 + act)
+    swiglu_chain = 2 * act + 3 * act
+    norm = norm_chain - 2 * act              # 32 B per element in bf16
+    rotary = rotary_chain - 2 * act          # 16
+    swiglu = (swiglu_chain - 3 * act) if a.gated_mlp else 0.0   # 4
+    repeat = 2 * act * (kv + q) if q != kv else 0.0
+    transpose = 2 * act * q
+    return 2 * norm * h + rotary * (q + kv) + swiglu * f + repeat + transpose
 
 
 MEGATRON = Kernels("megatron", count_lse=False)
@@ -87,7 +133,7 @@ for _alias in ("mistral", "qwen2", "qwen3"):
     HF_EAGER[_alias] = HF_EAGER["llama"]
 
 TORCHTITAN = Kernels("torchtitan", norm="rmsnorm-fp32", attention="flash", attention_dropout=False,
-                     hidden_dropout=False, mlp="swiglu", selective="op-mm", logit_bytes=14.0)
+                     hidden_dropout=False, mlp="swiglu", selective="op-mm", logit_bytes=14.0, elementwise="eager")
 """torchtitan's Llama (torchtitan/models/llama/model.py and models/norms.py at 9dec370, the 2024
 benchmarks' commit): the default `rmsnorm` normalises an fp32 copy of its input (saved: that copy
 and the normalised tensor before the weight), SDPA (flash: Q, K, V, output, log-sum-exp), no

@@ -13,7 +13,8 @@ from functools import cached_property
 import numpy as np
 
 from chameleon_opt.workload.activations import (MEGATRON, Kernels, block_bytes_per_sample,
-                                               op_sac_recomputed_flops_per_token)
+                                               op_sac_recomputed_flops_per_token,
+                                               unfused_elementwise_bytes_per_token)
 from chameleon_opt.workload.schema import Architecture, Profile, WorkloadSpec
 
 
@@ -174,6 +175,17 @@ class Workload:
         embedding = s * h / shard
         head = 4.0 * s * h / shard * scale + self.logit_bytes_per_entry(kernels) * s * a.vocab / tp
         return np.array([embedding] + [block] * a.layers + [head])
+
+    def unfused_elementwise_bytes_per_sample(self, tp: int, kernels: Kernels | None) -> np.ndarray:
+        """Forward HBM bytes per layer and sequence, per TP rank, of the element-wise kernels an eager
+        stack runs beyond their fused equivalents (activations.unfused_elementwise_bytes_per_token;
+        zero for fused stacks). Divided by t: torchtitan's TP shards the norms' sequence too."""
+        chosen = kernels or MEGATRON
+        if self.architecture is None or chosen.elementwise != "eager":
+            return np.zeros(self.num_layers)
+        a = self.architecture
+        block = self.sequence_length * unfused_elementwise_bytes_per_token(a, chosen, float(self.dtype_bytes)) / tp
+        return np.array([0.0] + [block] * a.layers + [0.0])
 
     def logit_bytes_per_entry(self, kernels: Kernels | None) -> float:
         """Bytes per token and vocabulary entry the loss holds at the head's backward: the stack's
