@@ -64,3 +64,14 @@ def test_megatron_2024_overlap_flags_mean_the_distributed_optimizer(rows: dict[s
 def test_unknown_hugging_face_family_is_refused() -> None:
     with pytest.raises(ValueError, match="no Hugging Face activation model for family 'bloom'"):
         kernels_for("hf", "bloom")
+
+
+def test_dgx_a100_rows_published_before_the_80gb_part_are_40gb() -> None:
+    """The A100 80 GB was announced 2020-11-16: an A100 row without a memory size from a table shown
+    before then is a 40 GB part; after it, the 80 GB default stands (no shared data needed)."""
+    from chameleon_opt.perf.published import _gpu
+    old = {"hardware": {"gpu": "NVIDIA A100 (DGX-A100)"}, "source": {"file_date": "2020-09-11 .. 2021-01-11"}}
+    new = {"hardware": {"gpu": "NVIDIA A100"}, "source": {"file_date": "2023-08-28 (last change to file)"}}
+    stated = {"hardware": {"gpu": "NVIDIA A100 80GB"}, "source": {"file_date": "2020-09-11"}}
+    assert (_gpu(old), _gpu(new), _gpu(stated)) == ("A100-40", "A100-80", "A100-80")
+

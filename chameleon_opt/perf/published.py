@@ -64,12 +64,31 @@ def load_rows(directory: Path) -> list[dict[str, Any]]:
     return rows
 
 
+A100_80GB_ANNOUNCED = "2020-11-16"
+"""NVIDIA announced the A100 80 GB on 2020-11-16 (SC20); before it every A100 (DGX A100 included) had 40 GB."""
+
+
+def _earliest_date(row: dict[str, Any]) -> str | None:
+    """The earliest ISO date in the row's `source.file_date` (when its table was shown): the run is older."""
+    import re
+    found = re.findall(r"\d{4}-\d{2}-\d{2}", str(row.get("source", {}).get("file_date") or ""))
+    return min(found) if found else None
+
+
 def _gpu(row: dict[str, Any]) -> str:
+    """The catalogue type. An A100 without a stated memory size is the 80 GB part, unless the table that
+    reports it was published before that part existed: Megatron-LM's 2020 DGX-A100 rows (images/tables.tex,
+    committed 2020-09-11 in 5281919) ran on 40 GB A100s. The die (and the fitted compute efficiency) is
+    the same; the HBM bandwidth the memory-traffic term uses is 1555 instead of 2039 GB/s."""
     name = row["hardware"]["gpu"]
     if "H100" in name:
         return "H100-80"
     if "A100" in name:
-        return "A100-40" if "40GB" in name else "A100-80"
+        if "40GB" in name.replace(" ", ""):
+            return "A100-40"
+        if "80GB" not in name.replace(" ", "") and (_earliest_date(row) or "9999") < A100_80GB_ANNOUNCED:
+            return "A100-40"
+        return "A100-80"
     if "V100" in name:
         return "V100-32"
     raise Refused(f"hardware.gpu {name!r}: not in the device catalogue")
