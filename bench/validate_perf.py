@@ -335,7 +335,7 @@ def published_validation(directory: Path) -> dict:
     for family in families:
         fit = fit_efficiencies([r for r in runs if r.family != family], terms)
         fits[family] = {"compute": fit.compute, "memory_efficiency": fit.memory_efficiency,
-                        "fitted_on": list(fit.fitted_on)}
+                        "fitted_on": list(fit.fitted_on), "borrowed": list(fit.borrowed)}
         for r in (r for r in runs if r.family == family):
             before = predict_step(r, CATALOGUE[r.gpu].efficiency)
             held = r.gpu in fit.compute
@@ -343,7 +343,7 @@ def published_validation(directory: Path) -> dict:
             rows.append({"id": r.id, "source": r.source, "family": family, "gpu": r.gpu, "label": r.label,
                          "metric": r.metric, "measured_s": r.measured_step_s, "before_s": before, "lofo_s": after,
                          "error_before": before / r.measured_step_s - 1, "error_lofo": after / r.measured_step_s - 1,
-                         "gpu_fitted_elsewhere": held})
+                         "gpu_fitted_elsewhere": held and r.gpu not in fit.borrowed})
 
     def summary(key: str, value: str) -> list[dict]:
         out = []
@@ -399,9 +399,9 @@ def render_published(published: dict, out: Path) -> list[str]:
     lines = ["## Published runs: step time, before and leave-one-family-out", ""]
     for key, title in (("by_source", "source"), ("by_family", "family")):
         table = Table(title=f"Published runs by {title}: |error| before (catalogue) and leave-one-family-out")
-        for col in (title, "n", "median before", "worst before", "median LOFO", "worst LOFO", "GPU unfitted"):
+        for col in (title, "n", "median before", "worst before", "median LOFO", "worst LOFO", "GPU unfitted (proxy)"):
             table.add_column(col, justify="right")
-        lines += [f"| {title} | n | median before | worst before | median LOFO | worst LOFO | GPU fitted nowhere else |",
+        lines += [f"| {title} | n | median before | worst before | median LOFO | worst LOFO | GPU fitted nowhere else (proxy die) |",
                   "|---|---|---|---|---|---|---|"]
         for s in published[key]:
             cells = [s[title], str(s["n"]), f"{100 * s['median_before']:.1f}%", f"{100 * s['worst_before']:.1f}%",
@@ -415,7 +415,8 @@ def render_published(published: dict, out: Path) -> list[str]:
     for family, fit in published["fits"].items():
         effs = ", ".join(f"{g} {e:.3f}" for g, e in sorted(fit["compute"].items()))
         lines.append(f"- held out {family}: compute efficiency {effs}; memory-traffic efficiency "
-                     f"{fit['memory_efficiency']:.3f}; fitted on {', '.join(fit['fitted_on'])}")
+                     f"{fit['memory_efficiency']:.3f}; fitted on {', '.join(fit['fitted_on'])}"
+                     + (f" ({', '.join(fit['borrowed'])}: its proxy die's, published.PROXY_DIE)" if fit["borrowed"] else ""))
     lines += ["", "Refused rows (not priced as something else):", ""]
     lines += [f"- {n} x {why}" for why, n in sorted(published["refused"].items())]
     plot_published(published, out / "validate_perf_published.png")

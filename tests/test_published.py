@@ -64,3 +64,31 @@ def test_megatron_2024_overlap_flags_mean_the_distributed_optimizer(rows: dict[s
 def test_unknown_hugging_face_family_is_refused() -> None:
     with pytest.raises(ValueError, match="no Hugging Face activation model for family 'bloom'"):
         kernels_for("hf", "bloom")
+
+
+def test_dgx_a100_rows_published_before_the_80gb_part_are_40gb() -> None:
+    """The A100 80 GB was announced 2020-11-16: an A100 row without a memory size from a table shown
+    before then is a 40 GB part; after it, the 80 GB default stands (no shared data needed)."""
+    from chameleon_opt.perf.published import _gpu
+    old = {"hardware": {"gpu": "NVIDIA A100 (DGX-A100)"}, "source": {"file_date": "2020-09-11 .. 2021-01-11"}}
+    new = {"hardware": {"gpu": "NVIDIA A100"}, "source": {"file_date": "2023-08-28 (last change to file)"}}
+    stated = {"hardware": {"gpu": "NVIDIA A100 80GB"}, "source": {"file_date": "2020-09-11"}}
+    assert (_gpu(old), _gpu(new), _gpu(stated)) == ("A100-40", "A100-80", "A100-80")
+
+
+def test_a_die_with_no_fitted_rows_takes_its_proxy_dies_efficiency() -> None:
+    """V100 (PROXY_DIE: A100) is predicted from the A100 fit when no V100 row is fitted; a fitted V100
+    keeps its own value."""
+    from chameleon_opt.perf.published import PublishedRun, fit_efficiencies
+
+    def run(i: int, gpu: str, family: str) -> PublishedRun:
+        return PublishedRun(f"r{i}", "s", family, gpu, "", {}, 1.0, "")
+    # step = a / e_gpu + b / e_mem: the A100 rows say e = 0.8, e_mem = 0.1 exactly
+    a100 = [run(i, "A100-80", "f") for i in range(3)]
+    terms = {"r0": (0.4, 0.05, 0.0), "r1": (0.56, 0.03, 0.0), "r2": (0.72, 0.01, 0.0)}
+    fit = fit_efficiencies(a100, terms)
+    assert fit.compute["A100-80"] == pytest.approx(0.8) and fit.memory_efficiency == pytest.approx(0.1)
+    assert fit.compute["V100-32"] == pytest.approx(0.8) and fit.borrowed == ("V100-32",)
+    terms["r3"] = (0.6, 0.01, 0.0)   # a V100 row at e = 2/3
+    fit = fit_efficiencies(a100 + [run(3, "V100-32", "g")], terms)
+    assert fit.compute["V100-32"] == pytest.approx(2 / 3) and fit.borrowed == ()
