@@ -151,8 +151,7 @@ def replay(scenario: Scenario) -> Expected:
             inst = dataclasses.replace(base, plan=state["layout"], failed_devices=state["failed"])
             # the HF controller plans no TP change before the first step's checkpoint
             decision = decide(inst, state["failed"], scenario.policy, deadline=Deadline.after(TIME_LIMIT_S),
-                              bubble_filling=False,  # as the controller plans: see its docstring
-                              tp_degrees=scenario.tp_degrees if step > 0 else ())
+                              tp_degrees=scenario.tp_degrees if step > 0 else ())  # bubble filling on, as the controller
             chosen = decision.chosen
             assert chosen is not None, decision.reason
             dead = victims(step)

@@ -7,7 +7,9 @@ The worker holds model state per layer (module + AdamW moments), runs the work i
   earlier generations never collide), the all-reduce ring groups, then run the migration rounds
   of the transfer schedule; reply `ready` (with timings) or `failed`. Old state is kept until
   `go`, so an aborted transition (a failure during it) loses nothing: `discard` drops what arrived.
-- `step k`: run the ordered forward/backward operations of global batch k, then the gradient
+- `step k`: run the ordered forward/backward operations of global batch k (with a bubble-filled
+  rerouting's action list the backward is split: B computes only the input gradient, which the
+  previous stage waits for, and W later the weight gradient from the saved output gradient), then the gradient
   all-reduce rings round by round (asynchronous within a round); reply `ready` with the per-sample
   losses of the pieces whose loss it computed. The optimizer steps only on `commit`, after every
   rank is ready: a step interrupted by a failure is redone whole, never half-applied (`abort`).
@@ -269,6 +271,9 @@ class Worker:
         items = work_items(plan, spec.micro_batch_size)
         tokens = batch_tokens(spec.model, spec.seed, step, spec.global_batch)
         saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        split = any(kind == "W" for kind, _ in self.ops)  # a bubble-filled schedule's B / W
+        params = [p for module in modules for p in module.parameters()]
+        output_grads: dict[int, torch.Tensor | None] = {}
         sends, losses, compute_s = [], {}, 0.0
         shape = (spec.model.seq_len, spec.model.hidden)
         for count, (kind, i) in enumerate(self.ops):
@@ -294,14 +299,24 @@ class Worker:
                 saved[i] = (x, out)
                 if not has_head:
                     sends += self._send(item.send_to, item, out.detach(), backward=False)
-            else:
-                x, out = saved.pop(i)
+            elif kind == "B":
+                x, out = saved[i] if split else saved.pop(i)
                 grad = None if has_head else self._receive(item.send_to, shape, backward=True)
                 c0 = time.perf_counter()
-                out.backward(grad)
+                if split:
+                    output_grads[i] = grad
+                    x_grad = backward_input(out, x, grad) if x is not None else None
+                else:
+                    out.backward(grad)
+                    x_grad = x.grad if x is not None else None
                 compute_s += time.perf_counter() - c0
-                if x is not None:
-                    sends += self._send(item.receive_from, item, x.grad, backward=True)
+                if x_grad is not None:
+                    sends += self._send(item.receive_from, item, x_grad, backward=True)
+            else:  # W: the weight gradient, from the output gradient B saved
+                _, out = saved.pop(i)
+                c0 = time.perf_counter()
+                backward_weight(out, output_grads.pop(i), params)
+                compute_s += time.perf_counter() - c0
         for w in sends:
             w.wait()
         return losses, compute_s
@@ -356,6 +371,19 @@ class Worker:
     def _dump(self) -> dict[int, dict[str, list[float]]]:
         return {layer: {name: p.detach().to(torch.float64).reshape(-1).tolist()
                         for name, p in module.named_parameters()} for layer, module in self.layers.items()}
+
+
+def backward_input(out: torch.Tensor, x: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
+    """B of a split backward: the gradient of the stage input `x` only, keeping the graph for W
+    (the previous stage waits for this one; the weight gradient can wait for a bubble)."""
+    (x_grad,) = torch.autograd.grad(out, x, grad, retain_graph=True)
+    return x_grad
+
+
+def backward_weight(out: torch.Tensor, grad: torch.Tensor | None, params: list[torch.Tensor]) -> None:
+    """W of a split backward: accumulate the parameters' gradients from the output gradient B
+    received, then free the graph."""
+    out.backward(grad, inputs=params)
 
 
 def _short(error: BaseException) -> str:
