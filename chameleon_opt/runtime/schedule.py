@@ -17,11 +17,12 @@ neighbouring pieces agree on the samples they exchange and the pieces of a micro
 A bubble-filled rerouting comes with its order already fixed (`RankPlan.actions`, the priced
 schedule of solve/bubbles.py): `planned_operations` takes it as is, with the backward split into
 B (input gradient, which the previous stage waits for) and W (weight gradient, local). It cannot
-deadlock either: the schedule was re-timed (`bubbles.retime`), so every op has a start time after
-the ends of the ops it receives from, and each rank's order is by start time. Were the ranks stuck,
-take the waiting receive whose op starts earliest: the op it needs starts earlier still, so its
-rank has run every op before it (each earlier again) and is not stuck, and with non-blocking sends
-it has already sent. W receives and sends nothing.
+deadlock either. The schedule was re-timed (`bubbles.retime`): every op starts after the ops it
+receives from end, and each rank's order is by start time. Suppose ranks were stuck, and take the
+stuck receive whose op o starts earliest; it waits on an op p of rank r, which ends before o
+starts. Had r run p, its send would be posted (sends never block) and o would not wait; so r is
+stuck at an op at or before p, which starts no later than p, before o: o was not the earliest.
+W receives and sends nothing.
 """
 
 from __future__ import annotations
