@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from chameleon_opt.runtime.gpt import GPTConfig, batch_tokens, build_layer, sample_loss  # noqa: E402
-from chameleon_opt.runtime.worker import backward_input, backward_weight  # noqa: E402
+from chameleon_opt.runtime.split_backward import split_backward  # noqa: E402
 
 CFG = GPTConfig(layers=2, hidden=16, heads=2, vocab=32, seq_len=8)
 
@@ -38,12 +38,12 @@ def test_split_backward_equals_the_full_backward_bitwise(first: int, end: int) -
     out.backward(grad)
     split_modules, out, split_leaf = _stage(first, end, x, tokens)
     params = [p for module in split_modules for p in module.parameters()]
+    x_grad, weights = split_backward(out, split_leaf, grad, params)
     if split_leaf is not None:
-        x_grad = backward_input(out, split_leaf, grad)
-        assert leaf is not None and torch.equal(x_grad, leaf.grad)
+        assert leaf is not None and x_grad is not None and torch.equal(x_grad, leaf.grad)
         assert split_leaf.grad is None  # B leaves no gradient behind
     assert all(p.grad is None for p in params)  # nor does it touch the weights
-    backward_weight(out, grad, params)
+    weights()
     for full, split in zip(full_modules, split_modules):
         for (name, a), b in zip(full.named_parameters(), split.parameters()):
             assert b.grad is not None and torch.equal(a.grad, b.grad), name

@@ -8,8 +8,8 @@ The worker holds model state per layer (module + AdamW moments), runs the work i
   of the transfer schedule; reply `ready` (with timings) or `failed`. Old state is kept until
   `go`, so an aborted transition (a failure during it) loses nothing: `discard` drops what arrived.
 - `step k`: run the ordered forward/backward operations of global batch k (with a bubble-filled
-  rerouting's action list the backward is split: B computes only the input gradient, which the
-  previous stage waits for, and W later the weight gradient from the saved output gradient), then the gradient
+  rerouting's action list the backward is split, `runtime/split_backward.py`: B computes only the
+  input gradient, which the previous stage waits for, and W later the weight gradients), then the gradient
   all-reduce rings round by round (asynchronous within a round); reply `ready` with the per-sample
   losses of the pieces whose loss it computed. The optimizer steps only on `commit`, after every
   rank is ready: a step interrupted by a failure is redone whole, never half-applied (`abort`).
@@ -29,6 +29,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from chameleon_opt.comm.lowering import RankPlan, RankTransfer
 from chameleon_opt.runtime.replies import start_heartbeat
 from chameleon_opt.runtime.gpt import GPTConfig, batch_tokens, build_layer, sample_loss, state_elements
 from chameleon_opt.runtime.schedule import WorkItem, work_items
+from chameleon_opt.runtime.split_backward import split_backward
 
 LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.01
@@ -273,7 +275,7 @@ class Worker:
         saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         split = any(kind == "W" for kind, _ in self.ops)  # a bubble-filled schedule's B / W
         params = [p for module in modules for p in module.parameters()]
-        output_grads: dict[int, torch.Tensor | None] = {}
+        deferred: dict[int, Callable[[], None]] = {}  # micro-batch -> its W
         sends, losses, compute_s = [], {}, 0.0
         shape = (spec.model.seq_len, spec.model.hidden)
         for count, (kind, i) in enumerate(self.ops):
@@ -304,18 +306,17 @@ class Worker:
                 grad = None if has_head else self._receive(item.send_to, shape, backward=True)
                 c0 = time.perf_counter()
                 if split:
-                    output_grads[i] = grad
-                    x_grad = backward_input(out, x, grad) if x is not None else None
+                    x_grad, deferred[i] = split_backward(out, x, grad, params)
                 else:
                     out.backward(grad)
                     x_grad = x.grad if x is not None else None
                 compute_s += time.perf_counter() - c0
                 if x_grad is not None:
                     sends += self._send(item.receive_from, item, x_grad, backward=True)
-            else:  # W: the weight gradient, from the output gradient B saved
-                _, out = saved.pop(i)
+            else:  # W: the weight gradients B left for later
+                del saved[i]
                 c0 = time.perf_counter()
-                backward_weight(out, output_grads.pop(i), params)
+                deferred.pop(i)()
                 compute_s += time.perf_counter() - c0
         for w in sends:
             w.wait()
@@ -371,19 +372,6 @@ class Worker:
     def _dump(self) -> dict[int, dict[str, list[float]]]:
         return {layer: {name: p.detach().to(torch.float64).reshape(-1).tolist()
                         for name, p in module.named_parameters()} for layer, module in self.layers.items()}
-
-
-def backward_input(out: torch.Tensor, x: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
-    """B of a split backward: the gradient of the stage input `x` only, keeping the graph for W
-    (the previous stage waits for this one; the weight gradient can wait for a bubble)."""
-    (x_grad,) = torch.autograd.grad(out, x, grad, retain_graph=True)
-    return x_grad
-
-
-def backward_weight(out: torch.Tensor, grad: torch.Tensor | None, params: list[torch.Tensor]) -> None:
-    """W of a split backward: accumulate the parameters' gradients from the output gradient B
-    received, then free the graph."""
-    out.backward(grad, inputs=params)
 
 
 def _short(error: BaseException) -> str:
