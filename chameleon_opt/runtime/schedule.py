@@ -102,13 +102,14 @@ def order_operations(rank_plans: Mapping[int, RankPlan], mbs: int) -> dict[int, 
 
 def planned_operations(rank_plans: Mapping[int, RankPlan]) -> dict[int, list[Op]] | None:
     """Rank -> its operations in the order the plan fixed (`RankPlan.actions`), or None when the
-    plan fixes none (then `order_operations` orders them). Every train rank of such a plan has one."""
+    plan fixes none (then `order_operations` orders them). Every train rank with work in such a
+    plan has one."""
     trainers = {d: p for d, p in rank_plans.items() if p.role == "train"}
-    fixed = [d for d, p in trainers.items() if p.actions]
-    if not fixed:
+    if not any(p.actions for p in trainers.values()):
         return None
-    if len(fixed) != len(trainers):
-        raise ValueError(f"ranks {sorted(set(trainers) - set(fixed))} have no action list while others have one")
+    missing = sorted(d for d, p in trainers.items() if p.micro_batches and not p.actions)
+    if missing:
+        raise ValueError(f"ranks {missing} have work but no action list while others have one")
     orders = {}
     for d, plan in trainers.items():
         index = {piece.id: i for i, piece in enumerate(plan.micro_batches)}
