@@ -28,8 +28,8 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing.connection import Connection
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -302,7 +302,7 @@ class Worker:
                 if not has_head:
                     sends += self._send(item.send_to, item, out.detach(), backward=False)
             elif kind == "B":
-                x, out = saved[i] if split else saved.pop(i)
+                x, out = saved.pop(i)  # a split's W keeps what it needs of the graph
                 grad = None if has_head else self._receive(item.send_to, shape, backward=True)
                 c0 = time.perf_counter()
                 if split:
@@ -314,7 +314,6 @@ class Worker:
                 if x_grad is not None:
                     sends += self._send(item.receive_from, item, x_grad, backward=True)
             else:  # W: the weight gradients B left for later
-                del saved[i]
                 c0 = time.perf_counter()
                 deferred.pop(i)()
                 compute_s += time.perf_counter() - c0
