@@ -5,13 +5,14 @@ bubble-filled rerouting's action lists (split backward: B, then W) too."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
 from chameleon_opt.comm.allreduce import schedule_allreduce
 from chameleon_opt.comm.lowering import lower_plan
-from chameleon_opt.instance.load import load_instance
+from chameleon_opt.instance.load import Instance, build_instance, load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.decision import decide
 from chameleon_opt.planning import PlanningOptions, plan_recovery
@@ -88,13 +89,22 @@ def test_every_decided_plan_runs_without_deadlock(name: str, dead: tuple[int, ..
             assert in_flight <= cap  # 1F1B: at most stages - stage forwards in flight
 
 
+def three_pipelines() -> Instance:
+    """runtime-cpu-6's devices as PP2 x DP3: a lost stage's micro-batches go to two peers."""
+    data = json.loads((ROOT / "instances" / "runtime-cpu-6.json").read_text())
+    data["plan"]["layout"] = {"pipeline_parallel": 2, "data_parallel": 3}
+    data["training"]["global_batch"] = 24
+    return build_instance(data, "<runtime-cpu-6 as PP2 x DP3>")
+
+
 @pytest.mark.parametrize("name,dead", [("runtime-cpu-4.json", (1,)), ("runtime-cpu-6.json", (1,)),
-                                       ("runtime-cpu-6.json", (0, 5))])  # the last: the two pipelines host each other
+                                       ("runtime-cpu-6.json", (0, 5)),  # the two pipelines host each other
+                                       ("PP2 x DP3", (1,))])            # one lost stage, two hosts
 def test_a_bubble_filled_rerouting_runs_its_schedule_without_deadlock(name: str, dead: tuple[int, ...]) -> None:
     """The decision carries the priced schedule; each rank's action list is its device's order
     in it (every whole micro-batch F, B, W once), the rerouted micro-batches sit on the peers the
     schedule chose, and the lists run to completion with blocking receives."""
-    instance = load_instance(ROOT / "instances" / name)
+    instance = three_pipelines() if name == "PP2 x DP3" else load_instance(ROOT / "instances" / name)
     failed = frozenset(dead)
     decision = plan_recovery(dataclasses.replace(instance, failed_devices=failed), failed,
                              PlanningOptions("reroute", time_limit_s=1.0))
@@ -107,6 +117,8 @@ def test_a_bubble_filled_rerouting_runs_its_schedule_without_deadlock(name: str,
     offsets = [0]
     for pipe in decision.plan.pipelines:
         offsets.append(offsets[-1] + pipe.micro_batches)
+    if name == "PP2 x DP3":
+        assert set(schedule.hosts.values()) == {1, 2}
     for d, plan in plans.items():
         slot = (plan.pipeline, plan.stage)
         assert plan.actions == tuple((kind, offsets[j] + k) for kind, j, k, _ in schedule.orders[slot])
