@@ -191,8 +191,14 @@ class RankPlan:
                     "transfers": [t.to_json() for t in self.transfers],
                     "release_after_round": self.release_after_round})
         if self.actions:
-            out["actions"] = [f"{kind}{mb}" for kind, mb in self.actions]
+            out["actions"] = self.torch_actions()
         return out
+
+    def torch_actions(self) -> list[str]:
+        """`actions` in torch pipelining's notation: stage, F, I (a split backward's B: torch's
+        input gradient) or W, micro-batch id (`1F4`, `1I4`, `1W4`)."""
+        split = any(kind == "W" for kind, _ in self.actions)
+        return [f"{self.stage}{'I' if split and kind == 'B' else kind}{mb}" for kind, mb in self.actions]
 
 
 def module_names(num_layers: int, first: int, end: int) -> list[str]:

@@ -330,13 +330,7 @@ def rank_work(rp: RankPlan, ranks: dict[int, int], num_layers: int, vocabulary: 
                     layers=(first, end),
                     modules=[m for layer in range(first, end) for m in module_names(layer, num_layers, vocabulary)],
                     micro_batches=_own_micro_batches(rp), micro_batch_size=mbs, rerouted=rerouted,
-                    rerouted_neighbours=relinked, actions=_torch_actions(rp))
-
-
-def _torch_actions(rp: RankPlan) -> list[str]:
-    """The rank's action list in torch's notation: a split backward's B is torch's I."""
-    split = any(kind == "W" for kind, _ in rp.actions)
-    return [f"{rp.stage}{'I' if split and kind == 'B' else kind}{mb}" for kind, mb in rp.actions]
+                    rerouted_neighbours=relinked, actions=rp.torch_actions())
 
 
 def torchtitan_head_name(config: dict[str, Any] | None, era: str) -> str:
