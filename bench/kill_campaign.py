@@ -149,9 +149,9 @@ def replay(scenario: Scenario) -> Expected:
             state["failed"] = state["failed"] | dead
             state["switch"] = None
             inst = dataclasses.replace(base, plan=state["layout"], failed_devices=state["failed"])
-            # the HF controller plans no TP change before the first step's checkpoint
+            # bubble filling on, as the controller plans; the HF controller plans no TP change
+            # before the first step's checkpoint
             decision = decide(inst, state["failed"], scenario.policy, deadline=Deadline.after(TIME_LIMIT_S),
-                              bubble_filling=False,  # as the controller plans: see its docstring
                               tp_degrees=scenario.tp_degrees if step > 0 else ())
             chosen = decision.chosen
             assert chosen is not None, decision.reason

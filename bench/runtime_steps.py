@@ -89,12 +89,15 @@ def main() -> None:
                             mtbf_hours_per_device=1.0, name="runtime-bench")
     instance = build_instance(data, "<runtime-bench>")
     runs: dict[str, RunReport] = {}
+    # Bubble filling off: the leave-one-out fit re-prices each generation's plan with
+    # PerfModel.evaluate, which prices a rerouting by its serial shares (Eq. 12/13), not by the
+    # schedule model (solve/bubbles.py) a bubble-filled one is priced at.
     with console.status("failure-free run...") as status:
-        runs["failure-free"] = run_training(instance, args.steps, cores=pinned)
+        runs["failure-free"] = run_training(instance, args.steps, cores=pinned, bubble_filling=False)
         for policy in ("reroute", "reconfigure"):
             status.update(f"{policy} run...")
             runs[policy] = run_training(instance, args.steps, (Failure(args.kill_step, (args.victim,), after_ops=2),),
-                                        policy=policy, cores=pinned)
+                                        policy=policy, cores=pinned, bubble_filling=False)
     auto = plan_recovery(dataclasses.replace(instance, failed_devices=frozenset({args.victim})),
                          frozenset({args.victim}), PlanningOptions("auto", 5.0, bubble_filling=False))
     base = runs["failure-free"]

@@ -36,7 +36,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.solve.backends import DEFAULT, SolverOptions
-from chameleon_opt.solve.bubbles import rerouted_step
+from chameleon_opt.solve.bubbles import BubbleSchedule, rerouted_step
 from chameleon_opt.solve.deadline import Deadline, DeadlinePassed, StageTime
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.reroute import reroute_plan
@@ -183,6 +183,7 @@ class RecoveryOption:
     groups_rebuilt: int = 0       # communicators (TP groups, data-parallel rings) created anew
     bytes_moved: int = 0          # state migrated (or read from the checkpoint) before training resumes
     reshard: CheckpointReshard | None = None  # a TP-degree change: the state is re-sharded from the checkpoint
+    schedule: BubbleSchedule | None = None    # a bubble-filled rerouting: every device's op order, as priced
 
     @property
     def iteration_time_s(self) -> float:
@@ -243,17 +244,19 @@ def reroute_candidate(instance: Instance, failed: frozenset[int], model: PerfMod
         return RecoveryOption("reroute", False, result.reason or result.status.value, solve=result)
     estimate = model.evaluate(result.solution, failed)
     plan, reason = result.solution, f"layout kept; {result.reason}"
+    schedule: BubbleSchedule | None = None
     if bubble_filling and not deadline.expired():
         try:  # the same work in whole micro-batches, placed into the peers' idle time
-            step, how, whole = rerouted_step(model, instance.plan, failed, deadline, options, floor_ok=False)
+            filled = rerouted_step(model, instance.plan, failed, deadline, options, floor_ok=False)
         except InfeasibleError:
-            step = math.inf
+            filled = None
         # The schedule model keeps its own activation limits: the checker's memory model decides.
-        if step < estimate.iteration_time_s * (1 - 1e-9) and \
-                check_plan(instance, whole, failed, require_tp_in_node=False, model=model).ok:
-            plan, reason = whole, f"layout kept; {how} beats the serial shares ({estimate.iteration_time_s:.4g} s)"
-            estimate = dataclasses.replace(model.evaluate(whole, failed), iteration_time_s=step)
-    return RecoveryOption("reroute", True, reason, plan, estimate, 0.0, solve=result)
+        if filled is not None and filled.step_s < estimate.iteration_time_s * (1 - 1e-9) and \
+                check_plan(instance, filled.plan, failed, require_tp_in_node=False, model=model).ok:
+            plan, schedule = filled.plan, filled.schedule
+            reason = f"layout kept; {filled.how} beats the serial shares ({estimate.iteration_time_s:.4g} s)"
+            estimate = dataclasses.replace(model.evaluate(plan, failed), iteration_time_s=filled.step_s)
+    return RecoveryOption("reroute", True, reason, plan, estimate, 0.0, solve=result, schedule=schedule)
 
 
 def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,

@@ -29,6 +29,7 @@ from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.decision import RecoveryOption, decide
 from chameleon_opt.solve.backends import SolverOptions
+from chameleon_opt.solve.bubbles import BubbleSchedule
 from chameleon_opt.solve.deadline import Deadline, StageTime
 from chameleon_opt.solve.result import SolveResult
 from chameleon_opt.solve.target import TARGETS
@@ -85,7 +86,9 @@ class RecoveryDecision:
     rerouting decision to run at once while the search and migration proceed in the background
     (its `candidates` are empty); `transition_s` is then the pause of the switch. `reshard` is set
     when the plan changes the TP degree: no migration moves state, every device reads its new
-    shards from the checkpoint of the last committed step."""
+    shards from the checkpoint of the last committed step. `schedule` is set when the plan is a
+    bubble-filled rerouting: the schedule it was priced at, whose per-device orders the lowering
+    hands each rank as its action list (`RankPlan.actions`)."""
 
     policy: str
     reason: str
@@ -103,6 +106,7 @@ class RecoveryDecision:
     communication: CommInfo | None = None
     stages: tuple[StageTime, ...] = ()
     reshard: CheckpointReshard | None = None
+    schedule: BubbleSchedule | None = None
 
     @property
     def tensor_parallel_changed(self) -> bool:
@@ -150,10 +154,11 @@ def executable(state: Instance, option: RecoveryOption, failed: frozenset[int], 
     # reconfiguration's was re-mapped onto slots since its search, so it is checked again.
     plan = comm.plan if rerouted and comm.plan is option.plan else \
         assert_sound(state, comm.plan, failed, require_tp_in_node=not rerouted)
-    ranks = LoweredPlan(state, plan, migration, rounds, failed)
+    ranks = LoweredPlan(state, plan, migration, rounds, failed, option.schedule)
     return RecoveryDecision(option.policy, reason, failed, state.num_devices, plan, option.estimate,
                             option.transition_s, candidates, migration, tuple(tuple(r) for r in rounds), ranks,
-                            solve=option.solve, communication=comm, stages=stages, reshard=option.reshard)
+                            solve=option.solve, communication=comm, stages=stages, reshard=option.reshard,
+                            schedule=option.schedule)
 
 
 def current_rank_plans(instance: Instance, deadline: Deadline,

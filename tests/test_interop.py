@@ -235,6 +235,25 @@ def test_reroute_ranks_export_lists_no_failed_rank_and_carries_the_rerouted_piec
                        if r["tp_rank"] == 0 and any(w["pipeline"] == 0 for w in r["rerouted"])}
 
 
+def test_a_bubble_filled_rerouting_exports_each_ranks_action_list(tmp_path):
+    """The ranks export of a bubble-filled rerouting carries every rank's order in torch's
+    notation (F, I = input gradient, W = weight gradient): each of its micro-batches once per kind,
+    the lost stage's (pipeline 0's ids 0-3) on the peer that hosts them."""
+    out = tmp_path / "plan.json"
+    done = CliRunner().invoke(app, ["export-plan", "runtime-cpu-4", "--failed", "1", "--policy", "reroute",
+                                    "--format", "ranks", "--time-limit", "2", "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(out.read_text())
+    _validate(doc, export_schema("ranks"), MODELS["ranks"])
+    for row in doc["ranks"]:
+        hosted = sum(w["micro_batches"] for w in row["rerouted"])
+        ids = {a[2:] for a in row["actions"]}
+        assert len(ids) == row["micro_batches"] + hosted  # its own micro-batches and the hosted ones
+        assert sorted(row["actions"]) == sorted(f"{row['stage']}{kind}{mb}" for kind in "FIW" for mb in ids)
+    host = next(r for r in doc["ranks"] if r["device"] == 3)
+    assert {f"1{kind}{k}" for kind in "FIW" for k in range(4)} <= set(host["actions"])
+
+
 @pytest.mark.parametrize("policy", ["reroute", "reconfigure"])
 def test_every_exported_rank_is_the_rank_plan_the_runtime_gets(policy):
     """export-plan's rows are the decision's lowering renamed to new ranks: the same slot, layers,

@@ -67,13 +67,18 @@ def test_failure_free_training_learns(reference_four: RunReport) -> None:
     assert not reference_four.recoveries
 
 
-def test_kill_then_reroute(four, reference_four: RunReport) -> None:
-    run = run_training(four, STEPS, (Failure(step=2, devices=(1,), after_ops=3),), policy="reroute")
+def test_kill_then_reroute_runs_the_bubble_filled_schedule(four, reference_four_fp64: RunReport) -> None:
+    """Device 1 (pipeline 0, stage 1) dies in step 2. The rerouting is bubble-filled: its four
+    micro-batches of stage 1 run on device 3 in the priced schedule's order, the backward split
+    into B (input gradient, sent back at once) and W (weight gradient, deferred into the idle
+    time). float64: losses and final parameters are failure-free training's."""
+    run = run_training(four, STEPS, (Failure(step=2, devices=(1,), after_ops=3),), policy="reroute", dtype="float64")
     assert [r.policy for r in run.recoveries] == ["reroute"]
     assert run.dead == (1,)
-    rerouted = run.generations[-1].plan
-    assert rerouted.rerouted and run.generations[-1].policy == "reroute"
-    assert_same_training(reference_four, run, 1e-4)
+    initial, rerouted = run.generations
+    assert initial.schedule == "1F1B" and (rerouted.policy, rerouted.schedule) == ("reroute", "bubble-filled")
+    assert sum(r.micro_batches for r in rerouted.plan.rerouted if (r.from_pipeline, r.stage) == (0, 1)) == 4
+    assert_same_training(reference_four_fp64, run, 1e-9)
     r = run.recoveries[0]
     assert 0 < r.detection_s < 5 and r.total_s >= r.first_step_s > 0
 

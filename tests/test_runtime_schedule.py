@@ -1,18 +1,22 @@
 """The runtime's operation order (no torch): every lowered plan runs to completion with blocking
-receives and non-blocking sends, forward before backward, and 1F1B's in-flight limit."""
+receives and non-blocking sends, forward before backward, and 1F1B's in-flight limit; a
+bubble-filled rerouting's action lists (split backward: B, then W) too."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
 from chameleon_opt.comm.allreduce import schedule_allreduce
 from chameleon_opt.comm.lowering import lower_plan
-from chameleon_opt.instance.load import load_instance
+from chameleon_opt.instance.load import Instance, build_instance, load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.decision import decide
-from chameleon_opt.runtime.schedule import order_operations, sample_range, work_items
+from chameleon_opt.planning import PlanningOptions, plan_recovery
+from chameleon_opt.runtime.schedule import order_operations, planned_operations, sample_range, work_items
 from chameleon_opt.solve.deadline import Deadline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_blocking(rank_plans: dict, orders: dict, mbs: int) -> None:
     """Execute every rank's order: a receive waits until the sender has run the operation that
-    sends it. Fails on a deadlock (no rank can move)."""
+    sends it (F and B communicate; a split backward's W is local). Fails on a deadlock (no rank
+    can move)."""
     items = {d: work_items(p, mbs) for d, p in rank_plans.items() if p.role == "train"}
     done: set[tuple[int, str, int]] = set()  # (rank, kind, first sample of the piece)
 
@@ -35,11 +40,13 @@ def run_blocking(rank_plans: dict, orders: dict, mbs: int) -> None:
             while cursor[d] < len(ops):
                 kind, i = ops[cursor[d]]
                 it = items[d][i]
-                needs = it.receive_from if kind == "F" else it.send_to
+                needs = {"F": it.receive_from, "B": it.send_to, "W": ()}[kind]
                 if not all(sent(m.peer, kind, m.start) for m in needs):
                     break
                 if kind == "B":
                     assert (d, "F", it.start) in done, "backward before its forward"
+                if kind == "W":
+                    assert (d, "B", it.start) in done, "weight gradient before the input gradient"
                 done.add((d, kind, it.start))
                 cursor[d] += 1
                 moved = True
@@ -80,6 +87,45 @@ def test_every_decided_plan_runs_without_deadlock(name: str, dead: tuple[int, ..
         for kind, _ in ops:
             in_flight += 1 if kind == "F" else -1
             assert in_flight <= cap  # 1F1B: at most stages - stage forwards in flight
+
+
+def three_pipelines() -> Instance:
+    """runtime-cpu-6's devices as PP2 x DP3: a lost stage's micro-batches go to two peers."""
+    data = json.loads((ROOT / "instances" / "runtime-cpu-6.json").read_text())
+    data["plan"]["layout"] = {"pipeline_parallel": 2, "data_parallel": 3}
+    data["training"]["global_batch"] = 24
+    return build_instance(data, "<runtime-cpu-6 as PP2 x DP3>")
+
+
+@pytest.mark.parametrize("name,dead", [("runtime-cpu-4.json", (1,)), ("runtime-cpu-6.json", (1,)),
+                                       ("runtime-cpu-6.json", (0, 5)),  # the two pipelines host each other
+                                       ("PP2 x DP3", (1,))])            # one lost stage, two hosts
+def test_a_bubble_filled_rerouting_runs_its_schedule_without_deadlock(name: str, dead: tuple[int, ...]) -> None:
+    """The decision carries the priced schedule; each rank's action list is its device's order
+    in it (every whole micro-batch F, B, W once), the rerouted micro-batches sit on the peers the
+    schedule chose, and the lists run to completion with blocking receives."""
+    instance = three_pipelines() if name == "PP2 x DP3" else load_instance(ROOT / "instances" / name)
+    failed = frozenset(dead)
+    decision = plan_recovery(dataclasses.replace(instance, failed_devices=failed), failed,
+                             PlanningOptions("reroute", time_limit_s=1.0))
+    schedule = decision.schedule
+    assert schedule is not None, decision.candidates[0].reason
+    plans = dict(decision.rank_plans)
+    orders = planned_operations(plans)
+    assert orders is not None
+    run_blocking(plans, orders, instance.micro_batch_size)
+    offsets = [0]
+    for pipe in decision.plan.pipelines:
+        offsets.append(offsets[-1] + pipe.micro_batches)
+    if name == "PP2 x DP3":
+        assert set(schedule.hosts.values()) == {1, 2}
+    for d, plan in plans.items():
+        slot = (plan.pipeline, plan.stage)
+        assert plan.actions == tuple((kind, offsets[j] + k) for kind, j, k, _ in schedule.orders[slot])
+        assert sorted(plan.actions) == sorted((kind, piece.id) for piece in plan.micro_batches for kind in "BFW")
+        for piece in plan.micro_batches:  # rerouted work on the schedule's host, the rest at home
+            k = piece.id - offsets[piece.pipeline]
+            assert schedule.hosts.get((piece.pipeline, k, plan.stage), piece.pipeline) == plan.pipeline
 
 
 def test_initial_plan_is_1f1b() -> None:

@@ -13,6 +13,10 @@ from the front of j's ids in the order of the entries; shares may be fractional 
 cuts micro-batches into sample groups), so every work item is a piece [lo, hi) of one micro-batch
 (whole ones are [0, 1)). Its `prev` / `next` list the devices (same TP rank) that compute the same
 piece at the neighbouring stage of the owning pipeline, with the overlapping sample fractions.
+
+A bubble-filled rerouting (solve/bubbles.py) also fixes *when*: each train rank gets its device's
+order of the priced schedule as `actions`, (kind, micro-batch id) with the backward split into B
+(input gradient) and W (weight gradient). Without one a runtime orders the work itself.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from chameleon_opt.comm.transfers import Migration
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
+from chameleon_opt.solve.bubbles import BubbleSchedule
 
 FORMAT = 1
 EPS = 1e-9
 
 Piece = tuple[int, float, float, tuple[int, int]]  # (micro-batch id, lo, hi, computing slot)
+Action = tuple[str, int]  # (F | B | W, micro-batch id): one op of a bubble-filled schedule
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,9 @@ class RankPlan:
     allreduce: tuple[Ring, ...] = ()
     transfers: tuple[RankTransfer, ...] = ()
     release_after_round: int | None = None
+    # A bubble-filled rerouting's op order for this rank (F, B = input gradient, W = weight
+    # gradient); empty when the plan fixes no order.
+    actions: tuple[Action, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The rank plan as plain JSON types (format FORMAT; the train-only keys on train ranks only)."""
@@ -181,7 +190,15 @@ class RankPlan:
                     "allreduce": [r.to_json() for r in self.allreduce],
                     "transfers": [t.to_json() for t in self.transfers],
                     "release_after_round": self.release_after_round})
+        if self.actions:
+            out["actions"] = self.torch_actions()
         return out
+
+    def torch_actions(self) -> list[str]:
+        """`actions` in torch pipelining's notation: stage, F, I (a split backward's B: torch's
+        input gradient) or W, micro-batch id (`1F4`, `1I4`, `1W4`)."""
+        split = any(kind == "W" for kind, _ in self.actions)
+        return [f"{self.stage}{'I' if split and kind == 'B' else kind}{mb}" for kind, mb in self.actions]
 
 
 def module_names(num_layers: int, first: int, end: int) -> list[str]:
@@ -242,8 +259,10 @@ class LoweredPlan(Mapping[int, RankPlan]):
     for its own rank only, and a decision at 16,384 devices need not lower every rank."""
 
     def __init__(self, instance: Instance, plan: Plan, migration: Migration | None,
-                 allreduce_rounds: list[list[str]], failed: frozenset[int] | None = None) -> None:
+                 allreduce_rounds: list[list[str]], failed: frozenset[int] | None = None,
+                 schedule: BubbleSchedule | None = None) -> None:
         self.instance, self.plan, self.migration, self.rounds = instance, plan, migration, allreduce_rounds
+        self.schedule = schedule
         self.failed = instance.failed_devices if failed is None else failed
         self.slot_of = {d: (j, s) for j, pipe in enumerate(plan.pipelines) for s, stage in enumerate(pipe.stages)
                         if not self.failed.intersection(stage.devices) for d in stage.devices}
@@ -343,8 +362,25 @@ class LoweredPlan(Mapping[int, RankPlan]):
             layers=(stage.first, stage.end), modules=tuple(module_names(num_layers, stage.first, stage.end)),
             tied_embedding=bool(tied and (stage.first == 0 or stage.end == num_layers)),
             prev_device=self._neighbour((j, s - 1), rank), next_device=self._neighbour((j, s + 1), rank),
-            micro_batches=items, allreduce=rings, transfers=moves, release_after_round=release)
+            micro_batches=items, allreduce=rings, transfers=moves, release_after_round=release,
+            actions=self._actions((j, s), items))
         return self._cache[d]
+
+    def _actions(self, slot: tuple[int, int], items: tuple[WorkPiece, ...]) -> tuple[Action, ...]:
+        """The schedule's order of `slot` in global micro-batch ids, checked against the slot's
+        pieces: every piece whole and run once per kind (the rerouted plan must be the one the
+        schedule placed, `bubbles.whole_reroutes`)."""
+        if self.schedule is None:
+            return ()
+        offsets = [0]
+        for pipe in self.plan.pipelines:
+            offsets.append(offsets[-1] + pipe.micro_batches)
+        actions = tuple((kind, offsets[j] + k) for kind, j, k, _ in self.schedule.orders.get(slot, ()))
+        kinds = sorted({kind for kind, _ in actions})
+        expected = sorted((kind, piece.id) for piece in items for kind in kinds)
+        if any((piece.lo, piece.hi) != (0.0, 1.0) for piece in items) or sorted(actions) != expected:
+            raise ValueError(f"slot {slot}: the bubble schedule's operations are not the plan's micro-batches")
+        return actions
 
 
 def absent_rank_plan(instance: Instance, device: int, role: Literal["idle", "failed"]) -> RankPlan:

@@ -118,6 +118,10 @@ class RankWork(_Strict):
                                              "micro-batch pieces with the ranks that send its activations (prev) "
                                              "and receive them (next) instead of prev_rank / next_rank; empty "
                                              "otherwise")
+    actions: list[str] = Field(default_factory=list, description="a bubble-filled rerouting's order of this "
+                               "rank's operations, in torch pipelining's notation: stage, F (forward), I (input "
+                               "gradient) or W (weight gradient), global micro-batch id (a piece's id), e.g. "
+                               "1F4 1I4 1W4; empty when the trainer orders the work itself")
 
 
 class TorchtitanParallelism(_Strict):
@@ -326,7 +330,7 @@ def rank_work(rp: RankPlan, ranks: dict[int, int], num_layers: int, vocabulary: 
                     layers=(first, end),
                     modules=[m for layer in range(first, end) for m in module_names(layer, num_layers, vocabulary)],
                     micro_batches=_own_micro_batches(rp), micro_batch_size=mbs, rerouted=rerouted,
-                    rerouted_neighbours=relinked)
+                    rerouted_neighbours=relinked, actions=rp.torch_actions())
 
 
 def torchtitan_head_name(config: dict[str, Any] | None, era: str) -> str:

@@ -43,13 +43,14 @@ class ReCycle(Policy):
             return self.start(state)
         model = self.model(state.instance)
         try:
-            step, how, plan = rerouted_step(model, state.layout, state.dead, Deadline.after(self.time_limit_s))
+            rerouted = rerouted_step(model, state.layout, state.dead, Deadline.after(self.time_limit_s))
         except (InfeasibleError, ValueError) as error:
             return restart_response(self, state, f"ReCycle cannot reroute ({error})", self.restart_s,
                                     self.interval_s / 2, self.time_limit_s)
         lost_iteration = model.evaluate(state.layout).iteration_time_s
         if state.kind == "repair":
-            return Response(plan, step, self.rejoin_cost_s(state, state.layout),
+            return Response(rerouted.plan, rerouted.step_s, self.rejoin_cost_s(state, state.layout),
                             "repaired devices rejoin their slots (state copied from a peer)", "rejoin")
-        return Response(plan, step, lost_iteration, f"rerouted to data-parallel peers: {how}; one lost iteration",
+        return Response(rerouted.plan, rerouted.step_s, lost_iteration,
+                        f"rerouted to data-parallel peers: {rerouted.how}; one lost iteration",
                         "reroute")

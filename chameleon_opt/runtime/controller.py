@@ -18,11 +18,18 @@ A failed device can come back (`Rejoin`) as a fresh worker process with no state
 decides its return (`rejoin.plan_join`) and the next generation admits it and gives it its state
 by the planned transfers, the same migration a reconfiguration runs.
 
-The planner prices what the workers run. They run each rank's order from `runtime.schedule`
-(a 1F1B list schedule), not the bubble-filling model's CP-SAT orders (solve/bubbles.py). So bubble
-filling is off by default here: the rerouting is priced by its serial shares (Eq. 12/13). With it
-on, the rerouting would be priced at a schedule the workers do not follow, and proving that
-schedule can take most of the time limit (3.2 s of 5 s planning two failures on runtime-cpu-6).
+The planner prices what the workers run. A bubble-filled rerouting (bubble filling is on by
+default) is priced at a schedule (solve/bubbles.py) whose per-device orders reach each rank as its
+action list (`RankPlan.actions`): the workers run exactly those orders, with the backward split
+into B (input gradient) and W (weight gradient, deferred into the bubbles), and the micro-batches
+of a lost stage go to the peers the schedule placed them on. Every other plan (a reconfiguration,
+a rerouting priced by its serial shares, Eq. 12/13) runs each rank's order from `runtime.schedule`
+(a 1F1B list schedule, full backward). Each `Generation` records which one it ran. The schedule
+model is solved inside the decision's deadline (`time_limit_s`; CP-SAT stops there with its best
+order, or the serial one), and `Recovery.planning_s` includes it: 10-30 ms where CP-SAT proves its
+order optimal (runtime-cpu-4 losing device 1), but up to the rerouting's whole share where it
+cannot (losing device 2: 4.5 s of the 5 s limit under policy reroute, 1.4 s under auto, for a 9%
+faster step). Pass `bubble_filling=False` to price every rerouting by its serial shares.
 
 Every committed step is checked: every sample of the global batch got exactly one loss.
 """
@@ -56,7 +63,7 @@ from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime.cores import start_worker
 from chameleon_opt.runtime.gpt import GPTConfig
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, step_loss
-from chameleon_opt.runtime.schedule import order_operations
+from chameleon_opt.runtime.schedule import order_operations, planned_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
 from chameleon_opt.solve.deadline import Deadline
 
@@ -118,6 +125,7 @@ class Generation:
     plan: Plan
     predicted_step_s: float
     first_step: int
+    schedule: str = "1F1B"   # "bubble-filled": the plan's action lists, split backward; else the runtime's 1F1B list
     step_times_s: list[float] = field(default_factory=list)
 
 
@@ -156,7 +164,7 @@ class Controller:
 
     def __init__(self, instance: Instance, *, policy: str = "auto", seed: int = 0, dtype: str = "float32",
                  time_limit_s: float = 5.0, group_timeout_s: float = 30.0,
-                 progress: Callable[[str], None] | None = None, bubble_filling: bool = False,
+                 progress: Callable[[str], None] | None = None, bubble_filling: bool = True,
                  silent_s: float = SILENT_S, cores: Sequence[int] | None = None) -> None:
         self.instance, self.policy, self.seed, self.dtype = instance, policy, seed, dtype
         self.cores = cores   # cores[device]: its own core (runtime/cores.py), or shared cores when None
@@ -252,7 +260,10 @@ class Controller:
         inst = dataclasses.replace(self.instance, plan=self.layout, failed_devices=self.failed)
         if rank_plans is None:
             rank_plans = LoweredPlan(inst, run_plan, migration, rounds, self.failed)
-        orders = order_operations(rank_plans, self.mbs)
+        orders = planned_operations(rank_plans)
+        schedule = "1F1B" if orders is None else "bubble-filled"
+        if orders is None:
+            orders = order_operations(rank_plans, self.mbs)
         if recovery is not None:
             recovery.planning_s += time.perf_counter() - t0
         index = len(self.generations)
@@ -287,10 +298,11 @@ class Controller:
         if recovery is not None:
             recovery.group_s = max(r["group_s"] for r in replies.values())
             recovery.migration_s = max(r["migration_s"] for r in replies.values())
-        self.generations.append(Generation(index, policy, run_plan, predicted_s, step))
+        self.generations.append(Generation(index, policy, run_plan, predicted_s, step, schedule))
         self.layout = dataclasses.replace(run_plan, rerouted=())
         self.layouts.append(self.layout)
-        self._event("generation", f"{index}: {policy}, {len(run_plan.pipelines)} pipelines, predicted step "
+        self._event("generation", f"{index}: {policy}, {len(run_plan.pipelines)} pipelines, {schedule} schedule, "
+                                  f"predicted step "
                                   f"{predicted_s * 1e3:.1f} ms, migration {0 if migration is None else migration.total_bytes:,} B")
         return True
 

@@ -45,7 +45,7 @@ def report_json(report: "RunReport", reference: "RunReport | None", global_batch
     gens = []
     for g in report.generations:
         measured = sorted(g.step_times_s)[len(g.step_times_s) // 2] if g.step_times_s else None
-        gens.append({"index": g.index, "policy": g.policy, "first_step": g.first_step,
+        gens.append({"index": g.index, "policy": g.policy, "schedule": g.schedule, "first_step": g.first_step,
                      "pipelines": len(g.plan.pipelines), "devices": len(set(g.plan.devices) - set(report.dead)),
                      "predicted_step_s": g.predicted_step_s, "measured_median_step_s": measured,
                      "steps": len(g.step_times_s)})

@@ -13,6 +13,16 @@ micro-batch counts or rerouted pieces.
 Samples: a piece [lo, hi) of micro-batch `id` covers global samples
 [id x mbs + round(lo x mbs), id x mbs + round(hi x mbs)); every rank rounds the same way, so
 neighbouring pieces agree on the samples they exchange and the pieces of a micro-batch partition it.
+
+A bubble-filled rerouting comes with its order already fixed (`RankPlan.actions`, the priced
+schedule of solve/bubbles.py): `planned_operations` takes it as is, with the backward split into
+B (input gradient, which the previous stage waits for) and W (weight gradient, local). It cannot
+deadlock either. The schedule was re-timed (`bubbles.retime`): every op starts after the ops it
+receives from end, and each rank's order is by start time. Suppose ranks were stuck, and take the
+stuck receive whose op o starts earliest; it waits on an op p of rank r, which ends before o
+starts. Had r run p, its send would be posted (sends never block) and o would not wait; so r is
+stuck at an op at or before p, which starts no later than p, before o: o was not the earliest.
+W receives and sends nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from dataclasses import dataclass
 
 from chameleon_opt.comm.lowering import Link, RankPlan
 
-Op = tuple[str, int]  # ("F" | "B", index into the rank plan's micro_batches)
+Op = tuple[str, int]  # ("F" | "B" | "W", index into the rank plan's micro_batches)
 
 
 def sample_range(mb: int, lo: float, hi: float, mbs: int) -> tuple[int, int]:
@@ -88,6 +98,23 @@ def order_operations(rank_plans: Mapping[int, RankPlan], mbs: int) -> dict[int, 
         if order is not None:
             return order
     raise AssertionError("the operation graph of the lowered plan has a cycle (a lowering bug)")
+
+
+def planned_operations(rank_plans: Mapping[int, RankPlan]) -> dict[int, list[Op]] | None:
+    """Rank -> its operations in the order the plan fixed (`RankPlan.actions`), or None when the
+    plan fixes none (then `order_operations` orders them). Every train rank with work in such a
+    plan has one."""
+    trainers = {d: p for d, p in rank_plans.items() if p.role == "train"}
+    if not any(p.actions for p in trainers.values()):
+        return None
+    missing = sorted(d for d, p in trainers.items() if p.micro_batches and not p.actions)
+    if missing:
+        raise ValueError(f"ranks {missing} have work but no action list while others have one")
+    orders = {}
+    for d, plan in trainers.items():
+        index = {piece.id: i for i, piece in enumerate(plan.micro_batches)}
+        orders[d] = [(kind, index[mb]) for kind, mb in plan.actions]
+    return orders
 
 
 def _owner(items: dict[int, list[WorkItem | None]], device: int, sample: int) -> int:
@@ -167,12 +194,14 @@ def _list_schedule(trainers: dict[int, RankPlan], items: dict[int, list[WorkItem
 
 def torch_actions(rank_plan: RankPlan, ops: list[Op]) -> list[str]:
     """A rank's operation order in torch.distributed.pipelining's action notation: stage index,
-    F or B, micro-batch id (`0F0`, `1B3`), so that this scheduler's orders (rerouted plans run on
-    it) read side by side with torch's schedules. A piece of a micro-batch (rerouted work) keeps
+    computation, micro-batch id (`0F0`, `1B3`), so that this scheduler's orders (rerouted plans run
+    on it) read side by side with torch's schedules. With the backward split, B is torch's `I`
+    (input gradient) and W its `W` (`1I3`, `1W3`). A piece of a micro-batch (rerouted work) keeps
     its fraction: `1F3[0.5:1]`."""
+    split = any(kind == "W" for kind, _ in ops)
     out = []
     for kind, i in ops:
         entry = rank_plan.micro_batches[i]
         piece = "" if (entry.lo, entry.hi) == (0.0, 1.0) else f"[{entry.lo:g}:{entry.hi:g}]"
-        out.append(f"{rank_plan.stage}{kind}{entry.id}{piece}")
+        out.append(f"{rank_plan.stage}{'I' if split and kind == 'B' else kind}{entry.id}{piece}")
     return out

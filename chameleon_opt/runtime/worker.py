@@ -7,7 +7,9 @@ The worker holds model state per layer (module + AdamW moments), runs the work i
   earlier generations never collide), the all-reduce ring groups, then run the migration rounds
   of the transfer schedule; reply `ready` (with timings) or `failed`. Old state is kept until
   `go`, so an aborted transition (a failure during it) loses nothing: `discard` drops what arrived.
-- `step k`: run the ordered forward/backward operations of global batch k, then the gradient
+- `step k`: run the ordered forward/backward operations of global batch k (with a bubble-filled
+  rerouting's action list the backward is split, `runtime/split_backward.py`: B computes only the
+  input gradient, which the previous stage waits for, and W later the weight gradients), then the gradient
   all-reduce rings round by round (asynchronous within a round); reply `ready` with the per-sample
   losses of the pieces whose loss it computed. The optimizer steps only on `commit`, after every
   rank is ready: a step interrupted by a failure is redone whole, never half-applied (`abort`).
@@ -26,6 +28,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,6 +40,7 @@ from chameleon_opt.comm.lowering import RankPlan, RankTransfer
 from chameleon_opt.runtime.replies import start_heartbeat
 from chameleon_opt.runtime.gpt import GPTConfig, batch_tokens, build_layer, sample_loss, state_elements
 from chameleon_opt.runtime.schedule import WorkItem, work_items
+from chameleon_opt.runtime.split_backward import split_backward
 
 LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.01
@@ -269,6 +273,9 @@ class Worker:
         items = work_items(plan, spec.micro_batch_size)
         tokens = batch_tokens(spec.model, spec.seed, step, spec.global_batch)
         saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        split = any(kind == "W" for kind, _ in self.ops)  # a bubble-filled schedule's B / W
+        params = [p for module in modules for p in module.parameters()]
+        deferred: dict[int, Callable[[], None]] = {}  # micro-batch -> its W
         sends, losses, compute_s = [], {}, 0.0
         shape = (spec.model.seq_len, spec.model.hidden)
         for count, (kind, i) in enumerate(self.ops):
@@ -294,14 +301,22 @@ class Worker:
                 saved[i] = (x, out)
                 if not has_head:
                     sends += self._send(item.send_to, item, out.detach(), backward=False)
-            else:
-                x, out = saved.pop(i)
+            elif kind == "B":
+                x, out = saved.pop(i)  # a split's W keeps what it needs of the graph
                 grad = None if has_head else self._receive(item.send_to, shape, backward=True)
                 c0 = time.perf_counter()
-                out.backward(grad)
+                if split:
+                    x_grad, deferred[i] = split_backward(out, x, grad, params)
+                else:
+                    out.backward(grad)
+                    x_grad = x.grad if x is not None else None
                 compute_s += time.perf_counter() - c0
-                if x is not None:
-                    sends += self._send(item.receive_from, item, x.grad, backward=True)
+                if x_grad is not None:
+                    sends += self._send(item.receive_from, item, x_grad, backward=True)
+            else:  # W: the weight gradients B left for later
+                c0 = time.perf_counter()
+                deferred.pop(i)()
+                compute_s += time.perf_counter() - c0
         for w in sends:
             w.wait()
         return losses, compute_s

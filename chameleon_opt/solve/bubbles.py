@@ -388,17 +388,35 @@ def optimistic_floor(problem: BubbleProblem, failure_free_s: float) -> float:
 
 
 def whole_reroutes(layout: Plan, hosts: dict[tuple[int, int, int], int]) -> Plan:
-    """The layout with each failed slot's micro-batches given whole to the peers that host them."""
-    counts: dict[tuple[int, int, int], int] = {}
-    for (j, _, s), h in hosts.items():
-        counts[(j, s, h)] = counts.get((j, s, h), 0) + 1
-    return Plan(layout.tensor_parallel, layout.pipelines,
-                tuple(Reroute(j, s, h, float(n)) for (j, s, h), n in sorted(counts.items())))
+    """The layout with each failed slot's micro-batches given whole to the peers that host them,
+    as runs of consecutive micro-batches in micro-batch order: the lowering cuts a failed slot's
+    work from the front in the order of its entries (comm/lowering.py `stage_work`), so micro-batch
+    k of the pipeline lands on exactly the peer the schedule placed it on."""
+    runs: list[Reroute] = []
+    for (j, k, s), h in sorted(hosts.items(), key=lambda item: (item[0][0], item[0][2], item[0][1])):
+        last = runs[-1] if runs else None
+        if last is not None and (last.from_pipeline, last.stage, last.to_pipeline) == (j, s, h):
+            runs[-1] = Reroute(j, s, h, last.micro_batches + 1.0)
+        else:
+            runs.append(Reroute(j, s, h, 1.0))
+    return Plan(layout.tensor_parallel, layout.pipelines, tuple(runs))
+
+
+@dataclass(frozen=True)
+class ReroutedStep:
+    """A rerouting's priced step: its time, how it was found, the plan, and the schedule it was
+    priced at (None when priced by Eq. 12/13's serial shares or the optimistic floor, which no
+    runtime can follow op by op)."""
+
+    step_s: float
+    how: str
+    plan: Plan
+    schedule: BubbleSchedule | None = None
 
 
 def rerouted_step(model: PerfModel, layout: Plan, dead: frozenset[int], deadline: Deadline,
-                  options: SolverOptions = DEFAULT, floor_ok: bool = True) -> tuple[float, str, Plan]:
-    """(step, how, plan) of the layout with the failed slots' whole micro-batches filled into the
+                  options: SolverOptions = DEFAULT, floor_ok: bool = True) -> ReroutedStep:
+    """The step of the layout with the failed slots' whole micro-batches filled into the
     peers' idle time: the schedule model's makespan plus the gradient all-reduce and optimizer
     step. Beyond MAX_BUBBLE_OPS the schedule is not built: with `floor_ok` the optimistic floor
     is returned (for a baseline, so that it is never undersold), else the serial step. Raises
@@ -408,24 +426,24 @@ def rerouted_step(model: PerfModel, layout: Plan, dead: frozenset[int], deadline
     sync = estimate.data_parallel_s + estimate.optimizer_s
     problem = problem_for(model, layout, dead)
     if problem is None:
-        return estimate.iteration_time_s, "serial (Eq. 12/13): the layout is not uniform", rerouted
+        return ReroutedStep(estimate.iteration_time_s, "serial (Eq. 12/13): the layout is not uniform", rerouted)
     try:
         whole = whole_reroutes(layout, even_hosts(problem))
     except ValueError as error:
         raise InfeasibleError(str(error)) from None
     if len(problem.ops()) > MAX_BUBBLE_OPS:
         if not floor_ok:
-            return estimate.iteration_time_s, "serial (Eq. 12/13): too many operations for the schedule model", \
-                rerouted
+            return ReroutedStep(estimate.iteration_time_s,
+                                "serial (Eq. 12/13): too many operations for the schedule model", rerouted)
         failure_free = model.evaluate(layout).iteration_time_s - sync
-        return optimistic_floor(problem, failure_free) + sync, (
+        return ReroutedStep(optimistic_floor(problem, failure_free) + sync, (
             f"bubble-filled floor ({len(problem.ops())} operations exceed the schedule model's "
-            f"{MAX_BUBBLE_OPS}: the least step any bubble filling could reach)"), whole
+            f"{MAX_BUBBLE_OPS}: the least step any bubble filling could reach)"), whole)
     try:
         result = solve_bubbles(problem, deadline, options)
     except ValueError as error:
-        return estimate.iteration_time_s, f"serial (Eq. 12/13): {error}", rerouted
+        return ReroutedStep(estimate.iteration_time_s, f"serial (Eq. 12/13): {error}", rerouted)
     if result.solution is None:
-        return estimate.iteration_time_s, f"serial (Eq. 12/13): {result.reason}", rerouted
-    return result.objective + sync, f"bubble-filled schedule ({result.status.value}, CP-SAT)", \
-        whole_reroutes(layout, result.solution.hosts)
+        return ReroutedStep(estimate.iteration_time_s, f"serial (Eq. 12/13): {result.reason}", rerouted)
+    return ReroutedStep(result.objective + sync, f"bubble-filled schedule ({result.status.value}, CP-SAT)",
+                        whole_reroutes(layout, result.solution.hosts), result.solution)
