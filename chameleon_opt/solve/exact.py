@@ -71,8 +71,9 @@ per-stage closed-form bound."""
 TABLE_BUDGET = 500_000
 """Most steps of the relaxation's cover and completion tables (groups x micro-batches^2 x stages)."""
 COUNTED_BUDGET = 20_000_000
-"""Most steps of the pipeline-counted table (`Relaxation.counted_table`, vectorised: the cover's steps
-times the pipeline counts); beyond, the reported floor is the pipeline time's alone."""
+"""Most steps of the pipeline-counted tables (`Relaxation.counted_table`, vectorised: the cover's steps
+times the pipeline counts, once per least stage count); beyond, the reported floor is the pipeline
+time's alone (none affordable) or takes the least stage counts that were."""
 TYPED_BUDGET = 5_000_000
 """Most (state, kinds of one pipeline, n, m) steps of the type-aware cover tables (vectorised); beyond,
 or beyond CROSSING_BUDGET (split, order of kinds) pairs, the relaxation lets every group be of the
@@ -249,7 +250,8 @@ class Relaxation:
         self.cover: list[list[float]] = []
         self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
-        self.counted: list[list[float]] | None = None  # with the pipelines counted, when affordable
+        # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
+        self.counted: list[list[list[float]]] = []
         # per layer: its least optimizer step over the device types and reliefs (a stage's is a sum)
         self.update = [min(model.optimizer_time(group, layer, layer + 1, relief)
                            for group in self.representative.values() for relief in model.relief_options)
@@ -286,9 +288,11 @@ class Relaxation:
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
-        if len(self.cover) * self.table_steps * min(self.groups, self.total) <= COUNTED_BUDGET \
-                and not deadline.expired():
-            self.counted = self.counted_table(lower)
+        steps = len(self.cover) * self.table_steps * min(self.groups, self.total)
+        for least in range(1, self.longest + 1):  # least stage count: the first is the plain counted table
+            if least * steps > COUNTED_BUDGET or deadline.expired():
+                break
+            self.counted.append(self.counted_table(lower, least))
         return True
 
     def lower_times(self, deadline: Deadline) -> dict[tuple[int, ...], list[float]] | None:
@@ -437,12 +441,14 @@ class Relaxation:
         completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
         return capped.tolist(), completion.tolist()
 
-    def counted_table(self, lower: dict[tuple[int, ...], list[float]]) -> list[list[float]]:
-        """counted[P][state]: least makespan of exactly P pipelines running the whole batch on at most
-        the groups of `state` (the cover relaxation with the pipelines counted: the all-reduce floor
-        grows with P, `ExactSearch.floor`). The same programme as `cover_tables`, once per P."""
+    def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1) -> list[list[float]]:
+        """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
+        running the whole batch on at most the groups of `state` (the cover relaxation with the
+        pipelines counted: the all-reduce floor grows with P, and with the shortest pipeline's stage
+        count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P."""
         total = self.total
         comps, level, shift, items = self._programme(lower)
+        items = [item for item in items if item[0] >= least]
         previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
@@ -515,21 +521,26 @@ class ExactSearch:
 
     def floor(self) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
-        counted (`Relaxation.counted`), min over P of the least makespan of P pipelines plus the
-        least all-reduce of P replicas and the least optimizer step (the shortest pipeline has at
-        most G / P stages, so one of its stages holds at least `_largest_stage` of the gradients, and
-        one takes at least `_largest_stage` of the layers' least optimizer steps); else the
-        pipeline-time floor alone."""
+        counted (`Relaxation.counted`), min over P pipelines and the shortest one's stage count s
+        (at most G / P) of the least makespan of P pipelines of at least s stages each, plus the
+        least all-reduce of P replicas and the least optimizer step (one of the shortest pipeline's
+        stages holds at least `_largest_stage(., s)` of the gradients and of the layers' least
+        optimizer steps); else the pipeline-time floor alone. Coupling s matters: the fewest
+        stages make the cheapest pipelines (no sends) but the largest rings."""
         relaxation = self.relaxation
-        if relaxation.counted is None:
+        if not relaxation.counted:
             return relaxation.cover[self.root][self.total]
         grad = (self.model.workload.params * self.model.grad_bytes / self.tp).tolist()
+        longest = min(self.groups, self.layers)
+        # per shortest stage count s: the largest stage's gradient bytes and optimizer step at least
+        largest = {s: (_largest_stage(grad, s), _largest_stage(relaxation.update, s)) for s in range(1, longest + 1)}
         floors = []
-        for p in range(1, len(relaxation.counted)):
-            shortest = min(self.groups // p, self.layers)
-            floors.append(relaxation.counted[p][self.root] + self.ring_bound(p, _largest_stage(grad, shortest))
-                          + _largest_stage(relaxation.update, shortest))
-        return min(floors)
+        for p in range(1, len(relaxation.counted[0])):
+            for shortest in range(1, min(self.groups // p, self.layers) + 1):
+                table = relaxation.counted[min(shortest, len(relaxation.counted)) - 1]  # fewer: a lower table
+                grad_bytes, update = largest[shortest]
+                floors.append(table[p][self.root] + self.ring_bound(p, grad_bytes) + update)
+        return min(floors, default=math.inf)
 
     @staticmethod
     def split_count(layers: int, longest: int) -> int:
