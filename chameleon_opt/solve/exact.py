@@ -27,7 +27,8 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   state; one kind for all types when the tables would be too large): a pipeline taking v_k groups
   of type k costs at least lower(v, m), every stage range at its type's fastest relief, in every
   order of the types along the pipeline, boundary sends at the faster link except the node
-  crossings a pipeline longer than a node must make, so
+  crossings a pipeline longer than a node must make (runs of stages in one node hold at most a
+  node's groups: every minimal set of crossings that allows is tried), so
       cover(state, n) = min(cover(state - e_k, n), min over v <= state, m <= n of
                         max(lower(v, m), cover(state - v, n - m)))
   and no plan is priced with more fast groups than the cluster has; lower(v, m) counts only splits
@@ -192,6 +193,25 @@ def _largest_stage(sizes: list[float], stages: int) -> float:
     return best[-1]
 
 
+def _crossing_sets(stages: int, most: int) -> list[tuple[int, ...]]:
+    """The minimal sets of node-crossing boundaries (boundary b: between stages b and b + 1) of a
+    pipeline of `stages` stages when no node holds more than `most` of its groups: stages between
+    two crossings share a node, so every run is at most `most` long, and every placement crosses
+    at least the boundaries of one of these sets (more crossings only send more)."""
+    found: list[tuple[int, ...]] = []
+
+    def extend(start: int, chosen: tuple[int, ...]) -> None:
+        if stages - start <= most:  # the rest fits in one node: minimal if no crossing can be dropped
+            runs = [b - a for a, b in zip((0,) + tuple(c + 1 for c in chosen), tuple(c + 1 for c in chosen) + (stages,))]
+            if all(x + y > most for x, y in zip(runs, runs[1:])):
+                found.append(chosen)
+        for boundary in range(start, min(start + most, stages - 1)):  # this run: stages start..boundary
+            extend(boundary + 1, chosen + (boundary,))
+
+    extend(0, ())
+    return found
+
+
 def _compositions(layers: int, stages: int) -> list[tuple[int, ...]]:
     """Every boundary tuple (0, b1, ..., layers) of `stages` non-empty contiguous stages."""
     return [(0,) + cut + (layers,) for cut in itertools.combinations(range(1, layers), stages - 1)]
@@ -300,8 +320,9 @@ class Relaxation:
         groups of each kind k, running m micro-batches (None past `deadline`). Each stage range takes
         its fastest forward and backward over its kind's device types and the supported reliefs, for
         every order of the kinds along the pipeline; each boundary its send on the faster link,
-        except that a pipeline longer than a node's groups crosses nodes at least
-        ceil(S / groups per node) - 1 times (every choice of those boundaries is tried). The time of
+        except that a pipeline longer than a node's groups crosses nodes so that no run of stages
+        between crossings is longer than a node's groups (`_crossing_sets`: every minimal such
+        choice is tried). The time of
         those operations, minimised over the layer splits and orders, is the exact 1F1B longest path
         (monotone in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the
         per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
@@ -321,11 +342,10 @@ class Relaxation:
         inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
         intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
         cheap = np.minimum(intra, inter)
-        choices = {}
+        choices = {}  # per stage count: the node-crossing boundary sets tried (none: every send cheap)
         for stages, splits in self.splits.items():
-            crossings = max(-(-stages // self.most_per_node) - 1, 0)
-            choices[stages] = list(itertools.combinations(range(stages - 1), crossings)) \
-                if math.comb(stages - 1, crossings) * len(splits) <= CROSSING_BUDGET else [()]
+            crossings = _crossing_sets(stages, self.most_per_node)
+            choices[stages] = crossings if len(crossings) * len(splits) <= CROSSING_BUDGET else [()]
         orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
         units = sum(len(splits) * len(choices[s]) * sum(len(orders[v]) for v in self.profiles[s]) * s * m
                     for s, splits in self.splits.items() for m in range(1, self.total + 1))
