@@ -22,9 +22,10 @@ import itertools
 import math
 from collections.abc import Iterator
 
+import numpy as np
+
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
-from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
@@ -94,17 +95,24 @@ def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, d
     grad = model.workload.params * model.grad_bytes / tp
     link = Link(max(model.intra.bandwidth, model.inter.bandwidth), min(model.intra.latency, model.inter.latency))
     # candidates (estimate, stages, split, pipelines): the estimate only orders them and skips the hopeless
+    # per layer on the fastest group: forward + backward, and optimizer step (a stage's are sums)
+    work = np.cumsum([0.0] + [sum(model.stage_times(fastest, layer, layer + 1, relief)[:2]) for layer in range(layers)])
+    steps = np.cumsum([0.0] + [model.optimizer_time(fastest, layer, layer + 1, relief) for layer in range(layers)])
+    sizes = np.cumsum(np.concatenate([[0.0], grad]))
     candidates = []
     for stages in range(1, longest + 1):
+        if deadline.expired():
+            return []
         for cut in itertools.combinations(range(1, layers), stages - 1):
-            bounds = (0,) + cut + (layers,)
-            times = [model.stage_times(fastest, bounds[s], bounds[s + 1], relief)[:2] for s in range(stages)]
-            update = max(model.optimizer_time(fastest, bounds[s], bounds[s + 1], relief) for s in range(stages))
-            largest = max(float(grad[bounds[s]:bounds[s + 1]].sum()) for s in range(stages))
+            b = np.array((0,) + cut + (layers,))
+            per_stage = work[b[1:]] - work[b[:-1]]
+            update = float((steps[b[1:]] - steps[b[:-1]]).max())
+            largest = float((sizes[b[1:]] - sizes[b[:-1]]).max())
             for count in range(1, min(total, len(groups) // stages) + 1):
-                estimate = one_f_one_b_time([t[0] for t in times], [t[1] for t in times], -(-total // count)) \
+                # the 1F1B floor: all the work once, the slowest stage for every further micro-batch
+                estimate = float(per_stage.sum() + (-(-total // count) - 1) * per_stage.max()) \
                     + update + ring_allreduce_time(largest, count, link)
-                candidates.append((estimate, stages, bounds, count))
+                candidates.append((estimate, stages, tuple(int(x) for x in b), count))
     candidates.sort()
     found: list[tuple[Plan, float]] = []
     best = math.inf
