@@ -133,13 +133,56 @@ def _groupings(devices: list[int], tp: int, limit: int) -> list[list[tuple[int, 
     return found if extend(sorted(devices), [], 0) else None
 
 
+def _dominates(model: PerfModel, group: tuple[int, ...], other: tuple[int, ...]) -> bool:
+    """Whether a TP group of `group`'s stage device type is never worse than one of `other`'s in the
+    same node: under every relief and on every layer range no slower forward, backward or optimizer
+    step, per layer no more state or activation bytes, and as much room for them (what the model
+    reads of a group beside its node and size: a plan keeps its step and memory fit, or improves,
+    when such a group replaces the other)."""
+    layers = model.workload.num_layers
+    for relief in model.relief_options:
+        mine, theirs = model.layer_costs(group, 1, relief), model.layer_costs(other, 1, relief)
+        if mine.capacity_bytes < theirs.capacity_bytes or mine.transient_bytes > theirs.transient_bytes \
+                or (mine.static_bytes > theirs.static_bytes).any() \
+                or (mine.activation_bytes > theirs.activation_bytes).any():
+            return False
+        for first in range(layers):
+            for end in range(first + 1, layers + 1):
+                fast, slow = model.stage_times(group, first, end, relief), model.stage_times(other, first, end, relief)
+                if fast[0] > slow[0] or fast[1] > slow[1] or \
+                        model.optimizer_time(group, first, end, relief) > model.optimizer_time(other, first, end, relief):
+                    return False
+    return True
+
+
+def _covers(mine: tuple[str, ...], theirs: tuple[str, ...], better: dict[tuple[str, str], bool]) -> bool:
+    """Whether each group type of `theirs` can be matched to its own group type of `mine` that
+    dominates it (`better[a, b]`: a dominates b); a bipartite matching by augmenting paths."""
+    owner: dict[int, int] = {}  # index in mine -> index in theirs matched to it
+
+    def augment(j: int, seen: set[int]) -> bool:
+        for i, name in enumerate(mine):
+            if i not in seen and better[name, theirs[j]]:
+                seen.add(i)
+                if i not in owner or augment(owner[i], seen):
+                    owner[i] = j
+                    return True
+        return False
+
+    return len(mine) == len(theirs) and all(augment(j, set()) for j in range(len(theirs)))
+
+
 def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp: int,
                 deadline: Deadline = Deadline.never()) -> list[list[tuple[int, ...]]] | None:
     """Distinct sets of TP groups the survivors can form (one per combination of the nodes'
-    group-type multisets); None when a node has too many groupings to enumerate, when the
-    combinations number more than INVENTORY_BUDGET (counted before any is built), or past
-    `deadline`."""
+    group-type multisets, less those dominated: a node's multiset whose groups each map to their
+    own group of another multiset of the same node with a type that dominates theirs, `_dominates`,
+    is dropped, since every plan on it has one no slower on the other); None when a node has too
+    many groupings to enumerate, when the combinations number more than INVENTORY_BUDGET (counted
+    before any is built), or past `deadline`."""
     per_node: list[list[list[tuple[int, ...]]]] = []
+    better: dict[tuple[str, str], bool] = {}  # (type a, type b): a group of type a dominates one of b
+    sample: dict[str, tuple[int, ...]] = {}   # a group of each stage device type met so far
     combinations = 1
     for node in range(instance.spec.cluster.nodes):
         if deadline.expired():
@@ -156,6 +199,17 @@ def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp
         for option in options:
             key = tuple(sorted(model.stage_device(g).name for g in option))
             distinct.setdefault(key, option)
+            for g in option:
+                sample.setdefault(model.stage_device(g).name, g)
+        for a, b in itertools.product(sample, repeat=2):
+            if (a, b) not in better:
+                better[a, b] = a == b or _dominates(model, sample[a], sample[b])
+        keys = list(distinct)
+        # a multiset goes when another covers it, strictly or (mutually) with a lower index
+        for i, key in reversed(list(enumerate(keys))):
+            if any(j != i and _covers(other, key, better) and (j < i or not _covers(key, other, better))
+                   for j, other in enumerate(keys) if other in distinct):
+                del distinct[key]
         combinations *= len(distinct)
         if combinations > INVENTORY_BUDGET:
             return None
