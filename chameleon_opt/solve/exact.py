@@ -592,6 +592,9 @@ class ExactSearch:
         self.relaxation = relaxation
         self.root = relaxation.state([model.stage_device(g).name for g in groups])
         self.class_stride = [relaxation.state([name]) for name in self.class_type]
+        # (type a, type b): a group of type a may stand in for one of type b in a regular run's copy
+        sample = {name: self.pools[c][0] for c, name in enumerate(self.class_type)}
+        self.stands_in = {(a, b): a == b or _dominates(model, sample[a], sample[b]) for a in sample for b in sample}
 
     def floor(self) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
@@ -796,9 +799,11 @@ class ExactSearch:
                         if m > n_left:
                             break
                         key = (stages, m, shape, bounds)
-                        if regular[0] and last is not None and (stages, shape, bounds) != (last[0], *last[2:]):
-                            break  # a regular run: the first pipeline's shape and split only
-                        if last is not None and key >= last:
+                        if regular[0] and last is not None:
+                            if (stages, shape[1], bounds) != (last[0], last[2][1], last[3]) or not all(
+                                    self.stands_in[a, b] for a, b in zip(shape[0], last[2][0])):
+                                break  # a regular run: the first pipeline's shape (or dominating types), split
+                        elif last is not None and key >= last:
                             if key > last:
                                 break  # keys grow with m
                             if repeats:
@@ -829,11 +834,14 @@ class ExactSearch:
             if max(worst, completion[stages + 1][state][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # no longer pipeline (with the rest) can beat the incumbent
             copy = regular[0] and last is not None  # a regular run: the first pipeline's shape, greedily placed
-            for c in self.order:  # fastest device types first: good plans (and cuts) come early
+            order = self.order
+            if copy:  # the first pipeline's type at this stage, else one that dominates it (stands in)
+                order = sorted(order, key=lambda c: self.class_type[c] != last[2][0][stages])
+            for c in order:  # fastest device types first: good plans (and cuts) come early
                 pool = self.pools[c]
                 if taken[c] == len(pool) or not allowed(c):
                     continue
-                if copy and (self.class_type[c] != last[2][0][stages] or (stages and (
+                if copy and (not self.stands_in[self.class_type[c], last[2][0][stages]] or (stages and (
                         self.class_node[c] != self.class_node[classes[-1]]) != last[2][1][stages - 1])):
                     continue
                 group = pool[taken[c]]
@@ -848,7 +856,9 @@ class ExactSearch:
                     return  # the lowest nodes that fit: stages of equal layers pile into nodes in order
 
         # A regular run first: every pipeline after the first copies its shape and split, each stage on
-        # the lowest node that fits (micro-batches free). A small tree whose leaves pile a stage's
+        # the lowest node that fits (micro-batches free), on a group of the first's type or, when those
+        # run out, of a type that dominates it (inventory dominance leaves fast groups where a
+        # dropped inventory had slow ones: seed 5 of the 32-64-device probe). A small tree whose leaves pile a stage's
         # replicas into few nodes (intra-node rings, which the placement-blind relaxation cannot see);
         # only an incumbent, never a proof.
         window[0], regular[0] = deadline.share(REGULAR_SHARE), True
