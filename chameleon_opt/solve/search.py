@@ -54,7 +54,7 @@ from chameleon_opt.solve.templates import Template, build_templates
 
 TEMPLATE_SHARE = 0.5  # of the search's time, for the template path (the rest: exact search, bound)
 MIXED_SHARE = 0.3  # of what is left after it, for pipelines of mixed device types
-COLUMN_SHARE = 0.1  # of what is left after them, for column plans (solve/columns.py, up to EXACT_GROUPS groups)
+COLUMN_SHARE = 0.03  # of what is left after them, for column plans (solve/columns.py, up to EXACT_GROUPS groups)
 MIN_SEARCH_S = 0.02  # less time left than this: the search does not start (NO_SOLUTION, stopped early)
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
 ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
