@@ -334,3 +334,75 @@ def test_regular_run_piles_equal_stages_into_nodes(seed):
     outcome = exact_search(instance, PerfModel(instance), failed, math.inf, Deadline.after(1.5))
     assert outcome.objective <= optimum * (1 + 1e-9), (outcome.objective, optimum)
     assert outcome.bound <= optimum * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", [70, 72])
+def test_column_plans_reach_the_brute_force_optimum(seed):
+    """Issue 21's seeds 70 (4 x 4 stages over four nodes of 4-5 survivors) and 72 (3 x 3 stages,
+    one slow group in a column): the optimum puts each layer range's stages in one node; the column
+    plans build it directly (0.03 s), where the branch and bound met it only after 10 s."""
+    from chameleon_opt.solve.columns import column_plans
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import brute_force as reduced_brute_force
+    from brute_force import random_instance
+
+    data, failed = random_instance(seed, (8, 24))
+    instance = build_instance(data)
+    optimum, _, _, complete = reduced_brute_force(instance, failed)
+    assert complete
+    found = column_plans(instance, failed, PerfModel(instance), Deadline.after(5.0))
+    assert found and found[0][1] <= optimum * (1 + 1e-9), (found[0][1] if found else None, optimum)
+    assert check_plan(instance, found[0][0], failed).ok
+
+
+def test_crossing_sets_cover_every_placement():
+    """Every placement of S stages on nodes of at most k groups crosses nodes at the boundaries of
+    one of the relaxation's minimal crossing sets (so the floor stays below every plan), and each of
+    those sets is itself a possible placement's."""
+    from chameleon_opt.solve.exact import _crossing_sets
+
+    for stages in range(1, 9):
+        for most in range(1, 6):
+            sets = [set(c) for c in _crossing_sets(stages, most)]
+            for mask in itertools.product([False, True], repeat=stages - 1):
+                crossing = {b for b, on in enumerate(mask) if on}
+                cuts = [0] + sorted(b + 1 for b in crossing) + [stages]
+                if all(end - start <= most for start, end in zip(cuts, cuts[1:])):
+                    assert any(s <= crossing for s in sets), (stages, most, crossing)
+            for s in sets:
+                cuts = [0] + sorted(b + 1 for b in s) + [stages]
+                assert all(end - start <= most for start, end in zip(cuts, cuts[1:])), (stages, most, s)
+
+
+def test_dominated_inventories_are_dropped_and_the_optimum_kept():
+    """Two nodes of four devices, TP 2, one slow device per node with the fast type's memory: each
+    node can pair the slow device with a fast one (one slow group) or leave it idle (two fast
+    groups, one device idle) - the all-fast grouping dominates, so one inventory is left of four,
+    and the exact search still equals the brute force over every grouping."""
+    from chameleon_opt.solve.exact import exact_search, inventories
+
+    fast, slow = [[1.0, 2.0, 0.0]] * 2, [[2.0, 4.0, 0.0]] * 2
+    data = {
+        "format": 1, "name": "dominated-inventories",
+        "cluster": {"nodes": 2, "devices_per_node": 4,
+                    "device_type": {"name": "fast", "memory_gib": 100.0, "peak_tflops": 2, "reserved_gib": 0},
+                    "network": {"intra_node_gbps": 100, "inter_node_gbps": 10},
+                    "overrides": [{"devices": [1, 6], "device_type": {
+                        "name": "slow", "memory_gib": 100.0, "peak_tflops": 1, "reserved_gib": 0}}]},
+        "workload": {"inline": {"name": "toy", "layer_bytes": {
+            "params": [10 ** 7] * 2, "activation_bytes_per_sample": [10 ** 7] * 2,
+            "boundary_bytes_per_sample": [10 ** 6] * 2},
+            "profiles": [{"device_type": "fast", "times": {"1": {"2": fast}}},
+                         {"device_type": "slow", "times": {"1": {"2": slow}}}]}},
+        "training": {"global_batch": 4, "micro_batch_size": 1},
+        "plan": {"tensor_parallel": 2, "layout": {"pipeline_parallel": 1, "data_parallel": 4}},
+    }
+    instance, failed = build_instance(data), frozenset({0, 7})
+    model = PerfModel(instance)
+    found = inventories(instance, model, failed, 2)
+    assert found is not None and len(found) == 1
+    assert all(model.stage_device(g).name == "fast" for g in found[0])
+    outcome = exact_search(instance, model, failed, math.inf, Deadline.never())
+    best, _ = brute_force(instance, failed)
+    assert outcome.complete and outcome.objective == pytest.approx(best, rel=1e-9)

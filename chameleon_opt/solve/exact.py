@@ -27,7 +27,8 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   state; one kind for all types when the tables would be too large): a pipeline taking v_k groups
   of type k costs at least lower(v, m), every stage range at its type's fastest relief, in every
   order of the types along the pipeline, boundary sends at the faster link except the node
-  crossings a pipeline longer than a node must make, so
+  crossings a pipeline longer than a node must make (runs of stages in one node hold at most a
+  node's groups: every minimal set of crossings that allows is tried), so
       cover(state, n) = min(cover(state - e_k, n), min over v <= state, m <= n of
                         max(lower(v, m), cover(state - v, n - m)))
   and no plan is priced with more fast groups than the cluster has; lower(v, m) counts only splits
@@ -71,8 +72,9 @@ per-stage closed-form bound."""
 TABLE_BUDGET = 500_000
 """Most steps of the relaxation's cover and completion tables (groups x micro-batches^2 x stages)."""
 COUNTED_BUDGET = 20_000_000
-"""Most steps of the pipeline-counted table (`Relaxation.counted_table`, vectorised: the cover's steps
-times the pipeline counts); beyond, the reported floor is the pipeline time's alone."""
+"""Most steps of the pipeline-counted tables (`Relaxation.counted_table`, vectorised: the cover's steps
+times the pipeline counts, once per least stage count); beyond, the reported floor is the pipeline
+time's alone (none affordable) or takes the least stage counts that were."""
 TYPED_BUDGET = 5_000_000
 """Most (state, kinds of one pipeline, n, m) steps of the type-aware cover tables (vectorised); beyond,
 or beyond CROSSING_BUDGET (split, order of kinds) pairs, the relaxation lets every group be of the
@@ -131,13 +133,56 @@ def _groupings(devices: list[int], tp: int, limit: int) -> list[list[tuple[int, 
     return found if extend(sorted(devices), [], 0) else None
 
 
+def _dominates(model: PerfModel, group: tuple[int, ...], other: tuple[int, ...]) -> bool:
+    """Whether a TP group of `group`'s stage device type is never worse than one of `other`'s in the
+    same node: under every relief and on every layer range no slower forward, backward or optimizer
+    step, per layer no more state or activation bytes, and as much room for them (what the model
+    reads of a group beside its node and size: a plan keeps its step and memory fit, or improves,
+    when such a group replaces the other)."""
+    layers = model.workload.num_layers
+    for relief in model.relief_options:
+        mine, theirs = model.layer_costs(group, 1, relief), model.layer_costs(other, 1, relief)
+        if mine.capacity_bytes < theirs.capacity_bytes or mine.transient_bytes > theirs.transient_bytes \
+                or (mine.static_bytes > theirs.static_bytes).any() \
+                or (mine.activation_bytes > theirs.activation_bytes).any():
+            return False
+        for first in range(layers):
+            for end in range(first + 1, layers + 1):
+                fast, slow = model.stage_times(group, first, end, relief), model.stage_times(other, first, end, relief)
+                if fast[0] > slow[0] or fast[1] > slow[1] or \
+                        model.optimizer_time(group, first, end, relief) > model.optimizer_time(other, first, end, relief):
+                    return False
+    return True
+
+
+def _covers(mine: tuple[str, ...], theirs: tuple[str, ...], better: dict[tuple[str, str], bool]) -> bool:
+    """Whether each group type of `theirs` can be matched to its own group type of `mine` that
+    dominates it (`better[a, b]`: a dominates b); a bipartite matching by augmenting paths."""
+    owner: dict[int, int] = {}  # index in mine -> index in theirs matched to it
+
+    def augment(j: int, seen: set[int]) -> bool:
+        for i, name in enumerate(mine):
+            if i not in seen and better[name, theirs[j]]:
+                seen.add(i)
+                if i not in owner or augment(owner[i], seen):
+                    owner[i] = j
+                    return True
+        return False
+
+    return len(mine) == len(theirs) and all(augment(j, set()) for j in range(len(theirs)))
+
+
 def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp: int,
                 deadline: Deadline = Deadline.never()) -> list[list[tuple[int, ...]]] | None:
     """Distinct sets of TP groups the survivors can form (one per combination of the nodes'
-    group-type multisets); None when a node has too many groupings to enumerate, when the
-    combinations number more than INVENTORY_BUDGET (counted before any is built), or past
-    `deadline`."""
+    group-type multisets, less those dominated: a node's multiset whose groups each map to their
+    own group of another multiset of the same node with a type that dominates theirs, `_dominates`,
+    is dropped, since every plan on it has one no slower on the other); None when a node has too
+    many groupings to enumerate, when the combinations number more than INVENTORY_BUDGET (counted
+    before any is built), or past `deadline`."""
     per_node: list[list[list[tuple[int, ...]]]] = []
+    better: dict[tuple[str, str], bool] = {}  # (type a, type b): a group of type a dominates one of b
+    sample: dict[str, tuple[int, ...]] = {}   # a group of each stage device type met so far
     combinations = 1
     for node in range(instance.spec.cluster.nodes):
         if deadline.expired():
@@ -154,6 +199,17 @@ def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp
         for option in options:
             key = tuple(sorted(model.stage_device(g).name for g in option))
             distinct.setdefault(key, option)
+            for g in option:
+                sample.setdefault(model.stage_device(g).name, g)
+        for a, b in itertools.product(sample, repeat=2):
+            if (a, b) not in better:
+                better[a, b] = a == b or _dominates(model, sample[a], sample[b])
+        keys = list(distinct)
+        # a multiset goes when another covers it, strictly or (mutually) with a lower index
+        for i, key in reversed(list(enumerate(keys))):
+            if any(j != i and _covers(other, key, better) and (j < i or not _covers(key, other, better))
+                   for j, other in enumerate(keys) if other in distinct):
+                del distinct[key]
         combinations *= len(distinct)
         if combinations > INVENTORY_BUDGET:
             return None
@@ -189,6 +245,25 @@ def _largest_stage(sizes: list[float], stages: int) -> float:
         best = [min([best[end]] + [max(best[cut], prefix[end] - prefix[cut]) for cut in range(1, end)])
                 for end in range(len(sizes) + 1)]
     return best[-1]
+
+
+def _crossing_sets(stages: int, most: int) -> list[tuple[int, ...]]:
+    """The minimal sets of node-crossing boundaries (boundary b: between stages b and b + 1) of a
+    pipeline of `stages` stages when no node holds more than `most` of its groups: stages between
+    two crossings share a node, so every run is at most `most` long, and every placement crosses
+    at least the boundaries of one of these sets (more crossings only send more)."""
+    found: list[tuple[int, ...]] = []
+
+    def extend(start: int, chosen: tuple[int, ...]) -> None:
+        if stages - start <= most:  # the rest fits in one node: minimal if no crossing can be dropped
+            runs = [b - a for a, b in zip((0,) + tuple(c + 1 for c in chosen), tuple(c + 1 for c in chosen) + (stages,))]
+            if all(x + y > most for x, y in zip(runs, runs[1:])):
+                found.append(chosen)
+        for boundary in range(start, min(start + most, stages - 1)):  # this run: stages start..boundary
+            extend(boundary + 1, chosen + (boundary,))
+
+    extend(0, ())
+    return found
 
 
 def _compositions(layers: int, stages: int) -> list[tuple[int, ...]]:
@@ -249,7 +324,8 @@ class Relaxation:
         self.cover: list[list[float]] = []
         self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
-        self.counted: list[list[float]] | None = None  # with the pipelines counted, when affordable
+        # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
+        self.counted: list[list[list[float]]] = []
         # per layer: its least optimizer step over the device types and reliefs (a stage's is a sum)
         self.update = [min(model.optimizer_time(group, layer, layer + 1, relief)
                            for group in self.representative.values() for relief in model.relief_options)
@@ -286,9 +362,11 @@ class Relaxation:
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
-        if len(self.cover) * self.table_steps * min(self.groups, self.total) <= COUNTED_BUDGET \
-                and not deadline.expired():
-            self.counted = self.counted_table(lower)
+        steps = len(self.cover) * self.table_steps * min(self.groups, self.total)
+        for least in range(1, self.longest + 1):  # least stage count: the first is the plain counted table
+            if least * steps > COUNTED_BUDGET or deadline.expired():
+                break
+            self.counted.append(self.counted_table(lower, least))
         return True
 
     def lower_times(self, deadline: Deadline) -> dict[tuple[int, ...], list[float]] | None:
@@ -296,8 +374,9 @@ class Relaxation:
         groups of each kind k, running m micro-batches (None past `deadline`). Each stage range takes
         its fastest forward and backward over its kind's device types and the supported reliefs, for
         every order of the kinds along the pipeline; each boundary its send on the faster link,
-        except that a pipeline longer than a node's groups crosses nodes at least
-        ceil(S / groups per node) - 1 times (every choice of those boundaries is tried). The time of
+        except that a pipeline longer than a node's groups crosses nodes so that no run of stages
+        between crossings is longer than a node's groups (`_crossing_sets`: every minimal such
+        choice is tried). The time of
         those operations, minimised over the layer splits and orders, is the exact 1F1B longest path
         (monotone in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the
         per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
@@ -317,11 +396,10 @@ class Relaxation:
         inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
         intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
         cheap = np.minimum(intra, inter)
-        choices = {}
+        choices = {}  # per stage count: the node-crossing boundary sets tried (none: every send cheap)
         for stages, splits in self.splits.items():
-            crossings = max(-(-stages // self.most_per_node) - 1, 0)
-            choices[stages] = list(itertools.combinations(range(stages - 1), crossings)) \
-                if math.comb(stages - 1, crossings) * len(splits) <= CROSSING_BUDGET else [()]
+            crossings = _crossing_sets(stages, self.most_per_node)
+            choices[stages] = crossings if len(crossings) * len(splits) <= CROSSING_BUDGET else [()]
         orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
         units = sum(len(splits) * len(choices[s]) * sum(len(orders[v]) for v in self.profiles[s]) * s * m
                     for s, splits in self.splits.items() for m in range(1, self.total + 1))
@@ -437,12 +515,14 @@ class Relaxation:
         completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
         return capped.tolist(), completion.tolist()
 
-    def counted_table(self, lower: dict[tuple[int, ...], list[float]]) -> list[list[float]]:
-        """counted[P][state]: least makespan of exactly P pipelines running the whole batch on at most
-        the groups of `state` (the cover relaxation with the pipelines counted: the all-reduce floor
-        grows with P, `ExactSearch.floor`). The same programme as `cover_tables`, once per P."""
+    def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1) -> list[list[float]]:
+        """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
+        running the whole batch on at most the groups of `state` (the cover relaxation with the
+        pipelines counted: the all-reduce floor grows with P, and with the shortest pipeline's stage
+        count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P."""
         total = self.total
         comps, level, shift, items = self._programme(lower)
+        items = [item for item in items if item[0] >= least]
         previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
@@ -512,24 +592,32 @@ class ExactSearch:
         self.relaxation = relaxation
         self.root = relaxation.state([model.stage_device(g).name for g in groups])
         self.class_stride = [relaxation.state([name]) for name in self.class_type]
+        # (type a, type b): a group of type a may stand in for one of type b in a regular run's copy
+        sample = {name: self.pools[c][0] for c, name in enumerate(self.class_type)}
+        self.stands_in = {(a, b): a == b or _dominates(model, sample[a], sample[b]) for a in sample for b in sample}
 
     def floor(self) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
-        counted (`Relaxation.counted`), min over P of the least makespan of P pipelines plus the
-        least all-reduce of P replicas and the least optimizer step (the shortest pipeline has at
-        most G / P stages, so one of its stages holds at least `_largest_stage` of the gradients, and
-        one takes at least `_largest_stage` of the layers' least optimizer steps); else the
-        pipeline-time floor alone."""
+        counted (`Relaxation.counted`), min over P pipelines and the shortest one's stage count s
+        (at most G / P) of the least makespan of P pipelines of at least s stages each, plus the
+        least all-reduce of P replicas and the least optimizer step (one of the shortest pipeline's
+        stages holds at least `_largest_stage(., s)` of the gradients and of the layers' least
+        optimizer steps); else the pipeline-time floor alone. Coupling s matters: the fewest
+        stages make the cheapest pipelines (no sends) but the largest rings."""
         relaxation = self.relaxation
-        if relaxation.counted is None:
+        if not relaxation.counted:
             return relaxation.cover[self.root][self.total]
         grad = (self.model.workload.params * self.model.grad_bytes / self.tp).tolist()
+        longest = min(self.groups, self.layers)
+        # per shortest stage count s: the largest stage's gradient bytes and optimizer step at least
+        largest = {s: (_largest_stage(grad, s), _largest_stage(relaxation.update, s)) for s in range(1, longest + 1)}
         floors = []
-        for p in range(1, len(relaxation.counted)):
-            shortest = min(self.groups // p, self.layers)
-            floors.append(relaxation.counted[p][self.root] + self.ring_bound(p, _largest_stage(grad, shortest))
-                          + _largest_stage(relaxation.update, shortest))
-        return min(floors)
+        for p in range(1, len(relaxation.counted[0])):
+            for shortest in range(1, min(self.groups // p, self.layers) + 1):
+                table = relaxation.counted[min(shortest, len(relaxation.counted)) - 1]  # fewer: a lower table
+                grad_bytes, update = largest[shortest]
+                floors.append(table[p][self.root] + self.ring_bound(p, grad_bytes) + update)
+        return min(floors, default=math.inf)
 
     @staticmethod
     def split_count(layers: int, longest: int) -> int:
@@ -711,9 +799,11 @@ class ExactSearch:
                         if m > n_left:
                             break
                         key = (stages, m, shape, bounds)
-                        if regular[0] and last is not None and (stages, shape, bounds) != (last[0], *last[2:]):
-                            break  # a regular run: the first pipeline's shape and split only
-                        if last is not None and key >= last:
+                        if regular[0] and last is not None:
+                            if (stages, shape[1], bounds) != (last[0], last[2][1], last[3]) or not all(
+                                    self.stands_in[a, b] for a, b in zip(shape[0], last[2][0])):
+                                break  # a regular run: the first pipeline's shape (or dominating types), split
+                        elif last is not None and key >= last:
                             if key > last:
                                 break  # keys grow with m
                             if repeats:
@@ -744,11 +834,14 @@ class ExactSearch:
             if max(worst, completion[stages + 1][state][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # no longer pipeline (with the rest) can beat the incumbent
             copy = regular[0] and last is not None  # a regular run: the first pipeline's shape, greedily placed
-            for c in self.order:  # fastest device types first: good plans (and cuts) come early
+            order = self.order
+            if copy:  # the first pipeline's type at this stage, else one that dominates it (stands in)
+                order = sorted(order, key=lambda c: self.class_type[c] != last[2][0][stages])
+            for c in order:  # fastest device types first: good plans (and cuts) come early
                 pool = self.pools[c]
                 if taken[c] == len(pool) or not allowed(c):
                     continue
-                if copy and (self.class_type[c] != last[2][0][stages] or (stages and (
+                if copy and (not self.stands_in[self.class_type[c], last[2][0][stages]] or (stages and (
                         self.class_node[c] != self.class_node[classes[-1]]) != last[2][1][stages - 1])):
                     continue
                 group = pool[taken[c]]
@@ -763,7 +856,9 @@ class ExactSearch:
                     return  # the lowest nodes that fit: stages of equal layers pile into nodes in order
 
         # A regular run first: every pipeline after the first copies its shape and split, each stage on
-        # the lowest node that fits (micro-batches free). A small tree whose leaves pile a stage's
+        # the lowest node that fits (micro-batches free), on a group of the first's type or, when those
+        # run out, of a type that dominates it (inventory dominance leaves fast groups where a
+        # dropped inventory had slow ones: seed 5 of the 32-64-device probe). A small tree whose leaves pile a stage's
         # replicas into few nodes (intra-node rings, which the placement-blind relaxation cannot see);
         # only an incumbent, never a proof.
         window[0], regular[0] = deadline.share(REGULAR_SHARE), True

@@ -9,8 +9,9 @@ with a bound that says how far from optimal it may be.
    the chosen backend unless the incumbent already meets the bound; the mix is lowered onto TP
    groups and polished on the exact model (reliefs, micro-batch rebalancing, neighbouring mixes,
    layer splits: solve/polish.py). With several reliefs the relief-free templates compete too;
-3. pipelines of mixed device types (solve/mixed.py); the incumbent's stages then trade TP groups
-   of their device type while the exact step falls (`polish_placement`, up to EXACT_GROUPS groups);
+3. pipelines of mixed device types (solve/mixed.py) and, up to EXACT_GROUPS groups, column plans
+   (solve/columns.py: each layer range's stages in one node); the incumbent's stages then trade TP
+   groups of their device type while the exact step falls (`polish_placement`);
 4. branch and bound over the whole space when it is small (solve/exact.py), else the paper's
    enumeration (solve/enumerator.py) as one more incumbent while the survivors form at most
    ENUMERATION_GROUPS TP groups;
@@ -38,6 +39,7 @@ from chameleon_opt.solve.bounds import memory_floor, relaxation_bound
 from chameleon_opt.solve.constructive import (Mix, best_counts, bound_guided_mix, cover_mix, heuristic_mix, lower,
                                               micro_batch_cap, mix_rank, modelled_time, neighbour_mixes,
                                               restricted_mix)
+from chameleon_opt.solve.columns import column_plans
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.exact import EXACT_GROUPS, exact_search
@@ -52,6 +54,7 @@ from chameleon_opt.solve.templates import Template, build_templates
 
 TEMPLATE_SHARE = 0.5  # of the search's time, for the template path (the rest: exact search, bound)
 MIXED_SHARE = 0.3  # of what is left after it, for pipelines of mixed device types
+COLUMN_SHARE = 0.03  # of what is left after them, for column plans (solve/columns.py, up to EXACT_GROUPS groups)
 MIN_SEARCH_S = 0.02  # less time left than this: the search does not start (NO_SOLUTION, stopped early)
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
 ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
@@ -272,6 +275,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if mixed and mixed[0][1] < value * (1 - 1e-12):
             plan, value, used = mixed[0][0], mixed[0][1], "mixed"
             notes.append(f"a pipeline set of mixed device types is faster ({len(mixed[0][0].pipelines)} pipelines)")
+    if len(groups) <= EXACT_GROUPS and not deadline.expired():  # stage columns in one node each
+        columns = column_plans(instance, failed, model, deadline.share(COLUMN_SHARE))
+        if columns and columns[0][1] < value * (1 - 1e-12):
+            plan, value, used = columns[0][0], columns[0][1], "columns"
+            notes.append("a column plan (the stages of each layer range in one node) is faster")
     if plan is not None and len(groups) <= EXACT_GROUPS and not deadline.expired():
         placed, placed_value = polish_placement(model, plan, failed, deadline.share(PLACEMENT_SHARE))
         if placed_value < value * (1 - 1e-12):

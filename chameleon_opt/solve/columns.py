@@ -1,0 +1,134 @@
+"""Column plans: pipelines of one layer split whose stages holding the same layers sit in one node.
+
+Why: a stage's gradient ring runs on the intra-node link only when every replica of its layers sits
+in one node, and a pipeline's sends are paid per micro-batch anyway; on small clusters with a slow
+inter-node link the best plans put each stage column (the P stages holding one layer range) into
+its own node, sometimes with a slower device in one pipeline (issue 21, seeds 70 and 72: 4 x 4
+stages over four nodes, 3 x 3 with one slow group). The branch and bound grows pipelines one at a
+time and meets such plans late; the template and mixed paths never place by column. Placement is
+the whole difference from what they find, so these plans are built directly.
+
+Construction, for each (stages S, layer split, pipelines P), cheapest estimate first: each column
+takes P groups from one node that has that many free (one node per distinct composition of free
+groups is tried: nodes of equal composition are interchangeable), else from the nodes with the
+most free groups; pipeline j takes each column's j-th fastest group, so slower groups gather in the
+last pipelines, which the exact rebalancing then gives fewer micro-batches. Every plan is priced by
+the performance model with its best reliefs. A heuristic: its plans are incumbents only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from chameleon_opt.instance.load import Instance
+from chameleon_opt.perf.comm import Link, ring_allreduce_time
+from chameleon_opt.perf.model import PerfModel
+from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.groups import survivor_groups
+from chameleon_opt.solve.polish import rebalance_exact, relieved, spread
+
+PLACEMENTS = 16
+"""Most column-to-node placements tried per (stages, split, pipelines)."""
+SPLITS = 4_096
+"""Most layer splits over every stage count (the exact search's SPLIT_BUDGET): beyond, no column plans."""
+
+
+def _placements(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], str], columns: int,
+                count: int) -> Iterator[list[list[tuple[int, ...]]]]:
+    """Ways to give each of `columns` columns `count` groups from the nodes' `free` lists (fastest
+    first): a whole column from one node when some node has enough (the first node of each distinct
+    free composition), else the nodes with the most free groups fill it."""
+    if columns == 0:
+        yield []
+        return
+    whole: dict[tuple[str, ...], int] = {}  # free composition -> first node holding a whole column
+    for node, groups in enumerate(free):
+        if len(groups) >= count:
+            whole.setdefault(tuple(names[g] for g in groups), node)
+    if whole:
+        for node in whole.values():
+            taken, free[node] = free[node][:count], free[node][count:]
+            for rest in _placements(free, names, columns - 1, count):
+                yield [taken] + rest
+            free[node] = taken + free[node]
+        return
+    order = sorted(range(len(free)), key=lambda n: (-len(free[n]), n))
+    if sum(len(groups) for groups in free) < count:
+        return
+    saved = [list(groups) for groups in free]
+    taken = []
+    for node in order:  # the fullest nodes first: the column spans as few nodes as it can
+        need = count - len(taken)
+        taken += free[node][:need]
+        free[node] = free[node][need:]
+        if len(taken) == count:
+            break
+    for rest in _placements(free, names, columns - 1, count):
+        yield [taken] + rest
+    free[:] = saved
+
+
+def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline
+                 ) -> list[tuple[Plan, float]]:
+    """(plan, exact step) of the column plans that fit, fastest first (see the module docstring);
+    candidates whose estimate (fastest device type, its share of micro-batches, intra-node rings)
+    cannot beat the best found are skipped."""
+    tp, total, layers = instance.plan.tensor_parallel, instance.global_micro_batches, instance.workload.num_layers
+    groups = survivor_groups(instance, failed, tp)
+    longest = min(layers, len(groups))
+    if not groups or sum(math.comb(layers - 1, s - 1) for s in range(1, longest + 1)) > SPLITS:
+        return []
+    # per group: its stage device type, and a speed to deal the fastest groups first
+    names = {g: model.stage_device(g).name for g in groups}
+    speed = {g: sum(model.stage_times(g, 0, layers)[:2]) for g in groups}
+    free_by_node: dict[int, list[tuple[int, ...]]] = {}
+    for g in groups:
+        free_by_node.setdefault(instance.node_of(g[0]), []).append(g)
+    free = [sorted(gs, key=lambda g: (speed[g], g)) for _, gs in sorted(free_by_node.items())]
+    fastest = min(groups, key=lambda g: (speed[g], g))
+    relief = model.fastest_relief
+    grad = model.workload.params * model.grad_bytes / tp
+    link = Link(max(model.intra.bandwidth, model.inter.bandwidth), min(model.intra.latency, model.inter.latency))
+    # candidates (estimate, stages, split, pipelines): the estimate only orders them and skips the hopeless
+    # per layer on the fastest group: forward + backward, and optimizer step (a stage's are sums)
+    work = np.cumsum([0.0] + [sum(model.stage_times(fastest, layer, layer + 1, relief)[:2]) for layer in range(layers)])
+    steps = np.cumsum([0.0] + [model.optimizer_time(fastest, layer, layer + 1, relief) for layer in range(layers)])
+    sizes = np.cumsum(np.concatenate([[0.0], grad]))
+    candidates = []
+    for stages in range(1, longest + 1):
+        if deadline.expired():
+            return []
+        for cut in itertools.combinations(range(1, layers), stages - 1):
+            b = np.array((0,) + cut + (layers,))
+            per_stage = work[b[1:]] - work[b[:-1]]
+            update = float((steps[b[1:]] - steps[b[:-1]]).max())
+            largest = float((sizes[b[1:]] - sizes[b[:-1]]).max())
+            for count in range(1, min(total, len(groups) // stages) + 1):
+                # the 1F1B floor: all the work once, the slowest stage for every further micro-batch
+                estimate = float(per_stage.sum() + (-(-total // count) - 1) * per_stage.max()) \
+                    + update + ring_allreduce_time(largest, count, link)
+                candidates.append((estimate, stages, tuple(int(x) for x in b), count))
+    candidates.sort()
+    found: list[tuple[Plan, float]] = []
+    best = math.inf
+    for estimate, stages, bounds, count in candidates:
+        if estimate >= best or deadline.expired():
+            break
+        for columns in itertools.islice(_placements([list(f) for f in free], names, stages, count), PLACEMENTS):
+            if deadline.expired():
+                break
+            pipelines = [Pipeline(tuple(Stage(sorted(columns[s], key=lambda g: (speed[g], g))[j], bounds[s],
+                                              bounds[s + 1]) for s in range(stages)), 1) for j in range(count)]
+            plan = spread(model, pipelines, tp, total)
+            if plan is None:
+                continue
+            plan, step = relieved(model, rebalance_exact(model, plan, deadline), failed)
+            if math.isfinite(step):
+                found.append((plan, step))
+                best = min(best, step)
+    return sorted(found, key=lambda item: item[1])
