@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chameleon_opt.errors import InputError
+from chameleon_opt.solve.deadline import DETERMINISTIC_WALL_FACTOR
 from chameleon_opt.solve.result import SolveResult, Status, T
 
 BACKENDS = ("cpsat", "highs", "cbc")
@@ -74,6 +75,11 @@ class SolverOptions:
     seed: int = 0
     log: bool = False
     params: Mapping[str, str] = field(default_factory=dict)
+    deterministic: bool = False
+    """Reproducible answers on a loaded machine (`simulate --deterministic`): CP-SAT runs one worker
+    and stops on its deterministic time (CPSAT_WORK_PER_S per second of limit) rather than the wall
+    clock, and every backend's wall-clock limit becomes a safety net DETERMINISTIC_WALL_FACTOR x
+    as long (pair it with `Deadline.after(..., deterministic=True)`)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -96,6 +102,11 @@ class SolverOptions:
 
 
 DEFAULT = SolverOptions()
+
+CPSAT_WORK_PER_S = 0.2
+"""CP-SAT's deterministic time per wall second with one worker, measured on the bubble-filling
+and level models on a quiet 2-core machine (0.19-0.2): a deterministic run's budget for a limit
+of T seconds is CPSAT_WORK_PER_S x T, about T seconds when the machine is quiet."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,10 @@ def cpsat_solver(time_limit_s: float, options: SolverOptions = DEFAULT, **fixed:
     parameters.max_time_in_seconds = max(time_limit_s, 0.01)
     parameters.num_workers = options.threads
     parameters.random_seed = options.seed
+    if options.deterministic:  # one worker's search is a function of the model, the seed and the work done
+        parameters.num_workers = 1
+        parameters.max_deterministic_time = max(time_limit_s, 0.01) * CPSAT_WORK_PER_S
+        parameters.max_time_in_seconds = max(time_limit_s, 0.01) * DETERMINISTIC_WALL_FACTOR
     for name, value in fixed.items():
         setattr(parameters, name, value)
     if options.backend == "cpsat":
@@ -223,6 +238,8 @@ def _highs_map() -> dict[Any, Status | None]:
 def _highs_options(h: Any, time_limit_s: float, options: SolverOptions, fixed: Mapping[str, Any]) -> str | None:
     """Set limits, seed, threads, the model's `fixed` options and the operator's `--params`;
     returns the log file to copy to stderr afterwards (None without --solver-log)."""
+    if options.deterministic:  # HiGHS has no work limit: its clock becomes a safety net
+        time_limit_s *= DETERMINISTIC_WALL_FACTOR
     settings: dict[str, Any] = {"output_flag": options.log, "log_to_console": False,  # stdout is for --json
                                 "time_limit": max(time_limit_s, 0.01), "threads": options.threads,
                                 "random_seed": options.seed, **fixed}
@@ -302,6 +319,8 @@ def solve_pulp(problem: Any, time_limit_s: float, options: SolverOptions = DEFAU
     if backend != "cbc":
         raise ValueError(f"solve_pulp: unknown backend {backend!r}")
     extra = [f"{k} {v}" for k, v in {**fixed, **(options.params if options.backend == "cbc" else {})}.items()]
+    if options.deterministic:  # CBC has no work limit: its clock becomes a safety net
+        time_limit_s *= DETERMINISTIC_WALL_FACTOR
     log = _temporary_log() if options.log else None
     with warnings.catch_warnings():  # PuLP's bundled CBC is deprecated for PuLP 4.0; it is what we have
         warnings.simplefilter("ignore", DeprecationWarning)
