@@ -205,20 +205,82 @@ def _convert(name: str, text: str, kind: type) -> Any:
                          f"give {name} a {kind.__name__} value") from None
 
 
-def solve_cpsat(model: Any, time_limit_s: float, options: SolverOptions = DEFAULT, **fixed: Any) -> tuple[Any, Outcome]:
+@dataclass(frozen=True)
+class Stall:
+    """Stop a CP-SAT search once its incumbent has not improved for `least_s` seconds, or for
+    `ratio` x the time its last improvement took to come, whichever is longer (before any
+    solution: `least_s` from the start). For a model whose caller already holds a valid answer
+    and pays for every second it waits (a rerouting's schedule mid-incident): the time limit
+    alone let CP-SAT use all of it whenever it could not prove optimality. A wall-clock rule, so
+    it is not applied when `SolverOptions.deterministic` asks for reproducible runs."""
+
+    least_s: float
+    ratio: float
+
+    def stop_at(self, started: float, improved: float | None) -> float:
+        """The wall-clock instant to stop at, given the search's start and its last improvement."""
+        if improved is None:
+            return started + self.least_s
+        return improved + max(self.least_s, self.ratio * (improved - started))
+
+
+STALL_POLL_S = 0.01
+"""How often the stall watch looks at the clock (CP-SAT's stop_search is safe from another thread)."""
+
+
+def _solve_watched(solver: Any, model: Any, stall: Stall) -> tuple[Any, bool]:
+    """Run `solver` on `model` while a thread stops it when `stall` says so; (status code, stalled)."""
+    import threading
+
+    from ortools.sat.python import cp_model
+
+    started = time.perf_counter()
+    improved: list[float | None] = [None]
+    stalled = threading.Event()
+    finished = threading.Event()
+
+    class Improved(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:  # a minimising search reports only better solutions
+            improved[0] = time.perf_counter()
+
+    def watch() -> None:
+        while not finished.wait(STALL_POLL_S):
+            if time.perf_counter() >= stall.stop_at(started, improved[0]):
+                stalled.set()
+                solver.stop_search()
+                return
+
+    watcher = threading.Thread(target=watch, name="cpsat-stall", daemon=True)
+    watcher.start()
+    try:
+        code = solver.solve(model, Improved())
+    finally:
+        finished.set()
+        watcher.join()
+    return code, stalled.is_set()
+
+
+def solve_cpsat(model: Any, time_limit_s: float, options: SolverOptions = DEFAULT, stall: Stall | None = None,
+                **fixed: Any) -> tuple[Any, Outcome]:
     """Solve a CP-SAT model; the solver is returned to read values from when the outcome has a
-    solution (reading values without one gives zeros, not an error)."""
+    solution (reading values without one gives zeros, not an error). With `stall` (and not
+    `options.deterministic`) the search also stops when its incumbent stops improving; the
+    outcome's detail then says so."""
     from ortools.sat.python import cp_model
 
     solver = cpsat_solver(time_limit_s, options, **fixed)
-    code = solver.solve(model)
+    if stall is not None and not options.deterministic:
+        code, stalled = _solve_watched(solver, model, stall)
+    else:
+        code, stalled = solver.solve(model), False
     if code == cp_model.MODEL_INVALID:
         raise AssertionError(f"invalid CP-SAT model (a bug): {model.validate()}")
     status = _cpsat_map()[code]
     solved = status in (Status.OPTIMAL, Status.FEASIBLE)
+    detail = solver.status_name(code) + (" (stopped: no improvement)" if stalled and status is not Status.OPTIMAL
+                                         else "")
     return solver, Outcome(status, float(solver.objective_value) if solved else None,
-                           float(solver.best_objective_bound) if solved else None, float(solver.wall_time),
-                           solver.status_name(code))
+                           float(solver.best_objective_bound) if solved else None, float(solver.wall_time), detail)
 
 
 # -- HiGHS ------------------------------------------------------------------------------------------
