@@ -105,8 +105,9 @@ DEFAULT = SolverOptions()
 
 CPSAT_WORK_PER_S = 0.2
 """CP-SAT's deterministic time per wall second with one worker, measured on the bubble-filling
-and level models on a quiet 2-core machine (0.19-0.2): a deterministic run's budget for a limit
-of T seconds is CPSAT_WORK_PER_S x T, about T seconds when the machine is quiet."""
+model on a quiet 2-core machine (paper-example losing device 1: 0.217 in 1.13 s; other models'
+rates were not measured): a deterministic run's budget for a limit of T seconds is
+CPSAT_WORK_PER_S x T, about T seconds of a quiet machine."""
 
 
 @dataclass(frozen=True)
