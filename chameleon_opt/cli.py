@@ -586,9 +586,10 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
                                                    "run makes one decision per failure and repair"),
              deterministic: bool = typer.Option(False, "--deterministic",
                                                 help="charge each plan search the --time-limit (its worst case) "
-                                                     "instead of its measured wall time, so identical runs give "
-                                                     "identical results (when no search is cut short by the limit: "
-                                                     "give one they end well within)"),
+                                                     "instead of its measured wall time, and let no stage stop on "
+                                                     "the wall clock (solvers stop on work done), so identical runs "
+                                                     "give identical results however loaded the machine (unless a "
+                                                     "decision outlasts 10x the limit)"),
              plot: Path = typer.Option(None, "--plot", help="write throughput over time (PNG, SVG or PDF)"),
              force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
              as_json: bool = typer.Option(False, "--json", help="print one JSON object")) -> None:
@@ -618,7 +619,8 @@ def simulate(file: Path = typer.Argument(..., help="instance file (JSON or YAML)
 
             results = simulate_policies(instance, events, policy, horizon, mtbf_hours_per_device=mtbf,
                                         time_limit_s=time_limit, progress=tick,
-                                        search_charge_s=time_limit if deterministic else None)
+                                        search_charge_s=time_limit if deterministic else None,
+                                        deterministic=deterministic)
         if plot is not None:
             plot_timeline(results, plot, title=f"{instance.name}: {trace}", force=force)
     except ChameleonError as err:

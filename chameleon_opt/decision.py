@@ -281,15 +281,16 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
     start = time.perf_counter()
     searching = deadline.share(LOCAL_SHARE)
     local = local_plans(instance, failed, model, searching)
-    local_s = time.perf_counter() - start
-    stages.append(StageTime("local search", max(searching.end - start, 0.0), local_s, searching.expired(),
+    local_s = deadline.used_since(start)  # charged to the transition: none on a deterministic deadline
+    stages.append(StageTime("local search", max(searching.end - start, 0.0), time.perf_counter() - start,
+                            searching.expired(),
                             f"{len(local)} local plan(s) fit" + (f"; best: {local[0].how}" if local else "")))
     start = time.perf_counter()
     others = [tp for tp in tp_degrees if tp != instance.plan.tensor_parallel]
     window = deadline.share(SEARCH_SHARE)
     searching = window.share(1 / (1 + len(others)))  # no other degree: the whole window
     result = search_plan(instance, failed, model=model, deadline=searching, options=options)
-    search_s = time.perf_counter() - start
+    search_s = deadline.used_since(start)
     stages.append(_stage("search", searching, start, result))
     changed: list[tuple[SolveResult[Plan], float]] = []
     for k, tp in enumerate(others):  # the instance seen at another degree: the search forms groups of tp
@@ -299,7 +300,7 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
                             deadline=searching, options=options)
         stages.append(_stage(f"search (TP {tp})", searching, started, other))
         if other.status.has_solution and other.solution is not None:
-            changed.append((other, time.perf_counter() - started))
+            changed.append((other, deadline.used_since(started)))
     found = result.status.has_solution and result.solution is not None
     global_step = model.evaluate(result.solution, failed).iteration_time_s if found else math.inf
     local_option, chosen, skipped = None, None, []
@@ -433,7 +434,7 @@ def target_candidate(instance: Instance, failed: frozenset[int], model: PerfMode
     start = time.perf_counter()
     searching = deadline.share(SEARCH_SHARE)
     result = target_plan(instance, failed, target, model, searching, bound=free.bound)
-    found_s = time.perf_counter() - start
+    found_s = deadline.used_since(start)
     stages.append(_stage(f"search ({target})", searching, start, result))
     if result.solution is None:
         return RecoveryOption("reconfigure", False, result.reason, solve=result, scope=target), tuple(stages)

@@ -194,7 +194,7 @@ def plan_recovery(instance: Instance, failed: frozenset[int], options: PlanningO
     candidate is usable for a proven reason, NoSolutionError when none is usable because the
     deadline cut the work short (each one's reason and a limit that would suffice are given)."""
     begun = time.perf_counter()
-    deadline = deadline or Deadline.after(options.time_limit_s, begun)
+    deadline = deadline or Deadline.after(options.time_limit_s, begun, options.solver.deterministic)
     deciding = deadline.share(1 - FINISH_SHARE)
     decision = decide(instance, failed, options.policy, next_fault_s=options.next_fault_s, deadline=deciding,
                       bubble_filling=options.bubble_filling, target=options.target,

@@ -65,7 +65,7 @@ def _search(state: Instance, failed: frozenset[int], deadline: Deadline, model: 
             options: PlanningOptions) -> tuple[SolveResult[Plan], float]:
     started = time.perf_counter()
     result = search_plan(state, failed, model=model, deadline=deadline, options=options.solver)
-    return result, time.perf_counter() - started
+    return result, deadline.used_since(started)  # none on a deterministic deadline: its caller charges its own
 
 
 def join_candidates(instance: Instance, current: Plan, failed_before: frozenset[int], joined: frozenset[int],
@@ -79,7 +79,7 @@ def join_candidates(instance: Instance, current: Plan, failed_before: frozenset[
     `model` and `search` let the failure-trace simulator price with the model it believes and
     reuse its cached searches (charging its own search time); by default a fresh model and a
     timed `search_plan` within the deadline."""
-    deadline = deadline or Deadline.after(options.time_limit_s)
+    deadline = deadline or Deadline.after(options.time_limit_s, deterministic=options.solver.deterministic)
     failed = failed_before - joined
     state = dataclasses.replace(instance, failed_devices=failed)
     model = model or PerfModel(state)
@@ -143,7 +143,7 @@ def plan_join(instance: Instance, current: Plan, failed_before: frozenset[int], 
     the plan running now (the layout plus its rerouting).
 
     Raises InfeasibleError when no candidate is usable."""
-    deadline = deadline or Deadline.after(options.time_limit_s)
+    deadline = deadline or Deadline.after(options.time_limit_s, deterministic=options.solver.deterministic)
     failed = failed_before - joined
     state = dataclasses.replace(instance, failed_devices=failed)
     candidates, stages = join_candidates(instance, current, failed_before, joined, options, deadline)

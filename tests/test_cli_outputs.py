@@ -127,6 +127,29 @@ def test_deterministic_simulation_repeats_exactly():
     assert runs[0] == runs[1] and runs[0]["search_charge"] == "5.0 s per search"
 
 
+def test_deterministic_simulation_ignores_a_slow_clock(monkeypatch):
+    """The failure above at load 8, without a loaded machine: a wall clock running four times too
+    fast (every stage's share of the time limit passes four times sooner, as on a machine four
+    times slower) changes nothing when `--deterministic` asks for it."""
+    import time
+
+    from chameleon_opt.recovery import interface
+
+    args = ["simulate", "paper-32", "--trace", "synthetic:mtbf_hours=500,seed=2", "--horizon-hours", "12",
+            "--policy", "chameleon", "--deterministic", "--time-limit", "5", "--json"]
+
+    def throughput() -> float:
+        interface._SEARCHES.clear()  # the memoised searches would hide the second run's own
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["results"]["chameleon"]["average_throughput"]
+
+    quiet = throughput()
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: 4 * real())
+    assert throughput() == quiet
+
+
 def test_schema_key_is_accepted_and_ignored():
     data = json.loads(Path(EXAMPLE).read_text())
     plain = build_instance(data, EXAMPLE)

@@ -18,9 +18,9 @@ from chameleon_opt.errors import InfeasibleError, NoSolutionError, Unrecoverable
 from chameleon_opt.instance.load import build_instance, load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recovery, suggested_limit_s
-from chameleon_opt.solve.backends import OutOfRange, cpsat_int
+from chameleon_opt.solve.backends import CPSAT_WORK_PER_S, OutOfRange, SolverOptions, cpsat_int, cpsat_solver
 from chameleon_opt.solve.bounds import memory_floor
-from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.deadline import DETERMINISTIC_WALL_FACTOR, WORK_S_PER_CHECK, Deadline
 from chameleon_opt.solve.deadline import StageTime
 from chameleon_opt.solve.exact import INVENTORY_BUDGET, inventories
 from chameleon_opt.solve.groups import survivor_groups
@@ -144,3 +144,30 @@ def test_cli_never_prints_a_traceback_at_the_memory_boundary() -> None:
     assert "Traceback" not in done.stderr
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["plan"]["pipelines"]
+
+
+def test_deterministic_deadline_counts_work_not_wall_time(monkeypatch) -> None:
+    """`simulate --deterministic` (issue: two runs at load 8 differed): a slow wall clock expires no
+    share of a deterministic deadline; its checks do, and only the safety net's wall time does too."""
+    wall = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: wall[0])
+    deadline, timed = Deadline.after(1.0, deterministic=True), Deadline.after(1.0)
+    half = deadline.share(0.5)
+    wall[0] += 5.0  # five times the limit on a loaded machine
+    assert not half.expired() and half.left() == pytest.approx(0.5 - WORK_S_PER_CHECK)
+    checks = 1
+    while not half.expired():
+        checks += 1
+    assert abs(checks - 0.5 / WORK_S_PER_CHECK) <= 1  # one check: WORK_S_PER_CHECK of work
+    assert not deadline.expired() and deadline.share(0.5).deterministic  # shares count on the same clock
+    assert deadline.used_since(0.0) == 0.0  # the caller charges its own search time
+    wall[0] = 100.0 + 1.0 * DETERMINISTIC_WALL_FACTOR
+    assert deadline.expired() and deadline.left() == 0.0
+    assert timed.expired() and timed.used_since(99.0) == pytest.approx(11.0)
+
+
+def test_deterministic_solvers_stop_on_work() -> None:
+    parameters = cpsat_solver(2.0, SolverOptions(threads=4, deterministic=True)).parameters
+    assert parameters.num_workers == 1
+    assert parameters.max_deterministic_time == pytest.approx(2.0 * CPSAT_WORK_PER_S)
+    assert parameters.max_time_in_seconds == pytest.approx(2.0 * DETERMINISTIC_WALL_FACTOR)

@@ -128,6 +128,31 @@ def test_a_bubble_filled_rerouting_runs_its_schedule_without_deadlock(name: str,
             assert schedule.hosts.get((piece.pipeline, k, plan.stage), piece.pipeline) == plan.pipeline
 
 
+@pytest.mark.parametrize("name,dead", [("runtime-cpu-6.json", (1,)), ("runtime-cpu-6.json", (0, 5)),
+                                       ("PP2 x DP3", (1,)), ("paper-example.json", (1, 3))])
+def test_the_greedy_list_schedule_runs_without_deadlock(monkeypatch, name: str, dead: tuple[int, ...]) -> None:
+    """When CP-SAT finds nothing (stopped by the stall rule or the deadline) the rerouting runs
+    the fallback schedule; where that is the greedy list schedule its action lists run to
+    completion with blocking receives too."""
+    import chameleon_opt.solve.bubbles as bubbles
+    from chameleon_opt.solve.backends import Outcome
+    from chameleon_opt.solve.result import Status
+
+    monkeypatch.setattr(bubbles, "solve_cpsat", lambda *args, **kwargs: (
+        None, Outcome(Status.NO_SOLUTION, None, None, 0.0, "UNKNOWN (stubbed)")))
+    instance = three_pipelines() if name == "PP2 x DP3" else load_instance(ROOT / "instances" / name)
+    failed = frozenset(dead)
+    decision = plan_recovery(dataclasses.replace(instance, failed_devices=failed), failed,
+                             PlanningOptions("reroute", time_limit_s=1.0))
+    problem = bubbles.problem_for(PerfModel(instance), instance.plan, failed)
+    greedy = bubbles.list_schedule(problem)
+    assert decision.schedule is not None and decision.schedule.orders == greedy.orders
+    plans = dict(decision.rank_plans)
+    orders = planned_operations(plans)
+    assert orders is not None
+    run_blocking(plans, orders, instance.micro_batch_size)
+
+
 def test_initial_plan_is_1f1b() -> None:
     instance = load_instance(ROOT / "instances" / "paper-example.json")
     plans = lowered(instance, instance.plan, frozenset())

@@ -294,7 +294,7 @@ class RedundancyAblation(Policy):
         if lost_layers(instance, state.dead):
             return restart_response(self, state, "some layer lost every replica")
         model = self.model(instance)
-        result, _ = cached_search(instance, state.dead, self.time_limit_s, model)
+        result, _ = cached_search(instance, state.dead, self.time_limit_s, model, options=self.solver)
         if result.solution is None:
             return restart_response(self, state, f"Bamboo cannot re-plan ({result.reason})")
         new = result.solution

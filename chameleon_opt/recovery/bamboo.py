@@ -73,7 +73,7 @@ class Bamboo(Policy):
                             f"local rendezvous {LOCAL_RENDEZVOUS_S:.0f} s + one lost iteration", "takeover")
         if lost_layers(state.instance, state.dead):
             return restart_response(self, state, "some layer lost every replica")
-        result, _ = cached_search(state.instance, state.dead, self.time_limit_s, model)
+        result, _ = cached_search(state.instance, state.dead, self.time_limit_s, model, options=self.solver)
         if result.solution is None:
             return restart_response(self, state, f"Bamboo cannot re-plan ({result.reason})")
         step = model.evaluate(result.solution, state.dead).iteration_time_s * redundant

@@ -95,13 +95,18 @@ class DecisionSource:
     join_cache: dict = field(default_factory=dict)
     calls: int = 0
     believed: Callable[[Instance], PerfModel] | None = None
+
+    def deadline(self) -> Deadline:
+        """A decision's deadline: deterministic when `solver.deterministic` asks for reproducible runs."""
+        return Deadline.after(self.time_limit_s, deterministic=self.solver.deterministic)
+
     def decision(self, instance: Instance, dead: frozenset[int]) -> Decision:
         """The product's decision for `dead` on `instance.plan`. Raises UnrecoverableError (cached)."""
         key = (structure_key(instance), instance.plan, dead)
         if key not in self.cache:
             self.calls += 1
             try:
-                self.cache[key] = decide(instance, dead, "auto", deadline=Deadline.after(self.time_limit_s),
+                self.cache[key] = decide(instance, dead, "auto", deadline=self.deadline(),
                                          options=self.solver,
                                          model=self.believed(instance) if self.believed else None)
             except UnrecoverableError as error:
@@ -120,7 +125,8 @@ class DecisionSource:
             options = PlanningOptions("auto", self.time_limit_s, self.solver)
             self.join_cache[key], _ = join_candidates(
                 instance, current, before, joined, options, model=model,
-                search=lambda state, failed, _deadline: cached_search(state, failed, self.time_limit_s, model))
+                search=lambda state, failed, _deadline: cached_search(state, failed, self.time_limit_s, model,
+                                                                     options=self.solver))
         return self.join_cache[key]
 
 
@@ -203,8 +209,7 @@ class _ChameleonFamily(Policy):
         model = self.model(state.instance)
         if not state.dead & set(state.layout.devices):
             return state.layout, model.evaluate(state.layout, state.dead).iteration_time_s
-        rr = reroute_candidate(state.instance, state.dead, model, Deadline.after(self.source.time_limit_s),
-                               self.source.solver)
+        rr = reroute_candidate(state.instance, state.dead, model, self.source.deadline(), self.source.solver)
         if rr.feasible and rr.plan is not None:
             return rr.plan, rr.iteration_time_s
         plan = even_reroute(state.layout, state.dead)
@@ -214,7 +219,8 @@ class _ChameleonFamily(Policy):
         """(plan, step, transition, charged search) of a reconfiguration over every live device,
         the repaired ones included (they hold no state); None when the search finds none."""
         model = self.model(state.instance)
-        result, measured = cached_search(state.instance, state.dead, self.source.time_limit_s, model)
+        result, measured = cached_search(state.instance, state.dead, self.source.time_limit_s, model,
+                                         options=self.source.solver)
         if result.solution is None:
             return None
         search = self.charged(measured)
@@ -394,10 +400,12 @@ class ChameleonPaper(Policy):
     def reconfigure(self, state: PolicyState, previous: frozenset[int]) -> tuple[Choice | None, str]:
         model = self.model(state.instance)
         try:
-            result, measured = cached_search(state.instance, state.dead, self.time_limit_s, model, "enumerate")
+            result, measured = cached_search(state.instance, state.dead, self.time_limit_s, model, "enumerate",
+                                             self.solver)
             how = f"the paper's enumeration ({result.status.value})"
         except ImportError:
-            result, measured = cached_search(state.instance, state.dead, self.time_limit_s, model)
+            result, measured = cached_search(state.instance, state.dead, self.time_limit_s, model,
+                                             options=self.solver)
             how = "search_plan (enumerate_plans absent)"
         self.searcher = how
         if result.solution is None:

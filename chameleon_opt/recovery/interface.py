@@ -24,6 +24,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.decision import GROUP_REBUILD_S, migration_lower_bound_s
+from chameleon_opt.solve.backends import DEFAULT, SolverOptions
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.search import search_plan
 
@@ -112,18 +113,21 @@ _SEARCHES: dict[tuple, tuple[object, float]] = {}
 
 
 def cached_search(instance: Instance, dead: frozenset[int], time_limit_s: float, model: PerfModel,
-                  how: str = "search") -> tuple[object, float]:
+                  how: str = "search", options: SolverOptions = DEFAULT) -> tuple[object, float]:
     """(SolveResult, measured seconds) of `search_plan` (how='search') or the paper's
-    `enumerate_plans` (how='enumerate'), memoised per (structure, layout, dead, limit): a trace
-    revisits states and several policies search the same one. The measured time is the first run's."""
-    key = (structure_key(instance), instance.plan, dead, time_limit_s, how)
+    `enumerate_plans` (how='enumerate'), memoised per (structure, layout, dead, limit, options): a
+    trace revisits states and several policies search the same one. The measured time is the first
+    run's. With `options.deterministic` the search's deadline is a deterministic one."""
+    key = (structure_key(instance), instance.plan, dead, time_limit_s, how, options.backend, options.threads,
+           options.seed, tuple(sorted(options.params.items())), options.deterministic)
     if key not in _SEARCHES:
         start = time.perf_counter()
+        deadline = Deadline.after(time_limit_s, deterministic=options.deterministic)
         if how == "enumerate":
             from chameleon_opt.solve.enumerator import enumerate_plans  # lazily: may be absent
-            result = enumerate_plans(instance, dead, Deadline.after(time_limit_s), model=model)
+            result = enumerate_plans(instance, dead, deadline, model=model)
         else:
-            result = search_plan(instance, dead, Deadline.after(time_limit_s), model=model)
+            result = search_plan(instance, dead, deadline, options, model=model)
         _SEARCHES[key] = (result, time.perf_counter() - start)
     return _SEARCHES[key]
 
@@ -137,6 +141,13 @@ class Policy:
     """Base class: `respond` caches `_respond` per (instance, layout, dead, event)."""
 
     name = "policy"
+    solver: SolverOptions = DEFAULT
+    """The options of every solver call the policy makes (`registry.make_policy` sets them);
+    `solver.deterministic` also makes its deadlines deterministic (`deadline`)."""
+
+    def deadline(self, time_limit_s: float) -> Deadline:
+        """A deadline `time_limit_s` from now for one of this policy's decisions."""
+        return Deadline.after(time_limit_s, deterministic=self.solver.deterministic)
 
     def __init__(self) -> None:
         self._cache: dict[tuple, Response] = {}
@@ -183,7 +194,7 @@ def restart_response(policy: Policy, state: PolicyState, why: str, restart_s: fl
     """Checkpoint-restart on the live devices with a fresh plan: `restart_s` + the lost work."""
     instance = at_state(state.instance, state.layout, state.dead)
     model = policy.model(instance)
-    result, _ = cached_search(instance, state.dead, time_limit_s, model)
+    result, _ = cached_search(instance, state.dead, time_limit_s, model, options=policy.solver)
     if result.solution is None:
         return Response(None, math.inf, restart_s + lost_s, f"{why}; checkpoint-restart finds no plan on the "
                         f"survivors ({result.reason})", "restart", layout=state.layout, fallback=fallback)

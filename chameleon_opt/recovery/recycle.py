@@ -25,7 +25,6 @@ from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.recovery.interface import (CHECKPOINT_INTERVAL_S, RESTART_S, SEARCH_TIME_LIMIT_S, Policy,
                                               PolicyState, Response, restart_response)
 from chameleon_opt.solve.bubbles import rerouted_step
-from chameleon_opt.solve.deadline import Deadline
 
 
 class ReCycle(Policy):
@@ -43,7 +42,7 @@ class ReCycle(Policy):
             return self.start(state)
         model = self.model(state.instance)
         try:
-            rerouted = rerouted_step(model, state.layout, state.dead, Deadline.after(self.time_limit_s))
+            rerouted = rerouted_step(model, state.layout, state.dead, self.deadline(self.time_limit_s), self.solver)
         except (InfeasibleError, ValueError) as error:
             return restart_response(self, state, f"ReCycle cannot reroute ({error})", self.restart_s,
                                     self.interval_s / 2, self.time_limit_s)

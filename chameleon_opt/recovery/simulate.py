@@ -499,17 +499,22 @@ def _interrupted(record: TransitionRecord) -> TransitionRecord:
 def simulate_policies(instance: Instance, trace: Sequence[TraceEvent], policies: Sequence[str], horizon_s: float,
                       mtbf_hours_per_device: float | None = None, time_limit_s: float | None = None,
                       search_charge_s: float | None = None,
-                      progress: Callable[[str, int, int], None] | None = None) -> dict[str, SimulationResult]:
+                      progress: Callable[[str, int, int], None] | None = None,
+                      deterministic: bool = False) -> dict[str, SimulationResult]:
     """Run several policies by name (see `registry.POLICIES`) on one trace, the Chameleon family
     sharing one cache of `decide` results. `mtbf_hours_per_device` sets the fault statistics the
-    policies read (None keeps the instance's); `progress(policy, done, total)` per trace event."""
+    policies read (None keeps the instance's); `progress(policy, done, total)` per trace event.
+    `deterministic`: every decision on a deterministic deadline with deterministic solvers
+    (`SolverOptions.deterministic`), so a loaded machine gives the results of a quiet one."""
+    from chameleon_opt.solve.backends import SolverOptions
+
     from chameleon_opt.recovery.chameleon import DecisionSource
     from chameleon_opt.recovery.interface import SEARCH_TIME_LIMIT_S
     from chameleon_opt.recovery.registry import make_policy
 
     limit = SEARCH_TIME_LIMIT_S if time_limit_s is None else time_limit_s
     scored = instance if mtbf_hours_per_device is None else with_failure_rate(instance, mtbf_hours_per_device)
-    source = DecisionSource(limit)
+    source = DecisionSource(limit, SolverOptions(deterministic=deterministic))
     results = {}
     for name in policies:
         policy = make_policy(name, time_limit_s=limit, search_charge_s=search_charge_s, source=source)

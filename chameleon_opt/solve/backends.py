@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chameleon_opt.errors import InputError
+from chameleon_opt.solve.deadline import DETERMINISTIC_WALL_FACTOR
 from chameleon_opt.solve.result import SolveResult, Status, T
 
 BACKENDS = ("cpsat", "highs", "cbc")
@@ -74,6 +75,11 @@ class SolverOptions:
     seed: int = 0
     log: bool = False
     params: Mapping[str, str] = field(default_factory=dict)
+    deterministic: bool = False
+    """Reproducible answers on a loaded machine (`simulate --deterministic`): CP-SAT runs one worker
+    and stops on its deterministic time (CPSAT_WORK_PER_S per second of limit) rather than the wall
+    clock, and every backend's wall-clock limit becomes a safety net DETERMINISTIC_WALL_FACTOR x
+    as long (pair it with `Deadline.after(..., deterministic=True)`)."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -96,6 +102,12 @@ class SolverOptions:
 
 
 DEFAULT = SolverOptions()
+
+CPSAT_WORK_PER_S = 0.2
+"""CP-SAT's deterministic time per wall second with one worker, measured on the bubble-filling
+model on a quiet 2-core machine (paper-example losing device 1: 0.217 in 1.13 s; other models'
+rates were not measured): a deterministic run's budget for a limit of T seconds is
+CPSAT_WORK_PER_S x T, about T seconds of a quiet machine."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +171,10 @@ def cpsat_solver(time_limit_s: float, options: SolverOptions = DEFAULT, **fixed:
     parameters.max_time_in_seconds = max(time_limit_s, 0.01)
     parameters.num_workers = options.threads
     parameters.random_seed = options.seed
+    if options.deterministic:  # one worker's search is a function of the model, the seed and the work done
+        parameters.num_workers = 1
+        parameters.max_deterministic_time = max(time_limit_s, 0.01) * CPSAT_WORK_PER_S
+        parameters.max_time_in_seconds = max(time_limit_s, 0.01) * DETERMINISTIC_WALL_FACTOR
     for name, value in fixed.items():
         setattr(parameters, name, value)
     if options.backend == "cpsat":
@@ -190,20 +206,82 @@ def _convert(name: str, text: str, kind: type) -> Any:
                          f"give {name} a {kind.__name__} value") from None
 
 
-def solve_cpsat(model: Any, time_limit_s: float, options: SolverOptions = DEFAULT, **fixed: Any) -> tuple[Any, Outcome]:
+@dataclass(frozen=True)
+class Stall:
+    """Stop a CP-SAT search once its incumbent has not improved for `least_s` seconds, or for
+    `ratio` x the time its last improvement took to come, whichever is longer (before any
+    solution: `least_s` from the start). For a model whose caller already holds a valid answer
+    and pays for every second it waits (a rerouting's schedule mid-incident): the time limit
+    alone let CP-SAT use all of it whenever it could not prove optimality. A wall-clock rule, so
+    it is not applied when `SolverOptions.deterministic` asks for reproducible runs."""
+
+    least_s: float
+    ratio: float
+
+    def stop_at(self, started: float, improved: float | None) -> float:
+        """The wall-clock instant to stop at, given the search's start and its last improvement."""
+        if improved is None:
+            return started + self.least_s
+        return improved + max(self.least_s, self.ratio * (improved - started))
+
+
+STALL_POLL_S = 0.01
+"""How often the stall watch looks at the clock (CP-SAT's stop_search is safe from another thread)."""
+
+
+def _solve_watched(solver: Any, model: Any, stall: Stall) -> tuple[Any, bool]:
+    """Run `solver` on `model` while a thread stops it when `stall` says so; (status code, stalled)."""
+    import threading
+
+    from ortools.sat.python import cp_model
+
+    started = time.perf_counter()
+    improved: list[float | None] = [None]
+    stalled = threading.Event()
+    finished = threading.Event()
+
+    class Improved(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:  # a minimising search reports only better solutions
+            improved[0] = time.perf_counter()
+
+    def watch() -> None:
+        while not finished.wait(STALL_POLL_S):
+            if time.perf_counter() >= stall.stop_at(started, improved[0]):
+                stalled.set()
+                solver.stop_search()
+                return
+
+    watcher = threading.Thread(target=watch, name="cpsat-stall", daemon=True)
+    watcher.start()
+    try:
+        code = solver.solve(model, Improved())
+    finally:
+        finished.set()
+        watcher.join()
+    return code, stalled.is_set()
+
+
+def solve_cpsat(model: Any, time_limit_s: float, options: SolverOptions = DEFAULT, stall: Stall | None = None,
+                **fixed: Any) -> tuple[Any, Outcome]:
     """Solve a CP-SAT model; the solver is returned to read values from when the outcome has a
-    solution (reading values without one gives zeros, not an error)."""
+    solution (reading values without one gives zeros, not an error). With `stall` (and not
+    `options.deterministic`) the search also stops when its incumbent stops improving; the
+    outcome's detail then says so."""
     from ortools.sat.python import cp_model
 
     solver = cpsat_solver(time_limit_s, options, **fixed)
-    code = solver.solve(model)
+    if stall is not None and not options.deterministic:
+        code, stalled = _solve_watched(solver, model, stall)
+    else:
+        code, stalled = solver.solve(model), False
     if code == cp_model.MODEL_INVALID:
         raise AssertionError(f"invalid CP-SAT model (a bug): {model.validate()}")
     status = _cpsat_map()[code]
     solved = status in (Status.OPTIMAL, Status.FEASIBLE)
+    detail = solver.status_name(code) + (" (stopped: no improvement)" if stalled and status is not Status.OPTIMAL
+                                         else "")
     return solver, Outcome(status, float(solver.objective_value) if solved else None,
-                           float(solver.best_objective_bound) if solved else None, float(solver.wall_time),
-                           solver.status_name(code))
+                           float(solver.best_objective_bound) if solved else None, float(solver.wall_time), detail)
 
 
 # -- HiGHS ------------------------------------------------------------------------------------------
@@ -223,6 +301,8 @@ def _highs_map() -> dict[Any, Status | None]:
 def _highs_options(h: Any, time_limit_s: float, options: SolverOptions, fixed: Mapping[str, Any]) -> str | None:
     """Set limits, seed, threads, the model's `fixed` options and the operator's `--params`;
     returns the log file to copy to stderr afterwards (None without --solver-log)."""
+    if options.deterministic:  # HiGHS has no work limit: its clock becomes a safety net
+        time_limit_s *= DETERMINISTIC_WALL_FACTOR
     settings: dict[str, Any] = {"output_flag": options.log, "log_to_console": False,  # stdout is for --json
                                 "time_limit": max(time_limit_s, 0.01), "threads": options.threads,
                                 "random_seed": options.seed, **fixed}
@@ -302,6 +382,8 @@ def solve_pulp(problem: Any, time_limit_s: float, options: SolverOptions = DEFAU
     if backend != "cbc":
         raise ValueError(f"solve_pulp: unknown backend {backend!r}")
     extra = [f"{k} {v}" for k, v in {**fixed, **(options.params if options.backend == "cbc" else {})}.items()]
+    if options.deterministic:  # CBC has no work limit: its clock becomes a safety net
+        time_limit_s *= DETERMINISTIC_WALL_FACTOR
     log = _temporary_log() if options.log else None
     with warnings.catch_warnings():  # PuLP's bundled CBC is deprecated for PuLP 4.0; it is what we have
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -158,12 +158,13 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
         plan = lower(templates, mix, space.groups_by_type, tp)
         # Exact polish: the model's 1F1B and sync terms are surrogates, so its neighbours are
         # evaluated exactly and the faster plan kept (ties in the surrogate hide real differences).
-        evaluating = time.perf_counter()
+        evaluating = deadline.now()
         plan, best_time = relieved(model, plan, failed)
         # The polish is optional: each of its exact evaluations (0.1-0.5 s at 16,384-131,072 devices)
-        # starts only while one more and the final check still fit before the deadline.
-        evaluation_s = time.perf_counter() - evaluating
-        polish = Deadline(deadline.end - 2 * evaluation_s)
+        # starts only while one more and the final check still fit before the deadline (timed on the
+        # deadline's clock: a deterministic one's stands still, so the polish runs to its own end).
+        evaluation_s = deadline.now() - evaluating
+        polish = deadline.until(deadline.end - 2 * evaluation_s)
         if not math.isfinite(best_time) and mix is not hint:  # the exact memory model refuses the solver's mix
             plan, best_time = relieved(model, lower(templates, hint, space.groups_by_type, tp), failed)
             mix, why = hint, why + "; the solver's mix overflows the exact memory model, the incumbent kept"
@@ -191,7 +192,7 @@ def _template_plan(instance: Instance, failed: frozenset[int], deadline: Deadlin
                 plan, best_time = polished, value
                 why += "; layer splits polished on the exact 1F1B time"
         if polish.left() >= 2 * evaluation_s:  # each move is one exact evaluation; the check follows
-            stepped, value = polish_step_splits(model, plan, failed, Deadline(polish.end - evaluation_s))
+            stepped, value = polish_step_splits(model, plan, failed, polish.until(polish.end - evaluation_s))
             if value < best_time * (1 - 1e-12):
                 plan, best_time = stepped, value
                 why += "; layer splits polished on the exact step"
@@ -242,7 +243,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     bounds the whole search; `stopped_early` says it ran out before proving its answer."""
     start = time.perf_counter()
     seed = options.seed
-    budget_s = max(deadline.end - start, 0.0)
+    budget_s = deadline.left()
     model = model or PerfModel(instance)
     if deadline.left() < MIN_SEARCH_S:
         return SolveResult(Status.NO_SOLUTION, None, None, None, 0.0, options.backend, 0.0, seed,
@@ -290,7 +291,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         exact = exact_search(instance, model, failed, value, deadline.share(EXACT_SHARE))
     if exact is None and len(groups) <= ENUMERATION_GROUPS and not deadline.expired():
         share = min(budget_s * ENUMERATION_SHARE, deadline.left())
-        paper = enumerate_plans(instance, failed, Deadline.after(max(share, 0.01)), model=model)
+        paper = enumerate_plans(instance, failed, deadline.within(max(share, 0.01)), model=model)
         paper_plan, paper_value = _exact_value(model, paper.solution, failed)
         if paper_value < value * (1 - 1e-12):
             plan, value, used = paper_plan, paper_value, "enumeration"
