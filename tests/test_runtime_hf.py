@@ -164,6 +164,31 @@ def test_policy_auto_runs_a_hybrid_and_a_kill_in_its_switch_is_recovered():
     assert not final.rerouted and {1, 2}.isdisjoint(final.devices) and report.dead == (1, 2)
 
 
+@pytest.mark.multiprocess
+def test_a_tp2_hybrid_reroutes_with_dtensor_stages_and_counts_the_idled_peer_out():
+    """PP2 x DP2 x TP2 (8 processes, tiny-llama, device MTBF one hour): device 2 (stage 1 of
+    pipeline 0, TP rank 0) dies in step 1; auto picks the hybrid. Its interim rerouting runs on
+    DTensor-sharded stages (the split backward through sharded weights), and idles device 3, the
+    dead device's TP peer, which drops its shards: they go stale as the step commits. The
+    decision's reconfigured plan counted on device 3, so the switch reconfigures again from the
+    layout the state is in, without it. Losses equal failure-free training (float64, 1e-5)."""
+    from chameleon_opt.runtime.controller import Failure
+
+    config = MODELS / "tiny-llama" / "config.json"
+    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=2, mtbf_hours=1.0)
+    steps = 3
+    expected = reference_losses(instance, config, steps)
+    report = PipelinedController(instance, config, policy="auto").run(steps, [Failure(1, (2,), after_ops=1)])
+    assert len(report.losses) == steps and all(report.samples_exactly_once)
+    for got, want in zip(report.losses, expected):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    (recovery,) = report.recoveries
+    assert (recovery.policy, recovery.schedule, recovery.switched_before_step) == ("hybrid", "bubble-filled", 2)
+    final = report.plans[-1]
+    assert final.tensor_parallel == 2 and not final.rerouted and {2, 3}.isdisjoint(final.devices)
+    assert report.dead == (2,)
+
+
 @pytest.mark.parametrize("args, option, problem", [
     (["--kill", "3@1", "--tp-degrees", "1,x"], "--tp-degrees", "not a list of integers"),
     (["--kill", "3@1", "--tp-degrees", "4"], "--tp-degrees", "does not divide kv_heads 2"),

@@ -33,9 +33,10 @@ gradient, `runtime.split_backward`) or else in the runtime's 1F1B list order
 (`runtime.schedule.order_operations`, full backward), activations exchanged point to point over
 one group of the generation's ranks (non-blocking sends, blocking receives, so that those orders
 cannot deadlock). The loss is divided by the global batch and gradients are summed over the live
-holders, as with torch's schedule. A stage that lost a device drops out (a live TP peer there keeps
-its shards, idle); the layout the state is in is the rerouted plan without its rerouting, which a
-later failure plans from. A hybrid (policy auto) runs its interim rerouting at once and switches
+holders, as with torch's schedule. A stage that lost a device drops out: a live TP peer there idles
+and drops its shards, and the planner counts it out until a plan no longer lists it (`_stale`).
+The layout the state is in is the rerouted plan without its rerouting, which a later failure
+plans from. A hybrid (policy auto) runs its interim rerouting at once and switches
 to its reconfigured plan after the next committed step, migrating from the layout the state is
 in then; a failure in that switch is recovered from as any other.
 
@@ -197,10 +198,6 @@ class Worker:
         new_state: dict[str, dict[str, torch.Tensor]] = {}
         stage = None
         relief = None
-        if role is None and msg.get("keep_state"):
-            # a live TP peer of a lost stage, idle while its stage's work is rerouted: its shards
-            # stay (the layout still counts on them), it builds no stage
-            new_state = self.state
         if role is not None:
             first, end = role["layers"]
             mode, optimizer_offloaded = parse_relief(role["relief"])
@@ -234,8 +231,7 @@ class Worker:
             if missing:
                 raise AssertionError(f"device {self.device} lacks {sorted(missing)[:3]} after the transition")
         self.pending = {"state": new_state, "stage": stage, "role": role, "groups": groups, "rank_of": rank_of,
-                        "steps_done": msg["steps_done"], "keep_state": bool(msg.get("keep_state")),
-                        "rank_plan": msg.get("rank_plan"), "ops": msg.get("ops"), "p2p_group": msg.get("p2p_group")}
+                        "steps_done": msg["steps_done"], "rank_plan": msg.get("rank_plan"), "ops": msg.get("ops"), "p2p_group": msg.get("p2p_group")}
         return {"event": "ready", "device": self.device, "group_s": t1 - t0, "build_s": t_built - t1,
                 "restore_s": t2 - t_built, "relief": relief}
 
@@ -334,9 +330,7 @@ class Worker:
         self.role = role
         self.rank_plan, self.ops = p["rank_plan"], p["ops"]
         if role is None:
-            self.schedule = None
-            if not p["keep_state"]:
-                self.layers = None
+            self.layers, self.schedule = None, None
             return
         self.layers, self.tp_rank, self.tp_degree = tuple(role["layers"]), role["tp_rank"], len(role["tp_group"])
         for name, param in _named_params(self.stage):
@@ -815,8 +809,8 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
     A role's relief is its stage's, the training's recomputation where the plan names none.
 
     A rerouted plan (`rank_plans`, the decision's lowering, and `orders`, each rank's operations)
-    keeps the stages that lost a device (`failed`): they get no role (a live TP peer there keeps
-    its shards, `keep_state`) and hold no gradient; every other rank runs its rank plan in its
+    keeps the stages that lost a device (`failed`): they get no role (a live TP peer there idles and
+    drops its shards, which would go stale) and hold no gradient; every other rank runs its rank plan in its
     order, exchanging activations over one group of every rank (`p2p_group`) instead of a
     per-pipeline torch schedule. The TP ranks of a slot run one order (its first rank's), so that
     their collectives meet."""
@@ -870,8 +864,6 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
             if roles.get(d) is not None:
                 out[d].update(rank_plan=rank_plans[d], ops=list(orders.get(slot_of[d][0], [])),
                               p2p_group=list(range(len(order))))
-            else:
-                out[d]["keep_state"] = d in lost
     return out
 
 
@@ -1124,6 +1116,16 @@ class PipelinedController:
         report.heartbeat_longest_s = self.heartbeats.longest_s
         return report
 
+    def _stale(self) -> frozenset[int]:
+        """Live devices of a stage that lost a device, idle while the running plan reroutes its
+        work: they dropped their shards (stale once a step commits without them), so the planner
+        counts them out like failed devices until the layout no longer lists them (then they are
+        spares); never failed themselves (`self.failed`, `dead`)."""
+        if not self.running.rerouted:
+            return frozenset()
+        return frozenset(d for pipe in self.plan.pipelines for stage in pipe.stages
+                         if self.failed.intersection(stage.devices) for d in stage.devices) - self.failed
+
     def _recover(self, step: int, dead: tuple[int, ...], kill_at: float) -> Recovery:
         """Plan from the layout the state is in with every device failed so far and start the
         plan; a death during that transition aborts it and plans again (one recovery). A hybrid
@@ -1132,18 +1134,20 @@ class PipelinedController:
         now = time.perf_counter()
         recovery = Recovery(step, dead, self.restore, detection_s=now - kill_at)
         self.pending_switch = None
+        stale = self._stale()
         new = set(dead)
         while True:
             self.failed = self.failed | frozenset(new)
             recovery.dead = tuple(sorted(set(recovery.dead) | new))
             t0 = time.perf_counter()
-            state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=self.failed)
+            out = self.failed | stale
+            state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=out)
             # no checkpoint yet (the first step has not committed): nothing to re-shard from
             options = self.options if self.checkpoint is not None else dataclasses.replace(self.options, tp_degrees=())
             try:
-                decision = plan_recovery(state, self.failed, options)
+                decision = plan_recovery(state, out, options)
             except UnrecoverableError as error:
-                raise with_stale_copies(error, self.layouts, state, self.failed) from None
+                raise with_stale_copies(error, self.layouts, state, out) from None
             recovery.planning_s += time.perf_counter() - t0
             recovery.policy = decision.policy
             now_run = decision.interim or decision   # a hybrid reroutes first
@@ -1182,10 +1186,16 @@ class PipelinedController:
         (decision, planned_from, recovery), self.pending_switch = self.pending_switch, None
         started = time.perf_counter()
         migration = decision.migration
+        stale = self._stale()
+        out = self.failed | stale
+        state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=out)
+        if stale & set(decision.plan.devices):
+            # the plan counts on a device the interim idled: reconfigure again from the layout now
+            decision = plan_recovery(state, out, dataclasses.replace(self.options, policy="reconfigure"))
+            migration = decision.migration
         changed = decision.plan.tensor_parallel != self.plan.tensor_parallel
         if not changed and self.plan != planned_from:
-            state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=self.failed)
-            migration, _, _ = communication_plan(state, self.plan, decision.plan, self.failed,
+            migration, _, _ = communication_plan(state, self.plan, decision.plan, out,
                                                  Deadline.after(max(self.options.time_limit_s / 2, 1.0)), assign=False,
                                                  model=PerfModel(state))
         replies, dead = self._generation(decision.plan, migration, "checkpoint" if changed else self.restore, step)
@@ -1218,8 +1228,9 @@ class PipelinedController:
             return []
         self.pending_switch = None   # a hybrid's switch still pending: this decision replaces it
         started = time.perf_counter()
-        state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=self.failed)
-        decision = plan_join(state, self.running, self.failed, joined, self.options)
+        stale = self._stale()
+        state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=self.failed | stale)
+        decision = plan_join(state, self.running, self.failed | stale, joined, self.options)
         rejoined = Rejoined(step, tuple(sorted(joined)), decision.policy, decision.reason,
                             planning_s=time.perf_counter() - started)
         report.rejoins.append(rejoined)
@@ -1227,7 +1238,7 @@ class PipelinedController:
             return []   # they stay out (failed) until a later rejoin
         for d in sorted(joined):
             self._start_worker(d)
-        failed_before, self.failed = self.failed, decision.failed
+        failed_before, self.failed = self.failed, decision.failed - stale
         changed = decision.plan.tensor_parallel != self.plan.tensor_parallel
         rejoined.restore = "checkpoint" if changed else self.restore
         replies, dead = self._generation(decision.plan, decision.migration, rejoined.restore, step,
