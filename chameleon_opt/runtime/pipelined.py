@@ -231,7 +231,8 @@ class Worker:
             if missing:
                 raise AssertionError(f"device {self.device} lacks {sorted(missing)[:3]} after the transition")
         self.pending = {"state": new_state, "stage": stage, "role": role, "groups": groups, "rank_of": rank_of,
-                        "steps_done": msg["steps_done"], "rank_plan": msg.get("rank_plan"), "ops": msg.get("ops"), "p2p_group": msg.get("p2p_group")}
+                        "steps_done": msg["steps_done"], "rank_plan": msg.get("rank_plan"), "ops": msg.get("ops"),
+                        "p2p_group": msg.get("p2p_group")}
         return {"event": "ready", "device": self.device, "group_s": t1 - t0, "build_s": t_built - t1,
                 "restore_s": t2 - t_built, "relief": relief}
 
