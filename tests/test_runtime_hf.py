@@ -206,3 +206,22 @@ def test_demo_hf_refuses_bad_rejoins_and_tp_degrees_before_starting(args, option
     assert result.exit_code == 2 and "Traceback" not in result.output
     (line,) = [line for line in result.output.splitlines() if line.strip()]
     assert option in line and problem in line and "fix:" in line
+
+
+@pytest.mark.multiprocess
+def test_demo_hf_runs_the_policy_given():
+    """`demo --hf ... --policy reroute --json`: the recovery is the planner's rerouting, run as the
+    bubble-filled action lists, and the losses are failure-free training's."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from chameleon_opt.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--hf", str(MODELS / "tiny-llama"), "--hf-layout", "2x2x1",
+                                      "--steps", "2", "--kill", "1@1", "--policy", "reroute", "--json"])
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.output)["runs"]["migration"]
+    (recovery,) = run["recoveries"]
+    assert (recovery["policy"], recovery["schedule"], recovery["restore"]) == ("reroute", "bubble-filled", "none")
+    assert run["loss_deviation"] <= 1e-5 and all(run["samples_exactly_once"])
