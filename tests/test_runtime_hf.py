@@ -189,6 +189,30 @@ def test_a_tp2_hybrid_reroutes_with_dtensor_stages_and_counts_the_idled_peer_out
     assert report.dead == (2,)
 
 
+@pytest.mark.multiprocess
+def test_a_device_back_after_a_rerouting_takes_its_rerouted_work_back():
+    """PP2 x DP3 on 6 processes (tiny-llama), policy reroute: device 1 dies in step 1 and its
+    stage's work is rerouted; it comes back before step 2 as a fresh worker and the planner, asked
+    with the plan running now (the rerouting), gives it its slot back (rejoin-slots): the next
+    generation migrates its layers to it. Losses equal failure-free training (float64, 1e-5)."""
+    from chameleon_opt.runtime.controller import Failure, Rejoin
+
+    config = MODELS / "tiny-llama" / "config.json"
+    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=3, tensor_parallel=1)
+    steps = 3
+    expected = reference_losses(instance, config, steps)
+    report = PipelinedController(instance, config, policy="reroute").run(
+        steps, [Failure(1, (1,), after_ops=1)], [Rejoin(2, (1,))])
+    assert len(report.losses) == steps and all(report.samples_exactly_once)
+    for got, want in zip(report.losses, expected):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    (recovery,) = report.recoveries
+    (back,) = report.rejoins
+    assert (recovery.policy, recovery.schedule) == ("reroute", "bubble-filled")
+    assert (back.policy, back.restore, back.aborted) == ("rejoin-slots", "migration", False)
+    assert back.plan is not None and not back.plan.rerouted and 1 in back.plan.devices and report.dead == ()
+
+
 @pytest.mark.parametrize("args, option, problem", [
     (["--kill", "3@1", "--tp-degrees", "1,x"], "--tp-degrees", "not a list of integers"),
     (["--kill", "3@1", "--tp-degrees", "4"], "--tp-degrees", "does not divide kv_heads 2"),
