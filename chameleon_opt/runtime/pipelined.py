@@ -1194,6 +1194,7 @@ class PipelinedController:
             # the plan counts on a device the interim idled: reconfigure again from the layout now
             decision = plan_recovery(state, out, dataclasses.replace(self.options, policy="reconfigure"))
             migration = decision.migration
+            planned_from = self.plan
         changed = decision.plan.tensor_parallel != self.plan.tensor_parallel
         if not changed and self.plan != planned_from:
             migration, _, _ = communication_plan(state, self.plan, decision.plan, out,
