@@ -810,11 +810,11 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
     A role's relief is its stage's, the training's recomputation where the plan names none.
 
     A rerouted plan (`rank_plans`, the decision's lowering, and `orders`, each rank's operations)
-    keeps the stages that lost a device (`failed`): they get no role (a live TP peer there idles and
-    drops its shards, which would go stale) and hold no gradient; every other rank runs its rank plan in its
-    order, exchanging activations over one group of every rank (`p2p_group`) instead of a
-    per-pipeline torch schedule. The TP ranks of a slot run one order (its first rank's), so that
-    their collectives meet."""
+    keeps the stages that lost a device (`failed`): they get no role (a live TP peer there idles
+    and drops its shards, which would go stale) and hold no gradient; every other rank runs its
+    rank plan in its order, exchanging activations over one group of every rank (`p2p_group`)
+    instead of a per-pipeline torch schedule. The TP ranks of a slot run one order (its first
+    rank's), so that their collectives meet."""
     order = [d for pipe in plan.pipelines for stage in pipe.stages for d in stage.devices if d in live]
     order += [d for d in live if d not in order]
     rank_of = {d: r for r, d in enumerate(order)}
@@ -860,11 +860,10 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
     out = {d: {"rank_of": rank_of, "groups": [list(g) for g in ordered], "role": roles.get(d),
                "transfers": transfers} for d in live}
     if rank_plans is not None and orders is not None:
-        slot_of = {d: stage.devices for pipe in plan.pipelines for stage in pipe.stages for d in stage.devices}
-        for d in live:
-            if roles.get(d) is not None:
-                out[d].update(rank_plan=rank_plans[d], ops=list(orders.get(slot_of[d][0], [])),
-                              p2p_group=list(range(len(order))))
+        first_of = {d: stage.devices[0] for pipe in plan.pipelines for stage in pipe.stages for d in stage.devices}
+        for d in roles:
+            out[d].update(rank_plan=rank_plans[d], ops=list(orders.get(first_of[d], [])),
+                          p2p_group=list(range(len(order))))
     return out
 
 
