@@ -16,7 +16,7 @@ prints a line per scenario and a summary (scenarios, seeds, passed, recovery lat
 the next committed step: median and worst, and by phase), and writes bench/out/kill_campaign.json.
 
 `--runtime hf` runs the same kinds of scenarios on the Hugging Face runtime (`demo --hf`: torch
-pipelining, DTensor TP, recovery by reconfiguration only) on 4-process worlds of tiny-llama and
+pipelining, DTensor TP, policy reconfigure) on 4-process worlds of tiny-llama and
 tiny-gpt2: PP2 x DP2 (TP1) and DP2 x TP2 (PP1); its losses are checked against single-process
 training of the whole model (float64). A `hang` scenario stops a worker (SIGSTOP) in a step
 instead of killing it: the heartbeat watchdog must find it. A `rejoin` scenario kills a device and
@@ -83,7 +83,8 @@ class Scenario:
     def args(self) -> list[str]:
         if self.runtime == "hf":
             model, layout = HF_INSTANCES[self.instance]
-            head = ["--hf", str(HF_MODELS / model), "--hf-layout", "x".join(map(str, layout)), "--steps", str(STEPS)]
+            head = ["--hf", str(HF_MODELS / model), "--hf-layout", "x".join(map(str, layout)), "--steps", str(STEPS),
+                    "--policy", self.policy]
         else:
             head = [str(INSTANCES[self.instance]), "--steps", str(STEPS), "--policy", self.policy]
         return (head + [f"--kill={d}@{s}" for d, s in self.kills]
@@ -227,7 +228,7 @@ def stages_of(instance: str, runtime: str = "gpt") -> list[list[int]]:
 
 
 def draw(rng: random.Random, seed: int, index: int, kind: str, runtime: str = "gpt") -> Scenario:
-    if runtime == "hf":   # reconfiguration is the HF runtime's only policy
+    if runtime == "hf":   # reconfigure: the policy these scenarios and their replay were written for
         instance, policy = rng.choice(sorted(HF_INSTANCES)), "reconfigure"
         devices = sorted(base_instance(runtime, instance).plan.devices)   # every TP rank too
         stages = stages_of(instance, runtime)

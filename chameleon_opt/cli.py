@@ -736,8 +736,8 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
          force: bool = typer.Option(False, "--force", help="overwrite an existing plot file"),
          as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
          hf: Path = typer.Option(None, "--hf", help="a Hugging Face config.json (e.g. models/hf/tiny-llama): "
-                                 "train it with TP and torch pipelining instead (--hf-layout), recovering by "
-                                 "reconfiguration"),
+                                 "train it with TP and torch pipelining instead (--hf-layout), recovering as "
+                                 "--policy decides (a rerouting runs each rank's planned order)"),
          hf_layout: str = typer.Option("2x2x2", "--hf-layout", metavar="PPxDPxTP",
                                        help="with --hf: the layout, one process per device (2x2x2: 8 processes)"),
          restore: str = typer.Option("migration", "--restore", help="with --hf: migration, checkpoint (runs both "
@@ -758,11 +758,8 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
         if hf is not None:
             from chameleon_opt.runtime.hf_demo import hf_demo
 
-            if policy not in (Policy.auto, Policy.reconfigure):
-                raise InputError(COMMAND_LINE, "--policy", "the Hugging Face runtime recovers by reconfiguration only",
-                                 "use --policy reconfigure (or auto) with --hf")
             return hf_demo(hf / "config.json" if hf.is_dir() else hf, restore, steps, kill, seed, as_json,
-                           kill_in_transition, hang, hf_layout, rejoin, _degrees(tp_degrees))
+                           kill_in_transition, hang, hf_layout, rejoin, _degrees(tp_degrees), policy.value)
         if tp_degrees:
             raise InputError(COMMAND_LINE, "--tp-degrees", "the tiny-GPT runtime runs TP 1 only",
                              "use --tp-degrees with --hf CONFIG")

@@ -91,6 +91,128 @@ def test_a_killed_device_comes_back_as_a_fresh_worker_and_gets_its_state():
     assert [r.dead for r in report.recoveries] == [(3,)] and report.dead == ()
 
 
+@pytest.mark.multiprocess
+def test_kills_rerouted_by_bubble_filled_action_lists_train_as_without_failures():
+    """PP2 x DP2 on 4 processes (tiny-llama), policy reroute: device 1 (pipeline 0, stage 1) dies
+    in step 1, and its micro-batches run on device 3 (stage 1 of pipeline 1: the same layers) in
+    the bubble schedule's per-rank action lists, the backward split into B and W; device 2 dies in
+    step 2 and the planner, planning from the rerouted layout, reroutes both lost stages onto the
+    two survivors. Every step's loss equals failure-free training (float64, 1e-5 relative:
+    measured 2e-16), every sample once, nothing moved."""
+    from chameleon_opt.runtime.controller import Failure
+
+    config = MODELS / "tiny-llama" / "config.json"
+    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=1)
+    steps = 4
+    expected = reference_losses(instance, config, steps)
+    report = PipelinedController(instance, config, policy="reroute").run(
+        steps, [Failure(1, (1,), after_ops=1), Failure(2, (2,), after_ops=2)])
+    assert len(report.losses) == steps and all(report.samples_exactly_once)
+    for got, want in zip(report.losses, expected):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    first, second = report.recoveries
+    assert [(r.policy, r.schedule, r.restore) for r in report.recoveries] == [("reroute", "bubble-filled", "none")] * 2
+    assert first.plan is not None and second.plan is not None
+    assert {(r.from_pipeline, r.stage) for r in first.plan.rerouted} == {(0, 1)}
+    assert {(r.from_pipeline, r.stage) for r in second.plan.rerouted} == {(0, 1), (1, 0)}
+    assert report.dead == (1, 2)
+
+
+@pytest.mark.multiprocess
+def test_a_kill_rerouted_by_serial_shares_runs_the_runtime_1f1b_order():
+    """Bubble filling off: the rerouting is priced by its serial shares (Eq. 12/13, here 7 of
+    pipeline 0's micro-batches onto pipeline 1, which keeps one of its own) and each rank runs the
+    runtime's 1F1B list order with a full backward. Losses equal failure-free training."""
+    from chameleon_opt.runtime.controller import Failure
+
+    config = MODELS / "tiny-llama" / "config.json"
+    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=1)
+    steps = 3
+    expected = reference_losses(instance, config, steps)
+    report = PipelinedController(instance, config, policy="reroute", bubble_filling=False).run(
+        steps, [Failure(1, (1,), after_ops=1)])
+    assert len(report.losses) == steps and all(report.samples_exactly_once)
+    for got, want in zip(report.losses, expected):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    (recovery,) = report.recoveries
+    assert (recovery.policy, recovery.schedule) == ("reroute", "1F1B") and recovery.plan.rerouted
+
+
+@pytest.mark.multiprocess
+def test_policy_auto_runs_a_hybrid_and_a_kill_in_its_switch_is_recovered():
+    """PP2 x DP2 (tiny-llama) with a device MTBF of one hour: policy auto weighs the next fault and
+    picks the hybrid when device 1 dies in step 1: its interim rerouting runs at once (the bubble
+    schedule's action lists), the reconfigured plan waits for the next committed step. Device 2
+    dies inside that switch: the survivors keep the interim's state, the planner decides again (a
+    hybrid once more) and its switch goes through before step 3. Losses equal failure-free
+    training (float64, 1e-5 relative), every sample once."""
+    from chameleon_opt.runtime.controller import Failure
+
+    config = MODELS / "tiny-llama" / "config.json"
+    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=1, mtbf_hours=1.0)
+    steps = 4
+    expected = reference_losses(instance, config, steps)
+    report = PipelinedController(instance, config, policy="auto").run(
+        steps, [Failure(1, (1,), after_ops=1), Failure(2, (2,), in_transition=True)])
+    assert len(report.losses) == steps and all(report.samples_exactly_once)
+    for got, want in zip(report.losses, expected):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    first, second = report.recoveries
+    assert [(r.policy, r.schedule) for r in report.recoveries] == [("hybrid", "bubble-filled")] * 2
+    assert (first.switched_before_step, second.switched_before_step, second.aborted_transitions) == (None, 3, 1)
+    final = report.plans[-1]
+    assert not final.rerouted and {1, 2}.isdisjoint(final.devices) and report.dead == (1, 2)
+
+
+@pytest.mark.multiprocess
+def test_a_tp2_hybrid_reroutes_with_dtensor_stages_and_counts_the_idled_peer_out():
+    """PP2 x DP2 x TP2 (8 processes, tiny-llama, device MTBF one hour): device 2 (stage 1 of
+    pipeline 0, TP rank 0) dies in step 1; auto picks the hybrid. Its interim rerouting runs on
+    DTensor-sharded stages (the split backward through sharded weights), and idles device 3, the
+    dead device's TP peer, which drops its shards: they go stale as the step commits. The
+    decision's reconfigured plan counted on device 3, so the switch reconfigures again from the
+    layout the state is in, without it. Losses equal failure-free training (float64, 1e-5)."""
+    from chameleon_opt.runtime.controller import Failure
+
+    config = MODELS / "tiny-llama" / "config.json"
+    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=2, mtbf_hours=1.0)
+    steps = 3
+    expected = reference_losses(instance, config, steps)
+    report = PipelinedController(instance, config, policy="auto").run(steps, [Failure(1, (2,), after_ops=1)])
+    assert len(report.losses) == steps and all(report.samples_exactly_once)
+    for got, want in zip(report.losses, expected):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    (recovery,) = report.recoveries
+    assert (recovery.policy, recovery.schedule, recovery.switched_before_step) == ("hybrid", "bubble-filled", 2)
+    final = report.plans[-1]
+    assert final.tensor_parallel == 2 and not final.rerouted and {2, 3}.isdisjoint(final.devices)
+    assert report.dead == (2,)
+
+
+@pytest.mark.multiprocess
+def test_a_device_back_after_a_rerouting_takes_its_rerouted_work_back():
+    """PP2 x DP3 on 6 processes (tiny-llama), policy reroute: device 1 dies in step 1 and its
+    stage's work is rerouted; it comes back before step 2 as a fresh worker and the planner, asked
+    with the plan running now (the rerouting), gives it its slot back (rejoin-slots): the next
+    generation migrates its layers to it. Losses equal failure-free training (float64, 1e-5)."""
+    from chameleon_opt.runtime.controller import Failure, Rejoin
+
+    config = MODELS / "tiny-llama" / "config.json"
+    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=3, tensor_parallel=1)
+    steps = 3
+    expected = reference_losses(instance, config, steps)
+    report = PipelinedController(instance, config, policy="reroute").run(
+        steps, [Failure(1, (1,), after_ops=1)], [Rejoin(2, (1,))])
+    assert len(report.losses) == steps and all(report.samples_exactly_once)
+    for got, want in zip(report.losses, expected):
+        assert abs(got - want) <= 1e-5 * abs(want)
+    (recovery,) = report.recoveries
+    (back,) = report.rejoins
+    assert (recovery.policy, recovery.schedule) == ("reroute", "bubble-filled")
+    assert (back.policy, back.restore, back.aborted) == ("rejoin-slots", "migration", False)
+    assert back.plan is not None and not back.plan.rerouted and 1 in back.plan.devices and report.dead == ()
+
+
 @pytest.mark.parametrize("args, option, problem", [
     (["--kill", "3@1", "--tp-degrees", "1,x"], "--tp-degrees", "not a list of integers"),
     (["--kill", "3@1", "--tp-degrees", "4"], "--tp-degrees", "does not divide kv_heads 2"),
@@ -108,3 +230,22 @@ def test_demo_hf_refuses_bad_rejoins_and_tp_degrees_before_starting(args, option
     assert result.exit_code == 2 and "Traceback" not in result.output
     (line,) = [line for line in result.output.splitlines() if line.strip()]
     assert option in line and problem in line and "fix:" in line
+
+
+@pytest.mark.multiprocess
+def test_demo_hf_runs_the_policy_given():
+    """`demo --hf ... --policy reroute --json`: the recovery is the planner's rerouting, run as the
+    bubble-filled action lists, and the losses are failure-free training's."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from chameleon_opt.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--hf", str(MODELS / "tiny-llama"), "--hf-layout", "2x2x1",
+                                      "--steps", "2", "--kill", "1@1", "--policy", "reroute", "--json"])
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.output)["runs"]["migration"]
+    (recovery,) = run["recoveries"]
+    assert (recovery["policy"], recovery["schedule"], recovery["restore"]) == ("reroute", "bubble-filled", "none")
+    assert run["loss_deviation"] <= 1e-5 and all(run["samples_exactly_once"])

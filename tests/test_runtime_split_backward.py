@@ -48,3 +48,38 @@ def test_split_backward_equals_the_full_backward_bitwise(first: int, end: int) -
     for full, split in zip(full_modules, split_modules):
         for (name, a), b in zip(full.named_parameters(), split.parameters()):
             assert b.grad is not None and torch.equal(a.grad, b.grad), name
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2"])
+@pytest.mark.parametrize("mode", ["none", "full", "selective", "offload"])
+def test_split_backward_of_an_hf_stage_equals_the_full_backward_in_every_activation_mode(family: str,
+                                                                                        mode: str) -> None:
+    """The HF runtime splits a rerouted stage's backward whatever memory relief the planner gave
+    it: a checkpointed block (`full`) or attention core (`selective`) is recomputed inside B and W
+    needs that graph again, an offloaded activation is read back twice; the gradients must still
+    be the full backward's, bitwise."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from chameleon_opt.runtime import hf
+
+    torch.set_num_threads(1)
+    config = hf.load_config(Path(__file__).resolve().parent.parent / "models" / "hf" / family / "config.json")
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 8, config.hidden_size, generator=generator, dtype=torch.float64)
+    grad = torch.randn(2, 8, config.hidden_size, generator=generator, dtype=torch.float64)
+    grads = []
+    for split in (False, True):
+        stage = hf.Stage(hf.build_model(config, 0, torch.float64), config, 1, 3)
+        stage.set_activation_mode(mode)
+        params = list(stage.parameters())
+        leaf = x.clone().requires_grad_(True)
+        out = stage(leaf)
+        if split:
+            x_grad, weights = split_backward(out, leaf, grad, params)
+            weights()
+        else:
+            out.backward(grad)
+            x_grad = leaf.grad
+        grads.append([x_grad, *(p.grad for p in params)])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -1,7 +1,8 @@
 """`chameleon-solve demo --hf CONFIG`: the Hugging Face runtime (`runtime.pipelined`) on CPU
-processes, with failures injected and recovered by reconfiguration (TP degree changes with
-`--tp-degrees`), killed devices brought back (`--rejoin`); the failure-free losses are computed in
-this process (one model, torch's AdamW) and compared step by step."""
+processes, with failures injected and recovered as `--policy` decides (reconfiguration, with TP
+degree changes under `--tp-degrees`; rerouting, bubble-filled or by serial shares; the hybrid),
+killed devices brought back (`--rejoin`); the failure-free losses are computed in this process
+(one model, torch's AdamW) and compared step by step."""
 
 from __future__ import annotations
 
@@ -37,13 +38,13 @@ def check_degrees(instance: Instance, degrees: tuple[int, ...]) -> None:
 
 def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, as_json: bool,
             kill_in_transition: list[str] = (), hang: list[str] = (), layout: str = "2x2x2",
-            rejoin: list[str] = (), tp_degrees: tuple[int, ...] = ()) -> None:
+            rejoin: list[str] = (), tp_degrees: tuple[int, ...] = (), policy: str = "auto") -> None:
     """PP x DP x TP (`layout`, default 2 x 2 x 2: 8 processes) training the config's model. Each
     `--kill DEVICE@STEP` SIGKILLs that worker after its stage's 2nd forward of the step (several
     may share a step), each `--hang` SIGSTOPs it there instead (found by the heartbeat watchdog),
-    each `--kill-in-transition` kills it inside the first recovery at or after STEP; every failure
-    is recovered by reconfiguration, and a failure that leaves some layer without a live copy ends
-    with exit 5 naming the layers. Each `--rejoin DEVICE@STEP` brings a device killed (or hung) before
+    each `--kill-in-transition` kills it inside the first recovery (or hybrid switch) at or after
+    STEP; every failure is recovered as the planner decides under `policy`, and a failure that
+    leaves some layer without a live copy ends with exit 5 naming the layers. Each `--rejoin DEVICE@STEP` brings a device killed (or hung) before
     STEP back before it as a fresh worker: the planner decides its return and the next generation
     gives it its state. `--tp-degrees` lets a recovery change the TP degree (restored from the
     checkpoint saved after every step). `--restore checkpoint` runs the job twice, by planned migration
@@ -82,6 +83,7 @@ def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, 
         with tempfile.TemporaryDirectory(prefix="chameleon-dcp-") as folder:
             # a TP change is restored from the checkpoint, so with --tp-degrees every step saves one
             report = PipelinedController(instance, config, seed=seed, restore=mode, tp_degrees=tp_degrees,
+                                         policy=policy,
                                          checkpoint_dir=None if mode == "migration" and not tp_degrees else folder
                                          ).run(steps, failures, rejoins)
         deviation = max(abs(a - b) / abs(b) for a, b in zip(report.losses, expected))
@@ -93,7 +95,8 @@ def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, 
                    "dead": list(r.dead), "checkpoint_save_s": r.checkpoint_save_s,
                    "heartbeat_longest_s": r.heartbeat_longest_s,
                    "reliefs": [{str(d): name for d, name in ran.items()} for ran in r.reliefs],
-                   "recoveries": [{"step": x.step, "dead": list(x.dead), "hung": list(x.hung),
+                   "recoveries": [{"step": x.step, "dead": list(x.dead), "hung": list(x.hung), "policy": x.policy,
+                                   "schedule": x.schedule, "switched_before_step": x.switched_before_step,
                                    "detection_s": x.detection_s, "planning_s": x.planning_s, "group_s": x.group_s,
                                    "build_s": x.build_s, "restore_s": x.restore_s, "first_step_s": x.first_step_s,
                                    "total_s": x.total_s, "aborted_transitions": x.aborted_transitions,
@@ -109,12 +112,12 @@ def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, 
             for mode, (r, dev) in results.items()}})
         return
     table = Table(title=f"{config}: recovery (kill to next committed step), {shape}")
-    for column in ("restore", "step", "dead", "detect ms", "plan ms", "groups ms", "build ms", "restore ms",
-                   "first step ms", "total ms"):
+    for column in ("restore", "step", "dead", "policy", "schedule", "detect ms", "plan ms", "groups ms", "build ms",
+                   "restore ms", "first step ms", "total ms"):
         table.add_column(column, justify="right")
     for mode, (r, _) in results.items():
         for x in r.recoveries:
-            table.add_row(mode, str(x.step), str(list(x.dead)), *(f"{v * 1e3:.0f}" for v in (
+            table.add_row(mode, str(x.step), str(list(x.dead)), x.policy, x.schedule, *(f"{v * 1e3:.0f}" for v in (
                 x.detection_s, x.planning_s, x.group_s, x.build_s, x.restore_s, x.first_step_s, x.total_s)))
     stdout.print(table)
     for mode, (r, _) in results.items():

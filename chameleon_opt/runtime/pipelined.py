@@ -1,5 +1,5 @@
 """The runtime on Hugging Face model families: DTensor tensor parallelism inside each stage,
-`torch.distributed.pipelining` between stages, recovery by reconfiguration.
+`torch.distributed.pipelining` between stages, recovery by reconfiguration, rerouting or both.
 
 One process per device (gloo on CPU, one thread each). A generation is one plan: every pipeline
 of it runs one `PipelineStage` per (stage, TP rank) on a `Schedule1F1B` of its own micro-batch
@@ -18,9 +18,29 @@ block or attention-core checkpointing, or activations copied to host memory) and
 chooses reliefs among the instance's `training.reliefs`, so a recovery that only fits with one runs
 it; every worker reports the relief it built (`PipelinedReport.reliefs`).
 
-On a failure the controller asks the planner (`planning.plan_recovery`, policy reconfigure: the plan
-keeps the TP degree unless `tp_degrees` allows others) for a plan over the survivors, from the
-layout the state is in, and its migration schedule, and each shard a device lacks is sent by the
+On a failure the controller asks the planner (`planning.plan_recovery`, the controller's policy:
+reconfigure by default, reroute or auto; the plan keeps the TP degree unless `tp_degrees` allows
+others) for a plan over the survivors, from the layout the state is in.
+
+A rerouting keeps the layout: a lost stage's micro-batches run on the same stage of data-parallel
+peers (the planner reroutes only between stages of the same layers, so a host needs no other
+weights and nothing moves). Torch's schedules cannot run it (one pipeline, a fixed rank per stage),
+so every live rank runs its rank plan (`comm.lowering.RankPlan`: pieces of micro-batches with the
+ranks that feed them and that they feed) itself on its `hf.Stage` (`Worker._run_operations`):
+forwards and backwards in the order the plan fixes (a bubble-filled rerouting's action lists,
+`RankPlan.actions`, with the backward split into B, the input gradient, and W, the weight
+gradient, `runtime.split_backward`) or else in the runtime's 1F1B list order
+(`runtime.schedule.order_operations`, full backward), activations exchanged point to point over
+one group of the generation's ranks (non-blocking sends, blocking receives, so that those orders
+cannot deadlock). The loss is divided by the global batch and gradients are summed over the live
+holders, as with torch's schedule. A stage that lost a device drops out: a live TP peer there idles
+and drops its shards, and the planner counts it out until a plan no longer lists it (`_stale`).
+The layout the state is in is the rerouted plan without its rerouting, which a later failure
+plans from. A hybrid (policy auto) runs its interim rerouting at once and switches
+to its reconfigured plan after the next committed step, migrating from the layout the state is
+in then; a failure in that switch is recovered from as any other.
+
+A reconfiguration comes with its migration schedule, and each shard a device lacks is sent by the
 planned peer-to-peer transfers (a layer's shard state flattened, the schedule's byte shares cut
 into element ranges). `restore="checkpoint"` instead re-shards from a `torch.distributed.checkpoint`
 written after every committed step, keyed by parameter names (the baseline the migration must
@@ -50,7 +70,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -61,10 +81,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 
-from chameleon_opt.comm.lowering import state_shares
+from chameleon_opt.comm import communication_plan
+from chameleon_opt.comm.lowering import RankPlan, state_shares
 from chameleon_opt.decision import with_stale_copies
 from chameleon_opt.errors import UnrecoverableError
 from chameleon_opt.instance.load import Instance
+from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.perf.relief_kinds import parse_relief, relief_name
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import PlanningOptions, plan_recovery
@@ -73,6 +95,9 @@ from chameleon_opt.runtime import hf
 from chameleon_opt.runtime.cores import start_worker
 from chameleon_opt.runtime.offload import HostAdamW
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, start_heartbeat, step_loss
+from chameleon_opt.runtime.schedule import Message, WorkItem, order_operations, planned_operations, work_items
+from chameleon_opt.runtime.split_backward import split_backward
+from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.workload.schema import WorkloadSpec
 
 LEARNING_RATE = 3e-3
@@ -206,7 +231,8 @@ class Worker:
             if missing:
                 raise AssertionError(f"device {self.device} lacks {sorted(missing)[:3]} after the transition")
         self.pending = {"state": new_state, "stage": stage, "role": role, "groups": groups, "rank_of": rank_of,
-                        "steps_done": msg["steps_done"]}
+                        "steps_done": msg["steps_done"], "rank_plan": msg.get("rank_plan"), "ops": msg.get("ops"),
+                        "p2p_group": msg.get("p2p_group")}
         return {"event": "ready", "device": self.device, "group_s": t1 - t0, "build_s": t_built - t1,
                 "restore_s": t2 - t_built, "relief": relief}
 
@@ -303,6 +329,7 @@ class Worker:
         self.steps_done = p["steps_done"]   # a device back starts from none: AdamW's bias correction needs it
         role = p["role"]
         self.role = role
+        self.rank_plan, self.ops = p["rank_plan"], p["ops"]
         if role is None:
             self.layers, self.schedule = None, None
             return
@@ -326,13 +353,17 @@ class Worker:
                 self.state[name] = {"param": holder, "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"]}
                 self.optimizer.state[holder] = {"step": torch.tensor(float(self.steps_done)),
                                                 "exp_avg": st["exp_avg"], "exp_avg_sq": st["exp_avg_sq"]}
+        for group in self.groups.values():  # built and loaded: from now on a wait is a failure
+            group.set_timeout(timedelta(seconds=self.job.step_timeout_s))
+        self.recorded: list[torch.Tensor] = []
+        if self.ops is not None:  # a rerouted plan: this rank's pieces in its planned order (`_run_operations`)
+            self.schedule = None
+            self.p2p = self.groups[tuple(p["p2p_group"])]
+            return
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
         pipe_stage = PipelineStage(self.stage, role["stage"], role["num_stages"], torch.device("cpu"),
                                    group=self.groups[tuple(role["pp_group"])])
-        for group in self.groups.values():  # built and loaded: from now on a wait is a failure
-            group.set_timeout(timedelta(seconds=self.job.step_timeout_s))
-        self.recorded: list[torch.Tensor] = []
         self.schedule = Schedule1F1B(pipe_stage, role["micro_batches"], loss_fn=self._loss, scale_grads=False)
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -364,11 +395,15 @@ class Worker:
         if msg.get("die_after_forwards") is not None:
             hook = self._arm_kill(msg["die_after_forwards"], hang)
         self.recorded = []
+        losses: dict[int, float] | None = None
         try:
-            first, last = role["stage"] == 0, role["stage"] == role["num_stages"] - 1
-            args = (rows[:, :-1],) if first else ()
-            kwargs = {"target": rows[:, 1:], "losses": []} if last else {}
-            self.schedule.step(*args, **kwargs)
+            if self.ops is not None:
+                losses = self._run_operations(tokens)
+            else:
+                first, last = role["stage"] == 0, role["stage"] == role["num_stages"] - 1
+                args = (rows[:, :-1],) if first else ()
+                kwargs = {"target": rows[:, 1:], "losses": []} if last else {}
+                self.schedule.step(*args, **kwargs)
             self._allreduce()
         except Exception as error:
             with self.lock:
@@ -386,12 +421,78 @@ class Worker:
             return {"event": "aborted", "device": self.device, "error": _short(error), "t": time.time()}
         if hook is not None:  # fewer forwards than asked for (a small pipeline): it dies in its step
             self._die(hang)
-        losses: dict[int, float] = {}
-        if self.recorded and role["tp_rank"] == 0:
+        if role["tp_rank"] != 0:
+            losses = {}   # every TP rank scores the same samples: one answers
+        elif losses is None:
             # a generation's first step also scores a shape-inference forward first: keep the real ones
-            values = torch.cat(self.recorded[-role["micro_batches"]:]).tolist()
+            values = torch.cat(self.recorded[-role["micro_batches"]:]).tolist() if self.recorded else []
             losses = {lo + k: v for k, v in enumerate(values)}
         return {"event": "ready", "device": self.device, "losses": losses}
+
+    def _run_operations(self, tokens: torch.Tensor) -> dict[int, float]:
+        """A rerouted plan's step on this rank: its rank plan's pieces (`schedule.work_items`,
+        some of them a lost peer's, on this rank's own stage: a rerouting keeps every stage's
+        layers) in the controller's order (`self.ops`), activations and their gradients exchanged
+        point to point with the pieces' neighbours (non-blocking sends, blocking receives: the
+        order cannot deadlock, runtime/schedule.py). With a W in the order the backward is split
+        (`split_backward`): B sends the input gradient at once, W accumulates the weight gradients
+        later, bitwise what a full backward gives. The loss is divided by the global batch, as in
+        the torch schedule. Returns the losses of the samples whose loss it computed."""
+        assert self.stage is not None and self.rank_plan is not None and self.ops is not None
+        job, stage = self.job, self.stage
+        items = work_items(self.rank_plan, job.micro_batch_size)
+        params = list(stage.parameters())
+        split = any(kind == "W" for kind, _ in self.ops)
+        shape = (job.seq_len, self.config.hidden_size)
+        saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        deferred: dict[int, Callable[[], None]] = {}   # piece -> its W
+        sends: list[Any] = []
+        losses: dict[int, float] = {}
+        for kind, i in self.ops:
+            item = items[i]
+            assert item is not None   # an ordered op always has samples
+            if kind == "F":
+                x = None if stage.has_embedding else self._receive(item.receive_from, shape, False).requires_grad_(True)
+                out = stage(tokens[item.start:item.stop, :-1] if x is None else x)
+                if stage.has_head:
+                    per_sample = hf.sample_losses(out, tokens[item.start:item.stop, 1:])
+                    losses.update({item.start + k: v for k, v in enumerate(per_sample.detach().tolist())})
+                    out = per_sample.sum() / job.global_batch
+                else:
+                    sends += self._send_piece(item.send_to, item, out.detach(), False)
+                saved[i] = (x, out)
+            elif kind == "B":
+                x, out = saved.pop(i)
+                grad = None if stage.has_head else self._receive(item.send_to, shape, True)
+                if split:
+                    x_grad, deferred[i] = split_backward(out, x, grad, params)
+                else:
+                    out.backward(grad)
+                    x_grad = None if x is None else x.grad
+                if x_grad is not None:
+                    sends += self._send_piece(item.receive_from, item, x_grad, True)
+            else:
+                deferred.pop(i)()
+        for work in sends:
+            work.wait()
+        return losses
+
+    def _receive(self, messages: tuple[Message, ...], shape: tuple[int, int], backward: bool) -> torch.Tensor:
+        """Activations (or their gradients) of a piece's samples, from the peers holding them."""
+        buffers, works = [], []
+        for m in messages:
+            buf = torch.empty((m.stop - m.start, *shape), dtype=self.dtype)
+            works.append(dist.irecv(buf, self.rank_of[m.peer], group=self.p2p, tag=m.tag(backward)))
+            buffers.append(buf)
+        for work in works:
+            work.wait()
+        return torch.cat(buffers) if len(buffers) > 1 else buffers[0]
+
+    def _send_piece(self, messages: tuple[Message, ...], item: WorkItem, tensor: torch.Tensor, backward: bool
+                    ) -> list[Any]:
+        """Each peer's samples of `tensor` (the piece's rows), sent without waiting."""
+        return [dist.isend(tensor[m.start - item.start:m.stop - item.start].contiguous(), self.rank_of[m.peer],
+                           group=self.p2p, tag=m.tag(backward)) for m in messages]
 
     def _arm_kill(self, forwards: int, hang: bool = False) -> Any:
         """Failure injection: SIGKILL (SIGSTOP with `hang`) this process after its stage's
@@ -495,6 +596,7 @@ class Worker:
 
     def serve(self) -> None:
         self.role, self.schedule, self.holders = None, None, []
+        self.rank_plan, self.ops = None, None
         self.stepping: threading.Thread | None = None
         self.lock = threading.Lock()   # the step thread's reply and clean-up against an abandonment
         self.step_token = 0            # the step running now; moves on when it answers or is abandoned
@@ -646,7 +748,7 @@ class Recovery:
 
     step: int
     dead: tuple[int, ...]
-    restore: str                # migration, checkpoint or verify: what restored the state
+    restore: str                # migration, checkpoint or verify: what restored the state; none: rerouted
     detection_s: float = 0.0    # kill or hang -> every survivor stopped the step and reported
     planning_s: float = 0.0     # every decision (one more after each aborted transition)
     group_s: float = 0.0        # slowest rank forming the generation's groups
@@ -659,6 +761,10 @@ class Recovery:
     hung: tuple[int, ...] = ()  # devices the heartbeat watchdog found silent and killed
     reliefs: dict[int, str] = field(default_factory=dict)  # device -> the relief its new stage runs
     tensor_parallel: tuple[int, int] | None = None  # (from, to) when the plan changed the TP degree
+    policy: str = ""            # the decision's: reroute, reconfigure or hybrid
+    switched_before_step: int | None = None   # a hybrid: its reconfigured plan ran from this step on
+    switch_s: float = 0.0       # a hybrid: its switch's transition (plan, groups, build, migration)
+    schedule: str = ""          # what ran the plan: Schedule1F1B, or (rerouted) bubble-filled or 1F1B
 
 
 @dataclass
@@ -695,19 +801,31 @@ class PipelinedReport:
     rejoins: list[Rejoined] = field(default_factory=list)
 
 
-def generation_message(plan: Plan, live: list[int], instance: Instance, transfers: list[dict[str, Any]]
-                       ) -> dict[int, dict[str, Any]]:
+def generation_message(plan: Plan, live: list[int], instance: Instance, transfers: list[dict[str, Any]],
+                       failed: frozenset[int] = frozenset(), rank_plans: Mapping[int, RankPlan] | None = None,
+                       orders: Mapping[int, list[tuple[str, int]]] | None = None) -> dict[int, dict[str, Any]]:
     """Per live device: ranks, the groups every rank creates (same order everywhere) and its role.
     Ranks follow the plan pipeline by pipeline, stage by stage, TP innermost, so the t-th ranks of
     a pipeline's stages ascend with the stage (a group's ranks are sorted: stage s is group rank s).
-    A role's relief is its stage's, the training's recomputation where the plan names none."""
-    order = [d for pipe in plan.pipelines for stage in pipe.stages for d in stage.devices]
+    A role's relief is its stage's, the training's recomputation where the plan names none.
+
+    A rerouted plan (`rank_plans`, the decision's lowering, and `orders`, each rank's operations)
+    keeps the stages that lost a device (`failed`): they get no role (a live TP peer there idles
+    and drops its shards, which would go stale) and hold no gradient; every other rank runs its
+    rank plan in its order, exchanging activations over one group of every rank (`p2p_group`)
+    instead of a per-pipeline torch schedule. The TP ranks of a slot run one order (its first
+    rank's), so that their collectives meet."""
+    order = [d for pipe in plan.pipelines for stage in pipe.stages for d in stage.devices if d in live]
     order += [d for d in live if d not in order]
     rank_of = {d: r for r, d in enumerate(order)}
     num_layers = instance.workload.num_layers
+    lost = {d for pipe in plan.pipelines for stage in pipe.stages if failed.intersection(stage.devices)
+            for d in stage.devices}
     holders: dict[tuple[str, int], set[int]] = {}
     for pipe in plan.pipelines:
         for stage in pipe.stages:
+            if lost.intersection(stage.devices):
+                continue
             for t, d in enumerate(stage.devices):
                 for layer in range(stage.first, stage.end):
                     holders.setdefault((str(layer), t), set()).add(rank_of[d])
@@ -718,10 +836,16 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
     offset = 0
     mbs = instance.micro_batch_size
     recompute = instance.spec.training.recompute
+    rerouted = rank_plans is not None
+    if rerouted:
+        groups.add(tuple(range(len(order))))
     for pipe in plan.pipelines:
-        for t in range(plan.tensor_parallel):
-            groups.add(tuple(rank_of[stage.devices[t]] for stage in pipe.stages))
+        if not rerouted:
+            for t in range(plan.tensor_parallel):
+                groups.add(tuple(rank_of[stage.devices[t]] for stage in pipe.stages))
         for s, stage in enumerate(pipe.stages):
+            if lost.intersection(stage.devices):
+                continue
             tp_group = [rank_of[d] for d in stage.devices]
             groups.add(tuple(tp_group))
             for t, d in enumerate(stage.devices):
@@ -729,12 +853,28 @@ def generation_message(plan: Plan, live: list[int], instance: Instance, transfer
                             "tp_rank": t, "tp_group": tp_group, "micro_batches": pipe.micro_batches,
                             "relief": stage.relief if stage.relief is not None else recompute,
                             "sample_offset": offset * mbs,
-                            "pp_group": [rank_of[st.devices[t]] for st in pipe.stages],
+                            "pp_group": None if rerouted else [rank_of[st.devices[t]] for st in pipe.stages],
                             "grad_groups": {key: sorted(h) for (key, tt), h in holders.items() if tt == t}}
         offset += pipe.micro_batches
     ordered = sorted(groups, key=lambda g: (len(g), g))
-    return {d: {"rank_of": rank_of, "groups": [list(g) for g in ordered], "role": roles.get(d),
-                "transfers": transfers} for d in live}
+    out = {d: {"rank_of": rank_of, "groups": [list(g) for g in ordered], "role": roles.get(d),
+               "transfers": transfers} for d in live}
+    if rank_plans is not None and orders is not None:
+        first_of = {d: stage.devices[0] for pipe in plan.pipelines for stage in pipe.stages for d in stage.devices}
+        for d in roles:
+            out[d].update(rank_plan=rank_plans[d], ops=list(orders.get(first_of[d], [])),
+                          p2p_group=list(range(len(order))))
+    return out
+
+
+def _check_same_layers(plan: Plan) -> None:
+    """A host runs a rerouted piece on its own stage: the planner reroutes only between stages of
+    the same layers (solve/reroute.py), said here since the workers build no other."""
+    for r in plan.rerouted:
+        lost, host = plan.pipelines[r.from_pipeline].stages[r.stage], plan.pipelines[r.to_pipeline].stages[r.stage]
+        if (lost.first, lost.end) != (host.first, host.end):
+            raise ValueError(f"pipeline {r.from_pipeline} stage {r.stage} (layers {lost.first}-{lost.end - 1}) is "
+                             f"rerouted to a stage of other layers ({host.first}-{host.end - 1})")
 
 
 def ran_reliefs(replies: Mapping[int, dict[str, Any]]) -> dict[int, str]:
@@ -756,8 +896,10 @@ def as_failures(kills: Mapping[int, tuple[int, int]] | Sequence[Any] | None) -> 
 
 class PipelinedController:
     """Runs `steps` global batches of an HF model on the instance's plan, killing (or stopping)
-    workers in given steps or transitions and recovering by reconfiguration (planned migration, or
-    a checkpoint re-shard). `tp_degrees`: TP degrees a recovery may move to (PlanningOptions'); a
+    workers in given steps or transitions and recovering as the planner decides under `policy`
+    (reconfigure, the default: planned migration or a checkpoint re-shard; reroute; auto: Eq. 8
+    among both and the hybrid). `bubble_filling` (on by default) lets a rerouting be placed into
+    the peers' idle time, run as the plan's action lists with the backward split. `tp_degrees`: TP degrees a recovery may move to (PlanningOptions'); a
     change is restored from the checkpoint of the last committed step whatever `restore` says, so
     it needs `checkpoint_dir` (a checkpoint is then saved after every step: the measured
     `checkpoint_save_s`), and none is planned before the first step has committed."""
@@ -766,7 +908,7 @@ class PipelinedController:
                  restore: str = "migration", checkpoint_dir: str | Path | None = None,
                  time_limit_s: float = 5.0, group_timeout_s: float = 30.0, step_timeout_s: float = 2.0,
                  silent_s: float = SILENT_S, cores: Sequence[int] | None = None,
-                 tp_degrees: Sequence[int] = ()) -> None:
+                 tp_degrees: Sequence[int] = (), policy: str = "reconfigure", bubble_filling: bool = True) -> None:
         if restore not in ("migration", "checkpoint", "verify"):
             raise ValueError(f"restore must be migration, checkpoint or verify, not {restore!r}")
         if restore != "migration" and checkpoint_dir is None:
@@ -781,11 +923,18 @@ class PipelinedController:
         self.job = JobSpec(str(hf_config), seed, instance.spec.training.global_batch, instance.micro_batch_size,
                            instance.spec.training.sequence_length or arch.seq_len, instance.plan.tensor_parallel,
                            dtype, group_timeout_s, step_timeout_s, None if checkpoint_dir is None else str(checkpoint_dir))
-        # policy reconfigure; other TP degrees only when allowed (restored from the checkpoint)
-        self.options = PlanningOptions("reconfigure", time_limit_s, tp_degrees=tuple(tp_degrees))
+        # other TP degrees only when allowed (restored from the checkpoint)
+        self.options = PlanningOptions(policy, time_limit_s, bubble_filling=bubble_filling,
+                                       tp_degrees=tuple(tp_degrees))
         self.silent_s = silent_s
         self.cores = cores                   # cores[device]: its own core (runtime/cores.py)
         self.plan = instance.plan            # the layout the state is in
+        self.running = instance.plan         # the plan running now: the layout and its rerouting
+        self.schedule = "Schedule1F1B"       # what runs it (`_generation`)
+        self.rank_plans: Mapping[int, RankPlan] | None = None   # its lowering, when rerouted
+        # a hybrid's reconfiguration waiting for the next committed step: (decision, the layout it
+        # planned from, its recovery)
+        self.pending_switch: tuple[Any, Plan, Recovery] | None = None
         self.layouts: list[Plan] = [self.plan]
         self.failed: frozenset[int] = frozenset()
         self.checkpoint: str | None = None
@@ -844,19 +993,33 @@ class PipelinedController:
         except (BrokenPipeError, OSError, KeyError):
             pass
 
-    def _generation(self, plan: Plan, migration: Any, restore: str, step: int, transition: bool = True
-                    ) -> tuple[dict[int, dict[str, Any]], set[int]]:
-        """Start `plan`: groups, stages, state. Every rank ready: `go`, and the plan is the layout
-        the state is in. A death meanwhile: the survivors `discard` the transition (their old state
-        stands) and the devices that died are returned. A kill injected `in_transition` at or
-        before `step` strikes here (not in the job's start)."""
+    def _generation(self, plan: Plan, migration: Any, restore: str, step: int, transition: bool = True,
+                    rank_plans: Mapping[int, RankPlan] | None = None) -> tuple[dict[int, dict[str, Any]], set[int]]:
+        """Start `plan`: groups, stages, state. Every rank ready: `go`, and the plan (its rerouting
+        stripped, as the tiny runtime keeps it) is the layout the state is in. A rerouted plan
+        runs its lowering `rank_plans` in the order it fixes (`planned_operations`: a bubble-filled
+        rerouting's action lists) or else in the runtime's 1F1B list order (`order_operations`);
+        any other plan runs torch's `Schedule1F1B` per pipeline. A death meanwhile: the survivors
+        `discard` the transition (their old state stands) and the devices that died are returned.
+        A kill injected `in_transition` at or before `step` strikes here (not in the job's start)."""
         live = sorted(self.procs)
         victims: set[int] = set()
         if transition:
             victims = {d for f in self.pending_transition_kills if f.step <= step for d in f.devices}
             self.pending_transition_kills = [f for f in self.pending_transition_kills if f.step > step]
+        orders = None
+        schedule = "Schedule1F1B"
+        if plan.rerouted:
+            if rank_plans is None:
+                raise ValueError("a rerouted plan runs its lowering: give its rank_plans")
+            _check_same_layers(plan)
+            orders = planned_operations(rank_plans)
+            schedule = "1F1B" if orders is None else "bubble-filled"
+            if orders is None:
+                orders = order_operations(rank_plans, self.job.micro_batch_size)
         messages = generation_message(plan, live, self.instance,
-                                      [dataclasses.asdict(share) for share in state_shares(migration)])
+                                      [dataclasses.asdict(share) for share in state_shares(migration)],
+                                      self.failed, rank_plans if plan.rerouted else None, orders)
         name = self.generations   # every attempt a new name: an aborted one's store keys are not reused
         self.generations += 1
         assert len(messages[live[0]]["groups"]) < GROUP_NAMES_PER_GENERATION - 1
@@ -875,8 +1038,9 @@ class PipelinedController:
                                + "; ".join(f"{d}: {r.get('error')}" for d, r in bad.items()))
         for d in live:
             self._send(d, {"cmd": "go"})
-        self.plan = plan
-        self.layouts.append(plan)
+        self.running, self.schedule, self.rank_plans = plan, schedule, rank_plans
+        self.plan = dataclasses.replace(plan, rerouted=())
+        self.layouts.append(self.plan)
         return replies, set()
 
     def run(self, steps: int, kills: Mapping[int, tuple[int, int]] | Sequence[Any] | None = None,
@@ -921,7 +1085,7 @@ class PipelinedController:
                     kill_at, self.kill_time = self.kill_time or time.perf_counter(), None
                     recovery = self._recover(step, tuple(sorted(dead)), kill_at)
                     report.recoveries.append(recovery)
-                    report.plans.append(self.plan)
+                    report.plans.append(self.running)
                     report.reliefs.append(recovery.reliefs)
                     pending.append((recovery, kill_at))
                     continue
@@ -944,34 +1108,58 @@ class PipelinedController:
                 report.losses.append(loss)
                 report.step_times_s.append(elapsed)
                 step += 1
+                if self.pending_switch is not None and step < steps:
+                    pending += self._switch(step, report)
         finally:
             self._stop()
         report.dead = tuple(sorted(self.failed))
         report.heartbeat_longest_s = self.heartbeats.longest_s
         return report
 
+    def _stale(self) -> frozenset[int]:
+        """Live devices of a stage that lost a device, idle while the running plan reroutes its
+        work: they dropped their shards (stale once a step commits without them), so the planner
+        counts them out like failed devices until the layout no longer lists them (then they are
+        spares); never failed themselves (`self.failed`, `dead`)."""
+        if not self.running.rerouted:
+            return frozenset()
+        return frozenset(d for pipe in self.plan.pipelines for stage in pipe.stages
+                         if self.failed.intersection(stage.devices) for d in stage.devices) - self.failed
+
     def _recover(self, step: int, dead: tuple[int, ...], kill_at: float) -> Recovery:
         """Plan from the layout the state is in with every device failed so far and start the
-        plan; a death during that transition aborts it and plans again (one recovery)."""
+        plan; a death during that transition aborts it and plans again (one recovery). A hybrid
+        starts its interim rerouting, and its reconfigured plan waits for the next committed step
+        (`_switch`); a switch still pending was planned before this failure and is dropped."""
         now = time.perf_counter()
         recovery = Recovery(step, dead, self.restore, detection_s=now - kill_at)
+        self.pending_switch = None
+        stale = self._stale()
         new = set(dead)
         while True:
             self.failed = self.failed | frozenset(new)
             recovery.dead = tuple(sorted(set(recovery.dead) | new))
             t0 = time.perf_counter()
-            state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=self.failed)
+            out = self.failed | stale
+            state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=out)
             # no checkpoint yet (the first step has not committed): nothing to re-shard from
             options = self.options if self.checkpoint is not None else dataclasses.replace(self.options, tp_degrees=())
             try:
-                decision = plan_recovery(state, self.failed, options)
+                decision = plan_recovery(state, out, options)
             except UnrecoverableError as error:
-                raise with_stale_copies(error, self.layouts, state, self.failed) from None
+                raise with_stale_copies(error, self.layouts, state, out) from None
             recovery.planning_s += time.perf_counter() - t0
-            changed = decision.plan.tensor_parallel != self.plan.tensor_parallel
+            recovery.policy = decision.policy
+            now_run = decision.interim or decision   # a hybrid reroutes first
+            planned_from = self.plan
+            changed = now_run.plan.tensor_parallel != self.plan.tensor_parallel
             recovery.restore = "checkpoint" if changed else self.restore
-            recovery.tensor_parallel = (self.plan.tensor_parallel, decision.plan.tensor_parallel) if changed else None
-            replies, new = self._generation(decision.plan, decision.migration, recovery.restore, step)
+            recovery.tensor_parallel = (self.plan.tensor_parallel, now_run.plan.tensor_parallel) if changed else None
+            if now_run.policy == "reroute":
+                recovery.restore = "none"   # every rank keeps its layers: nothing moves or loads
+            replies, new = self._generation(now_run.plan, now_run.migration,
+                                            "migration" if recovery.restore == "none" else recovery.restore, step,
+                                            rank_plans=now_run.rank_plans)
             if not new:
                 break
             recovery.aborted_transitions += 1
@@ -979,26 +1167,71 @@ class PipelinedController:
         recovery.group_s = max(r["group_s"] for r in replies.values())
         recovery.build_s = max(r["build_s"] for r in replies.values())
         recovery.restore_s = max(r["restore_s"] for r in replies.values())
-        recovery.plan = decision.plan
+        recovery.plan = now_run.plan
+        recovery.schedule = self.schedule
         recovery.hung = tuple(sorted(self.hung & set(recovery.dead)))
         recovery.reliefs = ran_reliefs(replies)
+        if decision.interim is not None:
+            self.pending_switch = (decision, planned_from, recovery)
         return recovery
+
+    def _switch(self, step: int, report: PipelinedReport) -> list[tuple[Recovery | Rejoined, float]]:
+        """A hybrid's second half, before `step`: its reconfigured plan, migrated from the layout
+        the state is in (the interim rerouting may have idled devices, so the transfers are
+        scheduled again when that layout is not the one the decision planned from), or restored
+        from the checkpoint when the TP degree changes. A failure in this transition is recovered
+        from as any other (the interim's state stands). Returns what opened, for the next commit
+        to time."""
+        assert self.pending_switch is not None
+        (decision, planned_from, recovery), self.pending_switch = self.pending_switch, None
+        started = time.perf_counter()
+        migration = decision.migration
+        stale = self._stale()
+        out = self.failed | stale
+        state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=out)
+        if stale & set(decision.plan.devices):
+            # the plan counts on a device the interim idled: reconfigure again from the layout now
+            decision = plan_recovery(state, out, dataclasses.replace(self.options, policy="reconfigure"))
+            migration = decision.migration
+            planned_from = self.plan
+        changed = decision.plan.tensor_parallel != self.plan.tensor_parallel
+        if not changed and self.plan != planned_from:
+            migration, _, _ = communication_plan(state, self.plan, decision.plan, out,
+                                                 Deadline.after(max(self.options.time_limit_s / 2, 1.0)), assign=False,
+                                                 model=PerfModel(state))
+        replies, dead = self._generation(decision.plan, migration, "checkpoint" if changed else self.restore, step)
+        if not dead:
+            recovery.switched_before_step = step
+            recovery.switch_s = time.perf_counter() - started
+            report.plans.append(self.running)
+            report.reliefs.append(ran_reliefs(replies))
+            return []
+        kill_at, self.kill_time = self.kill_time or time.perf_counter(), None
+        failed = self._recover(step, tuple(sorted(dead)), kill_at)
+        failed.aborted_transitions += 1
+        report.recoveries.append(failed)
+        report.plans.append(self.running)
+        report.reliefs.append(failed.reliefs)
+        return [(failed, kill_at)]
 
     def _rejoin(self, step: int, devices: tuple[int, ...], report: PipelinedReport
                 ) -> list[tuple[Recovery | Rejoined, float]]:
         """Failed `devices` are back before `step`, as fresh processes holding no state: the planner
-        decides their return from the layout the state is in (`rejoin.plan_join`; this runtime
-        never reroutes, so keep-running or scale-up). Unless they stay out, their workers start and
-        the next generation gives them their state by the planned transfers (a checkpoint re-shard
-        with `restore` checkpoint, or when the plan's TP degree differs). A failure during that
-        transition stops the newcomers (they are out again) and is recovered from as any other.
-        Returns what opened, each with its start, for the next commit to time."""
+        decides their return from the layout the state is in and the plan running now
+        (`rejoin.plan_join`: keep running without them, take back rerouted slots, or scale up).
+        Unless they stay out, their workers start and the next generation gives them their state by
+        the planned transfers (a checkpoint re-shard with `restore` checkpoint, or when the plan's
+        TP degree differs). A failure during that transition stops the newcomers (they are out
+        again) and is recovered from as any other. A hybrid's switch still pending is dropped: this
+        decision replaces it. Returns what opened, each with its start, for the next commit to time."""
         joined = frozenset(devices) & self.failed
         if not joined:
             return []
+        self.pending_switch = None   # a hybrid's switch still pending: this decision replaces it
         started = time.perf_counter()
-        state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=self.failed)
-        decision = plan_join(state, self.plan, self.failed, joined, self.options)
+        stale = self._stale()
+        state = dataclasses.replace(self.instance, plan=self.plan, failed_devices=self.failed | stale)
+        decision = plan_join(state, self.running, self.failed | stale, joined, self.options)
         rejoined = Rejoined(step, tuple(sorted(joined)), decision.policy, decision.reason,
                             planning_s=time.perf_counter() - started)
         report.rejoins.append(rejoined)
@@ -1006,10 +1239,11 @@ class PipelinedController:
             return []   # they stay out (failed) until a later rejoin
         for d in sorted(joined):
             self._start_worker(d)
-        failed_before, self.failed = self.failed, decision.failed
+        failed_before, self.failed = self.failed, decision.failed - stale
         changed = decision.plan.tensor_parallel != self.plan.tensor_parallel
         rejoined.restore = "checkpoint" if changed else self.restore
-        replies, dead = self._generation(decision.plan, decision.migration, rejoined.restore, step)
+        replies, dead = self._generation(decision.plan, decision.migration, rejoined.restore, step,
+                                         rank_plans=decision.rank_plans)
         if not dead:
             rejoined.group_s = max(r["group_s"] for r in replies.values())
             rejoined.build_s = max(r["build_s"] for r in replies.values())
@@ -1025,14 +1259,14 @@ class PipelinedController:
         lost = tuple(sorted(dead - joined))
         if not lost:
             # only newcomers died: the survivors kept their state; the layout's groups are formed again
-            _, dead = self._generation(self.plan, None, "migration", step)
+            _, dead = self._generation(self.running, None, "migration", step, rank_plans=self.rank_plans)
             lost = tuple(sorted(dead))
             if not lost:
                 return []
         recovery = self._recover(step, lost, kill_at)
         recovery.aborted_transitions += 1
         report.recoveries.append(recovery)
-        report.plans.append(self.plan)
+        report.plans.append(self.running)
         report.reliefs.append(recovery.reliefs)
         return [(recovery, kill_at)]
 
@@ -1061,7 +1295,7 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
                      global_batch: int = 8, micro_batch_size: int = 1, sequence_length: int = 16,
                      reliefs: Sequence[str] | None = None, memory_gib: float = 4.0, reserved_gib: float = 0.1,
                      measured: WorkloadSpec | None = None, network: Mapping[str, float] | None = None,
-                     recompute: str | None = None) -> Instance:
+                     recompute: str | None = None, mtbf_hours: float | None = None) -> Instance:
     """An instance of CPU worker processes (one per device) training an HF config's model with a
     regular layout, for the runtime's tests and the demo. `reliefs` (`training.reliefs`: none,
     selective, full, offload, opt-offload) are those the planner may give a stage; a small
@@ -1070,7 +1304,9 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
     plan names no relief runs it). With `measured` (a WorkloadSpec from `profile.hf_workload_spec`)
     and the measured loopback `network`, the device type and times are this machine's one core
     per process, so the model's predicted steps can be held against the runtime's
-    (bench/runtime_steps_hf.py); without, a nominal CPU core."""
+    (bench/runtime_steps_hf.py); without, a nominal CPU core. `mtbf_hours` (per device) gives the
+    planner's policy auto a time to the next fault to weigh (Eq. 8): without, it compares steady
+    throughputs only, where a hybrid never beats reconfiguring."""
     from chameleon_opt.instance.load import build_instance
     from chameleon_opt.workload.hf import workload_from_hf
 
@@ -1093,6 +1329,7 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
                      "sequence_length": sequence_length, "precision": "fp32",
                      **({"reliefs": list(reliefs)} if reliefs is not None else {}),
                      **({"recomputation": recompute} if recompute is not None else {})},
+        **({"failures": {"mtbf_hours_per_device": mtbf_hours}} if mtbf_hours is not None else {}),
         "plan": {"tensor_parallel": tensor_parallel,
                  "layout": {"pipeline_parallel": pipeline_parallel, "data_parallel": data_parallel}}})
 
