@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tests.helpers import assert_failure_free  # noqa: E402
 from chameleon_opt.runtime.pipelined import PipelinedController, reference_losses, runtime_instance  # noqa: E402
 
 MODELS = Path(__file__).resolve().parent.parent / "models" / "hf"
@@ -31,9 +32,7 @@ def test_killed_worker_recovers_by_reconfiguration_with_tp_kept(family, restore,
     expected = reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, restore=restore,
                                  checkpoint_dir=tmp_path if restore != "migration" else None).run(steps, {1: (5, 2)})
-    assert len(report.losses) == steps and all(report.samples_exactly_once)
-    for got, want in zip(report.losses, expected):
-        assert abs(got - want) <= 1e-5 * abs(want)
+    assert_failure_free(report, expected, steps)
     (recovery,) = report.recoveries
     assert recovery.dead == (5,) and recovery.plan is not None
     assert recovery.plan.tensor_parallel == 2 and 5 not in recovery.plan.devices
@@ -57,9 +56,7 @@ def test_a_kill_that_makes_another_tp_degree_faster_reshards_from_the_checkpoint
     expected = reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, restore="migration", checkpoint_dir=tmp_path,
                                  tp_degrees=(1, 2)).run(steps, {1: (3, 1)})
-    assert len(report.losses) == steps and all(report.samples_exactly_once)
-    for got, want in zip(report.losses, expected):
-        assert abs(got - want) <= 1e-5 * abs(want)
+    assert_failure_free(report, expected, steps)
     (recovery,) = report.recoveries
     assert recovery.dead == (3,) and recovery.tensor_parallel == (2, 1) and recovery.restore == "checkpoint"
     assert recovery.plan.tensor_parallel == 1 and sorted(recovery.plan.devices) == [0, 1, 2]
@@ -81,9 +78,7 @@ def test_a_killed_device_comes_back_as_a_fresh_worker_and_gets_its_state():
     report = PipelinedController(instance, config).run(
         steps, [Failure(1, (3,), after_ops=1), Failure(2, (3,), in_transition=True)],
         [Rejoin(2, (3,)), Rejoin(3, (3,))])
-    assert len(report.losses) == steps and all(report.samples_exactly_once)
-    for got, want in zip(report.losses, expected):
-        assert abs(got - want) <= 1e-5 * abs(want)
+    assert_failure_free(report, expected, steps)
     aborted, admitted = report.rejoins
     assert (aborted.step, aborted.policy, aborted.aborted) == (2, "scale-up", True)
     assert (admitted.step, admitted.policy, admitted.aborted, admitted.restore) == (3, "scale-up", False, "migration")
@@ -107,9 +102,7 @@ def test_kills_rerouted_by_bubble_filled_action_lists_train_as_without_failures(
     expected = reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="reroute").run(
         steps, [Failure(1, (1,), after_ops=1), Failure(2, (2,), after_ops=2)])
-    assert len(report.losses) == steps and all(report.samples_exactly_once)
-    for got, want in zip(report.losses, expected):
-        assert abs(got - want) <= 1e-5 * abs(want)
+    assert_failure_free(report, expected, steps)
     first, second = report.recoveries
     assert [(r.policy, r.schedule, r.restore) for r in report.recoveries] == [("reroute", "bubble-filled", "none")] * 2
     assert first.plan is not None and second.plan is not None
@@ -131,9 +124,7 @@ def test_a_kill_rerouted_by_serial_shares_runs_the_runtime_1f1b_order():
     expected = reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="reroute", bubble_filling=False).run(
         steps, [Failure(1, (1,), after_ops=1)])
-    assert len(report.losses) == steps and all(report.samples_exactly_once)
-    for got, want in zip(report.losses, expected):
-        assert abs(got - want) <= 1e-5 * abs(want)
+    assert_failure_free(report, expected, steps)
     (recovery,) = report.recoveries
     assert (recovery.policy, recovery.schedule) == ("reroute", "1F1B") and recovery.plan.rerouted
 
@@ -154,9 +145,7 @@ def test_policy_auto_runs_a_hybrid_and_a_kill_in_its_switch_is_recovered():
     expected = reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="auto").run(
         steps, [Failure(1, (1,), after_ops=1), Failure(2, (2,), in_transition=True)])
-    assert len(report.losses) == steps and all(report.samples_exactly_once)
-    for got, want in zip(report.losses, expected):
-        assert abs(got - want) <= 1e-5 * abs(want)
+    assert_failure_free(report, expected, steps)
     first, second = report.recoveries
     assert [(r.policy, r.schedule) for r in report.recoveries] == [("hybrid", "bubble-filled")] * 2
     assert (first.switched_before_step, second.switched_before_step, second.aborted_transitions) == (None, 3, 1)
@@ -179,9 +168,7 @@ def test_a_tp2_hybrid_reroutes_with_dtensor_stages_and_counts_the_idled_peer_out
     steps = 3
     expected = reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="auto").run(steps, [Failure(1, (2,), after_ops=1)])
-    assert len(report.losses) == steps and all(report.samples_exactly_once)
-    for got, want in zip(report.losses, expected):
-        assert abs(got - want) <= 1e-5 * abs(want)
+    assert_failure_free(report, expected, steps)
     (recovery,) = report.recoveries
     assert (recovery.policy, recovery.schedule, recovery.switched_before_step) == ("hybrid", "bubble-filled", 2)
     final = report.plans[-1]
@@ -203,9 +190,7 @@ def test_a_device_back_after_a_rerouting_takes_its_rerouted_work_back():
     expected = reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="reroute").run(
         steps, [Failure(1, (1,), after_ops=1)], [Rejoin(2, (1,))])
-    assert len(report.losses) == steps and all(report.samples_exactly_once)
-    for got, want in zip(report.losses, expected):
-        assert abs(got - want) <= 1e-5 * abs(want)
+    assert_failure_free(report, expected, steps)
     (recovery,) = report.recoveries
     (back,) = report.rejoins
     assert (recovery.policy, recovery.schedule) == ("reroute", "bubble-filled")

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from chameleon_opt.perf.model import PerfModel  # noqa: E402
+from tests.helpers import assert_failure_free  # noqa: E402
 from chameleon_opt.runtime import hf  # noqa: E402
 from chameleon_opt.runtime.offload import ActivationOffload, HostAdamW  # noqa: E402
 from chameleon_opt.runtime.pipelined import PipelinedController, reference_losses, runtime_instance  # noqa: E402
@@ -164,6 +165,14 @@ def test_host_adamw_is_adamw_with_its_state_in_the_host_buffer():
         assert p.untyped_storage().data_ptr() != buffer
 
 
+
+def with_reliefs(instance, given: list[list[str]]):
+    """The instance with its plan's stages given the reliefs `given[pipeline][stage]`."""
+    plan = dataclasses.replace(instance.plan, pipelines=tuple(
+        dataclasses.replace(pipe, stages=tuple(dataclasses.replace(st, relief=r) for st, r in zip(pipe.stages, names)))
+        for pipe, names in zip(instance.plan.pipelines, given)))
+    return dataclasses.replace(instance, plan=plan)
+
 @pytest.mark.multiprocess
 def test_a_bubble_filled_rerouting_splits_the_backward_of_relieved_stages():
     """Tiny-llama PP2 x DP2 (32 MiB devices: a rerouting fits), stages running checkpointed blocks,
@@ -178,16 +187,11 @@ def test_a_bubble_filled_rerouting_splits_the_backward_of_relieved_stages():
     instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=1,
                                 reliefs=ALL_RELIEFS, memory_gib=32 / 1024, reserved_gib=0.0)
     given = [["full+opt-offload", "selective+opt-offload"], ["offload+opt-offload", "full"]]
-    plan = dataclasses.replace(instance.plan, pipelines=tuple(
-        dataclasses.replace(pipe, stages=tuple(dataclasses.replace(st, relief=r) for st, r in zip(pipe.stages, names)))
-        for pipe, names in zip(instance.plan.pipelines, given)))
-    instance = dataclasses.replace(instance, plan=plan)
+    instance = with_reliefs(instance, given)
     steps = 3
     expected = reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="reroute").run(steps, [Failure(1, (1,), after_ops=1)])
-    assert len(report.losses) == steps and all(report.samples_exactly_once)
-    for got, want in zip(report.losses, expected):
-        assert abs(got - want) <= 1e-5 * abs(want)
+    assert_failure_free(report, expected, steps)
     (recovery,) = report.recoveries
     assert (recovery.policy, recovery.schedule) == ("reroute", "bubble-filled")
     assert recovery.reliefs == {0: "full+opt-offload", 2: "offload+opt-offload", 3: "full"}
@@ -205,22 +209,17 @@ def test_stages_run_their_reliefs_and_a_recovery_runs_the_planned_one():
     instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=1,
                                 reliefs=ALL_RELIEFS, memory_gib=1.5 / 1024, reserved_gib=0.0)
     given = [["full+opt-offload", "selective+opt-offload"], ["offload+opt-offload", "opt-offload"]]
-    plan = dataclasses.replace(instance.plan, pipelines=tuple(
-        dataclasses.replace(pipe, stages=tuple(dataclasses.replace(st, relief=r) for st, r in zip(pipe.stages, names)))
-        for pipe, names in zip(instance.plan.pipelines, given)))
-    instance = dataclasses.replace(instance, plan=plan)
+    instance = with_reliefs(instance, given)
     steps = 2
     expected = reference_losses(instance, config, steps)
     report = PipelinedController(instance, config).run(steps, {1: (3, 2)})
-    assert len(report.losses) == steps and all(report.samples_exactly_once)
-    for got, want in zip(report.losses, expected):
-        assert abs(got - want) <= 1e-5 * abs(want)
+    assert_failure_free(report, expected, steps)
 
     def planned(p):
         return {d: st.relief for pipe in p.pipelines for st in pipe.stages for d in st.devices}
 
     (recovery,) = report.recoveries
-    assert report.reliefs[0] == planned(plan) and len(set(planned(plan).values())) == 4
+    assert report.reliefs[0] == planned(instance.plan) and len(set(planned(instance.plan).values())) == 4
     assert recovery.reliefs == planned(recovery.plan) == report.reliefs[1]
     model = PerfModel(dataclasses.replace(instance, plan=recovery.plan))
     without = dataclasses.replace(recovery.plan, pipelines=tuple(

@@ -30,7 +30,7 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.groups import survivor_groups
-from chameleon_opt.solve.polish import rebalance_exact, relieved, spread
+from chameleon_opt.solve.polish import spread_and_priced
 
 PLACEMENTS = 16
 """Most column-to-node placements tried per (stages, split, pipelines)."""
@@ -124,11 +124,8 @@ def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, d
                 break
             pipelines = [Pipeline(tuple(Stage(sorted(columns[s], key=lambda g: (speed[g], g))[j], bounds[s],
                                               bounds[s + 1]) for s in range(stages)), 1) for j in range(count)]
-            plan = spread(model, pipelines, tp, total)
-            if plan is None:
-                continue
-            plan, step = relieved(model, rebalance_exact(model, plan, deadline), failed)
-            if math.isfinite(step):
-                found.append((plan, step))
-                best = min(best, step)
+            priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
+            if priced is not None:
+                found.append(priced)
+                best = min(best, priced[1])
     return sorted(found, key=lambda item: item[1])

@@ -25,7 +25,7 @@ from chameleon_opt.perf.model import LayerCosts, PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.groups import survivor_groups
-from chameleon_opt.solve.polish import rebalance_exact, relieved, spread
+from chameleon_opt.solve.polish import spread_and_priced
 
 MAX_STAGE_COUNTS = 24
 """Stage counts tried (from the memory floor up): each costs a few splits and one exact evaluation."""
@@ -96,10 +96,7 @@ def mixed_plans(instance: Instance, failed: frozenset[int], model: PerfModel, de
                 pipelines.append(Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(members)), 1))
         if not pipelines:
             continue
-        plan = spread(model, pipelines, tp, total)
-        if plan is None:
-            continue
-        plan, step = relieved(model, rebalance_exact(model, plan, deadline), failed)
-        if math.isfinite(step):
-            found.append((plan, step))
+        priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
+        if priced is not None:
+            found.append(priced)
     return sorted(found, key=lambda item: item[1])

@@ -47,6 +47,18 @@ def pipeline_exact(model: PerfModel, pipe: Pipeline, tp: int) -> float:
     return one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs], pipe.micro_batches)
 
 
+def spread_and_priced(model: PerfModel, pipelines: list[Pipeline], tp: int, total: int, deadline: Deadline,
+                      failed: frozenset[int]) -> tuple[Plan, float] | None:
+    """Pipelines turned into a candidate plan as the incumbent builders do it: micro-batches spread,
+    rebalanced on exact times, each stage given its best relief; with its exact step, or None when
+    no spread exists or some stage fits no relief."""
+    plan = spread(model, pipelines, tp, total)
+    if plan is None:
+        return None
+    plan, step = relieved(model, rebalance_exact(model, plan, deadline), failed)
+    return (plan, step) if math.isfinite(step) else None
+
+
 def rebalance_exact(model: PerfModel, plan: Plan, deadline: Deadline) -> Plan:
     """Move micro-batches one at a time from the slowest pipeline to the one that finishes
     earliest after taking it, judged by exact 1F1B times, while the slowest pipeline speeds up.
