@@ -336,11 +336,12 @@ def test_regular_run_piles_equal_stages_into_nodes(seed):
     assert outcome.bound <= optimum * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("seed", [70, 72])
+@pytest.mark.parametrize("seed", [72])
 def test_column_plans_reach_the_brute_force_optimum(seed):
-    """Issue 21's seeds 70 (4 x 4 stages over four nodes of 4-5 survivors) and 72 (3 x 3 stages,
-    one slow group in a column): the optimum puts each layer range's stages in one node; the column
-    plans build it directly (0.03 s), where the branch and bound met it only after 10 s."""
+    """Issue 21's seed 72 (3 x 3 stages, one slow group in a column): the optimum puts each layer
+    range's stages in one node; the column plans build it directly (0.03 s), where the branch and
+    bound met it only after 10 s. Seed 70 (4 x 4 stages over four nodes of 4-5 survivors) is the
+    same case, left to bench/brute_force.py: its brute force alone takes 10-20 s."""
     from chameleon_opt.solve.columns import column_plans
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
