@@ -16,10 +16,13 @@ prints a line per scenario and a summary (scenarios, seeds, passed, recovery lat
 the next committed step: median and worst, and by phase), and writes bench/out/kill_campaign.json.
 
 `--runtime hf` runs the same kinds of scenarios on the Hugging Face runtime (`demo --hf`: torch
-pipelining, DTensor TP, policy reconfigure) on 4-process worlds of tiny-llama and
-tiny-gpt2: PP2 x DP2 (TP1) and DP2 x TP2 (PP1); its losses are checked against single-process
-training of the whole model (float64). A `hang` scenario stops a worker (SIGSTOP) in a step
-instead of killing it: the heartbeat watchdog must find it. A `rejoin` scenario kills a device and
+pipelining, DTensor TP) on 4-process worlds of tiny-llama and tiny-gpt2: PP2 x DP2 (TP1) and
+DP2 x TP2 (PP1), under policy reconfigure, reroute or auto (with `--mtbf-hours 1`, so that the
+hybrid can win); its losses are checked against single-process training of the whole model
+(float64). Its replay (`hf_replay`) plans as the HF controller does: a rerouting is stored as the
+layout without its reroutes, and the TP peers it idles are counted out, never reported dead; each
+run's recovery policies (hybrid, reroute, reconfigure) must be the replay's. A `hang` scenario
+stops a worker (SIGSTOP) in a step instead of killing it: the heartbeat watchdog must find it. A `rejoin` scenario kills a device and
 brings it back a step or more later as a fresh worker (`--rejoin`), sometimes with a kill inside the
 transition that admits it (a survivor's or its own) or a kill after it; the replay plans its return
 with `rejoin.plan_join`, and each run's rejoin decisions must be the replay's. A `tp-change`
@@ -59,6 +62,7 @@ HF_INSTANCES = {"llama-pp2-dp2": ("tiny-llama", (2, 2, 1)), "gpt2-pp2-dp2": ("ti
 HF_KINDS = ("single", "same-step", "different-steps", "every-replica", "in-transition", "idle-or-source", "hang",
             "rejoin", "tp-change")
 TP_DEGREES = (1, 2)    # a tp-change scenario's --tp-degrees
+HF_MTBF_HOURS = 1.0    # per device, with policy auto: short enough that the hybrid can win (Eq. 8)
 ALL_KINDS = {"gpt": KINDS + ("hang",), "hf": HF_KINDS}
 STEPS = 6
 TIME_LIMIT_S = 5.0     # the controller's planning limit: the replay plans with the same one
@@ -84,7 +88,7 @@ class Scenario:
         if self.runtime == "hf":
             model, layout = HF_INSTANCES[self.instance]
             head = ["--hf", str(HF_MODELS / model), "--hf-layout", "x".join(map(str, layout)), "--steps", str(STEPS),
-                    "--policy", self.policy]
+                    "--policy", self.policy] + ([f"--mtbf-hours={mtbf_of(self):g}"] if mtbf_of(self) else [])
         else:
             head = [str(INSTANCES[self.instance]), "--steps", str(STEPS), "--policy", self.policy]
         return (head + [f"--kill={d}@{s}" for d, s in self.kills]
@@ -112,16 +116,20 @@ class Expected:
     reason: str = ""
     rejoins: list[tuple[str, bool]] = field(default_factory=list)   # per rejoin: the policy, aborted
     tp_changes: list[tuple[int, int]] = field(default_factory=list)  # per recovery changing it: (from, to)
+    working: list[frozenset[int]] = field(default_factory=list)  # HF: per plan started, the devices with work
+    policies: list[str] = field(default_factory=list)   # HF: per recovery, the policy decided (hybrid, reroute...)
 
 
 def replay(scenario: Scenario) -> Expected:
     """What the planner says about the scenario: the failures in the runtime's order (step kills
     at their step; an in-transition kill at the first transition at or after its step; a hybrid's
-    switch after the step that follows its decision), each planned with `decide` from the layout
-    the state is in. Exit 5 as soon as some layer has no live holder in that layout. A rejoin
-    before a step is planned with `plan_join` first; a kill inside the transition that admits it
-    leaves the newcomer out again and is recovered from (nothing to recover when only the
-    newcomer died)."""
+    switch after the step that follows its decision), each planned from the layout the state is
+    in. Exit 5 as soon as some layer has no live holder in that layout. A rejoin before a step is
+    planned with `plan_join` first; a kill inside the transition that admits it leaves the
+    newcomer out again and is recovered from (nothing to recover when only the newcomer died).
+    The HF runtime is replayed as its controller plans (`hf_replay`)."""
+    if scenario.runtime == "hf":
+        return hf_replay(scenario)
     from chameleon_opt.errors import UnrecoverableError
     from chameleon_opt.decision import decide
     from chameleon_opt.planning import PlanningOptions
@@ -134,7 +142,6 @@ def replay(scenario: Scenario) -> Expected:
     moving = sorted(scenario.in_transition, key=lambda k: k[1])
     layouts: list[Any] = []
     rejoined: list[tuple[str, bool]] = []
-    tp_changes: list[tuple[int, int]] = []
 
     def victims(step: int) -> set[int]:
         hit = {d for d, s in moving if s <= step}
@@ -150,10 +157,7 @@ def replay(scenario: Scenario) -> Expected:
             state["failed"] = state["failed"] | dead
             state["switch"] = None
             inst = dataclasses.replace(base, plan=state["layout"], failed_devices=state["failed"])
-            # bubble filling on, as the controller plans; the HF controller plans no TP change
-            # before the first step's checkpoint
-            decision = decide(inst, state["failed"], scenario.policy, deadline=Deadline.after(TIME_LIMIT_S),
-                              tp_degrees=scenario.tp_degrees if step > 0 else ())
+            decision = decide(inst, state["failed"], scenario.policy, deadline=Deadline.after(TIME_LIMIT_S))
             chosen = decision.chosen
             assert chosen is not None, decision.reason
             dead = victims(step)
@@ -163,10 +167,7 @@ def replay(scenario: Scenario) -> Expected:
                 adopt(chosen.interim.plan)
                 state["switch"] = chosen.communication[2].plan
             else:
-                before = state["layout"].tensor_parallel
                 adopt(chosen.communication[2].plan if chosen.communication else chosen.plan)
-                if state["layout"].tensor_parallel != before:
-                    tp_changes.append((before, state["layout"].tensor_parallel))
             return
 
     def join(joined: frozenset[int], step: int) -> None:
@@ -174,7 +175,7 @@ def replay(scenario: Scenario) -> Expected:
             return
         inst = dataclasses.replace(base, plan=state["layout"], failed_devices=state["failed"])
         decision = plan_join(inst, state["layout"], state["failed"], joined,
-                             PlanningOptions("reconfigure", TIME_LIMIT_S, tp_degrees=scenario.tp_degrees))
+                             PlanningOptions("reconfigure", TIME_LIMIT_S))
         if decision.policy == "keep-running":
             rejoined.append((decision.policy, False))
             return
@@ -203,19 +204,153 @@ def replay(scenario: Scenario) -> Expected:
                 else:
                     adopt(target)
     except UnrecoverableError as error:
-        return Expected(5, tuple(sorted(state["failed"])), layouts, str(error), rejoined, tp_changes)
-    return Expected(0, tuple(sorted(state["failed"])), layouts, rejoins=rejoined, tp_changes=tp_changes)
+        return Expected(5, tuple(sorted(state["failed"])), layouts, str(error), rejoined)
+    return Expected(0, tuple(sorted(state["failed"])), layouts, rejoins=rejoined)
+
+
+@dataclass
+class _HFState:
+    """The HF controller's planning state (`PipelinedController`): the layout the state is in
+    (the running plan without its rerouting), the plan running now, the devices failed so far
+    and a hybrid's reconfigured plan waiting for the next committed step."""
+
+    layout: Any
+    running: Any
+    failed: frozenset[int] = frozenset()
+    switch: Any = None
+
+    def stale(self) -> frozenset[int]:
+        """Live devices of a layout stage that lost a device while the running plan reroutes:
+        idle, their shards dropped, so the controller plans as if they had failed (`_stale`),
+        never reporting them dead."""
+        if not self.running.rerouted:
+            return frozenset()
+        return frozenset(d for pipe in self.layout.pipelines for stage in pipe.stages
+                         if self.failed.intersection(stage.devices) for d in stage.devices) - self.failed
+
+    def working(self) -> frozenset[int]:
+        """Devices with work in the running plan (neither failed nor stale)."""
+        return frozenset(self.running.devices) - self.failed - self.stale()
+
+
+def hf_replay(scenario: Scenario) -> Expected:
+    """`replay` for the HF runtime, deciding as `PipelinedController` does: `plan_recovery` (or
+    `plan_join`) under the scenario's policy from the layout, with the devices a rerouting idles
+    (`_HFState.stale`) counted out; a rerouting is stored as the layout without its reroutes; a
+    hybrid's switch re-plans (reconfigure) when its plan counts on a device the interim idled;
+    no TP change is planned before the first step's checkpoint."""
+    from chameleon_opt.errors import UnrecoverableError
+    from chameleon_opt.planning import PlanningOptions, plan_recovery
+    from chameleon_opt.rejoin import plan_join
+
+    base = base_instance(scenario.runtime, scenario.instance, mtbf_of(scenario))
+    options = PlanningOptions(scenario.policy, TIME_LIMIT_S, tp_degrees=scenario.tp_degrees)
+    strikes = scenario.kills + scenario.hangs   # a hung worker is killed by the watchdog in its step
+    hf = _HFState(base.plan, base.plan)
+    moving = sorted(scenario.in_transition, key=lambda k: k[1])
+    layouts: list[Any] = []
+    working: list[frozenset[int]] = []
+    rejoined: list[tuple[str, bool]] = []
+    tp_changes: list[tuple[int, int]] = []
+    policies: list[str] = []
+
+    def victims(step: int) -> set[int]:
+        """Live devices struck inside the transition before `step` (stale ones are live)."""
+        hit = {d for d, s in moving if s <= step}
+        moving[:] = [(d, s) for d, s in moving if s > step]
+        return hit - hf.failed
+
+    def start(plan: Any) -> None:
+        hf.running, hf.layout = plan, dataclasses.replace(plan, rerouted=())
+        layouts.append(hf.layout)
+        working.append(hf.working())
+
+    def recover(dead: set[int], step: int) -> None:
+        hf.switch = None
+        stale = hf.stale()   # of the plan running when the failure struck
+        while True:
+            hf.failed = hf.failed | dead
+            out = hf.failed | stale
+            state = dataclasses.replace(base, plan=hf.layout, failed_devices=out)
+            # no checkpoint before the first step commits: nothing to re-shard a TP change from
+            decision = plan_recovery(state, out, options if step > 0 else dataclasses.replace(options, tp_degrees=()))
+            dead = victims(step)
+            if dead:                 # the transition is aborted: plan again from the same layout
+                continue
+            policies.append(decision.policy)
+            now_run = decision.interim or decision
+            if now_run.plan.tensor_parallel != hf.layout.tensor_parallel:
+                tp_changes.append((hf.layout.tensor_parallel, now_run.plan.tensor_parallel))
+            planned_from = hf.layout
+            start(now_run.plan)
+            if decision.interim is not None:
+                hf.switch = (decision, planned_from)
+            return
+
+    def switch(step: int) -> None:
+        (decision, _), hf.switch = hf.switch, None
+        stale = hf.stale()
+        if stale & set(decision.plan.devices):   # it counts on a device the interim idled
+            out = hf.failed | stale
+            state = dataclasses.replace(base, plan=hf.layout, failed_devices=out)
+            decision = plan_recovery(state, out, dataclasses.replace(options, policy="reconfigure"))
+        dead = victims(step)
+        if dead:
+            recover(dead, step)
+        else:
+            start(decision.plan)
+
+    def join(joined: frozenset[int], step: int) -> None:
+        if not joined:
+            return
+        hf.switch = None
+        stale = hf.stale()
+        state = dataclasses.replace(base, plan=hf.layout, failed_devices=hf.failed | stale)
+        decision = plan_join(state, hf.running, hf.failed | stale, joined, options)
+        if decision.policy == "keep-running":
+            rejoined.append((decision.policy, False))
+            return
+        before, hf.failed = hf.failed, decision.failed - stale
+        hit = victims(step)                   # the newcomers are live in their transition
+        rejoined.append((decision.policy, bool(hit)))
+        if not hit:
+            start(decision.plan)
+            return
+        hf.failed = before
+        if hit - joined:
+            recover(hit - joined, step)
+
+    try:
+        for step in range(STEPS):
+            for device, _ in [(d, s) for d, s in scenario.rejoins if s == step]:
+                join(frozenset({device}) & hf.failed, step)
+            dead = {d for d, s in strikes if s == step} - hf.failed
+            if dead:
+                recover(dead, step)
+            if hf.switch is not None and step + 1 < STEPS:
+                switch(step + 1)
+    except UnrecoverableError as error:
+        return Expected(5, tuple(sorted(hf.failed)), layouts, str(error), rejoined, tp_changes, working, policies)
+    return Expected(0, tuple(sorted(hf.failed)), layouts, rejoins=rejoined, tp_changes=tp_changes, working=working,
+                    policies=policies)
 
 
 # ---- drawing scenarios --------------------------------------------------------------------------------
+def mtbf_of(scenario: Scenario) -> float | None:
+    """The HF demo's `--mtbf-hours`: with policy auto only (without one, auto compares steady
+    throughputs and never runs the hybrid); reconfigure and reroute keep the demo's default."""
+    return HF_MTBF_HOURS if scenario.runtime == "hf" and scenario.policy == "auto" else None
+
+
 @lru_cache(maxsize=None)
-def base_instance(runtime: str, instance: str) -> Any:
-    """The job a scenario runs: a bundled runtime instance, or the HF demo's (`--hf-layout`)."""
+def base_instance(runtime: str, instance: str, mtbf_hours: float | None = None) -> Any:
+    """The job a scenario runs: a bundled runtime instance, or the HF demo's (`--hf-layout`,
+    `--mtbf-hours`)."""
     if runtime == "hf":
         from chameleon_opt.runtime.pipelined import runtime_instance
 
         model, (pp, dp, tp) = HF_INSTANCES[instance]
-        return runtime_instance(HF_MODELS / model / "config.json", pp, dp, tp)
+        return runtime_instance(HF_MODELS / model / "config.json", pp, dp, tp, mtbf_hours=mtbf_hours)
     from chameleon_opt.instance.load import load_instance
 
     return load_instance(INSTANCES[instance])
@@ -228,8 +363,12 @@ def stages_of(instance: str, runtime: str = "gpt") -> list[list[int]]:
 
 
 def draw(rng: random.Random, seed: int, index: int, kind: str, runtime: str = "gpt") -> Scenario:
-    if runtime == "hf":   # reconfigure: the policy these scenarios and their replay were written for
-        instance, policy = rng.choice(sorted(HF_INSTANCES)), "reconfigure"
+    if runtime == "hf":
+        instance = rng.choice(sorted(HF_INSTANCES))
+        # from a stream of its own, so that each seed draws the kills it drew under reconfigure only;
+        # a tp-change under reroute would never change the degree
+        policies = ("auto", "reconfigure") if kind == "tp-change" else POLICIES
+        policy = random.Random(f"hf-policy {seed} {index}").choice(policies)
         devices = sorted(base_instance(runtime, instance).plan.devices)   # every TP rank too
         stages = stages_of(instance, runtime)
     else:
@@ -280,9 +419,11 @@ def draw(rng: random.Random, seed: int, index: int, kind: str, runtime: str = "g
     else:  # idle-or-source: a device the first recovery leaves without work, per the planner
         first = rng.choice(devices)
         scenario.kills = [(first, step)]
-        after = replay(scenario).layouts
+        expected = replay(scenario)
+        # HF: the devices with work in the running plan (a rerouting idles the dead device's TP peers)
+        after = expected.working if runtime == "hf" else [layout.devices for layout in expected.layouts]
         alive = [d for d in devices if d != first]
-        idle = sorted(set(alive) - set(after[0].devices)) if after else []
+        idle = sorted(set(alive) - set(after[0])) if after else []
         target = rng.choice(idle) if idle else rng.choice(alive)
         if idle and (index // len(KINDS)) % 2 == 0:  # alternate between the two
             # inside that recovery's transition, where it has no work (at most it sends state)
@@ -428,6 +569,9 @@ def run(scenario: Scenario, expected: Expected, reference: list[float], workdir:
         changes = [tuple(r["tensor_parallel"]) for r in run_["recoveries"] if r["tensor_parallel"]]
         if changes != expected.tp_changes:
             problems.append(f"TP degree changes {changes}, planner expects {expected.tp_changes}")
+        policies = [r["policy"] for r in run_["recoveries"]]
+        if policies != expected.policies:
+            problems.append(f"recovery policies {policies}, planner expects {expected.policies}")
         latencies = [r["total_s"] for r in run_["recoveries"]]
         phases = [recovery_phases(r, "hf") for r in run_["recoveries"]]
         phases += [rejoin_phases(r) for r in run_["rejoins"] if r["policy"] != "keep-running" and not r["aborted"]]
@@ -448,7 +592,8 @@ def run(scenario: Scenario, expected: Expected, reference: list[float], workdir:
     # survivors that do not answer soon after a death)
     slow = any(t > 5.0 for t in latencies) or "have not answered" in stderr or "still runs" in stderr
     return {"scenario": scenario.label(), "args": scenario.args(), "expected_exit": expected.exit_code,
-            "exit": code, "wall_s": wall, "recovery_latencies_s": latencies, "phases": phases,
+            "exit": code, "policy": scenario.policy, "expected_policies": expected.policies, "wall_s": wall,
+            "recovery_latencies_s": latencies, "phases": phases,
             "heartbeat_longest_s": heartbeat, "problems": problems,
             "stderr_tail": stderr[-6000:] if problems or slow else ""}
 
@@ -500,6 +645,12 @@ def campaign(seeds: list[int], per_seed: int, say: Any, runtime: str = "gpt",
                + (f"{statistics.median(latencies) * 1e3:.0f} ms, worst {latencies[-1] * 1e3:.0f} ms" if latencies
                   else "n/a"))
     say(summary)
+    by_policy = {policy: [row for row in rows if row["policy"] == policy] for policy in POLICIES}
+    decided = [p for row in rows for p in row["expected_policies"]]
+    say("  by policy: " + ", ".join(f"{policy} {sum(not row['problems'] for row in group)}/{len(group)} passed"
+                                    for policy, group in by_policy.items() if group)
+        + (f"; recoveries planned as {', '.join(f'{p} x {decided.count(p)}' for p in sorted(set(decided)))}"
+           if decided else ""))
     recoveries = [p for row in rows for p in row["phases"]]
     by_kind = {"kills": [p for p in recoveries if not p["hung"] and not p["rejoin"]],
                "hangs": [p for p in recoveries if p["hung"]], "rejoins": [p for p in recoveries if p["rejoin"]]}

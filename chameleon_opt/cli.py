@@ -745,7 +745,11 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
                                      "checkpoint)"),
          tp_degrees: str = typer.Option("", "--tp-degrees", metavar="T,T,...",
                                         help="with --hf: TP degrees a recovery may move to (e.g. 1,2); a change "
-                                             "re-shards the state from the checkpoint saved after every step")) -> None:
+                                             "re-shards the state from the checkpoint saved after every step"),
+         mtbf_hours: float = typer.Option(None, "--mtbf-hours", min=1e-6, show_default=False,
+                                          help="with --hf: each device's MTBF, which --policy auto weighs against "
+                                               "the transitions (Eq. 8); without, auto compares steady throughputs "
+                                               "and never picks the hybrid")) -> None:
     """Train a small GPT with one CPU process per device, kill workers, recover with the planner,
     and show the timeline (and write a plot)."""
     import importlib.util
@@ -759,7 +763,11 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
             from chameleon_opt.runtime.hf_demo import hf_demo
 
             return hf_demo(hf / "config.json" if hf.is_dir() else hf, restore, steps, kill, seed, as_json,
-                           kill_in_transition, hang, hf_layout, rejoin, _degrees(tp_degrees), policy.value)
+                           kill_in_transition, hang, hf_layout, rejoin, _degrees(tp_degrees), policy.value,
+                           mtbf_hours)
+        if mtbf_hours is not None:
+            raise InputError(COMMAND_LINE, "--mtbf-hours", "the tiny-GPT demo reads the MTBF from its instance file",
+                             "set failures.mtbf_hours_per_device there, or use --mtbf-hours with --hf CONFIG")
         if tp_degrees:
             raise InputError(COMMAND_LINE, "--tp-degrees", "the tiny-GPT runtime runs TP 1 only",
                              "use --tp-degrees with --hf CONFIG")

@@ -2,8 +2,9 @@
 switch hit by a kill, kills in three different steps, and every replica of a stage. Each run goes
 through `chameleon-solve demo --json` in its own session and must end as the planner predicts
 (exit 0 with failure-free losses, or exit 5 naming the lost layers), without hanging and without
-leaving a process behind. And one HF rejoin scenario (`--runtime hf`): a device back whose admitting
-transition a survivor's death aborts."""
+leaving a process behind. And, without a process, the HF replay's reading of the HF controller
+after a rerouting and a hybrid (the HF scenarios themselves run in bench/kill_campaign.py only:
+the suite's time)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,22 @@ def test_fixed_seeds_pass() -> None:
                                                                        "every-replica"]
     assert results["passed"] == results["scenarios"] == 3, "\n".join(lines)
     assert {row["exit"] for row in results["runs"]} <= {0, 5}
+
+
+def test_hf_replay_plans_as_the_hf_controller() -> None:
+    """No process: after a rerouting the replay keeps the layout (its reroutes stripped) and
+    counts the dead device's idled TP peer out without reporting it dead; under auto with the
+    campaign's MTBF a hybrid starts its rerouting, then its reconfigured plan without the dead
+    device."""
+    module = campaign_module()
+    rerouted = module.Scenario(0, 0, "single", "llama-dp2-tp2", "reroute", [(1, 2)], runtime="hf")
+    expected = module.replay(rerouted)
+    assert (expected.exit_code, expected.dead) == (0, (1,))
+    assert sorted(expected.layouts[0].devices) == [0, 1, 2, 3] and not expected.layouts[0].rerouted
+    assert expected.working == [frozenset({2, 3})]       # device 0 idles: its TP peer died
+    hybrid = module.Scenario(0, 1, "single", "llama-pp2-dp2", "auto", [(0, 2)], runtime="hf")
+    assert "--mtbf-hours=1" in hybrid.args()
+    expected = module.replay(hybrid)
+    assert (expected.exit_code, expected.dead) == (0, (0,))
+    assert sorted(expected.layouts[0].devices) == [0, 1, 2, 3]   # the interim rerouting's layout
+    assert 0 not in expected.layouts[1].devices                  # then the switch's reconfigured plan

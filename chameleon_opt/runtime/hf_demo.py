@@ -38,7 +38,8 @@ def check_degrees(instance: Instance, degrees: tuple[int, ...]) -> None:
 
 def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, as_json: bool,
             kill_in_transition: list[str] = (), hang: list[str] = (), layout: str = "2x2x2",
-            rejoin: list[str] = (), tp_degrees: tuple[int, ...] = (), policy: str = "auto") -> None:
+            rejoin: list[str] = (), tp_degrees: tuple[int, ...] = (), policy: str = "auto",
+            mtbf_hours: float | None = None) -> None:
     """PP x DP x TP (`layout`, default 2 x 2 x 2: 8 processes) training the config's model. Each
     `--kill DEVICE@STEP` SIGKILLs that worker after its stage's 2nd forward of the step (several
     may share a step), each `--hang` SIGSTOPs it there instead (found by the heartbeat watchdog),
@@ -49,7 +50,9 @@ def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, 
     gives it its state. `--tp-degrees` lets a recovery change the TP degree (restored from the
     checkpoint saved after every step). `--restore checkpoint` runs the job twice, by planned migration
     and by a torch.distributed.checkpoint re-shard, and prints both recovery latencies (kill to
-    next committed step); `verify` migrates and checks against the checkpoint."""
+    next committed step); `verify` migrates and checks against the checkpoint. `mtbf_hours` (per
+    device) is the time to the next fault that policy auto weighs: without it auto compares steady
+    throughputs, where the hybrid never wins."""
     from rich.table import Table
 
     from chameleon_opt.runtime.controller import Failure, Rejoin
@@ -58,7 +61,8 @@ def hf_demo(config: Path, restore: str, steps: int, kill: list[str], seed: int, 
     if restore not in RESTORES:
         raise InputError(COMMAND_LINE, "--restore", f"unknown restore {restore!r}", "use migration, checkpoint or verify")
     pp, dp, tp = parse_layout(layout)
-    instance = runtime_instance(config, pipeline_parallel=pp, data_parallel=dp, tensor_parallel=tp)
+    instance = runtime_instance(config, pipeline_parallel=pp, data_parallel=dp, tensor_parallel=tp,
+                                mtbf_hours=mtbf_hours)
     check_degrees(instance, tp_degrees)
     failures: list[Failure] = []
     for option, values in (("--kill", kill), ("--hang", hang), ("--kill-in-transition", kill_in_transition)):
