@@ -34,7 +34,9 @@ HEARTBEAT_PERIOD_S = 0.05
 SILENT_S = 1.0
 """A worker silent this long is taken for hung. Its heartbeat thread needs the GIL for a moment
 every 50 ms: once a worker has started, the longest gap between two beats measured in the kill
-campaigns (4 to 6 workers on 2 cores under other jobs' load) was 115 ms (docs/design.md)."""
+campaigns (4 to 8 workers on 2 cores under other jobs' load) was 115 ms at load 2-6, and 756 ms
+in one HF run at load 8 (docs/design.md): beyond that load a starved worker may be taken for hung
+(it is then killed and recovered from, so training stays correct, one device shorter)."""
 
 
 class Heartbeats:
