@@ -321,11 +321,20 @@ class Relaxation:
         self._kinds(most)
         self.kinds = [[name for name in most if self.kind_of[name] == k] for k in range(len(self.kind_count))]
         self.lower: dict[tuple[int, ...], list[float]] = {}
+        # split_lower[v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
+        self.split_lower: dict[tuple[int, ...], np.ndarray] = {}
         self.cover: list[list[float]] = []
         self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
         # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
         self.counted: list[list[list[float]]] = []
+        # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
+        self._coupled: dict[int, list[float]] = {}
+        self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
+        self.overlapped = bool(model.options.overlap_grad_reduce)
+        links = (model.intra, model.inter)
+        self.best_link = Link(max(link.bandwidth for link in links), min(link.latency for link in links))
+        self.grad = (model.workload.params * model.grad_bytes / model.instance.plan.tensor_parallel).tolist()  # per layer, rank
         # per layer: its least optimizer step over the device types and reliefs (a stage's is a sum)
         self.update = [min(model.optimizer_time(group, layer, layer + 1, relief)
                            for group in self.representative.values() for relief in model.relief_options)
@@ -367,7 +376,46 @@ class Relaxation:
             if least * steps > COUNTED_BUDGET or deadline.expired():
                 break
             self.counted.append(self.counted_table(lower, least))
+        self.round_steps = steps
         return True
+
+    def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
+        """Least gradient all-reduce of a plan with this many pipelines one of whose stages holds
+        `grad_bytes` (a slot reduces its layers over every pipeline's holder of them, and buckets
+        only add latency; the fastest link unless no node can hold a slot of every pipeline)."""
+        if pipelines <= 1 or self.overlapped:  # overlapped: only the exposed part counts, at least 0
+            return 0.0
+        link = self.best_link if pipelines <= self.most_per_node else self.model.inter
+        return ring_allreduce_time(grad_bytes, pipelines, link)
+
+    def coupled(self, pipelines: int) -> list[float] | None:
+        """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
+        batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
+        of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
+        over its splits (`split_lower`). The step of a plan is at least that of each of its
+        pipelines: its slowest time, all-reduce and step are at least that pipeline's. The counted
+        floor takes the least time, ring and step over splits apart (`ExactSearch.floor`), so a
+        split that saves a send (a boundary of no bytes) and another that halves the ring both count
+        there; here one split pays for both. A counted programme of P rounds, built on first use
+        (the floor asks only for the P that may hold its minimum); None beyond COUNTED_BUDGET."""
+        if pipelines in self._coupled:
+            return self._coupled[pipelines]
+        if not self.counted or not self.split_lower or self.round_steps * pipelines > COUNTED_BUDGET:
+            return None
+        prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in
+                  (("grad", self.grad), ("update", self.update))}
+        extras = {}  # per stage count: (largest stage's gradient bytes, slowest stage's step) per split
+        for stages, splits in self.splits.items():
+            b = np.array(splits)
+            extras[stages] = tuple((prefix[name][b[:, 1:]] - prefix[name][b[:, :-1]]).max(axis=1)
+                                   for name in ("grad", "update"))
+        priced = {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
+        for v, per_split in self.split_lower.items():
+            grad_bytes, update = extras[sum(v)]
+            extra = np.array([self.ring_bound(pipelines, g) for g in grad_bytes]) + update
+            priced[v] = [math.inf] + (per_split + extra[:, None]).min(axis=0).tolist()
+        self._coupled[pipelines] = self.counted_table(priced, 1, pipelines)[pipelines]
+        return self._coupled[pipelines]
 
     def lower_times(self, deadline: Deadline) -> dict[tuple[int, ...], list[float]] | None:
         """lower[v][m]: a lower bound on the schedule time of every pipeline whose stages take v[k]
@@ -421,16 +469,20 @@ class Relaxation:
                         held = in_flight_micro_batches(s, stages, m, 0.0, self.virtual)
                         fits[k, :, s, m - 1] = memory.needs(b[:, s], b[:, s + 1], held) <= memory.budget
             for profile in self.profiles[stages]:
-                best = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap, inter, simulate)
+                best, per_split = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap, inter,
+                                                    simulate)
                 lower[profile] = best.tolist()
+                self.split_lower[profile] = per_split
         return lower
 
     def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray, crossings: list[tuple[int, ...]],
                      orders: list[tuple[int, ...]], cheap: np.ndarray, inter: np.ndarray,
-                     simulate: bool) -> np.ndarray:
-        """best[m]: the least time of m micro-batches over every split (`b`), crossing choice and
-        order of kinds, with each stage's range times per kind (`ranges`) and whether it fits in memory
-        with m micro-batches (`fits`: kind, split, stage, m - 1). The closed-form bound of
+                     simulate: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(best, per_split): best[m], the least time of m micro-batches over every split (`b`),
+        crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
+        whether it fits in memory with m micro-batches (`fits`: kind, split, stage, m - 1); and
+        per_split[i, m - 1], a lower bound on that time on split i alone (its candidates' least
+        closed form, and never below best[m]: no extra simulation). The closed-form bound of
         every candidate comes first (numpy); the simulation then visits candidates by it, skipping
         those whose bound cannot lower the minimum (plain 1F1B only: interleaving is simulated)."""
         stages, total = b.shape[1] - 1, self.total
@@ -456,10 +508,11 @@ class Relaxation:
                   + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
         fit = np.concatenate(fitting)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
+        per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
         best = np.full(total + 1, np.inf)
         if not simulate:
             best[1:] = closed.min(axis=0)
-            return best
+            return best, per_split
         for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
             ops = None
             for m in range(1, total + 1):
@@ -467,7 +520,7 @@ class Relaxation:
                     continue  # no plan, or the simulation is at least the closed form
                 ops = ops or [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
                 best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
-        return best
+        return best, np.maximum(per_split, best[1:])
 
     def _programme(self, lower: dict[tuple[int, ...], list[float]]
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, np.ndarray, int, np.ndarray]]]:
@@ -515,7 +568,8 @@ class Relaxation:
         completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
         return capped.tolist(), completion.tolist()
 
-    def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1) -> list[list[float]]:
+    def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
+                      rounds: int | None = None) -> list[list[float]]:
         """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
         running the whole batch on at most the groups of `state` (the cover relaxation with the
         pipelines counted: the all-reduce floor grows with P, and with the shortest pipeline's stage
@@ -526,7 +580,7 @@ class Relaxation:
         previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
-        for _ in range(min(self.groups, total)):
+        for _ in range(min(self.groups, total) if rounds is None else rounds):
             table = np.full((len(comps), total + 1), np.inf)
             for g in range(1, self.groups + 1):
                 rows = np.flatnonzero(level == g)
@@ -581,8 +635,6 @@ class ExactSearch:
         speed = {name: sum(model.stage_times(self.pools[c][0], 0, self.layers)[:2])
                  for c, name in enumerate(self.class_type)}
         self.order = sorted(range(len(self.pools)), key=lambda c: (speed[self.class_type[c]], self.class_node[c]))
-        links = (model.intra, model.inter)
-        self.best_link = Link(max(link.bandwidth for link in links), min(link.latency for link in links))
         self.most_pipelines = min(self.groups, self.total)
         self.virtual = model.options.virtual_stages or 1
         self.overlapped = bool(model.options.overlap_grad_reduce)
@@ -603,7 +655,10 @@ class ExactSearch:
         least all-reduce of P replicas and the least optimizer step (one of the shortest pipeline's
         stages holds at least `_largest_stage(., s)` of the gradients and of the layers' least
         optimizer steps); else the pipeline-time floor alone. Coupling s matters: the fewest
-        stages make the cheapest pipelines (no sends) but the largest rings."""
+        stages make the cheapest pipelines (no sends) but the largest rings. Per P it is raised to
+        the coupled table's (`Relaxation.coupled`: each pipeline's time, ring and step on one split)
+        where affordable, P by P from the lowest counted value while it may still lower the floor:
+        both hold for every plan of P pipelines."""
         relaxation = self.relaxation
         if not relaxation.counted:
             return relaxation.cover[self.root][self.total]
@@ -611,13 +666,20 @@ class ExactSearch:
         longest = min(self.groups, self.layers)
         # per shortest stage count s: the largest stage's gradient bytes and optimizer step at least
         largest = {s: (_largest_stage(grad, s), _largest_stage(relaxation.update, s)) for s in range(1, longest + 1)}
-        floors = []
+        counted = {}  # per pipeline count P: the least over the shortest one's stage count
         for p in range(1, len(relaxation.counted[0])):
+            counted[p] = math.inf
             for shortest in range(1, min(self.groups // p, self.layers) + 1):
                 table = relaxation.counted[min(shortest, len(relaxation.counted)) - 1]  # fewer: a lower table
                 grad_bytes, update = largest[shortest]
-                floors.append(table[p][self.root] + self.ring_bound(p, grad_bytes) + update)
-        return min(floors, default=math.inf)
+                counted[p] = min(counted[p], table[p][self.root] + self.ring_bound(p, grad_bytes) + update)
+        floor = math.inf
+        for p in sorted(counted, key=counted.get):
+            if counted[p] >= floor:
+                break  # every P left is at least the floor already
+            coupled = relaxation.coupled(p)
+            floor = min(floor, max(counted[p], coupled[self.root] if coupled is not None else 0.0))
+        return floor
 
     @staticmethod
     def split_count(layers: int, longest: int) -> int:
@@ -643,12 +705,8 @@ class ExactSearch:
 
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines whose largest stage holds
-        `grad_bytes` (buckets only add latency; the fastest link)."""
-        if pipelines <= 1 or self.overlapped:  # overlapped: only the exposed part counts, at least 0
-            return 0.0
-        # a ring stays inside a node only when one node holds a slot of every pipeline
-        link = self.best_link if pipelines <= self.most_per_node else self.model.inter
-        return ring_allreduce_time(grad_bytes, pipelines, link)
+        `grad_bytes` (`Relaxation.ring_bound`: these groups have its node sizes)."""
+        return self.relaxation.ring_bound(pipelines, grad_bytes)
 
     # -- pricing ---------------------------------------------------------------------------------
     def price(self, seq: list[tuple[int, ...]], shape: tuple, bounds: tuple[int, ...], limit: float) -> Priced:
