@@ -90,6 +90,9 @@ SHORT_SHARE = 0.3
 REGULAR_SHARE = 0.15
 """Of the branch and bound's time, at most this much for its first run, over plans whose pipelines
 all have the first one's layer split (`ExactSearch.solve`)."""
+REFINE_SHARE = 0.2
+"""Of the exact search's time, this much is kept for refining the floors of the inventories its branch
+and bound leaves unfinished (`ExactSearch.floor` with a deadline: tables built on demand)."""
 PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
@@ -331,6 +334,9 @@ class Relaxation:
         # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
         self._coupled: dict[int, list[float]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
+        # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
+        self._levels: dict[int, list[list[float]]] = {}
+        self._level_steps = 0  # what they took, within COUNTED_BUDGET
         self.overlapped = bool(model.options.overlap_grad_reduce)
         links = (model.intra, model.inter)
         self.best_link = Link(max(link.bandwidth for link in links), min(link.latency for link in links))
@@ -371,13 +377,35 @@ class Relaxation:
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
-        steps = len(self.cover) * self.table_steps * min(self.groups, self.total)
+        self.round_steps = len(self.cover) * self.table_steps
+        steps = self.round_steps * min(self.groups, self.total)  # one counted table: a round per pipeline
         for least in range(1, self.longest + 1):  # least stage count: the first is the plain counted table
             if least * steps > COUNTED_BUDGET or deadline.expired():
                 break
             self.counted.append(self.counted_table(lower, least))
-        self.round_steps = steps
         return True
+
+    def level(self, least: int, deadline: Deadline | None = None) -> tuple[list[list[float]], bool]:
+        """(table, exact): the counted table of pipelines of at least `least` stages
+        (`counted_table`) when built (`build` builds one for every least count in turn while
+        affordable; others are built here on demand, given a `deadline`, while their steps, the
+        items of at least `least` stages only, stay within a second COUNTED_BUDGET), else the
+        largest built below it (a lower table: fewer stages allowed) and False."""
+        if least <= len(self.counted):
+            return self.counted[least - 1], True
+        if least not in self._levels and deadline is not None and self.counted:
+            items = sum(len(self.profiles[stages]) for stages in range(least, self.longest + 1))
+            cost = self.round_steps * min(self.groups, self.total) * items \
+                // max(sum(map(len, self.profiles.values())), 1)
+            table = self.counted_table(self.lower, least, None, deadline) \
+                if self._level_steps + cost <= COUNTED_BUDGET else None
+            if table is not None:
+                self._level_steps += cost
+                self._levels[least] = table
+        if least in self._levels:
+            return self._levels[least], True
+        below = max((k for k in self._levels if k < least), default=len(self.counted))
+        return (self._levels[below] if below in self._levels else self.counted[below - 1]), False
 
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines one of whose stages holds
@@ -388,7 +416,7 @@ class Relaxation:
         link = self.best_link if pipelines <= self.most_per_node else self.model.inter
         return ring_allreduce_time(grad_bytes, pipelines, link)
 
-    def coupled(self, pipelines: int) -> list[float] | None:
+    def coupled(self, pipelines: int, deadline: Deadline | None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -397,10 +425,11 @@ class Relaxation:
         floor takes the least time, ring and step over splits apart (`ExactSearch.floor`), so a
         split that saves a send (a boundary of no bytes) and another that halves the ring both count
         there; here one split pays for both. A counted programme of P rounds, built on first use
-        (the floor asks only for the P that may hold its minimum); None beyond COUNTED_BUDGET."""
+        (the floor asks only for the P that may hold its minimum); None beyond COUNTED_BUDGET,
+        past `deadline` or, without one, when not built yet."""
         if pipelines in self._coupled:
             return self._coupled[pipelines]
-        if not self.counted or not self.split_lower or self.round_steps * pipelines > COUNTED_BUDGET:
+        if deadline is None or not self.counted or not self.split_lower or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
         prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in
                   (("grad", self.grad), ("update", self.update))}
@@ -414,7 +443,10 @@ class Relaxation:
             grad_bytes, update = extras[sum(v)]
             extra = np.array([self.ring_bound(pipelines, g) for g in grad_bytes]) + update
             priced[v] = [math.inf] + (per_split + extra[:, None]).min(axis=0).tolist()
-        self._coupled[pipelines] = self.counted_table(priced, 1, pipelines)[pipelines]
+        table = self.counted_table(priced, 1, pipelines, deadline)
+        if table is None:
+            return None
+        self._coupled[pipelines] = table[pipelines]
         return self._coupled[pipelines]
 
     def lower_times(self, deadline: Deadline) -> dict[tuple[int, ...], list[float]] | None:
@@ -569,11 +601,12 @@ class Relaxation:
         return capped.tolist(), completion.tolist()
 
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
-                      rounds: int | None = None) -> list[list[float]]:
+                      rounds: int | None = None, deadline: Deadline = Deadline.never()) -> list[list[float]] | None:
         """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
         running the whole batch on at most the groups of `state` (the cover relaxation with the
         pipelines counted: the all-reduce floor grows with P, and with the shortest pipeline's stage
-        count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P."""
+        count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P up to
+        `rounds` (default: every P); None when `deadline` passes first."""
         total = self.total
         comps, level, shift, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
@@ -581,6 +614,8 @@ class Relaxation:
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
         for _ in range(min(self.groups, total) if rounds is None else rounds):
+            if deadline.expired():
+                return None
             table = np.full((len(comps), total + 1), np.inf)
             for g in range(1, self.groups + 1):
                 rows = np.flatnonzero(level == g)
@@ -648,7 +683,7 @@ class ExactSearch:
         sample = {name: self.pools[c][0] for c, name in enumerate(self.class_type)}
         self.stands_in = {(a, b): a == b or _dominates(model, sample[a], sample[b]) for a in sample for b in sample}
 
-    def floor(self) -> float:
+    def floor(self, refine: Deadline | None = None) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
         counted (`Relaxation.counted`), min over P pipelines and the shortest one's stage count s
         (at most G / P) of the least makespan of P pipelines of at least s stages each, plus the
@@ -658,7 +693,10 @@ class ExactSearch:
         stages make the cheapest pipelines (no sends) but the largest rings. Per P it is raised to
         the coupled table's (`Relaxation.coupled`: each pipeline's time, ring and step on one split)
         where affordable, P by P from the lowest counted value while it may still lower the floor:
-        both hold for every plan of P pipelines."""
+        both hold for every plan of P pipelines. The tables this needs beyond `Relaxation.build`'s
+        (`Relaxation.level`, `Relaxation.coupled`: tenths of a second at 50 groups) are built only
+        given `refine`, a deadline (`exact_search` asks once the branch and bound stopped early);
+        without it the floor uses the tables built so far."""
         relaxation = self.relaxation
         if not relaxation.counted:
             return relaxation.cover[self.root][self.total]
@@ -666,19 +704,27 @@ class ExactSearch:
         longest = min(self.groups, self.layers)
         # per shortest stage count s: the largest stage's gradient bytes and optimizer step at least
         largest = {s: (_largest_stage(grad, s), _largest_stage(relaxation.update, s)) for s in range(1, longest + 1)}
-        counted = {}  # per pipeline count P: the least over the shortest one's stage count
-        for p in range(1, len(relaxation.counted[0])):
-            counted[p] = math.inf
-            for shortest in range(1, min(self.groups // p, self.layers) + 1):
-                table = relaxation.counted[min(shortest, len(relaxation.counted)) - 1]  # fewer: a lower table
-                grad_bytes, update = largest[shortest]
-                counted[p] = min(counted[p], table[p][self.root] + self.ring_bound(p, grad_bytes) + update)
+
+        def counted(p: int, build: Deadline | None) -> float:
+            """P pipelines: the least over the shortest one's stage count s of its table (`level`:
+            given `build`, the table of the s at the minimum is built while affordable, until the
+            minimum sits on a table of its own least count) + the ring and step of s stages."""
+            extra = {s: self.ring_bound(p, largest[s][0]) + largest[s][1]
+                     for s in range(1, min(self.groups // p, self.layers) + 1)}
+            while True:
+                value = {s: relaxation.level(s)[0][p][self.root] + e for s, e in extra.items()}
+                shortest = min(value, key=value.get)
+                if build is None or relaxation.level(shortest)[1] or not relaxation.level(shortest, build)[1]:
+                    return value[shortest]
+
+        cheap = {p: counted(p, None) for p in range(1, len(relaxation.counted[0]))}  # on the tables built
         floor = math.inf
-        for p in sorted(counted, key=counted.get):
-            if counted[p] >= floor:
-                break  # every P left is at least the floor already
-            coupled = relaxation.coupled(p)
-            floor = min(floor, max(counted[p], coupled[self.root] if coupled is not None else 0.0))
+        for p in sorted(cheap, key=cheap.get):
+            if cheap[p] >= floor:
+                break  # every P left is at least the floor already (its own tables only raise it)
+            coupled = relaxation.coupled(p, refine)  # first: one table, and it often decides
+            value = max(cheap[p], coupled[self.root] if coupled is not None else 0.0)
+            floor = min(floor, max(value, counted(p, refine)) if refine is not None else value)
         return floor
 
     @staticmethod
@@ -980,10 +1026,11 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
     plan, objective, leaves, reason = None, incumbent, 0, ""
     floors = [search.floor() for search in searches]  # each inventory's relaxation floor (its part of the space)
     pending = list(range(len(searches)))
+    work = deadline.share(1 - REFINE_SHARE)  # the branch and bound's; the rest refines the floors it leaves
     for _ in range(2):  # a second pass resumes the inventories stopped early, with the better incumbent
         stopped = []
         for k, index in enumerate(pending):  # each gets an even share of what is left
-            outcome = searches[index].solve(objective, deadline.share(1 / (len(pending) - k)))
+            outcome = searches[index].solve(objective, work.share(1 / (len(pending) - k)))
             leaves, reason = leaves + outcome.leaves, outcome.reason
             floors[index] = max(floors[index], outcome.bound)
             if outcome.plan is not None:
@@ -991,8 +1038,10 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
             if not outcome.complete:
                 stopped.append(index)
         pending = stopped
-        if not pending or deadline.expired():
+        if not pending or work.expired():
             break
+    for index in sorted(pending, key=floors.__getitem__):  # the lowest floors first: they make the bound
+        floors[index] = max(floors[index], searches[index].floor(deadline))
     best = ExactOutcome(plan, objective, not pending, len(prices), leaves, reason, min(floors, default=math.inf))
     if len(searches) > 1:
         best.reason += f"; {len(searches)} ways to form the TP groups"
