@@ -324,15 +324,16 @@ class Relaxation:
         self._kinds(most)
         self.kinds = [[name for name in most if self.kind_of[name] == k] for k in range(len(self.kind_count))]
         self.lower: dict[tuple[int, ...], list[float]] = {}
-        # split_lower[v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
-        self.split_lower: dict[tuple[int, ...], np.ndarray] = {}
+        # split_lower[r][v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
+        # when no run of its stages in one node is longer than r (`lower_times`)
+        self.split_lower: dict[int, dict[tuple[int, ...], np.ndarray]] = {}
         self.cover: list[list[float]] = []
         self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
         # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
         self.counted: list[list[list[float]]] = []
         # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
-        self._coupled: dict[int, list[float]] = {}
+        self._coupled: dict[tuple[int, int], list[float]] = {}  # by (P, longest run)
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -371,9 +372,10 @@ class Relaxation:
 
     def build(self, deadline: Deadline) -> bool:
         """Fills the tables; False when `deadline` passed first."""
-        lower = self.lower_times(deadline)
-        if lower is None:
+        found = self.lower_times(deadline, self.most_per_node)
+        if found is None:
             return False
+        lower, self.split_lower[self.most_per_node] = found
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
@@ -416,7 +418,7 @@ class Relaxation:
         link = self.best_link if pipelines <= self.most_per_node else self.model.inter
         return ring_allreduce_time(grad_bytes, pipelines, link)
 
-    def coupled(self, pipelines: int, deadline: Deadline | None) -> list[float] | None:
+    def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -426,11 +428,18 @@ class Relaxation:
         split that saves a send (a boundary of no bytes) and another that halves the ring both count
         there; here one split pays for both. A counted programme of P rounds, built on first use
         (the floor asks only for the P that may hold its minimum); None beyond COUNTED_BUDGET,
-        past `deadline` or, without one, when not built yet."""
-        if pipelines in self._coupled:
-            return self._coupled[pipelines]
-        if deadline is None or not self.counted or not self.split_lower or self.round_steps * pipelines > COUNTED_BUDGET:
+        past `deadline` or, without one, when not built yet. `runs`: the pipelines' times with no
+        run of stages in one node longer than this (default: a node's groups; `lower_times`)."""
+        runs = self.most_per_node if runs is None else runs
+        if (pipelines, runs) in self._coupled:
+            return self._coupled[pipelines, runs]
+        if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
+        if runs not in self.split_lower:
+            found = self.lower_times(deadline, runs)
+            if found is None:
+                return None
+            self.split_lower[runs] = found[1]
         prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in
                   (("grad", self.grad), ("update", self.update))}
         extras = {}  # per stage count: (largest stage's gradient bytes, slowest stage's step) per split
@@ -439,24 +448,26 @@ class Relaxation:
             extras[stages] = tuple((prefix[name][b[:, 1:]] - prefix[name][b[:, :-1]]).max(axis=1)
                                    for name in ("grad", "update"))
         priced = {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
-        for v, per_split in self.split_lower.items():
+        for v, per_split in self.split_lower[runs].items():
             grad_bytes, update = extras[sum(v)]
             extra = np.array([self.ring_bound(pipelines, g) for g in grad_bytes]) + update
             priced[v] = [math.inf] + (per_split + extra[:, None]).min(axis=0).tolist()
         table = self.counted_table(priced, 1, pipelines, deadline)
         if table is None:
             return None
-        self._coupled[pipelines] = table[pipelines]
-        return self._coupled[pipelines]
+        self._coupled[pipelines, runs] = table[pipelines]
+        return self._coupled[pipelines, runs]
 
-    def lower_times(self, deadline: Deadline) -> dict[tuple[int, ...], list[float]] | None:
-        """lower[v][m]: a lower bound on the schedule time of every pipeline whose stages take v[k]
-        groups of each kind k, running m micro-batches (None past `deadline`). Each stage range takes
-        its fastest forward and backward over its kind's device types and the supported reliefs, for
-        every order of the kinds along the pipeline; each boundary its send on the faster link,
-        except that a pipeline longer than a node's groups crosses nodes so that no run of stages
-        between crossings is longer than a node's groups (`_crossing_sets`: every minimal such
-        choice is tried). The time of
+    def lower_times(self, deadline: Deadline, runs: int) -> tuple[dict[tuple[int, ...], list[float]],
+                                                                   dict[tuple[int, ...], np.ndarray]] | None:
+        """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
+        whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
+        m - 1] the same on its i-th split only (`_least_times`; None past `deadline`). Each stage
+        range takes its fastest forward and backward over its kind's device types and the supported
+        reliefs, for every order of the kinds along the pipeline; each boundary its send on the
+        faster link, except that a pipeline longer than `runs` (a node's groups, or fewer where the
+        floor knows more) crosses nodes so that no run of stages between crossings is longer
+        (`_crossing_sets`: every minimal such choice is tried). The time of
         those operations, minimised over the layer splits and orders, is the exact 1F1B longest path
         (monotone in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the
         per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
@@ -478,7 +489,7 @@ class Relaxation:
         cheap = np.minimum(intra, inter)
         choices = {}  # per stage count: the node-crossing boundary sets tried (none: every send cheap)
         for stages, splits in self.splits.items():
-            crossings = _crossing_sets(stages, self.most_per_node)
+            crossings = _crossing_sets(stages, runs)
             choices[stages] = crossings if len(crossings) * len(splits) <= CROSSING_BUDGET else [()]
         orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
         units = sum(len(splits) * len(choices[s]) * sum(len(orders[v]) for v in self.profiles[s]) * s * m
@@ -489,6 +500,7 @@ class Relaxation:
         memories = [MemoryRelaxation(model, self.sample, self.total, [d for d in self.live if names[d].name in kind])
                     for kind in self.kinds]
         lower: dict[tuple[int, ...], list[float]] = {}
+        split_lower: dict[tuple[int, ...], np.ndarray] = {}
         for stages, splits in self.splits.items():
             if deadline.expired():
                 return None
@@ -504,8 +516,8 @@ class Relaxation:
                 best, per_split = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap, inter,
                                                     simulate)
                 lower[profile] = best.tolist()
-                self.split_lower[profile] = per_split
-        return lower
+                split_lower[profile] = per_split
+        return lower, split_lower
 
     def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray, crossings: list[tuple[int, ...]],
                      orders: list[tuple[int, ...]], cheap: np.ndarray, inter: np.ndarray,
@@ -693,7 +705,8 @@ class ExactSearch:
         stages make the cheapest pipelines (no sends) but the largest rings. Per P it is raised to
         the coupled table's (`Relaxation.coupled`: each pipeline's time, ring and step on one split)
         where affordable, P by P from the lowest counted value while it may still lower the floor:
-        both hold for every plan of P pipelines. The tables this needs beyond `Relaxation.build`'s
+        both hold for every plan of P pipelines. Where P pipelines could ring inside one node, the
+        floor also splits plans by whether some layer's ring crosses nodes (see below). The tables this needs beyond `Relaxation.build`'s
         (`Relaxation.level`, `Relaxation.coupled`: tenths of a second at 50 groups) are built only
         given `refine`, a deadline (`exact_search` asks once the branch and bound stopped early);
         without it the floor uses the tables built so far."""
@@ -705,11 +718,12 @@ class ExactSearch:
         # per shortest stage count s: the largest stage's gradient bytes and optimizer step at least
         largest = {s: (_largest_stage(grad, s), _largest_stage(relaxation.update, s)) for s in range(1, longest + 1)}
 
-        def counted(p: int, build: Deadline | None) -> float:
+        def counted(p: int, build: Deadline | None, least_ring: float = 0.0) -> float:
             """P pipelines: the least over the shortest one's stage count s of its table (`level`:
             given `build`, the table of the s at the minimum is built while affordable, until the
-            minimum sits on a table of its own least count) + the ring and step of s stages."""
-            extra = {s: self.ring_bound(p, largest[s][0]) + largest[s][1]
+            minimum sits on a table of its own least count) + the ring (at least `least_ring`) and
+            step of s stages."""
+            extra = {s: max(self.ring_bound(p, largest[s][0]), least_ring) + largest[s][1]
                      for s in range(1, min(self.groups // p, self.layers) + 1)}
             while True:
                 value = {s: relaxation.level(s)[0][p][self.root] + e for s, e in extra.items()}
@@ -724,7 +738,20 @@ class ExactSearch:
                 break  # every P left is at least the floor already (its own tables only raise it)
             coupled = relaxation.coupled(p, refine)  # first: one table, and it often decides
             value = max(cheap[p], coupled[self.root] if coupled is not None else 0.0)
-            floor = min(floor, max(value, counted(p, refine)) if refine is not None else value)
+            if refine is not None:
+                value = max(value, counted(p, refine))
+            if refine is not None and 2 <= p <= self.most_per_node and not self.overlapped and min(grad) > 0:
+                # Rings inside nodes (the counted floor's link here) or node crossings, not both: either
+                # some layer's P holders span nodes, and its slot's ring takes the inter-node link with
+                # at least that layer's bytes (`spanning`), or every layer's holders share a node, which
+                # then holds a stage of every pipeline, so no pipeline runs more than most - P + 1 of
+                # its stages in one node (`columns`: the times with those crossings).
+                spanning = max(coupled[self.root] if coupled is not None else 0.0,
+                               counted(p, refine, ring_allreduce_time(min(grad), p, self.model.inter)))
+                narrow = relaxation.coupled(p, refine, self.most_per_node - p + 1)
+                columns = narrow[self.root] if narrow is not None else 0.0
+                value = max(value, min(spanning, columns))
+            floor = min(floor, value)
         return floor
 
     @staticmethod
