@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from chameleon_opt.instance.load import Instance
-from chameleon_opt.perf.comm import Link, ring_allreduce_time
+from chameleon_opt.perf.comm import Link, ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.memory import in_flight_micro_batches
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.perf.relief import choose_reliefs
@@ -413,10 +413,20 @@ class Relaxation:
         """Least gradient all-reduce of a plan with this many pipelines one of whose stages holds
         `grad_bytes` (a slot reduces its layers over every pipeline's holder of them, and buckets
         only add latency; the fastest link unless no node can hold a slot of every pipeline)."""
-        if pipelines <= 1 or self.overlapped:  # overlapped: only the exposed part counts, at least 0
-            return 0.0
         link = self.best_link if pipelines <= self.most_per_node else self.model.inter
-        return ring_allreduce_time(grad_bytes, pipelines, link)
+        return self.ring_time(grad_bytes, pipelines, link)
+
+    def ring_time(self, nbytes: float, pipelines: int, link: Link) -> float:
+        """The least the model charges a slot that reduces `nbytes` of gradients over `pipelines`
+        replicas on `link` (PerfModel.slot_reduce_times): the all-reduce, or only its reduce-scatter
+        half under overlap_param_gather (the all-gather hides behind the next forward); 0 when the
+        reduction overlaps the backward (only its exposed part counts) or under ZeRO-3 (shards reduce
+        among fewer copies: no floor kept)."""
+        model = self.model
+        if pipelines <= 1 or nbytes <= 0 or self.overlapped or model.zero_stage >= 3:
+            return 0.0
+        reduce = ring_allgather_time if model.overlap_param_gather else ring_allreduce_time
+        return reduce(nbytes, pipelines, link)
 
     def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
@@ -747,7 +757,7 @@ class ExactSearch:
                 # then holds a stage of every pipeline, so no pipeline runs more than most - P + 1 of
                 # its stages in one node (`columns`: the times with those crossings).
                 spanning = max(coupled[self.root] if coupled is not None else 0.0,
-                               counted(p, refine, ring_allreduce_time(min(grad), p, self.model.inter)))
+                               counted(p, refine, relaxation.ring_time(min(grad), p, self.model.inter)))
                 narrow = relaxation.coupled(p, refine, self.most_per_node - p + 1)
                 columns = narrow[self.root] if narrow is not None else 0.0
                 value = max(value, min(spanning, columns))
@@ -867,8 +877,7 @@ class ExactSearch:
             for seq, b, _ in chosen:
                 most = max(most, max(spanning[b[s + 1]] - spanning[b[s]] for s in range(len(seq))))
             most = max(most, max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(nodes))))
-            return max(ring_allreduce_time(most, pipelines, inter) if most else 0.0,
-                       self.ring_bound(pipelines, grad_bytes))
+            return max(self.relaxation.ring_time(most, pipelines, inter), self.ring_bound(pipelines, grad_bytes))
 
         def hold(nodes: list[int], bounds: tuple[int, ...], step: int) -> None:
             for s, node in enumerate(nodes):
