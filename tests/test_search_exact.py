@@ -407,3 +407,46 @@ def test_dominated_inventories_are_dropped_and_the_optimum_kept():
     outcome = exact_search(instance, model, failed, math.inf, Deadline.never())
     best, _ = brute_force(instance, failed)
     assert outcome.complete and outcome.objective == pytest.approx(best, rel=1e-9)
+
+
+def _root_floor(instance, failed: frozenset[int]) -> float:
+    """The branch and bound's refined floor over every inventory (no deadline: every table built)."""
+    from chameleon_opt.solve.exact import ExactSearch, Relaxation, inventories
+
+    model, tp = PerfModel(instance), instance.plan.tensor_parallel
+    options = [groups for groups in inventories(instance, model, failed, tp) if groups]
+    relaxation = Relaxation(model, options, instance.global_micro_batches,
+                            [d for d in range(instance.num_devices) if d not in failed])
+    assert relaxation.build(Deadline.never())
+    return min(ExactSearch(instance, model, groups, tp, relaxation).floor(Deadline.never()) for groups in options)
+
+
+def test_refined_floor_prices_each_pipeline_on_one_split():
+    """32-64-device probe seed 16 (7 two-stage pipelines, TP 2): the boundary after layer 0 sends
+    nothing, so the least pipeline time cuts there while the least ring cuts after layer 3; the
+    floor that paired them was 3.0e-5 s (two 15 us sends) below the best plan, 17.32422334562414.
+    Each pipeline priced on one split (`Relaxation.coupled`) meets it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(16, (32, 64))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(17.32422334562414, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [19, 28])
+def test_ring_floor_charges_half_under_overlap_param_gather(seed):
+    """With zero_stage 2 and overlap_param_gather the model charges the reduce-scatter half of each
+    ring (PerfModel.slot_reduce_times); floors that charged the whole all-reduce rose above plans
+    the brute force found (seed 28: 17.7641 against 16.5640)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import brute_force_result, random_instance
+
+    data, failed = random_instance(seed, (8, 16))
+    data["training"].update({"zero_stage": 2, "overlap_param_gather": True})
+    instance = build_instance(data)
+    found = brute_force_result(instance, failed, 60.0)
+    assert math.isfinite(found.best)
+    assert _root_floor(instance, failed) <= found.best * (1 + 1e-9)
+    live = [d for d in range(instance.num_devices) if d not in failed]
+    groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
+    assert relaxation_bound(PerfModel(instance), groups, instance.global_micro_batches, live) <= found.best * (1 + 1e-9)

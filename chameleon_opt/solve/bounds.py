@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chameleon_opt.perf.comm import Link, ring_allreduce_time
+from chameleon_opt.perf.comm import Link, ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.memory import in_flight_micro_batches
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.solve.deadline import Deadline
@@ -287,8 +287,11 @@ class RelaxationBound:
         pipeline has at most `shortest` stages (it has at most groups / pipelines anyway)."""
         shortest = max(min(self.groups // pipelines, shortest or self.groups, self.layers), 1)
         grad = self._largest_part(0, shortest)
-        dp = ring_allreduce_time(grad, pipelines, self.ring_link(pipelines)) if pipelines > 1 and not self.overlapped \
-            else 0.0  # overlapped with the backward, only an exposed part (>= 0) is left
+        # overlapped with the backward only an exposed part (>= 0) is left; under ZeRO-3 shards reduce among
+        # fewer copies (no floor kept); under overlap_param_gather only the reduce-scatter half is charged
+        reduce = ring_allgather_time if self.model.overlap_param_gather else ring_allreduce_time
+        dp = reduce(grad, pipelines, self.ring_link(pipelines)) \
+            if pipelines > 1 and not self.overlapped and self.model.zero_stage < 3 else 0.0
         return dp + self._largest_part(1, shortest)
 
     def _largest_part(self, which: int, parts: int) -> float:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from chameleon_opt.instance.load import Instance
-from chameleon_opt.perf.comm import Link, ring_allreduce_time
+from chameleon_opt.perf.comm import Link, ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.memory import in_flight_micro_batches
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.perf.relief import choose_reliefs
@@ -90,6 +90,10 @@ SHORT_SHARE = 0.3
 REGULAR_SHARE = 0.15
 """Of the branch and bound's time, at most this much for its first run, over plans whose pipelines
 all have the first one's layer split (`ExactSearch.solve`)."""
+REFINE_SHARE = 0.2
+"""Of the exact search's time, at most this much refines the inventories' floors before the branch and
+bound (`ExactSearch.floor` with a deadline: tables built on demand; tens of ms below 24 devices, up
+to 0.5 s at 56); an inventory whose refined floor meets the incumbent is not searched."""
 PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
@@ -321,11 +325,24 @@ class Relaxation:
         self._kinds(most)
         self.kinds = [[name for name in most if self.kind_of[name] == k] for k in range(len(self.kind_count))]
         self.lower: dict[tuple[int, ...], list[float]] = {}
+        # split_lower[r][v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
+        # when no run of its stages in one node is longer than r (`lower_times`)
+        self.split_lower: dict[int, dict[tuple[int, ...], np.ndarray]] = {}
         self.cover: list[list[float]] = []
         self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
         # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
         self.counted: list[list[list[float]]] = []
+        # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
+        self._coupled: dict[tuple[int, int], list[float]] = {}  # by (P, longest run)
+        self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
+        # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
+        self._levels: dict[int, list[list[float]]] = {}
+        self._level_steps = 0  # what they took, within COUNTED_BUDGET
+        self.overlapped = bool(model.options.overlap_grad_reduce)
+        links = (model.intra, model.inter)
+        self.best_link = Link(max(link.bandwidth for link in links), min(link.latency for link in links))
+        self.grad = (model.workload.params * model.grad_bytes / model.instance.plan.tensor_parallel).tolist()  # per layer, rank
         # per layer: its least optimizer step over the device types and reliefs (a stage's is a sum)
         self.update = [min(model.optimizer_time(group, layer, layer + 1, relief)
                            for group in self.representative.values() for relief in model.relief_options)
@@ -356,27 +373,112 @@ class Relaxation:
 
     def build(self, deadline: Deadline) -> bool:
         """Fills the tables; False when `deadline` passed first."""
-        lower = self.lower_times(deadline)
-        if lower is None:
+        found = self.lower_times(deadline, self.most_per_node)
+        if found is None:
             return False
+        lower, self.split_lower[self.most_per_node] = found
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
-        steps = len(self.cover) * self.table_steps * min(self.groups, self.total)
+        self.round_steps = len(self.cover) * self.table_steps
+        steps = self.round_steps * min(self.groups, self.total)  # one counted table: a round per pipeline
         for least in range(1, self.longest + 1):  # least stage count: the first is the plain counted table
             if least * steps > COUNTED_BUDGET or deadline.expired():
                 break
             self.counted.append(self.counted_table(lower, least))
         return True
 
-    def lower_times(self, deadline: Deadline) -> dict[tuple[int, ...], list[float]] | None:
-        """lower[v][m]: a lower bound on the schedule time of every pipeline whose stages take v[k]
-        groups of each kind k, running m micro-batches (None past `deadline`). Each stage range takes
-        its fastest forward and backward over its kind's device types and the supported reliefs, for
-        every order of the kinds along the pipeline; each boundary its send on the faster link,
-        except that a pipeline longer than a node's groups crosses nodes so that no run of stages
-        between crossings is longer than a node's groups (`_crossing_sets`: every minimal such
-        choice is tried). The time of
+    def level(self, least: int, deadline: Deadline | None = None) -> tuple[list[list[float]], bool]:
+        """(table, exact): the counted table of pipelines of at least `least` stages
+        (`counted_table`) when built (`build` builds one for every least count in turn while
+        affordable; others are built here on demand, given a `deadline`, while their steps, the
+        items of at least `least` stages only, stay within a second COUNTED_BUDGET), else the
+        largest built below it (a lower table: fewer stages allowed) and False."""
+        if least <= len(self.counted):
+            return self.counted[least - 1], True
+        if least not in self._levels and deadline is not None and self.counted:
+            items = sum(len(self.profiles[stages]) for stages in range(least, self.longest + 1))
+            cost = self.round_steps * min(self.groups, self.total) * items \
+                // max(sum(map(len, self.profiles.values())), 1)
+            table = self.counted_table(self.lower, least, None, deadline) \
+                if self._level_steps + cost <= COUNTED_BUDGET else None
+            if table is not None:
+                self._level_steps += cost
+                self._levels[least] = table
+        if least in self._levels:
+            return self._levels[least], True
+        below = max((k for k in self._levels if k < least), default=len(self.counted))
+        return (self._levels[below] if below in self._levels else self.counted[below - 1]), False
+
+    def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
+        """Least gradient all-reduce of a plan with this many pipelines one of whose stages holds
+        `grad_bytes` (a slot reduces its layers over every pipeline's holder of them, and buckets
+        only add latency; the fastest link unless no node can hold a slot of every pipeline)."""
+        link = self.best_link if pipelines <= self.most_per_node else self.model.inter
+        return self.ring_time(grad_bytes, pipelines, link)
+
+    def ring_time(self, nbytes: float, pipelines: int, link: Link) -> float:
+        """The least the model charges a slot that reduces `nbytes` of gradients over `pipelines`
+        replicas on `link` (PerfModel.slot_reduce_times): the all-reduce, or only its reduce-scatter
+        half under overlap_param_gather (the all-gather hides behind the next forward); 0 when the
+        reduction overlaps the backward (only its exposed part counts) or under ZeRO-3 (shards reduce
+        among fewer copies: no floor kept)."""
+        model = self.model
+        if pipelines <= 1 or nbytes <= 0 or self.overlapped or model.zero_stage >= 3:
+            return 0.0
+        reduce = ring_allgather_time if model.overlap_param_gather else ring_allreduce_time
+        return reduce(nbytes, pipelines, link)
+
+    def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None) -> list[float] | None:
+        """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
+        batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
+        of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
+        over its splits (`split_lower`). The step of a plan is at least that of each of its
+        pipelines: its slowest time, all-reduce and step are at least that pipeline's. The counted
+        floor takes the least time, ring and step over splits apart (`ExactSearch.floor`), so a
+        split that saves a send (a boundary of no bytes) and another that halves the ring both count
+        there; here one split pays for both. A counted programme of P rounds, built on first use
+        (the floor asks only for the P that may hold its minimum); None beyond COUNTED_BUDGET,
+        past `deadline` or, without one, when not built yet. `runs`: the pipelines' times with no
+        run of stages in one node longer than this (default: a node's groups; `lower_times`)."""
+        runs = self.most_per_node if runs is None else runs
+        if (pipelines, runs) in self._coupled:
+            return self._coupled[pipelines, runs]
+        if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
+            return None
+        if runs not in self.split_lower:
+            found = self.lower_times(deadline, runs)
+            if found is None:
+                return None
+            self.split_lower[runs] = found[1]
+        prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in
+                  (("grad", self.grad), ("update", self.update))}
+        extras = {}  # per stage count: (largest stage's gradient bytes, slowest stage's step) per split
+        for stages, splits in self.splits.items():
+            b = np.array(splits)
+            extras[stages] = tuple((prefix[name][b[:, 1:]] - prefix[name][b[:, :-1]]).max(axis=1)
+                                   for name in ("grad", "update"))
+        priced = {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
+        for v, per_split in self.split_lower[runs].items():
+            grad_bytes, update = extras[sum(v)]
+            extra = np.array([self.ring_bound(pipelines, g) for g in grad_bytes]) + update
+            priced[v] = [math.inf] + (per_split + extra[:, None]).min(axis=0).tolist()
+        table = self.counted_table(priced, 1, pipelines, deadline)
+        if table is None:
+            return None
+        self._coupled[pipelines, runs] = table[pipelines]
+        return self._coupled[pipelines, runs]
+
+    def lower_times(self, deadline: Deadline, runs: int) -> tuple[dict[tuple[int, ...], list[float]],
+                                                                   dict[tuple[int, ...], np.ndarray]] | None:
+        """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
+        whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
+        m - 1] the same on its i-th split only (`_least_times`; None past `deadline`). Each stage
+        range takes its fastest forward and backward over its kind's device types and the supported
+        reliefs, for every order of the kinds along the pipeline; each boundary its send on the
+        faster link, except that a pipeline longer than `runs` (a node's groups, or fewer where the
+        floor knows more) crosses nodes so that no run of stages between crossings is longer
+        (`_crossing_sets`: every minimal such choice is tried). The time of
         those operations, minimised over the layer splits and orders, is the exact 1F1B longest path
         (monotone in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the
         per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
@@ -398,7 +500,7 @@ class Relaxation:
         cheap = np.minimum(intra, inter)
         choices = {}  # per stage count: the node-crossing boundary sets tried (none: every send cheap)
         for stages, splits in self.splits.items():
-            crossings = _crossing_sets(stages, self.most_per_node)
+            crossings = _crossing_sets(stages, runs)
             choices[stages] = crossings if len(crossings) * len(splits) <= CROSSING_BUDGET else [()]
         orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
         units = sum(len(splits) * len(choices[s]) * sum(len(orders[v]) for v in self.profiles[s]) * s * m
@@ -409,6 +511,7 @@ class Relaxation:
         memories = [MemoryRelaxation(model, self.sample, self.total, [d for d in self.live if names[d].name in kind])
                     for kind in self.kinds]
         lower: dict[tuple[int, ...], list[float]] = {}
+        split_lower: dict[tuple[int, ...], np.ndarray] = {}
         for stages, splits in self.splits.items():
             if deadline.expired():
                 return None
@@ -421,16 +524,20 @@ class Relaxation:
                         held = in_flight_micro_batches(s, stages, m, 0.0, self.virtual)
                         fits[k, :, s, m - 1] = memory.needs(b[:, s], b[:, s + 1], held) <= memory.budget
             for profile in self.profiles[stages]:
-                best = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap, inter, simulate)
+                best, per_split = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap, inter,
+                                                    simulate)
                 lower[profile] = best.tolist()
-        return lower
+                split_lower[profile] = per_split
+        return lower, split_lower
 
     def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray, crossings: list[tuple[int, ...]],
                      orders: list[tuple[int, ...]], cheap: np.ndarray, inter: np.ndarray,
-                     simulate: bool) -> np.ndarray:
-        """best[m]: the least time of m micro-batches over every split (`b`), crossing choice and
-        order of kinds, with each stage's range times per kind (`ranges`) and whether it fits in memory
-        with m micro-batches (`fits`: kind, split, stage, m - 1). The closed-form bound of
+                     simulate: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(best, per_split): best[m], the least time of m micro-batches over every split (`b`),
+        crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
+        whether it fits in memory with m micro-batches (`fits`: kind, split, stage, m - 1); and
+        per_split[i, m - 1], a lower bound on that time on split i alone (its candidates' least
+        closed form, and never below best[m]: no extra simulation). The closed-form bound of
         every candidate comes first (numpy); the simulation then visits candidates by it, skipping
         those whose bound cannot lower the minimum (plain 1F1B only: interleaving is simulated)."""
         stages, total = b.shape[1] - 1, self.total
@@ -456,10 +563,11 @@ class Relaxation:
                   + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
         fit = np.concatenate(fitting)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
+        per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
         best = np.full(total + 1, np.inf)
         if not simulate:
             best[1:] = closed.min(axis=0)
-            return best
+            return best, per_split
         for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
             ops = None
             for m in range(1, total + 1):
@@ -467,7 +575,7 @@ class Relaxation:
                     continue  # no plan, or the simulation is at least the closed form
                 ops = ops or [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
                 best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
-        return best
+        return best, np.maximum(per_split, best[1:])
 
     def _programme(self, lower: dict[tuple[int, ...], list[float]]
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, np.ndarray, int, np.ndarray]]]:
@@ -515,18 +623,22 @@ class Relaxation:
         completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
         return capped.tolist(), completion.tolist()
 
-    def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1) -> list[list[float]]:
+    def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
+                      rounds: int | None = None, deadline: Deadline = Deadline.never()) -> list[list[float]] | None:
         """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
         running the whole batch on at most the groups of `state` (the cover relaxation with the
         pipelines counted: the all-reduce floor grows with P, and with the shortest pipeline's stage
-        count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P."""
+        count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P up to
+        `rounds` (default: every P); None when `deadline` passes first."""
         total = self.total
         comps, level, shift, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
         previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
-        for _ in range(min(self.groups, total)):
+        for _ in range(min(self.groups, total) if rounds is None else rounds):
+            if deadline.expired():
+                return None
             table = np.full((len(comps), total + 1), np.inf)
             for g in range(1, self.groups + 1):
                 rows = np.flatnonzero(level == g)
@@ -581,8 +693,6 @@ class ExactSearch:
         speed = {name: sum(model.stage_times(self.pools[c][0], 0, self.layers)[:2])
                  for c, name in enumerate(self.class_type)}
         self.order = sorted(range(len(self.pools)), key=lambda c: (speed[self.class_type[c]], self.class_node[c]))
-        links = (model.intra, model.inter)
-        self.best_link = Link(max(link.bandwidth for link in links), min(link.latency for link in links))
         self.most_pipelines = min(self.groups, self.total)
         self.virtual = model.options.virtual_stages or 1
         self.overlapped = bool(model.options.overlap_grad_reduce)
@@ -596,14 +706,21 @@ class ExactSearch:
         sample = {name: self.pools[c][0] for c, name in enumerate(self.class_type)}
         self.stands_in = {(a, b): a == b or _dominates(model, sample[a], sample[b]) for a in sample for b in sample}
 
-    def floor(self) -> float:
+    def floor(self, refine: Deadline | None = None) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
         counted (`Relaxation.counted`), min over P pipelines and the shortest one's stage count s
         (at most G / P) of the least makespan of P pipelines of at least s stages each, plus the
         least all-reduce of P replicas and the least optimizer step (one of the shortest pipeline's
         stages holds at least `_largest_stage(., s)` of the gradients and of the layers' least
         optimizer steps); else the pipeline-time floor alone. Coupling s matters: the fewest
-        stages make the cheapest pipelines (no sends) but the largest rings."""
+        stages make the cheapest pipelines (no sends) but the largest rings. Per P it is raised to
+        the coupled table's (`Relaxation.coupled`: each pipeline's time, ring and step on one split)
+        where affordable, P by P from the lowest counted value while it may still lower the floor:
+        both hold for every plan of P pipelines. Where P pipelines could ring inside one node, the
+        floor also splits plans by whether some layer's ring crosses nodes (see below). The tables this needs beyond `Relaxation.build`'s
+        (`Relaxation.level`, `Relaxation.coupled`: tenths of a second at 50 groups) are built only
+        given `refine`, a deadline (`exact_search` asks before its branch and bound);
+        without it the floor uses the tables built so far."""
         relaxation = self.relaxation
         if not relaxation.counted:
             return relaxation.cover[self.root][self.total]
@@ -611,13 +728,42 @@ class ExactSearch:
         longest = min(self.groups, self.layers)
         # per shortest stage count s: the largest stage's gradient bytes and optimizer step at least
         largest = {s: (_largest_stage(grad, s), _largest_stage(relaxation.update, s)) for s in range(1, longest + 1)}
-        floors = []
-        for p in range(1, len(relaxation.counted[0])):
-            for shortest in range(1, min(self.groups // p, self.layers) + 1):
-                table = relaxation.counted[min(shortest, len(relaxation.counted)) - 1]  # fewer: a lower table
-                grad_bytes, update = largest[shortest]
-                floors.append(table[p][self.root] + self.ring_bound(p, grad_bytes) + update)
-        return min(floors, default=math.inf)
+
+        def counted(p: int, build: Deadline | None, least_ring: float = 0.0) -> float:
+            """P pipelines: the least over the shortest one's stage count s of its table (`level`:
+            given `build`, the table of the s at the minimum is built while affordable, until the
+            minimum sits on a table of its own least count) + the ring (at least `least_ring`) and
+            step of s stages."""
+            extra = {s: max(self.ring_bound(p, largest[s][0]), least_ring) + largest[s][1]
+                     for s in range(1, min(self.groups // p, self.layers) + 1)}
+            while True:
+                value = {s: relaxation.level(s)[0][p][self.root] + e for s, e in extra.items()}
+                shortest = min(value, key=value.get)
+                if build is None or relaxation.level(shortest)[1] or not relaxation.level(shortest, build)[1]:
+                    return value[shortest]
+
+        cheap = {p: counted(p, None) for p in range(1, len(relaxation.counted[0]))}  # on the tables built
+        floor = math.inf
+        for p in sorted(cheap, key=cheap.get):
+            if cheap[p] >= floor:
+                break  # every P left is at least the floor already (its own tables only raise it)
+            coupled = relaxation.coupled(p, refine)  # first: one table, and it often decides
+            value = max(cheap[p], coupled[self.root] if coupled is not None else 0.0)
+            if refine is not None:
+                value = max(value, counted(p, refine))
+            if refine is not None and 2 <= p <= self.most_per_node and not self.overlapped and min(grad) > 0:
+                # Rings inside nodes (the counted floor's link here) or node crossings, not both: either
+                # some layer's P holders span nodes, and its slot's ring takes the inter-node link with
+                # at least that layer's bytes (`spanning`), or every layer's holders share a node, which
+                # then holds a stage of every pipeline, so no pipeline runs more than most - P + 1 of
+                # its stages in one node (`columns`: the times with those crossings).
+                spanning = max(coupled[self.root] if coupled is not None else 0.0,
+                               counted(p, refine, relaxation.ring_time(min(grad), p, self.model.inter)))
+                narrow = relaxation.coupled(p, refine, self.most_per_node - p + 1)
+                columns = narrow[self.root] if narrow is not None else 0.0
+                value = max(value, min(spanning, columns))
+            floor = min(floor, value)
+        return floor
 
     @staticmethod
     def split_count(layers: int, longest: int) -> int:
@@ -643,12 +789,8 @@ class ExactSearch:
 
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines whose largest stage holds
-        `grad_bytes` (buckets only add latency; the fastest link)."""
-        if pipelines <= 1 or self.overlapped:  # overlapped: only the exposed part counts, at least 0
-            return 0.0
-        # a ring stays inside a node only when one node holds a slot of every pipeline
-        link = self.best_link if pipelines <= self.most_per_node else self.model.inter
-        return ring_allreduce_time(grad_bytes, pipelines, link)
+        `grad_bytes` (`Relaxation.ring_bound`: these groups have its node sizes)."""
+        return self.relaxation.ring_bound(pipelines, grad_bytes)
 
     # -- pricing ---------------------------------------------------------------------------------
     def price(self, seq: list[tuple[int, ...]], shape: tuple, bounds: tuple[int, ...], limit: float) -> Priced:
@@ -736,8 +878,7 @@ class ExactSearch:
             for seq, b, _ in chosen:
                 most = max(most, max(spanning[b[s + 1]] - spanning[b[s]] for s in range(len(seq))))
             most = max(most, max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(nodes))))
-            return max(ring_allreduce_time(most, pipelines, inter) if most else 0.0,
-                       self.ring_bound(pipelines, grad_bytes))
+            return max(self.relaxation.ring_time(most, pipelines, inter), self.ring_bound(pipelines, grad_bytes))
 
         def hold(nodes: list[int], bounds: tuple[int, ...], step: int) -> None:
             for s, node in enumerate(nodes):
@@ -921,7 +1062,11 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
                       key=ExactSearch.floor)  # the most promising first: good incumbents early
     plan, objective, leaves, reason = None, incumbent, 0, ""
     floors = [search.floor() for search in searches]  # each inventory's relaxation floor (its part of the space)
-    pending = list(range(len(searches)))
+    refine = deadline.share(REFINE_SHARE)  # the floors' tables built on demand, the most promising first
+    for index in sorted(range(len(searches)), key=floors.__getitem__):
+        floors[index] = max(floors[index], searches[index].floor(refine))
+    # an inventory whose floor meets the incumbent would be cut at its root (PRUNE_TOLERANCE): searched
+    pending = [index for index in range(len(searches)) if floors[index] < objective * (1 - PRUNE_TOLERANCE)]
     for _ in range(2):  # a second pass resumes the inventories stopped early, with the better incumbent
         stopped = []
         for k, index in enumerate(pending):  # each gets an even share of what is left
