@@ -56,7 +56,7 @@ from typing import Any
 
 from chameleon_opt.check import check_plan
 from chameleon_opt.instance.load import Instance, build_instance
-from chameleon_opt.perf.comm import ring_allreduce_time
+from chameleon_opt.perf.comm import ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
 
@@ -520,7 +520,11 @@ class _Search:
                 used = s.types.count(t)
                 own = (s.micro / used if used else math.inf) if s.fits_shared else 0.0
                 ratio[i] = max(ratio[i + 1], own)
-        self.exact_reduce = not self.model.options.overlap_grad_reduce
+        # The model's gradient ring (PerfModel.slot_reduce_times): the reduce-scatter half alone when the
+        # parameter all-gather overlaps the next forward; under ZeRO-3 the gradients were reduce-scattered
+        # inside the backward, so no bound is taken from the ring (every plan is priced by the model).
+        self.exact_reduce = not self.model.options.overlap_grad_reduce and self.model.zero_stage < 3
+        self.ring = ring_allgather_time if self.model.overlap_param_gather else ring_allreduce_time
         self.memory_known = self.model.zero_stage == 0
         self.intra, self.inter = self.model.intra, self.model.inter
         self.best, self.best_plan = math.inf, None
@@ -568,16 +572,16 @@ class _Search:
             if nbytes > 0:
                 slots = [f.stage_of[start] for f in self.fixed]
                 nodes = {f.node_of[start] for f in self.fixed}
-                inter = ring_allreduce_time(nbytes, n, self.inter)
+                inter = self.ring(nbytes, n, self.inter)
                 if len(nodes) > 1:
                     t = inter
                 elif not future:
-                    t = ring_allreduce_time(nbytes, n, self.intra)
+                    t = self.ring(nbytes, n, self.intra)
                 else:
                     node = next(iter(nodes))
                     stays = self.space.max_groups[node] - self.uses.get(node, 0) >= future
                     local = local or stays
-                    t = min(ring_allreduce_time(nbytes, n, self.intra), inter) if stays else inter
+                    t = min(self.ring(nbytes, n, self.intra), inter) if stays else inter
                 for j, s in enumerate(slots):
                     totals[j][s] += t
             start = end
@@ -600,9 +604,9 @@ class _Search:
             return optimizer, 0.0
         n = len(self.fixed) + future
         nbytes = self.space.bytes_floor[k]
-        reduce = ring_allreduce_time(nbytes, n, self.inter)
+        reduce = self.ring(nbytes, n, self.inter)
         if local:
-            reduce = min(reduce, ring_allreduce_time(nbytes, n, self.intra))
+            reduce = min(reduce, self.ring(nbytes, n, self.intra))
         return optimizer, reduce
 
     def _optimizer_bound(self, i: int, left: int) -> float:
