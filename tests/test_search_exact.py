@@ -450,3 +450,22 @@ def test_ring_floor_charges_half_under_overlap_param_gather(seed):
     live = [d for d in range(instance.num_devices) if d not in failed]
     groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
     assert relaxation_bound(PerfModel(instance), groups, instance.global_micro_batches, live) <= found.best * (1 + 1e-9)
+
+
+def test_template_level_model_gives_every_pipeline_a_micro_batch():
+    """8-16-device seed 9 with zero_stage 2 and overlap_param_gather: the distributed optimizer's
+    memory asks for at least 4 pipelines of one template, and only 3 micro-batches exist; the level
+    model chose 4 pipelines (each template capped at N, their sum not), no spread fitted, and the
+    search crashed. Its rows now keep the pipelines at most N: a sound plan comes back."""
+    from chameleon_opt.check import check_plan
+    from chameleon_opt.solve.search import search_plan
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(9, (8, 16))
+    data["training"].update({"zero_stage": 2, "overlap_param_gather": True})
+    instance = build_instance(data)
+    result = search_plan(instance, failed, Deadline.after(2.0))
+    assert result.solution is not None and check_plan(instance, result.solution, failed).ok
+    assert all(p.micro_batches >= 1 for p in result.solution.pipelines)

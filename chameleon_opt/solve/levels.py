@@ -22,6 +22,7 @@ Constraints (the MILP's row names):
     one_level                        sum_m y[k,m] = u[k]
     sync                             Y >= sync_k u[k]
     cover_micro_batches              sum_{k,m} m z[k,m] >= N
+    a_micro_batch_per_pipeline       sum_{k,m} z[k,m] <= N   (every pipeline runs at least one)
     tp_groups_type                   sum_{k of type d} S_k sum_m z[k,m] <= G_d, per device type d
     min_pipelines                    sum_{k,m} z[k,m] >= min_pipelines_k u[k]   (distributed-optimizer memory)
     relaxation_bound                 T + Y >= the relaxation's lower bound (`lp_lower_bound`)
@@ -139,8 +140,11 @@ def level_model(templates: list[Template], budget: dict[str, int], total: int, i
 def _mix_from_levels(lm: LevelModel, pipelines: list[tuple[int, int]]) -> Mix:
     """Exact micro-batch counts (summing to N) for the chosen (template, level) pipelines."""
     t = lm.templates
-    spread = allocate_greedy([t[k].fill_s for k, _ in pipelines], [t[k].per_micro_batch_s for k, _ in pipelines],
-                             lm.total, [t[k].max_level for k, _ in pipelines]).solution or ()
+    allocation = allocate_greedy([t[k].fill_s for k, _ in pipelines], [t[k].per_micro_batch_s for k, _ in pipelines],
+                                 lm.total, [t[k].max_level for k, _ in pipelines])
+    if allocation.solution is None:  # the model's rows admit only spreadable solutions: a bug if reached
+        raise AssertionError(f"level model chose pipelines no spread fits: {allocation.reason}")
+    spread = allocation.solution
     shares: list[list[int]] = [[] for _ in t]
     for (k, _), m in zip(pipelines, spread):
         shares[k].append(m)
@@ -182,6 +186,7 @@ def build_level_cpsat(lm: LevelModel) -> tuple[cp_model.CpModel, dict[tuple[int,
         used_by.append(used)
     pipelines = sum(pipes for _, pipes in cells.values())
     model.add(sum(m * pipes for (_, m), (_, pipes) in cells.items()) >= lm.total)  # cover_micro_batches
+    model.add(pipelines <= lm.total)  # a_micro_batch_per_pipeline
     for name, groups in lm.budget.items():  # tp_groups_type, one row per device type
         model.add(sum(lm.templates[k].stages * pipes for (k, _), (_, pipes) in cells.items()
                       if lm.templates[k].device_type == name) <= groups)
@@ -232,6 +237,7 @@ def build_level_milp(lm: LevelModel) -> tuple[pulp.LpProblem, dict[tuple[int, in
         used_by.append(used)
     pipelines = pulp.lpSum(pipes for _, pipes in cells.values())
     problem += (pulp.lpSum(m * pipes for (_, m), (_, pipes) in cells.items()) >= lm.total, "cover_micro_batches")
+    problem += (pipelines <= lm.total, "a_micro_batch_per_pipeline")
     for i, (name, groups) in enumerate(lm.budget.items()):
         problem += (pulp.lpSum(lm.templates[k].stages * pipes for (k, _), (_, pipes) in cells.items()
                                if lm.templates[k].device_type == name) <= groups, f"tp_groups_type{i}")
