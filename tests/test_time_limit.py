@@ -174,3 +174,15 @@ def test_log_level_is_a_global_flag():
     done = runner.invoke(app, ["--log-level", "info", "plan", "paper-example", "--json"])
     assert done.exit_code == 0, done.output
     json.loads(done.stdout)
+
+
+def test_cpsat_enum_params_are_set_by_name():
+    """--params sets CP-SAT's enum parameters by member name (search_branching=FIXED_SEARCH was
+    passed on as a string and refused); an unknown name is an input error listing the names."""
+    from chameleon_opt.errors import InputError
+    from chameleon_opt.solve.backends import SolverOptions, cpsat_solver
+
+    solver = cpsat_solver(1.0, SolverOptions(params={"search_branching": "FIXED_SEARCH"}))
+    assert solver.parameters.search_branching.name == "FIXED_SEARCH"
+    with pytest.raises(InputError, match="PORTFOLIO_SEARCH"):
+        cpsat_solver(1.0, SolverOptions(params={"search_branching": "FAST"}))

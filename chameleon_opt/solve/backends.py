@@ -195,6 +195,14 @@ def cpsat_solver(time_limit_s: float, options: SolverOptions = DEFAULT, **fixed:
 
 
 def _convert(name: str, text: str, kind: type) -> Any:
+    """`text` as a value of the parameter's type: a bool from true/false/1/0, an enum (CP-SAT's
+    pybind enums, e.g. search_branching) from one of its member names, else kind(text)."""
+    members = getattr(kind, "__members__", None)
+    if isinstance(members, dict) and members:
+        if text not in members:
+            raise InputError(None, "--params", f"{name}={text!r} is not one of its values",
+                             f"give one of {', '.join(members)}")
+        return members[text]
     try:
         if kind is bool:
             if text.lower() not in ("true", "false", "1", "0"):
