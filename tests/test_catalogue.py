@@ -201,6 +201,27 @@ def test_hf_bad_dimensions() -> None:
         architecture_from_hf_config({"model_type": "mamba", "d_model": 768})
 
 
+
+def test_hf_settings_the_model_does_not_price_are_refused_by_name() -> None:
+    """Issue 26: an unsupported setting is refused, never priced as something else. A Mixtral
+    config (model_type 'mixtral', Llama's keys plus 8 experts) was guessed to be Llama and priced
+    dense; experts under a known model type, and a sliding window shorter than the sequence,
+    are refused too. A window the sequence fits in, or one switched off (Qwen2), is full attention."""
+    mixtral = dict(LLAMA2_7B, model_type="mixtral", num_local_experts=8, num_experts_per_tok=2)
+    with pytest.raises(InputError, match="'mixtral' is not modelled") as err:
+        architecture_from_hf_config(mixtral)
+    assert err.value.field == "model_type"
+    with pytest.raises(InputError, match="mixture-of-experts") as err:
+        architecture_from_hf_config(dict(LLAMA2_7B, model_type="qwen3", num_experts=128, moe_intermediate_size=768))
+    assert err.value.field == "num_experts"
+    mistral = dict(LLAMA2_7B, model_type="mistral", sliding_window=1024)
+    with pytest.raises(InputError, match="sliding-window") as err:
+        architecture_from_hf_config(mistral)
+    assert err.value.field == "sliding_window" and "--seq-len 1024" in err.value.fix
+    assert architecture_from_hf_config(mistral, seq_len=1024).seq_len == 1024
+    assert architecture_from_hf_config(dict(LLAMA2_7B, model_type="qwen2", sliding_window=512,
+                                            use_sliding_window=False)).seq_len == 4096
+
 def test_load_hf_config(tmp_path: Path) -> None:
     path = tmp_path / "Llama-2-7b-hf" / "config.json"
     path.parent.mkdir()

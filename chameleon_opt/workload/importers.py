@@ -193,10 +193,15 @@ _HF_FAMILIES = {
 
 
 def _hf_family(config: dict[str, Any], file: str | Path | None) -> str:
-    """The key family of a config: its `model_type`, or guessed from family-specific keys."""
+    """The key family of a config: its `model_type` (one the catalogue lacks is refused), or, when it
+    names none, guessed from family-specific keys."""
     model_type = config.get("model_type")
     if isinstance(model_type, str) and model_type in _HF_FAMILIES:
         return _HF_FAMILIES[model_type]
+    if isinstance(model_type, str):  # a named family the catalogue lacks is never priced as a look-alike
+        raise InputError(file, "model_type", f"model type {model_type!r} is not modelled",
+                         f"use a config of one of: {', '.join(sorted(_HF_FAMILIES))}, or write the architecture "
+                         "by hand")
     if "n_embd" in config or "n_layer" in config:
         return "gpt2"
     if "ffn_dim" in config:
@@ -259,7 +264,30 @@ def architecture_from_hf_config(config: dict[str, Any], file: str | Path | None 
             gated_mlp=True, learned_positions=False, tied_embeddings=bool(tie))
     if seq_len is not None:
         fields["seq_len"] = seq_len
+    _refuse_unmodelled(config, int(fields["seq_len"]), file)
     return _architecture(fields, file)
+
+
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
+"""config.json keys of mixture-of-experts models (Mixtral, Qwen2-MoE / Qwen3-MoE, DeepSeek)."""
+
+
+def _refuse_unmodelled(config: dict[str, Any], seq_len: int, file: str | Path | None) -> None:
+    """Refuse, by name, what the performance model does not price, rather than price a dense,
+    full-attention model in its place: experts (their all-to-all, capacity and per-expert weights)
+    and sliding-window attention shorter than the training sequence (fewer score FLOPs and a
+    smaller KV working set than full attention)."""
+    for key in MOE_KEYS:
+        value = config.get(key)
+        if value not in (None, 0, 1):
+            raise InputError(file, key, f"a mixture-of-experts model ({key} = {value!r}) is not modelled",
+                             "use a dense model's config")
+    window = config.get("sliding_window")
+    in_use = config.get("use_sliding_window", True) is not False
+    if in_use and isinstance(window, int) and not isinstance(window, bool) and 0 < window < seq_len:
+        raise InputError(file, "sliding_window", f"sliding-window attention over {window} tokens, shorter than "
+                         f"the {seq_len}-token sequence, is not modelled",
+                         f"train with sequences of at most {window} tokens (--seq-len {window})")
 
 
 def architecture_from_sailor_config(config: dict[str, Any], file: str | Path | None = None) -> Architecture:
