@@ -94,8 +94,9 @@ from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime import hf
 from chameleon_opt.runtime.cores import start_worker
 from chameleon_opt.runtime.offload import HostAdamW
+from chameleon_opt.runtime.p2p import receive_piece, send_piece
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, start_heartbeat, step_loss
-from chameleon_opt.runtime.schedule import Message, WorkItem, order_operations, planned_operations, work_items
+from chameleon_opt.runtime.schedule import order_operations, planned_operations, work_items
 from chameleon_opt.runtime.split_backward import split_backward
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.workload.schema import WorkloadSpec
@@ -452,47 +453,30 @@ class Worker:
             item = items[i]
             assert item is not None   # an ordered op always has samples
             if kind == "F":
-                x = None if stage.has_embedding else self._receive(item.receive_from, shape, False).requires_grad_(True)
+                x = None if stage.has_embedding else receive_piece(item.receive_from, shape, self.dtype, self.rank_of, False, self.p2p).requires_grad_(True)
                 out = stage(tokens[item.start:item.stop, :-1] if x is None else x)
                 if stage.has_head:
                     per_sample = hf.sample_losses(out, tokens[item.start:item.stop, 1:])
                     losses.update({item.start + k: v for k, v in enumerate(per_sample.detach().tolist())})
                     out = per_sample.sum() / job.global_batch
                 else:
-                    sends += self._send_piece(item.send_to, item, out.detach(), False)
+                    sends += send_piece(item.send_to, item, out.detach(), self.rank_of, False, self.p2p)
                 saved[i] = (x, out)
             elif kind == "B":
                 x, out = saved.pop(i)
-                grad = None if stage.has_head else self._receive(item.send_to, shape, True)
+                grad = None if stage.has_head else receive_piece(item.send_to, shape, self.dtype, self.rank_of, True, self.p2p)
                 if split:
                     x_grad, deferred[i] = split_backward(out, x, grad, params)
                 else:
                     out.backward(grad)
                     x_grad = None if x is None else x.grad
                 if x_grad is not None:
-                    sends += self._send_piece(item.receive_from, item, x_grad, True)
+                    sends += send_piece(item.receive_from, item, x_grad, self.rank_of, True, self.p2p)
             else:
                 deferred.pop(i)()
         for work in sends:
             work.wait()
         return losses
-
-    def _receive(self, messages: tuple[Message, ...], shape: tuple[int, int], backward: bool) -> torch.Tensor:
-        """Activations (or their gradients) of a piece's samples, from the peers holding them."""
-        buffers, works = [], []
-        for m in messages:
-            buf = torch.empty((m.stop - m.start, *shape), dtype=self.dtype)
-            works.append(dist.irecv(buf, self.rank_of[m.peer], group=self.p2p, tag=m.tag(backward)))
-            buffers.append(buf)
-        for work in works:
-            work.wait()
-        return torch.cat(buffers) if len(buffers) > 1 else buffers[0]
-
-    def _send_piece(self, messages: tuple[Message, ...], item: WorkItem, tensor: torch.Tensor, backward: bool
-                    ) -> list[Any]:
-        """Each peer's samples of `tensor` (the piece's rows), sent without waiting."""
-        return [dist.isend(tensor[m.start - item.start:m.stop - item.start].contiguous(), self.rank_of[m.peer],
-                           group=self.p2p, tag=m.tag(backward)) for m in messages]
 
     def _arm_kill(self, forwards: int, hang: bool = False) -> Any:
         """Failure injection: SIGKILL (SIGSTOP with `hang`) this process after its stage's

@@ -37,9 +37,10 @@ import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 
 from chameleon_opt.comm.lowering import RankPlan, RankTransfer
+from chameleon_opt.runtime.p2p import receive_piece, send_piece
 from chameleon_opt.runtime.replies import start_heartbeat
 from chameleon_opt.runtime.gpt import GPTConfig, batch_tokens, build_layer, sample_loss, state_elements
-from chameleon_opt.runtime.schedule import WorkItem, work_items
+from chameleon_opt.runtime.schedule import work_items
 from chameleon_opt.runtime.split_backward import split_backward
 
 LEARNING_RATE = 3e-3
@@ -284,7 +285,7 @@ class Worker:
             item = items[i]
             assert item is not None
             if kind == "F":
-                x = self._receive(item.receive_from, shape, backward=False) if not has_embedding else None
+                x = receive_piece(item.receive_from, shape, self.dtype, self.rank_of, backward=False) if not has_embedding else None
                 c0 = time.perf_counter()
                 if x is None:
                     out = tokens[item.start:item.stop, :-1]
@@ -300,10 +301,10 @@ class Worker:
                 compute_s += time.perf_counter() - c0
                 saved[i] = (x, out)
                 if not has_head:
-                    sends += self._send(item.send_to, item, out.detach(), backward=False)
+                    sends += send_piece(item.send_to, item, out.detach(), self.rank_of, backward=False)
             elif kind == "B":
                 x, out = saved.pop(i)  # a split's W keeps what it needs of the graph
-                grad = None if has_head else self._receive(item.send_to, shape, backward=True)
+                grad = None if has_head else receive_piece(item.send_to, shape, self.dtype, self.rank_of, backward=True)
                 c0 = time.perf_counter()
                 if split:
                     x_grad, deferred[i] = split_backward(out, x, grad, params)
@@ -312,7 +313,7 @@ class Worker:
                     x_grad = x.grad if x is not None else None
                 compute_s += time.perf_counter() - c0
                 if x_grad is not None:
-                    sends += self._send(item.receive_from, item, x_grad, backward=True)
+                    sends += send_piece(item.receive_from, item, x_grad, self.rank_of, backward=True)
             else:  # W: the weight gradients B left for later
                 c0 = time.perf_counter()
                 deferred.pop(i)()
@@ -320,20 +321,6 @@ class Worker:
         for w in sends:
             w.wait()
         return losses, compute_s
-
-    def _receive(self, messages: tuple[Any, ...], shape: tuple[int, int], backward: bool) -> torch.Tensor:
-        buffers, works = [], []
-        for m in messages:
-            buf = torch.empty((m.stop - m.start, *shape), dtype=self.dtype)
-            works.append(dist.irecv(buf, self.rank_of[m.peer], tag=m.tag(backward)))
-            buffers.append(buf)
-        for w in works:
-            w.wait()
-        return torch.cat(buffers) if len(buffers) > 1 else buffers[0]
-
-    def _send(self, messages: tuple[Any, ...], item: WorkItem, tensor: torch.Tensor, backward: bool) -> list[Any]:
-        return [dist.isend(tensor[m.start - item.start:m.stop - item.start].contiguous(), self.rank_of[m.peer],
-                           tag=m.tag(backward)) for m in messages]
 
     def _allreduce(self) -> None:
         """Gradient rings round by round; the rings of one round run concurrently."""
