@@ -64,6 +64,7 @@ from chameleon_opt.planning import PlanningOptions, RecoveryDecision, plan_recov
 from chameleon_opt.decision import with_stale_copies
 from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime.cores import start_worker
+from chameleon_opt.runtime.executable import refuse_unexecuted
 from chameleon_opt.runtime.gpt import GPTConfig
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, step_loss
 from chameleon_opt.runtime.schedule import order_operations, planned_operations
@@ -159,6 +160,7 @@ def runtime_model(instance: Instance) -> GPTConfig:
                          "untied embeddings, learned positions and no GQA", "change the workload to match")
     if instance.plan.tensor_parallel != 1:
         raise InputError(file, "plan.tensor_parallel", "the runtime runs TP 1 only", "set it to 1")
+    refuse_unexecuted(instance, relief=False)
     return GPTConfig(layers=arch.layers, hidden=arch.hidden, heads=arch.heads, vocab=arch.vocab, seq_len=arch.seq_len)
 
 

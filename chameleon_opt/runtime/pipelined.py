@@ -93,6 +93,7 @@ from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.rejoin import plan_join
 from chameleon_opt.runtime import hf
 from chameleon_opt.runtime.cores import start_worker
+from chameleon_opt.runtime.executable import refuse_unexecuted
 from chameleon_opt.runtime.offload import HostAdamW
 from chameleon_opt.runtime.p2p import receive_piece, send_piece
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, start_heartbeat, step_loss
@@ -899,6 +900,7 @@ class PipelinedController:
             raise ValueError("a checkpoint restore needs checkpoint_dir")
         if tp_degrees and checkpoint_dir is None:
             raise ValueError("a TP change is restored from the checkpoint: tp_degrees needs checkpoint_dir")
+        refuse_unexecuted(instance, relief=True)
         for stage in (st for pipe in instance.plan.pipelines for st in pipe.stages if st.relief is not None):
             parse_relief(stage.relief)  # one the workers can execute, said before any starts
         self.instance, self.restore = instance, restore

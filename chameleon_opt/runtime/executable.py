@@ -1,0 +1,50 @@
+"""What the runtimes cannot execute, refused before a worker starts.
+
+The planner prices every training setting of an instance; a runtime that silently ran something
+else (plain 1F1B for an interleaved job, replicated optimizer state for a ZeRO job) would make every
+step it measures a measurement of another plan. Both controllers call `refuse_unexecuted` with the
+instance they are given; each refusal names the field and the setting the runtime does run.
+"""
+
+from __future__ import annotations
+
+from chameleon_opt.errors import InputError
+from chameleon_opt.instance.load import Instance
+
+
+def unexecuted_settings(instance: Instance, *, relief: bool) -> list[tuple[str, str, str]]:
+    """(field, what the runtime does instead, fix) for each setting it would not carry out.
+    `relief`: whether the runtime executes per-stage memory relief (the HF runtime does)."""
+    training = instance.spec.training
+    found: list[tuple[str, str, str]] = []
+    if training.virtual_stages > 1:
+        found.append(("training.virtual_stages", f"interleaved 1F1B ({training.virtual_stages} chunks per device) "
+                      "is priced but the runtimes run plain 1F1B", "set virtual_stages to 1"))
+    if training.zero > 0:
+        found.append(("training.zero_stage", f"ZeRO stage {training.zero} is priced but the runtimes keep whole "
+                      "optimizer state, gradients and parameters on every replica", "set zero_stage to 0 and "
+                      "distributed_optimizer to false"))
+    if training.overlap_grad_reduce:
+        found.append(("training.overlap_grad_reduce", "the runtimes all-reduce gradients after the last backward, "
+                      "not overlapped with it", "set overlap_grad_reduce to false"))
+    if training.sequence_parallel:
+        found.append(("training.sequence_parallel", "the HF runtime's tensor parallelism shards the linears only",
+                      "set sequence_parallel to false"))
+    if training.loss_chunks > 1:
+        found.append(("training.loss_chunks", "the runtimes compute the head and loss over the whole micro-batch",
+                      "set loss_chunks to 1"))
+    if not relief:
+        chosen = set(training.reliefs or []) - {"none"}
+        staged = {s.relief for p in instance.plan.pipelines for s in p.stages} - {None, "none"}
+        if training.recompute != "none" or chosen or staged:
+            found.append(("training.recomputation" if training.recompute != "none" else
+                          "training.reliefs" if chosen else "plan.pipelines[].stages[].relief",
+                          "the tiny-GPT runtime keeps every activation (no recomputation or offload)",
+                          "drop the relief, or run the Hugging Face runtime (demo --hf)"))
+    return found
+
+
+def refuse_unexecuted(instance: Instance, *, relief: bool) -> None:
+    """Raise an InputError for the first setting the runtime would not execute (`unexecuted_settings`)."""
+    for field, problem, fix in unexecuted_settings(instance, relief=relief):
+        raise InputError(instance.path, field, problem, fix)
