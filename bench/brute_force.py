@@ -260,8 +260,9 @@ class _Space:
         # Per layer, the least optimizer step any group and relief gives it (the step is additive in
         # layers); over k-stage splits, the least possible largest stage (bytes, optimizer step).
         reps = {t: g for (n, t), g in self.rep.items()}
-        self.layer_optimizer = [min((model.optimizer_time(g, layer, layer + 1, r) for g in reps.values()
-                                     for r in self.relief_choices), default=0.0) for layer in range(self.layers)]
+        self.layer_optimizer = [min((model.optimizer_time(g, layer, layer + 1, r, self.total_groups)
+                                     for g in reps.values() for r in self.relief_choices), default=0.0)
+                                for layer in range(self.layers)]
         self.bytes_floor = _bottlenecks(self.grad_bytes)
         self.optimizer_floor = _bottlenecks(self.layer_optimizer)
 
@@ -408,7 +409,8 @@ class _Space:
                             if key not in times:
                                 f, bw, _, _ = model.stage_times(reps[t], a, b, r)
                                 times[key] = (f, bw)
-                                optimizer[key] = model.optimizer_time(reps[t], a, b, r)
+                                # ZeRO >= 1: the step shrinks with the replicas, at most one per group
+                                optimizer[key] = model.optimizer_time(reps[t], a, b, r, self.total_groups)
                             fwd.append(times[key][0])
                             bwd.append(times[key][1])
                             opt = max(opt, optimizer[key])
@@ -523,7 +525,8 @@ class _Search:
         # The model's gradient ring (PerfModel.slot_reduce_times): the reduce-scatter half alone when the
         # parameter all-gather overlaps the next forward; under ZeRO-3 the gradients were reduce-scattered
         # inside the backward, so no bound is taken from the ring (every plan is priced by the model).
-        self.exact_reduce = not self.model.options.overlap_grad_reduce and self.model.zero_stage < 3
+        # ZeRO >= 1 prices the optimizer step per plan (its shards follow the replica count): bounds only
+        self.exact_reduce = not self.model.options.overlap_grad_reduce and self.model.zero_stage == 0
         self.ring = ring_allgather_time if self.model.overlap_param_gather else ring_allreduce_time
         self.memory_known = self.model.zero_stage == 0
         self.intra, self.inter = self.model.intra, self.model.inter

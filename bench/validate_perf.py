@@ -20,8 +20,9 @@
    efficiency fitted leave-one-family-out (every family predicted from a fit on the others only);
    flash-attention kernels at their published utilisation (published.ATTENTION_UTILISATION), FSDP's
    per-micro-batch collectives, Megatron's layer split and overlap flags as the trainers run them
-   (docs/performance-model.md). Per-source and per-family error tables and a predicted-vs-measured
-   plot (validate_perf_published.png).
+   (docs/performance-model.md). The cost of overlapping ZeRO-3 collectives with compute is fitted on
+   one FSDP family and reported on the other (llm-foundry <-> torchtitan). Per-source and per-family
+   error tables and a predicted-vs-measured plot (validate_perf_published.png).
 
 Writes bench/out/validate_perf.{json,md,png} and prints the tables.
 Run: python bench/validate_perf.py [--sailor-dir ../shared/data/sailor] [--published-dir
@@ -316,20 +317,51 @@ def plot(sailor: dict | None, megatron: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def published_validation(directory: Path) -> dict:
-    """Every priceable published row, before (catalogue efficiencies) and leave-one-family-out."""
+def published_runs(directory: Path) -> tuple[list, dict[str, int]]:
+    """The priceable published rows as runs, and the refused ones counted by reason."""
     from collections import Counter
 
-    from chameleon_opt.instance.devices import CATALOGUE
-    from chameleon_opt.perf.published import (Refused, fit_efficiencies, load_rows, predict_calibrated,
-                                              predict_step, step_terms, to_run)
+    from chameleon_opt.perf.published import Refused, load_rows, to_run
     runs, refused = [], Counter()
     for row in load_rows(directory):
         try:
             runs.append(to_run(row))
         except Refused as why:
             refused[f"{row['_source']}: {why}"] += 1
-    terms = {r.id: step_terms(r) for r in runs}
+    return runs, dict(refused)
+
+
+def sharded(run) -> bool:
+    """Whether the run's plan gathers and reduce-scatters ZeRO-3 shards on every micro-batch."""
+    return run.document["training"].get("zero_stage", 0) >= 3
+
+
+def interference_of(runs: list, price) -> float:
+    """The ZeRO-3 overlap interference fitted on `runs` (published.fit_interference), each priced by
+    `price(run, x)` at x = 0 and x = 1."""
+    from chameleon_opt.perf.published import fit_interference
+    return fit_interference([r.measured_step_s for r in runs], [price(r, 0.0) for r in runs],
+                            [price(r, 1.0) for r in runs])
+
+
+def published_interference(runs: list, terms: dict) -> dict[str, float]:
+    """Per family with ZeRO-3 runs: the overlap interference fitted on its own runs, at the efficiencies
+    fitted on the other families (what the other FSDP family is priced with)."""
+    from chameleon_opt.perf.published import fit_efficiencies, predict_calibrated
+    fitted = {}
+    for family in sorted({r.family for r in runs if sharded(r)}):
+        fit = fit_efficiencies([r for r in runs if r.family != family], terms)
+        mine = [r for r in runs if r.family == family and r.gpu in fit.compute]
+        fitted[family] = interference_of(mine, lambda r, x: predict_calibrated(
+            r, fit.compute[r.gpu], fit.memory_efficiency, x))
+    return fitted
+
+
+def published_validation(runs: list, refused: dict[str, int], terms: dict, interference: float) -> dict:
+    """Every priceable published row, before (catalogue efficiencies) and leave-one-family-out: the
+    efficiencies fitted on the other families, ZeRO-3 runs at `interference` (fitted on torchtitan's)."""
+    from chameleon_opt.instance.devices import CATALOGUE
+    from chameleon_opt.perf.published import fit_efficiencies, predict_calibrated, predict_step
     families = sorted({r.family for r in runs})
     rows, fits = [], {}
     for family in families:
@@ -339,7 +371,8 @@ def published_validation(directory: Path) -> dict:
         for r in (r for r in runs if r.family == family):
             before = predict_step(r, CATALOGUE[r.gpu].efficiency)
             held = r.gpu in fit.compute
-            after = predict_calibrated(r, fit.compute[r.gpu], fit.memory_efficiency) if held else before
+            after = predict_calibrated(r, fit.compute[r.gpu], fit.memory_efficiency,
+                                       interference if sharded(r) else None) if held else before
             rows.append({"id": r.id, "source": r.source, "family": family, "gpu": r.gpu, "label": r.label,
                          "metric": r.metric, "measured_s": r.measured_step_s, "before_s": before, "lofo_s": after,
                          "error_before": before / r.measured_step_s - 1, "error_lofo": after / r.measured_step_s - 1,
@@ -356,42 +389,46 @@ def published_validation(directory: Path) -> dict:
                         "gpu_not_fitted_elsewhere": sum(not r["gpu_fitted_elsewhere"] for r in chosen)})
         return out
     return {"rows": rows, "refused": dict(refused), "fits": fits, "by_source": summary("source", "source"),
-            "by_family": summary("family", "family")}
+            "by_family": summary("family", "family"), "sharded_interference": interference}
 
 
-def torchtitan_validation(published_dir: Path) -> dict:
+def torchtitan_validation(others: list, interference: float) -> dict:
     """torchtitan's published runs through its importer (bench/torchtitan_runs.py): refused
-    rows by the key named; the rest priced with the torchtitan kernels and the efficiencies fitted on
-    every other published family (none on these rows: all held out). Memory against max_reserved."""
+    rows by the key named; the rest priced with the torchtitan kernels, the efficiencies fitted on
+    every other published family (`others`) and the ZeRO-3 overlap interference fitted on llm-foundry's
+    runs (`interference`): none on these rows, all held out. Memory against max_reserved. Also fits
+    the interference on these rows (`fitted_interference`: what prices llm-foundry's)."""
     from chameleon_opt.instance.devices import CATALOGUE
     from chameleon_opt.perf import published as P
     from chameleon_opt.perf.calibration import DeviceFit, FrameworkCalibration
     from bench.torchtitan_runs import import_rows
     runs, refused = import_rows()
-    others = []
-    for row in P.load_rows(published_dir):
-        try:
-            others.append(P.to_run(row))
-        except P.Refused:
-            continue
-    fit = P.fit_efficiencies(others, {r.id: P.step_terms(r) for r in others})
-    rows = []
-    for r in runs:
+    fit = P.fit_efficiencies(others, {r.id: P.step_terms(r, interference if sharded(r) else None) for r in others})
+
+    def estimate(r, x: float):
         device = r.document["cluster"]["device_type"]
         spec = device if isinstance(device, dict) else CATALOGUE[device].model_dump()
         calibration = FrameworkCalibration(
             "torchtitan (held out)", "flash", fit.memory_efficiency,
             {spec["name"]: DeviceFit(spec["peak_tflops"], spec["memory_bandwidth_gbps"], fit.compute[r.gpu], ())},
             overhead_gib=0.0, kernels="torchtitan",
-            attention_utilisation={spec["name"]: P.ATTENTION_UTILISATION[("flash-v2", r.gpu)]})
+            attention_utilisation={spec["name"]: P.ATTENTION_UTILISATION[("flash-v2", r.gpu)]},
+            sharded_interference=x)
         instance = build_instance(r.document, f"<{r.id}>")
-        estimate = PerfModel(instance, calibration=calibration).evaluate(instance.plan)
-        peak = max(c.memory_bytes for p in estimate.pipelines for c in p.stages) / GIB
+        return PerfModel(instance, calibration=calibration).evaluate(instance.plan)
+
+    rows = []
+    for r in runs:
+        found = estimate(r, interference)
+        peak = max(c.memory_bytes for p in found.pipelines for c in p.stages) / GIB
         rows.append({"id": r.id, "family": r.family, "measured_s": r.measured_step_s,
-                     "predicted_s": estimate.iteration_time_s, "error_time": estimate.iteration_time_s / r.measured_step_s - 1,
+                     "predicted_s": found.iteration_time_s,
+                     "error_time": found.iteration_time_s / r.measured_step_s - 1,
                      "measured_mem_gib": r.measured_memory_gib, "predicted_mem_gib": peak,
                      "error_mem": peak / r.measured_memory_gib - 1 if r.measured_memory_gib else None})
-    return {"rows": rows, "refused": refused, "fitted_on": list(fit.fitted_on)}
+    fitted = interference_of(runs, lambda r, x: estimate(r, x).iteration_time_s)
+    return {"rows": rows, "refused": refused, "fitted_on": list(fit.fitted_on), "interference": interference,
+            "fitted_interference": fitted}
 
 
 def render_published(published: dict, out: Path) -> list[str]:
@@ -417,6 +454,8 @@ def render_published(published: dict, out: Path) -> list[str]:
         lines.append(f"- held out {family}: compute efficiency {effs}; memory-traffic efficiency "
                      f"{fit['memory_efficiency']:.3f}; fitted on {', '.join(fit['fitted_on'])}"
                      + (f" ({', '.join(fit['borrowed'])}: its proxy die's, published.PROXY_DIE)" if fit["borrowed"] else ""))
+    lines.append(f"- ZeRO-3 runs: overlap interference {published['sharded_interference']:.3f}, fitted on torchtitan's "
+                 "published runs (the other FSDP family; PerfModel.overlap_sharded)")
     lines += ["", "Refused rows (not priced as something else):", ""]
     lines += [f"- {n} x {why}" for why, n in sorted(published["refused"].items())]
     plot_published(published, out / "validate_perf_published.png")
@@ -460,13 +499,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
     args = parser.parse_args()
     if args.published_dir.is_dir():
+        from chameleon_opt.perf.model import SHARDED_OVERLAP_INTERFERENCE
+        from chameleon_opt.perf.published import step_terms
         args.out.mkdir(parents=True, exist_ok=True)
-        torchtitan = torchtitan_validation(args.published_dir)
+        runs, refused = published_runs(args.published_dir)
+        terms = {r.id: step_terms(r) for r in runs}
+        # The two FSDP families price each other: llm-foundry's fit prices torchtitan's runs, torchtitan's
+        # (the model's SHARDED_OVERLAP_INTERFERENCE) prices llm-foundry's.
+        foundry = published_interference(runs, terms)
+        (held_out,) = foundry.values()
+        torchtitan = torchtitan_validation(runs, held_out)
         (args.out / "validate_perf_torchtitan.json").write_text(json.dumps(torchtitan, indent=1))
         for r in torchtitan["rows"]:
             memory = "" if r["error_mem"] is None else f"  memory {r['error_mem']:+.1%}"
             console.print(f"torchtitan {r['id']:22s} time {r['error_time']:+.1%}{memory}")
-        published = published_validation(args.published_dir)
+        console.print(f"ZeRO-3 overlap interference: fitted on llm-foundry {held_out:.3f} (prices torchtitan), "
+                      f"on torchtitan {torchtitan['fitted_interference']:.3f} (prices llm-foundry); "
+                      f"model constant {SHARDED_OVERLAP_INTERFERENCE}")
+        published = published_validation(runs, refused, terms, torchtitan["fitted_interference"])
         args.out.mkdir(parents=True, exist_ok=True)
         lines = render_published(published, args.out)
         (args.out / "validate_perf_published.md").write_text("\n".join(lines) + "\n")

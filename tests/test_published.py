@@ -92,3 +92,16 @@ def test_a_die_with_no_fitted_rows_takes_its_proxy_dies_efficiency() -> None:
     terms["r3"] = (0.6, 0.01, 0.0)   # a V100 row at e = 2/3
     fit = fit_efficiencies(a100 + [run(3, "V100-32", "g")], terms)
     assert fit.compute["V100-32"] == pytest.approx(2 / 3) and fit.borrowed == ()
+
+
+def test_the_overlap_interference_fit_recovers_a_known_share_and_stays_in_bounds() -> None:
+    """Runs whose steps are t0 + x (t1 - t0) with x = 0.6 give back 0.6; a fit asking for less than a free
+    overlap or more than running compute and collectives apart is clipped to [0, 1]; runs x does not
+    move (no ZeRO-3 collectives) fit nothing."""
+    from chameleon_opt.perf.published import fit_interference
+    at_zero, at_one = [1.0, 2.0, 4.0], [1.5, 2.2, 5.0]
+    measured = [t0 + 0.6 * (t1 - t0) for t0, t1 in zip(at_zero, at_one)]
+    assert fit_interference(measured, at_zero, at_one) == pytest.approx(0.6)
+    assert fit_interference([0.9, 1.9, 3.9], at_zero, at_one) == 0.0
+    assert fit_interference([2.0, 3.0, 6.0], at_zero, at_one) == 1.0
+    assert fit_interference([1.0, 2.0], [1.0, 2.0], [1.0, 2.0]) == 0.0

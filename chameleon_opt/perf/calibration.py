@@ -75,6 +75,9 @@ class FrameworkCalibration:
     attention_utilisation: dict[str, float] = field(default_factory=dict)
     """Per device: the share of peak the stack's flash-attention kernel sustains on the FLOPs it executes
     (flash_attention_seconds). Absent: the attention core is priced as GEMM FLOPs at compute_efficiency."""
+    sharded_interference: float | None = None
+    """The stack's cost of overlapping ZeRO-3 collectives with compute (PerfModel.overlap_sharded);
+    None: perf/model.py's SHARDED_OVERLAP_INTERFERENCE."""
 
     # -- the model ---------------------------------------------------------------------------
     def layer_work(self, workload: Workload, tp: int) -> tuple[np.ndarray, np.ndarray]:
@@ -176,6 +179,7 @@ class FrameworkCalibration:
             **({"kernels": self.kernels} if self.kernels else {}),
             **({"tp_exposed": self.tp_exposed} if self.tp_exposed != 1.0 else {}),
             **({"attention_utilisation": dict(self.attention_utilisation)} if self.attention_utilisation else {}),
+            **({"sharded_interference": self.sharded_interference} if self.sharded_interference is not None else {}),
         }
 
     @classmethod
@@ -185,7 +189,8 @@ class FrameworkCalibration:
         return cls(name, data.get("attention", "flash"), data["memory_efficiency"], devices,
                    data.get("overhead_gib"), tuple(data.get("overhead_fitted_on", ())),
                    tuple(data.get("excluded", ())), tuple(data.get("notes", ())), data.get("kernels"),
-                   float(data.get("tp_exposed", 1.0)), dict(data.get("attention_utilisation", {})))
+                   float(data.get("tp_exposed", 1.0)), dict(data.get("attention_utilisation", {})),
+                   data.get("sharded_interference"))
 
 
 ELEMENTWISE_HBM_SHARE = 0.85

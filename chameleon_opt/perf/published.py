@@ -301,36 +301,53 @@ def attention_utilisation(run: PublishedRun) -> dict[str, float]:
 
 
 def efficiency_calibration(compute: dict[str, float], memory_efficiency: float, exposed: float = 1.0,
-                           attention: dict[str, float] | None = None, kind: str = "flash") -> "FrameworkCalibration":
+                           attention: dict[str, float] | None = None, kind: str = "flash",
+                           interference: float | None = None) -> "FrameworkCalibration":
     """A calibration pricing a block as FLOPs / (peak x e_gpu) + activation bytes / (bandwidth x e_mem)
     (perf/calibration.py's form, no profiles): the second term is what makes small models slower than
     their FLOPs say, and its bytes follow the attention `kind` (eager adds the a*s^2 scores). `attention`:
-    per GPU, the flash kernel's utilisation (its attention core priced apart, at the FLOPs it executes)."""
+    per GPU, the flash kernel's utilisation (its attention core priced apart, at the FLOPs it executes).
+    `interference`: the ZeRO-3 overlap's cost (PerfModel.overlap_sharded; None: the model's constant)."""
     from chameleon_opt.instance.devices import CATALOGUE
     from chameleon_opt.perf.calibration import DeviceFit, FrameworkCalibration
     devices = {gpu: DeviceFit(CATALOGUE[gpu].peak_tflops, CATALOGUE[gpu].memory_bandwidth_gbps, e, ())
                for gpu, e in compute.items()}
     return FrameworkCalibration("published", kind, memory_efficiency, devices, tp_exposed=exposed,
-                                attention_utilisation=dict(attention or {}))
+                                attention_utilisation=dict(attention or {}), sharded_interference=interference)
 
 
-def predict_calibrated(run: PublishedRun, compute: float, memory_efficiency: float) -> float:
+def predict_calibrated(run: PublishedRun, compute: float, memory_efficiency: float,
+                       interference: float | None = None) -> float:
     """The run's step time under efficiency_calibration."""
     from chameleon_opt.instance.load import build_instance
     from chameleon_opt.perf.model import PerfModel
     instance = build_instance(run.document, f"<{run.id}>")
     calibration = efficiency_calibration({run.gpu: compute}, memory_efficiency, tp_exposed(run),
-                                         attention_utilisation(run), run.document["training"]["attention"])
+                                         attention_utilisation(run), run.document["training"]["attention"],
+                                         interference)
     return PerfModel(instance, calibration=calibration).evaluate(instance.plan).iteration_time_s
 
 
-def step_terms(run: PublishedRun) -> tuple[float, float, float]:
+def step_terms(run: PublishedRun, interference: float | None = None) -> tuple[float, float, float]:
     """(a, b, c) with step time ~ a / e_gpu + b / e_mem + c: the model evaluated at three points
     (exactly linear while the bottleneck stage and the exposed communication stay the same)."""
-    base = predict_calibrated(run, 0.5, 0.05)
-    a = (predict_calibrated(run, 0.25, 0.05) - base) / 2.0
-    b = (predict_calibrated(run, 0.5, 0.025) - base) / 20.0
+    base = predict_calibrated(run, 0.5, 0.05, interference)
+    a = (predict_calibrated(run, 0.25, 0.05, interference) - base) / 2.0
+    b = (predict_calibrated(run, 0.5, 0.025, interference) - base) / 20.0
     return a, b, base - 2.0 * a - 20.0 * b
+
+
+def fit_interference(measured: list[float], at_zero: list[float], at_one: list[float]) -> float:
+    """The ZeRO-3 overlap interference x (PerfModel.overlap_sharded) minimising the squared relative
+    step-time errors of runs predicted at x = 0 and x = 1: a step is linear in x (x scales the
+    shorter of compute and collectives, which x does not change), so least squares is closed-form.
+    Clipped to [0, 1]: the overlap neither speeds the pair up nor costs more than running them apart."""
+    import numpy as np
+    m, t0, t1 = (np.asarray(v, dtype=float) for v in (measured, at_zero, at_one))
+    slope, miss = (t1 - t0) / m, 1.0 - t0 / m
+    if not (slope > 0).any():
+        return 0.0
+    return float(np.clip((slope * miss).sum() / (slope * slope).sum(), 0.0, 1.0))
 
 
 CHIP = {"A100-40": "A100", "A100-80": "A100", "H100-80": "H100", "V100-32": "V100"}

@@ -292,7 +292,7 @@ class RelaxationBound:
         reduce = ring_allgather_time if self.model.overlap_param_gather else ring_allreduce_time
         dp = reduce(grad, pipelines, self.ring_link(pipelines)) \
             if pipelines > 1 and not self.overlapped and self.model.zero_stage < 3 else 0.0
-        return dp + self._largest_part(1, shortest)
+        return dp + self._largest_part(1, shortest) / self.model.optimizer_shards(pipelines)  # P replicas a layer
 
     def _largest_part(self, which: int, parts: int) -> float:
         """A floor on the largest part when the layers' gradient bytes (`which` 0) or optimizer

@@ -225,7 +225,8 @@ class _Evaluator:
             if c.memory_bytes > c.memory_capacity_bytes and (
                     worst is None or c.memory_bytes - c.memory_capacity_bytes > worst[0] - worst[1]):
                 worst = (c.memory_bytes, c.memory_capacity_bytes, s)
-        optimizer = max(self.model.optimizer_time(st.devices, st.first, st.end) for st in plan.pipelines[0].stages)
+        optimizer = max(self.model.optimizer_time(st.devices, st.first, st.end, replicas=degree)
+                        for st in plan.pipelines[0].stages)
         found = _PipeCost(tuple(c.op_forward_s for c in stage_costs), tuple(c.op_backward_s for c in stage_costs),
                           optimizer, worst)
         self.costs[key] = found

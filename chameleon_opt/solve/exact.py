@@ -343,7 +343,8 @@ class Relaxation:
         links = (model.intra, model.inter)
         self.best_link = Link(max(link.bandwidth for link in links), min(link.latency for link in links))
         self.grad = (model.workload.params * model.grad_bytes / model.instance.plan.tensor_parallel).tolist()  # per layer, rank
-        # per layer: its least optimizer step over the device types and reliefs (a stage's is a sum)
+        # per layer: its least optimizer step over the device types and reliefs (a stage's is a sum),
+        # unsharded: a floor for P pipelines divides it by model.optimizer_shards(P) (ZeRO >= 1)
         self.update = [min(model.optimizer_time(group, layer, layer + 1, relief)
                            for group in self.representative.values() for relief in model.relief_options)
                        for layer in range(self.layers)]
@@ -456,8 +457,9 @@ class Relaxation:
         extras = {}  # per stage count: (largest stage's gradient bytes, slowest stage's step) per split
         for stages, splits in self.splits.items():
             b = np.array(splits)
-            extras[stages] = tuple((prefix[name][b[:, 1:]] - prefix[name][b[:, :-1]]).max(axis=1)
-                                   for name in ("grad", "update"))
+            grad_bytes, update = ((prefix[name][b[:, 1:]] - prefix[name][b[:, :-1]]).max(axis=1)
+                                  for name in ("grad", "update"))
+            extras[stages] = grad_bytes, update / self.model.optimizer_shards(pipelines)
         priced = {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
         for v, per_split in self.split_lower[runs].items():
             grad_bytes, update = extras[sum(v)]
@@ -734,7 +736,8 @@ class ExactSearch:
             given `build`, the table of the s at the minimum is built while affordable, until the
             minimum sits on a table of its own least count) + the ring (at least `least_ring`) and
             step of s stages."""
-            extra = {s: max(self.ring_bound(p, largest[s][0]), least_ring) + largest[s][1]
+            shards = self.model.optimizer_shards(p)  # every layer has P replicas
+            extra = {s: max(self.ring_bound(p, largest[s][0]), least_ring) + largest[s][1] / shards
                      for s in range(1, min(self.groups // p, self.layers) + 1)}
             while True:
                 value = {s: relaxation.level(s)[0][p][self.root] + e for s, e in extra.items()}
@@ -807,8 +810,8 @@ class ExactSearch:
         pipe = Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
         costs = model.stage_costs(Plan(self.tp, (pipe,)), 0, [0.0] * stages)
         reliefs = model.relief_options
-        per_relief = [[(*model.stage_times(st.devices, st.first, st.end, r)[:2],
-                        model.optimizer_time(st.devices, st.first, st.end, r)) for r in reliefs]
+        per_relief = [[(*model.stage_times(st.devices, st.first, st.end, r)[:2],  # step: at the most replicas
+                        model.optimizer_time(st.devices, st.first, st.end, r, self.most_pipelines)) for r in reliefs]
                       for st in pipe.stages]
         capacity = [model.stage_device(st.devices).memory_gib * GIB for st in pipe.stages]
         grad = model.workload.params * model.grad_bytes / self.tp

@@ -155,7 +155,8 @@ def build_template(model: PerfModel, group: tuple[int, ...], stages: int, pipeli
     grad = model.workload.params * model.grad_bytes / len(group)
     largest = max(float(grad[bounds[s]:bounds[s + 1]].sum()) for s in range(stages))
     sync = ring_allreduce_time(largest, max(pipelines_guess, 1), model.inter)
-    sync += max(model.optimizer_time(group, bounds[s], bounds[s + 1]) for s in range(stages))
+    sync += max(model.optimizer_time(group, bounds[s], bounds[s + 1], replicas=max(pipelines_guess, 1))
+                for s in range(stages))
     return Template(model.stage_device(group).name, stages, bounds, times, sync, min_pipelines, max_level)
 
 
