@@ -16,7 +16,9 @@ from chameleon_opt.runtime.gpt import GPTConfig, build_layer  # noqa: E402
 from chameleon_opt.runtime.profile import (  # noqa: E402
     LayerProfile,
     fit_alpha_beta,
+    fit_ring,
     main,
+    measure_allreduce,
     measure_network,
     profile_layers,
     runtime_instance,
@@ -114,6 +116,34 @@ def test_measure_network_between_two_processes() -> None:
     assert fit.latency_s >= 0 and fit.bandwidth_bytes_per_s > 0 and len(fit.one_way_s) == 3
     network = fit.network()
     assert network["intra_node_gbps"] > 0 and set(network) == set(NETWORK)
+
+
+def test_fit_ring_recovers_a_ring_over_two_world_sizes() -> None:
+    lat, bw = 50e-6, 1e9
+    points = [(w, n, 2 * (w - 1) * lat + 2 * (w - 1) / w * n / bw) for w in (2, 4) for n in (1 << 16, 1 << 22)]
+    latency, bandwidth = fit_ring(points)
+    assert latency == pytest.approx(lat, rel=1e-6) and bandwidth == pytest.approx(bw, rel=1e-6)
+
+
+def test_measure_allreduce_fits_a_ring_the_model_then_charges(profile: LayerProfile, tmp_path: Path) -> None:
+    """Two gloo processes: a fit with one point per size, carried by the network's collective fields
+    into the gradient all-reduce of a DP 2 plan, which it slows (never speeds: the link bounds it)."""
+    fit = measure_allreduce((2,), sizes=(1 << 12, 1 << 18), rounds=2)
+    assert [p[:2] for p in fit.points] == [(2, 1 << 12), (2, 1 << 18)]
+    assert fit.step_latency_s >= 0 and fit.bus_bytes_per_s > 0
+    assert fit.time(1 << 18, 2) > fit.time(1 << 12, 2)
+    path = tmp_path / "tiny.json"
+    write_profile(path, CFG, profile, name="tiny")
+
+    def dp_time(network: dict[str, float]) -> float:
+        instance = build_instance(runtime_instance(CFG, path, global_batch=8, micro_batch_size=2, network=network,
+                                                   pp=1, dp=2))
+        return PerfModel(instance).evaluate(instance.plan).data_parallel_s
+
+    slow = {**NETWORK, "collective_gbps": 0.5, "collective_latency_us": 400.0}
+    fast = {**NETWORK, "collective_gbps": 50.0, "collective_latency_us": 0.0}
+    assert dp_time(slow) > dp_time(NETWORK) > 0
+    assert dp_time(fast) == pytest.approx(dp_time(NETWORK))
 
 
 def test_command_line_writes_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

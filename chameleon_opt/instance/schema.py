@@ -42,6 +42,12 @@ class Network(Strict):
     inter_node_latency_us: NonNegativeFloat = 20.0
     p2p_overhead_us: NonNegativeFloat = Field(
         0.0, description="framework cost per pipeline send/receive beyond the link (blocking p2p calls)")
+    collective_gbps: PositiveFloat | None = Field(
+        None, description="per-rank GB/s of the gradient all-reduce's ring inside a node when it is slower than "
+        "the link (measured: gloo on CPU also sums and copies the buffers, runtime.profile.measure_allreduce); "
+        "None: the intra-node link's")
+    collective_latency_us: NonNegativeFloat | None = Field(
+        None, description="seconds (us) per step of that ring, measured with collective_gbps; None: the link's")
     host_link_gbps: PositiveFloat = Field(
         25.0, description="per-device GB/s each way between a device and its host's memory (PCIe 4.0 x16 "
         "delivers about 25); prices activation and optimizer-state offload (assumed unless given)")

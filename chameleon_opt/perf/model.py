@@ -264,6 +264,10 @@ class PerfModel:
         self.intra = Link(network.intra_node_gbps * 1e9, network.intra_node_latency_us * 1e-6)
         self.inter = Link(network.inter_node_gbps * 1e9, network.inter_node_latency_us * 1e-6)
         self.p2p_overhead_s = network.p2p_overhead_us * 1e-6
+        # the gradient all-reduce's ring inside a node, where measured slower than the link: never
+        # faster, so the searches' ring floors over the links stay below what the model charges
+        self.collective = Link(min(self.intra.bandwidth, (network.collective_gbps or network.intra_node_gbps) * 1e9),
+                               max(self.intra.latency, (network.collective_latency_us or 0.0) * 1e-6))
         self.host_link_bps = network.host_link_gbps * 1e9
         self.host_memory_bps = network.host_memory_gbps * 1e9
         self.relief_options = relief_options(training.reliefs, self.recompute)
@@ -375,9 +379,10 @@ class PerfModel:
         return self.intra if self.instance.node_of(a) == self.instance.node_of(b) else self.inter
 
     def group_link(self, devices: list[int] | tuple[int, ...]) -> Link:
-        """The slowest link a ring over these devices crosses."""
+        """The slowest link a gradient all-reduce ring over these devices crosses (inside a node:
+        the measured collective ring, `network.collective_gbps`, when given)."""
         nodes = {self.instance.node_of(d) for d in devices}
-        return self.inter if len(nodes) > 1 else self.intra
+        return self.inter if len(nodes) > 1 else self.collective
 
     def stage_times(self, devices: tuple[int, ...], first: int, end: int, relief: str | None = None
                     ) -> tuple[float, float, float, float]:

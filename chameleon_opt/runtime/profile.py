@@ -304,6 +304,106 @@ def measure_network(sizes: Sequence[int] = NETWORK_SIZES, rounds: int = 20) -> N
     return NetworkFit(latency, bandwidth, tuple(sizes), tuple(one_way))
 
 
+ALLREDUCE_SIZES = (1 << 16, 1 << 20, 1 << 22, 1 << 24)
+"""Buffer sizes (bytes) of the all-reduce fit: a few blocks' gradients up to a whole bench model's."""
+
+
+@dataclass(frozen=True)
+class AllreduceFit:
+    """The gradient all-reduce as the HF runtime runs it (`pipelined.Worker._allreduce`: flatten a
+    bucket, gloo all-reduce, copy back), fitted as a ring over W processes: 2(W-1) steps of
+    `step_latency_s` each plus 2(W-1)/W of the bytes at `bus_bytes_per_s` (the form the model prices,
+    comm.ring_allreduce_time). `points`: (W, bytes, median wall of the slowest rank, median process
+    CPU of the busiest rank, all threads: gloo sums in its own) per measurement, so a fit taken on
+    shared cores can be told from one on cores of their own."""
+
+    step_latency_s: float
+    bus_bytes_per_s: float
+    points: tuple[tuple[int, int, float, float], ...]
+
+    def time(self, nbytes: float, world: int) -> float:
+        steps = 2 * (world - 1)
+        return steps * self.step_latency_s + steps / world * nbytes / self.bus_bytes_per_s
+
+    def network(self) -> dict[str, float]:
+        """The instance's `cluster.network` fields that carry it to the model."""
+        return {"collective_gbps": self.bus_bytes_per_s / 1e9, "collective_latency_us": self.step_latency_s * 1e6}
+
+
+def fit_ring(points: Sequence[tuple[int, int, float]]) -> tuple[float, float]:
+    """(step latency s, bus bytes/s) of t = 2(W-1) lat + 2(W-1)/W n / bw over (W, n, t) points, by
+    least squares weighted by 1/t (as fit_alpha_beta)."""
+    world = np.array([p[0] for p in points], dtype=float)
+    n = np.array([p[1] for p in points], dtype=float)
+    t = np.array([p[2] for p in points], dtype=float)
+    weight = 1.0 / np.maximum(t, 1e-12)
+    design = np.stack([2 * (world - 1), 2 * (world - 1) / world * n], axis=1) * weight[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, t * weight, rcond=None)
+    if per_byte <= 0:
+        per_byte = float(max(ti / (2 * (w - 1) / w * ni) for w, ni, ti in zip(world, n, t)))
+    return max(float(latency), 0.0), 1.0 / float(per_byte)
+
+
+def _allreduce_worker(rank: int, world: int, port: int, sizes: Sequence[int], rounds: int, out_path: str,
+                      cores: Sequence[int] | None) -> None:
+    """One of `measure_allreduce`'s processes: each size `rounds` times after a barrier; writes its
+    per-size median wall and CPU seconds."""
+    if cores is not None:
+        os.sched_setaffinity(0, {cores[rank]})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        walls, cpus = [], []
+        for size in sizes:
+            grads = [torch.ones(size // 8), torch.ones(size // 4 - size // 8)]   # two tensors, as a bucket has many
+            wall_samples, cpu_samples = [], []
+            for repeat in range(NETWORK_WARMUP + rounds):
+                dist.barrier()
+                wall, cpu = time.perf_counter(), time.process_time()
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+                if repeat >= NETWORK_WARMUP:
+                    wall_samples.append(time.perf_counter() - wall)
+                    cpu_samples.append(time.process_time() - cpu)
+            walls.append(_median_s(wall_samples))
+            cpus.append(_median_s(cpu_samples))
+        Path(f"{out_path}.{rank}").write_text(json.dumps([walls, cpus]))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_allreduce(worlds: Sequence[int] = (2,), sizes: Sequence[int] = ALLREDUCE_SIZES, rounds: int = 10,
+                      cores: Sequence[int] | None = None) -> AllreduceFit:
+    """For each W of `worlds`, spawn W gloo processes (pinned to the first W of `cores` when given),
+    all-reduce each buffer size `rounds` times as the runtime reduces a gradient bucket, and fit
+    one ring to every (W, size) median (`fit_ring`).
+
+    Why: the model priced the gradient all-reduce as a ring over the point-to-point fit, which
+    leaves out what gloo's all-reduce does besides moving bytes (summing the buffers on the CPU,
+    its own copies) and the runtime's flatten and copy-back, all on the worker's one core; and
+    the point-to-point fit, weighted towards small messages, is loose at a gradient's megabytes.
+    On this project's 2-core machine (load 1.5-2): 27.4 MB (the Llama bench model) between two
+    processes took 36 ms (25 ms of CPU) where the ring over the p2p fit gave 7 ms."""
+    if not worlds or min(worlds) < 2:
+        raise ValueError("an all-reduce needs two processes or more")
+    points = []
+    for world in worlds:
+        with tempfile.TemporaryDirectory() as folder:
+            out_path = os.path.join(folder, "allreduce")
+            mp.spawn(_allreduce_worker, args=(world, _free_port(), tuple(sizes), rounds, out_path,
+                                              None if cores is None else tuple(cores)), nprocs=world, join=True)
+            ranks = [json.loads(Path(f"{out_path}.{rank}").read_text()) for rank in range(world)]
+        points += [(world, size, max(r[0][i] for r in ranks), max(r[1][i] for r in ranks))
+                   for i, size in enumerate(sizes)]
+    latency, bandwidth = fit_ring([(w, n, t) for w, n, t, _ in points])
+    return AllreduceFit(latency, bandwidth, tuple(points))
+
+
 # -- workload file ------------------------------------------------------------------------------
 
 
