@@ -60,7 +60,25 @@ def test_a_step_reports_its_phases_per_device() -> None:
     last = report.phases[-1]
     for device in (0, 1):
         assert last[device]["forward"]["calls"] == 4 and last[device]["backward"]["calls"] == 4
-        assert last[device]["commit"]["calls"] == 1
+        assert last[device]["commit"]["calls"] == 1 and last[device]["kernel"]["cpu_s"] >= 0
         assert last[device]["schedule"]["wall_s"] >= last[device]["forward"]["wall_s"]
     assert last[1]["loss"]["calls"] == 4 and "loss" not in last[0]
     assert PipelinedController(instance, config).run(1).phases == []
+
+
+def test_the_bench_decomposes_a_rank_step_phase_by_phase() -> None:
+    """bench/runtime_steps_hf.py: the schedule's own work is its CPU beyond the chunks and the loss,
+    waiting the step's wall beyond its CPU, other threads the process's CPU beyond the step's."""
+    from tests.helpers import load_example
+
+    bench = load_example(Path(__file__).resolve().parent.parent / "bench" / "runtime_steps_hf.py")
+
+    def phase(wall: float, cpu: float, calls: float = 1) -> dict[str, float]:
+        return {"wall_s": wall, "cpu_s": cpu, "calls": calls}
+
+    parts = bench.decomposition({"forward": phase(3, 3, 4), "backward": phase(5, 5, 4), "loss": phase(1, 1, 4),
+                                 "schedule": phase(12, 9.5), "step": phase(13, 10), "process": phase(0, 11),
+                                 "commit": phase(2, 2), "dispatch": phase(0.5, 0), "kernel": phase(0, 0.25, 40)})
+    assert parts["schedule_own_cpu"] == 0.5 and parts["waiting"] == 3 and parts["other_threads_cpu"] == 1
+    assert parts["step"] == 15.5 and parts["micro_batches"] == 4 and parts["page_faults"] == 40
+    assert parts["allreduce"] == 0

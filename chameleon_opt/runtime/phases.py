@@ -37,11 +37,11 @@ class PhaseTimer:
         finally:
             self.add(name, time.perf_counter() - wall, time.thread_time() - cpu)
 
-    def add(self, name: str, wall_s: float, cpu_s: float) -> None:
+    def add(self, name: str, wall_s: float, cpu_s: float, calls: int = 1) -> None:
         entry = self.totals.setdefault(name, [0.0, 0.0, 0])
         entry[0] += wall_s
         entry[1] += cpu_s
-        entry[2] += 1
+        entry[2] += calls
 
     def wrap(self, name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         """`function` timed as phase `name` at every call (itself when the timer is off)."""
