@@ -62,6 +62,7 @@ def test_a_step_reports_its_phases_per_device() -> None:
         assert last[device]["forward"]["calls"] == 4 and last[device]["backward"]["calls"] == 4
         assert last[device]["commit"]["calls"] == 1 and last[device]["kernel"]["cpu_s"] >= 0
         assert last[device]["schedule"]["wall_s"] >= last[device]["forward"]["wall_s"]
+        assert last[device]["runqueue"]["wall_s"] >= 0
     assert last[1]["loss"]["calls"] == 4 and "loss" not in last[0]
     assert PipelinedController(instance, config).run(1).phases == []
 
@@ -78,7 +79,8 @@ def test_the_bench_decomposes_a_rank_step_phase_by_phase() -> None:
 
     parts = bench.decomposition({"forward": phase(3, 3, 4), "backward": phase(5, 5, 4), "loss": phase(1, 1, 4),
                                  "schedule": phase(12, 9.5), "step": phase(13, 10), "process": phase(0, 11),
-                                 "commit": phase(2, 2), "dispatch": phase(0.5, 0), "kernel": phase(0, 0.25, 40)})
+                                 "commit": phase(2, 2), "dispatch": phase(0.5, 0), "kernel": phase(0, 0.25, 40),
+                                 "runqueue": phase(1.5, 0)})
     assert parts["schedule_own_cpu"] == 0.5 and parts["waiting"] == 3 and parts["other_threads_cpu"] == 1
     assert parts["step"] == 15.5 and parts["micro_batches"] == 4 and parts["page_faults"] == 40
-    assert parts["allreduce"] == 0
+    assert parts["allreduce"] == 0 and parts["foreign"] == 0.5   # queued 1.5 s, 1 s of it for its own threads

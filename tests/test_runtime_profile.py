@@ -114,6 +114,8 @@ def test_fit_alpha_beta_recovers_a_line() -> None:
 def test_measure_network_between_two_processes() -> None:
     fit = measure_network(sizes=(64, 1 << 16, 1 << 20), rounds=3)
     assert fit.latency_s >= 0 and fit.bandwidth_bytes_per_s > 0 and len(fit.one_way_s) == 3
+    assert len(fit.helper_cpu_s) == 3 and min(fit.helper_cpu_s) >= 0
+    assert min(fit.helper_cpu_s) <= fit.helper_cpu_at(1 << 10) <= max(fit.helper_cpu_s)
     network = fit.network()
     assert network["intra_node_gbps"] > 0 and set(network) == set(NETWORK)
 

@@ -61,6 +61,16 @@ class PhaseTimer:
         return out
 
 
+def runqueue_wait_s() -> float:
+    """Seconds the calling thread has been runnable but waiting for its core (Linux schedstat; 0
+    elsewhere): on a worker's own core only its process's other threads take it, so more than
+    their CPU means another process ran on the core."""
+    try:
+        return int(open("/proc/thread-self/schedstat").read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def phase_table(phases: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
     """The median over steps of each phase's wall and CPU seconds and calls (one rank's replies)."""
     import statistics

@@ -96,7 +96,7 @@ from chameleon_opt.runtime import hf
 from chameleon_opt.runtime.cores import start_worker
 from chameleon_opt.runtime.offload import HostAdamW
 from chameleon_opt.runtime.p2p import receive_piece, send_piece
-from chameleon_opt.runtime.phases import PhaseTimer
+from chameleon_opt.runtime.phases import PhaseTimer, runqueue_wait_s
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, start_heartbeat, step_loss
 from chameleon_opt.runtime.schedule import order_operations, planned_operations, work_items
 from chameleon_opt.runtime.split_backward import split_backward
@@ -398,9 +398,11 @@ class Worker:
         self.timer.add("dispatch", time.perf_counter() - self.received, 0.0)
         process = time.process_time()   # every thread of the process: gloo's, the heartbeat's
         kernel = resource.getrusage(resource.RUSAGE_THREAD)
+        queued = runqueue_wait_s()
         with self.timer.span("step"):
             reply = self._step(msg, token)
         self.timer.add("process", 0.0, time.process_time() - process)
+        self.timer.add("runqueue", runqueue_wait_s() - queued, 0.0)   # the step thread kept off its core
         after = resource.getrusage(resource.RUSAGE_THREAD)
         # the step thread's kernel CPU and minor page faults (as calls): a fresh thread per step
         # faults its allocations in again (5x a reused thread's faults, +2-4% CPU, 2-core machine)

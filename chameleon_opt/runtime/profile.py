@@ -88,6 +88,15 @@ class NetworkFit:
     bandwidth_bytes_per_s: float
     sizes: tuple[int, ...]
     one_way_s: tuple[float, ...]  # median one-way time per size (half a ping-pong round trip)
+    # per size, the CPU the process's other threads (gloo's) spend per message sent or received,
+    # beyond the calling thread's: on a worker's one core it is taken from the stage's compute
+    helper_cpu_s: tuple[float, ...] = ()
+
+    def helper_cpu_at(self, nbytes: float) -> float:
+        """`helper_cpu_s` at a message size, interpolated on log sizes (0 when not measured)."""
+        if not self.helper_cpu_s:
+            return 0.0
+        return float(np.interp(np.log(max(nbytes, 1.0)), np.log(self.sizes), self.helper_cpu_s))
 
     def network(self) -> dict[str, float]:
         """The instance's `cluster.network`: one node, so both links are the loopback's."""
@@ -168,6 +177,11 @@ def profile_modules(layers: Sequence[torch.nn.Module],
     """Time every layer's forward, backward and AdamW step with one torch thread (median of
     `repeats` after `warmup`), and measure its parameters, saved activations and output bytes.
 
+    Times are the thread's CPU time, not wall: on a core of its own they agree, and on a shared
+    one the wall clock also counts other processes' turns (on this project's 2-core machine at
+    load 3.3 a profile by the wall clock priced the Llama bench model's step 26% above the CPU the
+    runtime's own step spent computing it).
+
     `layers` are the workload layers in order (token ids into the first, logits out of the last),
     `tokens(mbs)` gives (inputs, targets) of a micro-batch, `head_loss(logits, targets)` the
     per-sample losses. Gradients accumulate across repeats, as they do across a step's
@@ -190,14 +204,14 @@ def profile_modules(layers: Sequence[torch.nn.Module],
                     x = x.detach().requires_grad_()
                 f_samples, b_samples = [], []
                 for repeat in range(warmup + repeats):
-                    start = time.perf_counter()
+                    start = time.thread_time()
                     out = layer(x)
-                    middle = time.perf_counter()
+                    middle = time.thread_time()
                     if index == head:
                         head_loss(out, targets).sum().backward()
                     else:
                         out.backward(torch.ones_like(out))
-                    end = time.perf_counter()
+                    end = time.thread_time()
                     if repeat >= warmup:
                         f_samples.append(middle - start)
                         b_samples.append(end - middle)
@@ -212,10 +226,10 @@ def profile_modules(layers: Sequence[torch.nn.Module],
             optimizer = torch.optim.AdamW(layer.parameters())
             samples = []
             for repeat in range(warmup + repeats + 1):  # the first step allocates the state
-                start = time.perf_counter()
+                start = time.thread_time()
                 optimizer.step()
                 if repeat > warmup:
-                    samples.append(time.perf_counter() - start)
+                    samples.append(time.thread_time() - start)
             update.append(_median_s(samples))
 
         mbs = max(micro_batch_sizes)
@@ -256,11 +270,13 @@ def _network_worker(rank: int, port: int, sizes: Sequence[int], rounds: int, out
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=30))
     try:
-        medians = []
+        medians, helpers = [], []
         for size in sizes:
             buffer = torch.zeros(size, dtype=torch.uint8)
             samples = []
             for repeat in range(NETWORK_WARMUP + rounds):
+                if repeat == NETWORK_WARMUP:
+                    process, thread = time.process_time(), time.thread_time()
                 start = time.perf_counter()
                 if rank == 0:
                     dist.send(buffer, 1)
@@ -270,9 +286,10 @@ def _network_worker(rank: int, port: int, sizes: Sequence[int], rounds: int, out
                     dist.send(buffer, 0)
                 if repeat >= NETWORK_WARMUP:
                     samples.append((time.perf_counter() - start) / 2)
+            helpers.append(((time.process_time() - process) - (time.thread_time() - thread)) / (2 * rounds))
             medians.append(_median_s(samples))
         if rank == 0:
-            Path(out_path).write_text(json.dumps(medians))
+            Path(out_path).write_text(json.dumps([medians, helpers]))
     finally:
         dist.destroy_process_group()
 
@@ -299,9 +316,9 @@ def measure_network(sizes: Sequence[int] = NETWORK_SIZES, rounds: int = 20) -> N
     with tempfile.TemporaryDirectory() as folder:
         out_path = os.path.join(folder, "one_way.json")
         mp.spawn(_network_worker, args=(_free_port(), tuple(sizes), rounds, out_path), nprocs=2, join=True)
-        one_way = json.loads(Path(out_path).read_text())
+        one_way, helpers = json.loads(Path(out_path).read_text())
     latency, bandwidth = fit_alpha_beta(sizes, one_way)
-    return NetworkFit(latency, bandwidth, tuple(sizes), tuple(one_way))
+    return NetworkFit(latency, bandwidth, tuple(sizes), tuple(one_way), tuple(max(h, 0.0) for h in helpers))
 
 
 ALLREDUCE_SIZES = (1 << 16, 1 << 20, 1 << 22, 1 << 24)
