@@ -35,7 +35,10 @@ the 'foreign' phase; a shared machine's other jobs).
 A core is slower while its neighbours work (shared caches and memory bandwidth, all-core clock
 limits): a job of W workers is therefore priced with a profile taken in W pinned processes at
 once (the median of their per-layer times, `loaded_profile`), and the profile of one core alone
-is shown beside it.
+is shown beside it. The same processes measure how much slower a stage computes than its layers
+timed alone (`runtime.profile.stage_compute_ratio` over even splits into 1-5 stages: layers
+repeated alone keep their weights in cache, a stage's layers evict each other's), which the
+device type carries as `stage_scaling`.
 
     .venv/bin/python bench/runtime_steps_hf.py [--layouts 2x2,4x2,2x4,4x3] [--steps 14] [--out DIR]
     .venv/bin/python bench/runtime_steps_hf.py --layouts 1x1 --no-kill --steps 8   # a 2-core machine
@@ -82,20 +85,36 @@ class Case:
     phases: dict[int, dict[str, dict[str, float]]]   # device -> phase -> median wall_s, cpu_s, calls
 
 
+def stage_ranges(layers: int, most_stages: int = 5) -> list[tuple[int, int]]:
+    """The stages of even splits into 1..most_stages stages (what the layouts and their
+    reconfigurations run): `stage_compute_ratio`'s ranges, from a tenth of the model to all of it."""
+    ranges = []
+    for stages in range(1, most_stages + 1):
+        sizes = [layers // stages + (1 if i < layers % stages else 0) for i in range(stages)]
+        ranges += [(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(stages)]
+    return sorted(set(ranges))
+
+
 def _profile_on(core: int, config: str, seq_len: int, mbs: int, repeats: int, out: Any) -> None:
-    """One of `loaded_profile`'s processes: pinned to `core`, it profiles and sends the result."""
+    """One of `loaded_profile`'s processes: pinned to `core`, it profiles the layers and the
+    stages' compute ratios and sends both."""
     import torch
 
-    from chameleon_opt.runtime.profile import profile_hf_layers
+    from chameleon_opt.runtime import hf
+    from chameleon_opt.runtime.profile import profile_hf_layers, stage_compute_ratio
 
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
-    out.put(profile_hf_layers(config, seq_len, (mbs,), repeats=repeats, dtype=torch.float32))
+    profile = profile_hf_layers(config, seq_len, (mbs,), repeats=repeats, dtype=torch.float32)
+    ranges = stage_ranges(hf.num_blocks(hf.load_config(config)) + 2)
+    out.put((profile, stage_compute_ratio(config, seq_len, ranges, mbs, rounds=3)))
 
 
-def loaded_profile(config: Path, seq_len: int, mbs: int, repeats: int, cores: list[int]) -> Any:
+def loaded_profile(config: Path, seq_len: int, mbs: int, repeats: int, cores: list[int]) -> tuple[Any, list[Any]]:
     """The per-layer profile of a core while every core of `cores` runs the same profile: the
-    element-wise median over the processes (each pinned to one of them)."""
+    element-wise median over the processes (each pinned to one of them); and the stage scaling
+    points (a stage's parameter bytes, its compute over its layers' sum: the median over the
+    processes) for the device type (`runtime_instance(stage_scaling=)`)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -103,17 +122,20 @@ def loaded_profile(config: Path, seq_len: int, mbs: int, repeats: int, cores: li
     procs = [ctx.Process(target=_profile_on, args=(core, str(config), seq_len, mbs, repeats, out)) for core in cores]
     for proc in procs:
         proc.start()
-    profiles = [out.get(timeout=600) for _ in procs]
+    got = [out.get(timeout=900) for _ in procs]
     for proc in procs:
         proc.join()
+    profiles = [profile for profile, _ in got]
 
     def median(rows: list[tuple[float, ...]]) -> tuple[float, ...]:
         return tuple(statistics.median(column) for column in zip(*rows))
 
     first = profiles[0]
+    scaling = [(4.0 * sum(first.params[a:b]), statistics.median(ratios[(a, b)] for _, ratios in got))
+               for a, b in got[0][1]]
     return dataclasses.replace(first, forward_s={mbs: median([p.forward_s[mbs] for p in profiles])},
                                backward_s={mbs: median([p.backward_s[mbs] for p in profiles])},
-                               update_s=median([p.update_s for p in profiles]))
+                               update_s=median([p.update_s for p in profiles])), scaling
 
 
 def parse_layouts(text: str) -> list[tuple[int, int]]:
@@ -253,7 +275,7 @@ def main() -> int:
                 os.sched_setaffinity(0, mask)
         spec = hf_workload_spec(config, profile, args.seq_len)
         measured_p2p[family] = link.helper_cpu_at(spec.layer_bytes.boundary_bytes_per_sample[1] * args.micro_batch) * 1e6
-        loaded_specs: dict[int, Any] = {}
+        loaded_specs: dict[int, tuple[Any, list[Any]]] = {}
         expected: list[float] | None = None
         for pp, dp, recompute in jobs:
             name = f"PP{pp} x DP{dp}" + (f", {recompute} recompute" if recompute else "")
@@ -264,9 +286,13 @@ def main() -> int:
             if cores is not None:
                 if pp * dp not in loaded_specs:
                     with console.status(f"profiling {family} on {pp * dp} cores at once..."):
-                        loaded_specs[pp * dp] = hf_workload_spec(config, loaded_profile(
-                            config, args.seq_len, args.micro_batch, args.repeats, cores[:pp * dp]), args.seq_len)
-                instance = runtime_instance(config, pp, dp, 1, measured=loaded_specs[pp * dp], **job)
+                        loaded, scaling = loaded_profile(config, args.seq_len, args.micro_batch, args.repeats,
+                                                         cores[:pp * dp])
+                        loaded_specs[pp * dp] = (hf_workload_spec(config, loaded, args.seq_len), scaling)
+                    console.print(f"{family}, {pp * dp} cores: stage compute over its layers' sum by stage bytes: "
+                                  + ", ".join(f"{b / 1e6:.1f} MB x{r:.2f}" for b, r in sorted(scaling)))
+                spec_w, scaling = loaded_specs[pp * dp]
+                instance = runtime_instance(config, pp, dp, 1, measured=spec_w, stage_scaling=scaling, **job)
             with console.status(f"{family} {name}: {args.steps} steps, device {args.victim} killed in step "
                                 f"{args.kill_step}..."):
                 started = time.perf_counter()
@@ -317,6 +343,7 @@ def main() -> int:
                      "pipelines": len(c.plan.pipelines), "samples": c.samples, "measured_s": c.measured_s,
                      "raw_model_s": predict(c, 0.0), "raw_model_alone_s": predict(c, 0.0, alone=True),
                      "raw_model_p2p_ring_s": predict(c, 0.0, collective=False),
+                     "stage_scaling": [list(point) for point in c.instance.device_types[0].stage_scaling],
                      "p2p_overhead_us": overhead, "predicted_s": predicted,
                      "p2p_measured_us": measured_p2p[c.family],
                      "predicted_measured_p2p_s": predict(c, measured_p2p[c.family]),

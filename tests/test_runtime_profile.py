@@ -22,6 +22,7 @@ from chameleon_opt.runtime.profile import (  # noqa: E402
     measure_network,
     profile_layers,
     runtime_instance,
+    stage_compute_ratio,
     write_profile,
 )
 from chameleon_opt.workload.model import Workload  # noqa: E402
@@ -146,6 +147,38 @@ def test_measure_allreduce_fits_a_ring_the_model_then_charges(profile: LayerProf
     fast = {**NETWORK, "collective_gbps": 50.0, "collective_latency_us": 0.0}
     assert dp_time(slow) > dp_time(NETWORK) > 0
     assert dp_time(fast) == pytest.approx(dp_time(NETWORK))
+
+
+def test_stage_scaling_slows_stages_by_their_bytes_never_speeds_them(profile: LayerProfile, tmp_path: Path) -> None:
+    path = tmp_path / "tiny.json"
+    write_profile(path, CFG, profile, name="tiny")
+
+    def compute(points: list[list[float]]) -> float:
+        data = runtime_instance(CFG, path, global_batch=8, micro_batch_size=2, network=NETWORK, pp=1, dp=1)
+        data["cluster"]["device_type"]["stage_scaling"] = points
+        instance = build_instance(data)
+        return PerfModel(instance).evaluate(instance.plan).breakdown_s["compute"]
+
+    whole = float(sum(profile.params)) * 4   # float32 bytes of the one stage
+    base = compute([])
+    assert compute([[whole / 100, 1.0], [whole, 1.5]]) == pytest.approx(1.5 * base)
+    assert compute([[whole / 100, 1.2], [whole * 10, 1.2]]) == pytest.approx(1.2 * base)
+    assert compute([[whole / 100, 0.5], [whole, 0.8]]) == pytest.approx(base)   # at least 1
+    assert compute([[whole / 100, 1.4], [whole, 1.0]]) == pytest.approx(1.2 * base)   # pooled, not 1.4
+
+
+def test_non_decreasing_pools_adjacent_violators() -> None:
+    from chameleon_opt.perf.model import non_decreasing
+
+    assert non_decreasing([1.0, 1.2, 1.0, 1.3]) == pytest.approx([1.0, 1.1, 1.1, 1.3])
+    assert non_decreasing([2.0, 1.0]) == pytest.approx([1.5, 1.5])
+
+
+def test_stage_compute_ratio_is_a_ratio_per_range() -> None:
+    pytest.importorskip("transformers")
+    config = Path(__file__).resolve().parent.parent / "models" / "hf" / "tiny-llama" / "config.json"
+    ratios = stage_compute_ratio(config, 8, [(0, 2), (1, 3)], rounds=1, micro_batches=2)
+    assert set(ratios) == {(0, 2), (1, 3)} and all(0.1 < r < 10 for r in ratios.values())
 
 
 def test_command_line_writes_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

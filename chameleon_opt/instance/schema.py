@@ -31,6 +31,11 @@ class DeviceType(Strict):
     reserved_gib: NonNegativeFloat = Field(
         2.0, description="memory the framework holds outside the model (CUDA context, kernels, buffers); "
         "used when training.framework_overhead_gib is not given. Default 2.0 is assumed, not measured")
+    stage_scaling: tuple[tuple[PositiveFloat, PositiveFloat], ...] = Field(
+        (), description="(a stage's parameter bytes per device, factor) points: a stage computes its layers' "
+        "profiled times summed x the factor at its bytes (interpolated on log bytes, made non-decreasing and at "
+        "least 1). Measured where layers profiled alone keep their weights in cache and a stage's layers evict "
+        "each other's (runtime.profile.stage_compute_ratio); empty: 1")
 
 
 class Network(Strict):

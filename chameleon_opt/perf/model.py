@@ -176,6 +176,19 @@ class Estimate:
         }
 
 
+def non_decreasing(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of `values` (pool adjacent violators): measured ratios
+    with noise keep their level instead of ratcheting up to their largest."""
+    blocks: list[list[float]] = []   # [sum, count]
+    for value in values:
+        blocks.append([value, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
 def memory_reason(cost: StageCost) -> str:
     """`: dominant term <name> X GiB` for an over-capacity stage (empty without a breakdown)."""
     if cost.memory is None:
@@ -397,12 +410,25 @@ class PerfModel:
         if len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1:
             scale = self.intra.bandwidth / self.inter.bandwidth  # a TP group across nodes uses the NICs
             tp_f, tp_b = tp_f * scale, tp_b * scale
-        fwd = self._range(table, "fwd", first, end)
-        bwd = self._range(table, "bwd", first, end)
+        scale = self.stage_scale(device, first, end, len(devices))
+        fwd = self._range(table, "fwd", first, end) * scale
+        bwd = self._range(table, "bwd", first, end) * scale
         if mode == "offload":
             copy = self._range(table, "act", first, end) / self.host_link_bps
             return max(fwd + tp_f, copy), max(bwd + tp_b, copy), fwd + bwd, tp_f + tp_b
         return fwd + tp_f, bwd + tp_b, fwd + bwd, tp_f + tp_b
+
+    def stage_scale(self, device: DeviceType, first: int, end: int, tp: int) -> float:
+        """The device's measured stage_scaling at the stage's parameter bytes per device: a
+        non-decreasing fit of the points (pooled where they fall) and at least 1, so a stage never
+        computes faster than its layers apart and per-layer sums (the searches' floors, layer_costs)
+        stay below what the model charges."""
+        points = device.stage_scaling
+        if not points:
+            return 1.0
+        nbytes = float(self.workload.params[first:end].sum()) * self.param_bytes / tp
+        sizes = np.log([b for b, _ in sorted(points)])
+        return max(float(np.interp(np.log(max(nbytes, 1.0)), sizes, non_decreasing([f for _, f in sorted(points)]))), 1.0)
 
     def boundary_send_time(self, sender: tuple[int, ...], receiver: tuple[int, ...], last_layer: int) -> float:
         """Blocking send of one micro-batch's activation (or its gradient) across a stage boundary:

@@ -1327,7 +1327,8 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
                      global_batch: int = 8, micro_batch_size: int = 1, sequence_length: int = 16,
                      reliefs: Sequence[str] | None = None, memory_gib: float = 4.0, reserved_gib: float = 0.1,
                      measured: WorkloadSpec | None = None, network: Mapping[str, float] | None = None,
-                     recompute: str | None = None, mtbf_hours: float | None = None) -> Instance:
+                     recompute: str | None = None, mtbf_hours: float | None = None,
+                     stage_scaling: Sequence[tuple[float, float]] = ()) -> Instance:
     """An instance of CPU worker processes (one per device) training an HF config's model with a
     regular layout, for the runtime's tests and the demo. `reliefs` (`training.reliefs`: none,
     selective, full, offload, opt-offload) are those the planner may give a stage; a small
@@ -1338,7 +1339,8 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
     per process, so the model's predicted steps can be held against the runtime's
     (bench/runtime_steps_hf.py); without, a nominal CPU core. `mtbf_hours` (per device) gives the
     planner's policy auto a time to the next fault to weigh (Eq. 8): without, it compares steady
-    throughputs only, where a hybrid never beats reconfiguring."""
+    throughputs only, where a hybrid never beats reconfiguring. `stage_scaling`: the measured device
+    type's (stage bytes, factor) points (`profile.stage_compute_ratio`), with `measured` only."""
     from chameleon_opt.instance.load import build_instance
     from chameleon_opt.workload.hf import workload_from_hf
 
@@ -1348,6 +1350,8 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
         from chameleon_opt.runtime.profile import cpu_device_type
 
         device_type = cpu_device_type(measured, devices)
+        if stage_scaling:
+            device_type["stage_scaling"] = [list(point) for point in stage_scaling]
         workload = measured.model_dump(mode="json", exclude_none=True)
     else:
         workload = workload_from_hf(Path(hf_config))

@@ -169,6 +169,61 @@ def profile_hf_layers(hf_config: str | Path, seq_len: int, micro_batch_sizes: Se
     return profile_modules(layers, tokens, hf.sample_losses, micro_batch_sizes, repeats, dtype, warmup)
 
 
+def stage_compute_ratio(hf_config: str | Path, seq_len: int, ranges: Sequence[tuple[int, int]],
+                        micro_batch_size: int = 1, rounds: int = 5, micro_batches: int = 4,
+                        dtype: torch.dtype = torch.float32, seed: int = 0) -> dict[tuple[int, int], float]:
+    """Per layer range [first, end) of the HF runtime's workload layers: the thread CPU of a
+    micro-batch's forward and backward through the range as one `hf.Stage` (micro-batch after
+    micro-batch, as a stage runs them) over the sum of its layers' times each timed alone and
+    repeated (as `profile_hf_layers` times them); the median over `rounds` interleaved rounds.
+
+    Why: the model adds up the per-layer profile. A layer repeated alone keeps its weights and
+    gradients in cache; in a stage the other layers' evict them between its uses once the stage's
+    working set outgrows the core's cache share. The ratio measures that on the machine: 0.94 for
+    the whole Llama bench model on this project's 2-core machine (32 MB of L3 for 2 cores)."""
+    from chameleon_opt.runtime import hf
+
+    config = hf.load_config(hf_config)
+    model = hf.build_model(config, seed, dtype, 1)
+    head = hf.num_blocks(config) + 1
+    rows = hf.batch_tokens(config.vocab_size, seq_len, seed, 0, micro_batch_size)
+    ids, targets = rows[:, :-1], rows[:, 1:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def run(stage: Any, x: torch.Tensor) -> float:
+        if stage.first > 0:
+            x = x.detach().requires_grad_()
+        start = time.thread_time()
+        out = stage(x)
+        if stage.has_head:
+            hf.sample_losses(out, targets).sum().backward()
+        else:
+            out.backward(torch.ones_like(out))
+        return time.thread_time() - start
+
+    try:
+        with torch.no_grad():
+            inputs = [ids]
+            for layer in range(head):
+                inputs.append(hf.Stage(model, config, layer, layer + 1)(inputs[-1]))
+        ratios: dict[tuple[int, int], list[float]] = {r: [] for r in ranges}
+        for _ in range(rounds):
+            for first, end in ranges:
+                alone = 0.0
+                for layer in range(first, end):
+                    single = hf.Stage(model, config, layer, layer + 1)
+                    alone += _median_s([run(single, inputs[layer]) for _ in range(2 + 5)][2:])
+                stage = hf.Stage(model, config, first, end)
+                run(stage, inputs[first])   # warm-up
+                together = sum(run(stage, inputs[first]) for _ in range(micro_batches)) / micro_batches
+                ratios[(first, end)].append(together / alone)
+                model.zero_grad(set_to_none=True)
+    finally:
+        torch.set_num_threads(threads)
+    return {r: _median_s(values) for r, values in ratios.items()}
+
+
 def profile_modules(layers: Sequence[torch.nn.Module],
                     tokens: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
                     head_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
