@@ -38,7 +38,8 @@ once (the median of their per-layer times, `loaded_profile`), and the profile of
 is shown beside it. The same processes measure how much slower a stage computes than its layers
 timed alone (`runtime.profile.stage_compute_ratio` over even splits into 1-5 stages: layers
 repeated alone keep their weights in cache, a stage's layers evict each other's), which the
-device type carries as `stage_scaling`.
+device type carries as `stage_scaling`, and the pipelining schedule's own work per forward or
+backward (`runtime.profile.measure_schedule_overhead`: `network.schedule_overhead_us`).
 
     .venv/bin/python bench/runtime_steps_hf.py [--layouts 2x2,4x2,2x4,4x3] [--steps 14] [--out DIR]
     .venv/bin/python bench/runtime_steps_hf.py --layouts 1x1 --no-kill --steps 8   # a 2-core machine
@@ -96,25 +97,28 @@ def stage_ranges(layers: int, most_stages: int = 5) -> list[tuple[int, int]]:
 
 
 def _profile_on(core: int, config: str, seq_len: int, mbs: int, repeats: int, out: Any) -> None:
-    """One of `loaded_profile`'s processes: pinned to `core`, it profiles the layers and the
-    stages' compute ratios and sends both."""
+    """One of `loaded_profile`'s processes: pinned to `core`, it profiles the layers, the stages'
+    compute ratios and the schedule's overhead per operation, and sends them."""
     import torch
 
     from chameleon_opt.runtime import hf
-    from chameleon_opt.runtime.profile import profile_hf_layers, stage_compute_ratio
+    from chameleon_opt.runtime.profile import measure_schedule_overhead, profile_hf_layers, stage_compute_ratio
 
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
     profile = profile_hf_layers(config, seq_len, (mbs,), repeats=repeats, dtype=torch.float32)
     ranges = stage_ranges(hf.num_blocks(hf.load_config(config)) + 2)
-    out.put((profile, stage_compute_ratio(config, seq_len, ranges, mbs, rounds=3)))
+    out.put((profile, stage_compute_ratio(config, seq_len, ranges, mbs, rounds=3),
+             measure_schedule_overhead(config, seq_len, mbs)))
 
 
-def loaded_profile(config: Path, seq_len: int, mbs: int, repeats: int, cores: list[int]) -> tuple[Any, list[Any]]:
+def loaded_profile(config: Path, seq_len: int, mbs: int, repeats: int, cores: list[int]
+                   ) -> tuple[Any, list[Any], float]:
     """The per-layer profile of a core while every core of `cores` runs the same profile: the
     element-wise median over the processes (each pinned to one of them); and the stage scaling
     points (a stage's parameter bytes, its compute over its layers' sum: the median over the
-    processes) for the device type (`runtime_instance(stage_scaling=)`)."""
+    processes) for the device type (`runtime_instance(stage_scaling=)`), and the schedule's own
+    work per operation (seconds, the median: `network.schedule_overhead_us`)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -125,17 +129,18 @@ def loaded_profile(config: Path, seq_len: int, mbs: int, repeats: int, cores: li
     got = [out.get(timeout=900) for _ in procs]
     for proc in procs:
         proc.join()
-    profiles = [profile for profile, _ in got]
+    profiles = [profile for profile, _, _ in got]
 
     def median(rows: list[tuple[float, ...]]) -> tuple[float, ...]:
         return tuple(statistics.median(column) for column in zip(*rows))
 
     first = profiles[0]
-    scaling = [(4.0 * sum(first.params[a:b]), statistics.median(ratios[(a, b)] for _, ratios in got))
+    scaling = [(4.0 * sum(first.params[a:b]), statistics.median(ratios[(a, b)] for _, ratios, _ in got))
                for a, b in got[0][1]]
     return dataclasses.replace(first, forward_s={mbs: median([p.forward_s[mbs] for p in profiles])},
                                backward_s={mbs: median([p.backward_s[mbs] for p in profiles])},
-                               update_s=median([p.update_s for p in profiles])), scaling
+                               update_s=median([p.update_s for p in profiles])), scaling, \
+        statistics.median(overhead for _, _, overhead in got)
 
 
 def parse_layouts(text: str) -> list[tuple[int, int]]:
@@ -275,7 +280,7 @@ def main() -> int:
                 os.sched_setaffinity(0, mask)
         spec = hf_workload_spec(config, profile, args.seq_len)
         measured_p2p[family] = link.helper_cpu_at(spec.layer_bytes.boundary_bytes_per_sample[1] * args.micro_batch) * 1e6
-        loaded_specs: dict[int, tuple[Any, list[Any]]] = {}
+        loaded_specs: dict[int, tuple[Any, list[Any], float]] = {}
         expected: list[float] | None = None
         for pp, dp, recompute in jobs:
             name = f"PP{pp} x DP{dp}" + (f", {recompute} recompute" if recompute else "")
@@ -286,13 +291,15 @@ def main() -> int:
             if cores is not None:
                 if pp * dp not in loaded_specs:
                     with console.status(f"profiling {family} on {pp * dp} cores at once..."):
-                        loaded, scaling = loaded_profile(config, args.seq_len, args.micro_batch, args.repeats,
-                                                         cores[:pp * dp])
-                        loaded_specs[pp * dp] = (hf_workload_spec(config, loaded, args.seq_len), scaling)
-                    console.print(f"{family}, {pp * dp} cores: stage compute over its layers' sum by stage bytes: "
+                        loaded, scaling, overhead = loaded_profile(config, args.seq_len, args.micro_batch,
+                                                                   args.repeats, cores[:pp * dp])
+                        loaded_specs[pp * dp] = (hf_workload_spec(config, loaded, args.seq_len), scaling, overhead)
+                    console.print(f"{family}, {pp * dp} cores: schedule overhead {overhead * 1e6:.0f} us per operation; "
+                                  "stage compute over its layers' sum by stage bytes: "
                                   + ", ".join(f"{b / 1e6:.1f} MB x{r:.2f}" for b, r in sorted(scaling)))
-                spec_w, scaling = loaded_specs[pp * dp]
-                instance = runtime_instance(config, pp, dp, 1, measured=spec_w, stage_scaling=scaling, **job)
+                spec_w, scaling, overhead = loaded_specs[pp * dp]
+                instance = runtime_instance(config, pp, dp, 1, measured=spec_w, stage_scaling=scaling,
+                                            **{**job, "network": {**network, "schedule_overhead_us": overhead * 1e6}})
             with console.status(f"{family} {name}: {args.steps} steps, device {args.victim} killed in step "
                                 f"{args.kill_step}..."):
                 started = time.perf_counter()

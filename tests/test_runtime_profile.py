@@ -20,6 +20,7 @@ from chameleon_opt.runtime.profile import (  # noqa: E402
     main,
     measure_allreduce,
     measure_network,
+    measure_schedule_overhead,
     profile_layers,
     runtime_instance,
     stage_compute_ratio,
@@ -179,6 +180,24 @@ def test_stage_compute_ratio_is_a_ratio_per_range() -> None:
     config = Path(__file__).resolve().parent.parent / "models" / "hf" / "tiny-llama" / "config.json"
     ratios = stage_compute_ratio(config, 8, [(0, 2), (1, 3)], rounds=1, micro_batches=2)
     assert set(ratios) == {(0, 2), (1, 3)} and all(0.1 < r < 10 for r in ratios.values())
+
+
+def test_schedule_overhead_is_measured_and_charged_per_operation(profile: LayerProfile, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    config = Path(__file__).resolve().parent.parent / "models" / "hf" / "tiny-llama" / "config.json"
+    overhead = measure_schedule_overhead(config, 8, micro_batches=2, rounds=2)
+    assert 0.0 <= overhead < 0.1
+    path = tmp_path / "tiny.json"
+    write_profile(path, CFG, profile, name="tiny")
+
+    def step(us: float) -> float:
+        network = {**NETWORK, "schedule_overhead_us": us}
+        instance = build_instance(runtime_instance(CFG, path, global_batch=8, micro_batch_size=2, network=network,
+                                                   pp=2, dp=1))
+        return PerfModel(instance).evaluate(instance.plan).iteration_time_s
+
+    # 4 micro-batches over 2 stages: 1F1B's longest path runs (4 + 2 - 1) forwards and backwards
+    assert step(1000.0) - step(0.0) == pytest.approx(2 * (4 + 2 - 1) * 1e-3, rel=1e-6)
 
 
 def test_command_line_writes_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

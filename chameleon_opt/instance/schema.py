@@ -47,6 +47,10 @@ class Network(Strict):
     inter_node_latency_us: NonNegativeFloat = 20.0
     p2p_overhead_us: NonNegativeFloat = Field(
         0.0, description="framework cost per pipeline send/receive beyond the link (blocking p2p calls)")
+    schedule_overhead_us: NonNegativeFloat = Field(
+        0.0, description="framework cost per forward and per backward of a micro-batch on a stage beyond its "
+        "layers' compute: the pipeline schedule's own work (measured for the HF runtime by "
+        "runtime.profile.measure_schedule_overhead)")
     collective_gbps: PositiveFloat | None = Field(
         None, description="per-rank GB/s of the gradient all-reduce's ring inside a node when it is slower than "
         "the link (measured: gloo on CPU also sums and copies the buffers, runtime.profile.measure_allreduce); "

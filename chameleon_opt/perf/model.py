@@ -277,6 +277,7 @@ class PerfModel:
         self.intra = Link(network.intra_node_gbps * 1e9, network.intra_node_latency_us * 1e-6)
         self.inter = Link(network.inter_node_gbps * 1e9, network.inter_node_latency_us * 1e-6)
         self.p2p_overhead_s = network.p2p_overhead_us * 1e-6
+        self.op_overhead_s = network.schedule_overhead_us * 1e-6
         # the gradient all-reduce's ring inside a node, where measured slower than the link: never
         # faster, so the searches' ring floors over the links stay below what the model charges
         self.collective = Link(min(self.intra.bandwidth, (network.collective_gbps or network.intra_node_gbps) * 1e9),
@@ -730,8 +731,11 @@ class PerfModel:
                     self.optimizer_time(stage.devices, stage.first, stage.end)
             name = stage.relief if stage.relief is not None else self.recompute
             with_f, with_b = self.overlap_sharded(fwd, bwd, sharded)
+            sharded_s = with_f - fwd + with_b - bwd
+            # the schedule's own work per operation (network.schedule_overhead_us)
+            with_f, with_b = with_f + self.op_overhead_s, with_b + self.op_overhead_s
             costs.append(StageCost(with_f, with_b, compute, tp_time, send_f, send_b, memory.total,
-                                   have, memory, name, relief_s, relief_opt_s, with_f - fwd + with_b - bwd))
+                                   have, memory, name, relief_s, relief_opt_s, sharded_s))
             self._stage_costs[key] = costs[-1]
         return costs
 

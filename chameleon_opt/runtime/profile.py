@@ -224,6 +224,62 @@ def stage_compute_ratio(hf_config: str | Path, seq_len: int, ranges: Sequence[tu
     return {r: _median_s(values) for r, values in ratios.items()}
 
 
+def measure_schedule_overhead(hf_config: str | Path, seq_len: int, micro_batch_size: int = 1,
+                              micro_batches: int = 8, rounds: int = 8, dtype: torch.dtype = torch.float32,
+                              seed: int = 0) -> float:
+    """Seconds of thread CPU that torch pipelining's Schedule1F1B spends per forward or backward of a
+    micro-batch beyond the stage's own compute and loss: a one-stage schedule (a gloo group of this
+    process alone) of the model's last layer (norm, head and loss: the stage whose outputs and losses
+    the schedule also keeps) against the same micro-batches run in a plain loop, interleaved; the
+    median over `rounds`, per operation (2 per micro-batch), at least 0.
+
+    Why: the model prices a stage's operation as its layers' profiled compute; the schedule's own
+    bookkeeping (chunking, argument flattening, autograd bookkeeping, loss and output merging) is
+    Python on the same core, 0.1-0.4 ms per micro-batch on this project's 2-core machine. Needs no
+    process group in the calling process (it forms and destroys one)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from chameleon_opt.runtime import hf
+
+    if dist.is_initialized():
+        raise RuntimeError("measure_schedule_overhead forms a group of its own: call it where none is formed")
+    config = hf.load_config(hf_config)
+    model = hf.build_model(config, seed, dtype, 1)
+    last = hf.num_blocks(config) + 1
+    rows = hf.batch_tokens(config.vocab_size, seq_len, seed, 0, micro_batches * micro_batch_size)
+    with torch.no_grad():
+        hidden = hf.Stage(model, config, 0, last)(rows[:, :-1])
+    targets = rows[:, 1:]
+    stage = hf.Stage(model, config, last, last + 1)
+
+    def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return hf.sample_losses(logits, target).sum()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        schedule = Schedule1F1B(PipelineStage(stage, 0, 1, torch.device("cpu")), micro_batches, loss_fn=loss,
+                                scale_grads=False)
+        samples = []
+        for round_ in range(rounds + 2):
+            start = time.thread_time()
+            schedule.step(hidden, target=targets, losses=[])
+            scheduled = time.thread_time() - start
+            start = time.thread_time()
+            for k in range(micro_batches):
+                part = slice(k * micro_batch_size, (k + 1) * micro_batch_size)
+                loss(stage(hidden[part]), targets[part]).backward()
+            plain = time.thread_time() - start
+            stage.zero_grad(set_to_none=True)
+            if round_ >= 2:
+                samples.append((scheduled - plain) / (2 * micro_batches))
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+    return max(_median_s(samples), 0.0)
+
+
 def profile_modules(layers: Sequence[torch.nn.Module],
                     tokens: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
                     head_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
