@@ -31,6 +31,11 @@ class DeviceType(Strict):
     reserved_gib: NonNegativeFloat = Field(
         2.0, description="memory the framework holds outside the model (CUDA context, kernels, buffers); "
         "used when training.framework_overhead_gib is not given. Default 2.0 is assumed, not measured")
+    stage_scaling: tuple[tuple[PositiveFloat, PositiveFloat], ...] = Field(
+        (), description="(a stage's parameter bytes per device, factor) points: a stage computes its layers' "
+        "profiled times summed x the factor at its bytes (interpolated on log bytes, made non-decreasing and at "
+        "least 1). Measured where layers profiled alone keep their weights in cache and a stage's layers evict "
+        "each other's (runtime.profile.stage_compute_ratio); empty: 1")
 
 
 class Network(Strict):
@@ -42,6 +47,16 @@ class Network(Strict):
     inter_node_latency_us: NonNegativeFloat = 20.0
     p2p_overhead_us: NonNegativeFloat = Field(
         0.0, description="framework cost per pipeline send/receive beyond the link (blocking p2p calls)")
+    schedule_overhead_us: NonNegativeFloat = Field(
+        0.0, description="framework cost per forward and per backward of a micro-batch on a stage beyond its "
+        "layers' compute: the pipeline schedule's own work (measured for the HF runtime by "
+        "runtime.profile.measure_schedule_overhead)")
+    collective_gbps: PositiveFloat | None = Field(
+        None, description="per-rank GB/s of the gradient all-reduce's ring inside a node when it is slower than "
+        "the link (measured: gloo on CPU also sums and copies the buffers, runtime.profile.measure_allreduce); "
+        "None: the intra-node link's")
+    collective_latency_us: NonNegativeFloat | None = Field(
+        None, description="seconds (us) per step of that ring, measured with collective_gbps; None: the link's")
     host_link_gbps: PositiveFloat = Field(
         25.0, description="per-device GB/s each way between a device and its host's memory (PCIe 4.0 x16 "
         "delivers about 25); prices activation and optimizer-state offload (assumed unless given)")

@@ -185,6 +185,19 @@ class Estimate:
         }
 
 
+def non_decreasing(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of `values` (pool adjacent violators): measured ratios
+    with noise keep their level instead of ratcheting up to their largest."""
+    blocks: list[list[float]] = []   # [sum, count]
+    for value in values:
+        blocks.append([value, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
 def memory_reason(cost: StageCost) -> str:
     """`: dominant term <name> X GiB` for an over-capacity stage (empty without a breakdown)."""
     if cost.memory is None:
@@ -275,6 +288,11 @@ class PerfModel:
         self.intra = Link(network.intra_node_gbps * 1e9, network.intra_node_latency_us * 1e-6)
         self.inter = Link(network.inter_node_gbps * 1e9, network.inter_node_latency_us * 1e-6)
         self.p2p_overhead_s = network.p2p_overhead_us * 1e-6
+        self.op_overhead_s = network.schedule_overhead_us * 1e-6
+        # the gradient all-reduce's ring inside a node, where measured slower than the link: never
+        # faster, so the searches' ring floors over the links stay below what the model charges
+        self.collective = Link(min(self.intra.bandwidth, (network.collective_gbps or network.intra_node_gbps) * 1e9),
+                               max(self.intra.latency, (network.collective_latency_us or 0.0) * 1e-6))
         self.host_link_bps = network.host_link_gbps * 1e9
         self.host_memory_bps = network.host_memory_gbps * 1e9
         self.relief_options = relief_options(training.reliefs, self.recompute)
@@ -386,9 +404,10 @@ class PerfModel:
         return self.intra if self.instance.node_of(a) == self.instance.node_of(b) else self.inter
 
     def group_link(self, devices: list[int] | tuple[int, ...]) -> Link:
-        """The slowest link a ring over these devices crosses."""
+        """The slowest link a gradient all-reduce ring over these devices crosses (inside a node:
+        the measured collective ring, `network.collective_gbps`, when given)."""
         nodes = {self.instance.node_of(d) for d in devices}
-        return self.inter if len(nodes) > 1 else self.intra
+        return self.inter if len(nodes) > 1 else self.collective
 
     def stage_times(self, devices: tuple[int, ...], first: int, end: int, relief: str | None = None
                     ) -> tuple[float, float, float, float]:
@@ -403,12 +422,25 @@ class PerfModel:
         if len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1:
             scale = self.intra.bandwidth / self.inter.bandwidth  # a TP group across nodes uses the NICs
             tp_f, tp_b = tp_f * scale, tp_b * scale
-        fwd = self._range(table, "fwd", first, end)
-        bwd = self._range(table, "bwd", first, end)
+        scale = self.stage_scale(device, first, end, len(devices))
+        fwd = self._range(table, "fwd", first, end) * scale
+        bwd = self._range(table, "bwd", first, end) * scale
         if mode == "offload":
             copy = self._range(table, "act", first, end) / self.host_link_bps
             return max(fwd + tp_f, copy), max(bwd + tp_b, copy), fwd + bwd, tp_f + tp_b
         return fwd + tp_f, bwd + tp_b, fwd + bwd, tp_f + tp_b
+
+    def stage_scale(self, device: DeviceType, first: int, end: int, tp: int) -> float:
+        """The device's measured stage_scaling at the stage's parameter bytes per device: a
+        non-decreasing fit of the points (pooled where they fall) and at least 1, so a stage never
+        computes faster than its layers apart and per-layer sums (the searches' floors, layer_costs)
+        stay below what the model charges."""
+        points = device.stage_scaling
+        if not points:
+            return 1.0
+        nbytes = float(self.workload.params[first:end].sum()) * self.param_bytes / tp
+        sizes = np.log([b for b, _ in sorted(points)])
+        return max(float(np.interp(np.log(max(nbytes, 1.0)), sizes, non_decreasing([f for _, f in sorted(points)]))), 1.0)
 
     def boundary_send_time(self, sender: tuple[int, ...], receiver: tuple[int, ...], last_layer: int) -> float:
         """Blocking send of one micro-batch's activation (or its gradient) across a stage boundary:
@@ -724,8 +756,11 @@ class PerfModel:
                     self.optimizer_time(stage.devices, stage.first, stage.end, replicas=shards)
             name = stage.relief if stage.relief is not None else self.recompute
             with_f, with_b = self.overlap_sharded(fwd, bwd, sharded)
+            sharded_s = with_f - fwd + with_b - bwd
+            # the schedule's own work per operation (network.schedule_overhead_us)
+            with_f, with_b = with_f + self.op_overhead_s, with_b + self.op_overhead_s
             costs.append(StageCost(with_f, with_b, compute, tp_time, send_f, send_b, memory.total,
-                                   have, memory, name, relief_s, relief_opt_s, with_f - fwd + with_b - bwd))
+                                   have, memory, name, relief_s, relief_opt_s, sharded_s))
             self._stage_costs[key] = costs[-1]
         return costs
 

@@ -65,6 +65,7 @@ import dataclasses
 import faulthandler
 import gc
 import os
+import resource
 import signal
 import sys
 import threading
@@ -96,6 +97,7 @@ from chameleon_opt.runtime.cores import start_worker
 from chameleon_opt.runtime.executable import refuse_unexecuted
 from chameleon_opt.runtime.offload import HostAdamW
 from chameleon_opt.runtime.p2p import receive_piece, send_piece
+from chameleon_opt.runtime.phases import PhaseTimer, runqueue_wait_s
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, start_heartbeat, step_loss
 from chameleon_opt.runtime.schedule import order_operations, planned_operations, work_items
 from chameleon_opt.runtime.split_backward import split_backward
@@ -125,6 +127,7 @@ class JobSpec:
     step_timeout_s: float        # the step's groups (TP, pipeline, gradients): how long a rank waits on a
                                  # peer that gave up before gloo fails it (an abort does not reach it)
     checkpoint_dir: str | None   # written after every committed step when set
+    phase_timers: bool = False   # each step's reply carries its phases' wall and CPU times (runtime/phases.py)
 
 
 # ---- worker -------------------------------------------------------------------------------------
@@ -150,6 +153,8 @@ class Worker:
         self.stage: hf.Stage | None = None
         self.pending: dict[str, Any] | None = None
         self.groups: dict[tuple[int, ...], Any] = {}
+        self.timer = PhaseTimer(job.phase_timers)
+        self.received = 0.0   # when the step message arrived (the timers' dispatch phase)
 
     # the stage of a generation ----------------------------------------------------------------
     def _build_stage(self, first: int, end: int, tp: int, tp_group: Any, generation: int, activation_mode: str
@@ -366,12 +371,16 @@ class Worker:
 
         pipe_stage = PipelineStage(self.stage, role["stage"], role["num_stages"], torch.device("cpu"),
                                    group=self.groups[tuple(role["pp_group"])])
+        # the chunks' compute and pipelining's bookkeeping around it, apart from the schedule's own work
+        pipe_stage.forward_one_chunk = self.timer.wrap("forward", pipe_stage.forward_one_chunk)
+        pipe_stage.backward_one_chunk = self.timer.wrap("backward", pipe_stage.backward_one_chunk)
         self.schedule = Schedule1F1B(pipe_stage, role["micro_batches"], loss_fn=self._loss, scale_grads=False)
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        per_sample = hf.sample_losses(logits, targets)
-        self.recorded.append(per_sample.detach())
-        return per_sample.sum() / self.job.global_batch
+        with self.timer.span("loss"):
+            per_sample = hf.sample_losses(logits, targets)
+            self.recorded.append(per_sample.detach())
+            return per_sample.sum() / self.job.global_batch
 
     # steps ------------------------------------------------------------------------------------
     def _run_step(self, msg: dict[str, Any], token: int) -> None:
@@ -383,6 +392,26 @@ class Worker:
                 self.conn.send(reply)
 
     def step(self, msg: dict[str, Any], token: int | None = None) -> dict[str, Any]:
+        """One step on this rank; with the phase timers, its reply carries the step's phases (and
+        the previous commit's, which ran before it)."""
+        if not self.timer.enabled:
+            return self._step(msg, token)
+        self.timer.add("dispatch", time.perf_counter() - self.received, 0.0)
+        process = time.process_time()   # every thread of the process: gloo's, the heartbeat's
+        kernel = resource.getrusage(resource.RUSAGE_THREAD)
+        queued = runqueue_wait_s()
+        with self.timer.span("step"):
+            reply = self._step(msg, token)
+        self.timer.add("process", 0.0, time.process_time() - process)
+        self.timer.add("runqueue", runqueue_wait_s() - queued, 0.0)   # the step thread kept off its core
+        after = resource.getrusage(resource.RUSAGE_THREAD)
+        # the step thread's kernel CPU and minor page faults (as calls): a fresh thread per step
+        # faults its allocations in again (5x a reused thread's faults, +2-4% CPU, 2-core machine)
+        self.timer.add("kernel", 0.0, after.ru_stime - kernel.ru_stime, after.ru_minflt - kernel.ru_minflt)
+        reply["phases"] = self.timer.take()
+        return reply
+
+    def _step(self, msg: dict[str, Any], token: int | None = None) -> dict[str, Any]:
         role = self.role
         hang = bool(msg.get("hang"))
         if role is None:
@@ -399,14 +428,16 @@ class Worker:
         self.recorded = []
         losses: dict[int, float] | None = None
         try:
-            if self.ops is not None:
-                losses = self._run_operations(tokens)
-            else:
-                first, last = role["stage"] == 0, role["stage"] == role["num_stages"] - 1
-                args = (rows[:, :-1],) if first else ()
-                kwargs = {"target": rows[:, 1:], "losses": []} if last else {}
-                self.schedule.step(*args, **kwargs)
-            self._allreduce()
+            with self.timer.span("schedule"):
+                if self.ops is not None:
+                    losses = self._run_operations(tokens)
+                else:
+                    first, last = role["stage"] == 0, role["stage"] == role["num_stages"] - 1
+                    args = (rows[:, :-1],) if first else ()
+                    kwargs = {"target": rows[:, 1:], "losses": []} if last else {}
+                    self.schedule.step(*args, **kwargs)
+            with self.timer.span("allreduce"):
+                self._allreduce()
         except Exception as error:
             with self.lock:
                 if token is not None and token != self.step_token:
@@ -455,9 +486,11 @@ class Worker:
             assert item is not None   # an ordered op always has samples
             if kind == "F":
                 x = None if stage.has_embedding else receive_piece(item.receive_from, shape, self.dtype, self.rank_of, False, self.p2p).requires_grad_(True)
-                out = stage(tokens[item.start:item.stop, :-1] if x is None else x)
+                with self.timer.span("forward"):
+                    out = stage(tokens[item.start:item.stop, :-1] if x is None else x)
                 if stage.has_head:
-                    per_sample = hf.sample_losses(out, tokens[item.start:item.stop, 1:])
+                    with self.timer.span("loss"):
+                        per_sample = hf.sample_losses(out, tokens[item.start:item.stop, 1:])
                     losses.update({item.start + k: v for k, v in enumerate(per_sample.detach().tolist())})
                     out = per_sample.sum() / job.global_batch
                 else:
@@ -466,15 +499,17 @@ class Worker:
             elif kind == "B":
                 x, out = saved.pop(i)
                 grad = None if stage.has_head else receive_piece(item.send_to, shape, self.dtype, self.rank_of, True, self.p2p)
-                if split:
-                    x_grad, deferred[i] = split_backward(out, x, grad, params)
-                else:
-                    out.backward(grad)
-                    x_grad = None if x is None else x.grad
+                with self.timer.span("backward"):
+                    if split:
+                        x_grad, deferred[i] = split_backward(out, x, grad, params)
+                    else:
+                        out.backward(grad)
+                        x_grad = None if x is None else x.grad
                 if x_grad is not None:
                     sends += send_piece(item.receive_from, item, x_grad, self.rank_of, True, self.p2p)
             else:
-                deferred.pop(i)()
+                with self.timer.span("backward"):
+                    deferred.pop(i)()
         for work in sends:
             work.wait()
         return losses
@@ -516,7 +551,8 @@ class Worker:
         for ranks in sorted(by_group):
             chosen = [grads[n] for n in by_group[ranks]]
             flat = torch.cat([g.reshape(-1) for g in chosen])
-            dist.all_reduce(flat, group=self.groups[ranks])
+            with self.timer.span("allreduce_call"):
+                dist.all_reduce(flat, group=self.groups[ranks])
             offset = 0
             for g in chosen:
                 g.copy_(flat[offset:offset + g.numel()].view_as(g))
@@ -525,6 +561,10 @@ class Worker:
             grads["head.weight"].copy_(grads["embed.weight"])
 
     def commit(self) -> None:
+        with self.timer.span("commit"):   # reported with the next step, which waits for it
+            self._commit()
+
+    def _commit(self) -> None:
         if self.host_optimizer is not None:
             self.host_optimizer.step([_local(param.grad) for _, param in _named_params(self.stage)])
         else:
@@ -601,6 +641,7 @@ class Worker:
                 elif cmd == "step":
                     # in a thread, so that an `abort` can reach a rank blocked on a peer that
                     # itself gave up (gloo would only notice at its timeout)
+                    self.received = time.perf_counter()
                     self.step_token += 1
                     self.stepping_token = self.step_token
                     self.stepping = threading.Thread(target=self._run_step, args=(msg, self.step_token), daemon=True)
@@ -784,6 +825,8 @@ class PipelinedReport:
     heartbeat_longest_s: float = 0.0   # longest silence of a live worker the watchdog saw
     reliefs: list[dict[int, str]] = field(default_factory=list)  # per plan: device -> relief its worker built
     rejoins: list[Rejoined] = field(default_factory=list)
+    phases: list[dict[int, dict[str, dict[str, float]]]] = field(default_factory=list)
+    # per committed step with `phase_timers`: device -> its phases (runtime/phases.py)
 
 
 def generation_message(plan: Plan, live: list[int], instance: Instance, transfers: list[dict[str, Any]],
@@ -887,13 +930,15 @@ class PipelinedController:
     the peers' idle time, run as the plan's action lists with the backward split. `tp_degrees`: TP degrees a recovery may move to (PlanningOptions'); a
     change is restored from the checkpoint of the last committed step whatever `restore` says, so
     it needs `checkpoint_dir` (a checkpoint is then saved after every step: the measured
-    `checkpoint_save_s`), and none is planned before the first step has committed."""
+    `checkpoint_save_s`), and none is planned before the first step has committed. `phase_timers`:
+    every committed step's phases per device in `PipelinedReport.phases` (runtime/phases.py)."""
 
     def __init__(self, instance: Instance, hf_config: str | Path, *, seed: int = 0, dtype: str = "float64",
                  restore: str = "migration", checkpoint_dir: str | Path | None = None,
                  time_limit_s: float = 5.0, group_timeout_s: float = 30.0, step_timeout_s: float = 2.0,
                  silent_s: float = SILENT_S, cores: Sequence[int] | None = None,
-                 tp_degrees: Sequence[int] = (), policy: str = "reconfigure", bubble_filling: bool = True) -> None:
+                 tp_degrees: Sequence[int] = (), policy: str = "reconfigure", bubble_filling: bool = True,
+                 phase_timers: bool = False) -> None:
         if restore not in ("migration", "checkpoint", "verify"):
             raise ValueError(f"restore must be migration, checkpoint or verify, not {restore!r}")
         if restore != "migration" and checkpoint_dir is None:
@@ -908,7 +953,8 @@ class PipelinedController:
         assert arch is not None
         self.job = JobSpec(str(hf_config), seed, instance.spec.training.global_batch, instance.micro_batch_size,
                            instance.spec.training.sequence_length or arch.seq_len, instance.plan.tensor_parallel,
-                           dtype, group_timeout_s, step_timeout_s, None if checkpoint_dir is None else str(checkpoint_dir))
+                           dtype, group_timeout_s, step_timeout_s, None if checkpoint_dir is None else str(checkpoint_dir),
+                           phase_timers)
         # other TP degrees only when allowed (restored from the checkpoint)
         self.options = PlanningOptions(policy, time_limit_s, bubble_filling=bubble_filling,
                                        tp_degrees=tuple(tp_degrees))
@@ -1093,6 +1139,8 @@ class PipelinedController:
                 report.samples_exactly_once.append(exactly_once)
                 report.losses.append(loss)
                 report.step_times_s.append(elapsed)
+                if self.job.phase_timers:
+                    report.phases.append({d: r["phases"] for d, r in replies.items() if "phases" in r})
                 step += 1
                 if self.pending_switch is not None and step < steps:
                     pending += self._switch(step, report)
@@ -1281,7 +1329,8 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
                      global_batch: int = 8, micro_batch_size: int = 1, sequence_length: int = 16,
                      reliefs: Sequence[str] | None = None, memory_gib: float = 4.0, reserved_gib: float = 0.1,
                      measured: WorkloadSpec | None = None, network: Mapping[str, float] | None = None,
-                     recompute: str | None = None, mtbf_hours: float | None = None) -> Instance:
+                     recompute: str | None = None, mtbf_hours: float | None = None,
+                     stage_scaling: Sequence[tuple[float, float]] = ()) -> Instance:
     """An instance of CPU worker processes (one per device) training an HF config's model with a
     regular layout, for the runtime's tests and the demo. `reliefs` (`training.reliefs`: none,
     selective, full, offload, opt-offload) are those the planner may give a stage; a small
@@ -1292,7 +1341,8 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
     per process, so the model's predicted steps can be held against the runtime's
     (bench/runtime_steps_hf.py); without, a nominal CPU core. `mtbf_hours` (per device) gives the
     planner's policy auto a time to the next fault to weigh (Eq. 8): without, it compares steady
-    throughputs only, where a hybrid never beats reconfiguring."""
+    throughputs only, where a hybrid never beats reconfiguring. `stage_scaling`: the measured device
+    type's (stage bytes, factor) points (`profile.stage_compute_ratio`), with `measured` only."""
     from chameleon_opt.instance.load import build_instance
     from chameleon_opt.workload.hf import workload_from_hf
 
@@ -1302,6 +1352,8 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
         from chameleon_opt.runtime.profile import cpu_device_type
 
         device_type = cpu_device_type(measured, devices)
+        if stage_scaling:
+            device_type["stage_scaling"] = [list(point) for point in stage_scaling]
         workload = measured.model_dump(mode="json", exclude_none=True)
     else:
         workload = workload_from_hf(Path(hf_config))

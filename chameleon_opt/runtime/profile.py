@@ -88,6 +88,15 @@ class NetworkFit:
     bandwidth_bytes_per_s: float
     sizes: tuple[int, ...]
     one_way_s: tuple[float, ...]  # median one-way time per size (half a ping-pong round trip)
+    # per size, the CPU the process's other threads (gloo's) spend per message sent or received,
+    # beyond the calling thread's: on a worker's one core it is taken from the stage's compute
+    helper_cpu_s: tuple[float, ...] = ()
+
+    def helper_cpu_at(self, nbytes: float) -> float:
+        """`helper_cpu_s` at a message size, interpolated on log sizes (0 when not measured)."""
+        if not self.helper_cpu_s:
+            return 0.0
+        return float(np.interp(np.log(max(nbytes, 1.0)), np.log(self.sizes), self.helper_cpu_s))
 
     def network(self) -> dict[str, float]:
         """The instance's `cluster.network`: one node, so both links are the loopback's."""
@@ -160,6 +169,117 @@ def profile_hf_layers(hf_config: str | Path, seq_len: int, micro_batch_sizes: Se
     return profile_modules(layers, tokens, hf.sample_losses, micro_batch_sizes, repeats, dtype, warmup)
 
 
+def stage_compute_ratio(hf_config: str | Path, seq_len: int, ranges: Sequence[tuple[int, int]],
+                        micro_batch_size: int = 1, rounds: int = 5, micro_batches: int = 4,
+                        dtype: torch.dtype = torch.float32, seed: int = 0) -> dict[tuple[int, int], float]:
+    """Per layer range [first, end) of the HF runtime's workload layers: the thread CPU of a
+    micro-batch's forward and backward through the range as one `hf.Stage` (micro-batch after
+    micro-batch, as a stage runs them) over the sum of its layers' times each timed alone and
+    repeated (as `profile_hf_layers` times them); the median over `rounds` interleaved rounds.
+
+    Why: the model adds up the per-layer profile. A layer repeated alone keeps its weights and
+    gradients in cache; in a stage the other layers' evict them between its uses once the stage's
+    working set outgrows the core's cache share. The ratio measures that on the machine: 0.94 for
+    the whole Llama bench model on this project's 2-core machine (32 MB of L3 for 2 cores)."""
+    from chameleon_opt.runtime import hf
+
+    config = hf.load_config(hf_config)
+    model = hf.build_model(config, seed, dtype, 1)
+    head = hf.num_blocks(config) + 1
+    rows = hf.batch_tokens(config.vocab_size, seq_len, seed, 0, micro_batch_size)
+    ids, targets = rows[:, :-1], rows[:, 1:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def run(stage: Any, x: torch.Tensor) -> float:
+        if stage.first > 0:
+            x = x.detach().requires_grad_()
+        start = time.thread_time()
+        out = stage(x)
+        if stage.has_head:
+            hf.sample_losses(out, targets).sum().backward()
+        else:
+            out.backward(torch.ones_like(out))
+        return time.thread_time() - start
+
+    try:
+        with torch.no_grad():
+            inputs = [ids]
+            for layer in range(head):
+                inputs.append(hf.Stage(model, config, layer, layer + 1)(inputs[-1]))
+        ratios: dict[tuple[int, int], list[float]] = {r: [] for r in ranges}
+        for _ in range(rounds):
+            for first, end in ranges:
+                alone = 0.0
+                for layer in range(first, end):
+                    single = hf.Stage(model, config, layer, layer + 1)
+                    alone += _median_s([run(single, inputs[layer]) for _ in range(2 + 5)][2:])
+                stage = hf.Stage(model, config, first, end)
+                run(stage, inputs[first])   # warm-up
+                together = sum(run(stage, inputs[first]) for _ in range(micro_batches)) / micro_batches
+                ratios[(first, end)].append(together / alone)
+                model.zero_grad(set_to_none=True)
+    finally:
+        torch.set_num_threads(threads)
+    return {r: _median_s(values) for r, values in ratios.items()}
+
+
+def measure_schedule_overhead(hf_config: str | Path, seq_len: int, micro_batch_size: int = 1,
+                              micro_batches: int = 8, rounds: int = 8, dtype: torch.dtype = torch.float32,
+                              seed: int = 0) -> float:
+    """Seconds of thread CPU that torch pipelining's Schedule1F1B spends per forward or backward of a
+    micro-batch beyond the stage's own compute and loss: a one-stage schedule (a gloo group of this
+    process alone) of the model's last layer (norm, head and loss: the stage whose outputs and losses
+    the schedule also keeps) against the same micro-batches run in a plain loop, interleaved; the
+    median over `rounds`, per operation (2 per micro-batch), at least 0.
+
+    Why: the model prices a stage's operation as its layers' profiled compute; the schedule's own
+    bookkeeping (chunking, argument flattening, autograd bookkeeping, loss and output merging) is
+    Python on the same core, 0.1-0.4 ms per micro-batch on this project's 2-core machine. Needs no
+    process group in the calling process (it forms and destroys one)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from chameleon_opt.runtime import hf
+
+    if dist.is_initialized():
+        raise RuntimeError("measure_schedule_overhead forms a group of its own: call it where none is formed")
+    config = hf.load_config(hf_config)
+    model = hf.build_model(config, seed, dtype, 1)
+    last = hf.num_blocks(config) + 1
+    rows = hf.batch_tokens(config.vocab_size, seq_len, seed, 0, micro_batches * micro_batch_size)
+    with torch.no_grad():
+        hidden = hf.Stage(model, config, 0, last)(rows[:, :-1])
+    targets = rows[:, 1:]
+    stage = hf.Stage(model, config, last, last + 1)
+
+    def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return hf.sample_losses(logits, target).sum()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        schedule = Schedule1F1B(PipelineStage(stage, 0, 1, torch.device("cpu")), micro_batches, loss_fn=loss,
+                                scale_grads=False)
+        samples = []
+        for round_ in range(rounds + 2):
+            start = time.thread_time()
+            schedule.step(hidden, target=targets, losses=[])
+            scheduled = time.thread_time() - start
+            start = time.thread_time()
+            for k in range(micro_batches):
+                part = slice(k * micro_batch_size, (k + 1) * micro_batch_size)
+                loss(stage(hidden[part]), targets[part]).backward()
+            plain = time.thread_time() - start
+            stage.zero_grad(set_to_none=True)
+            if round_ >= 2:
+                samples.append((scheduled - plain) / (2 * micro_batches))
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+    return max(_median_s(samples), 0.0)
+
+
 def profile_modules(layers: Sequence[torch.nn.Module],
                     tokens: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
                     head_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -167,6 +287,11 @@ def profile_modules(layers: Sequence[torch.nn.Module],
                     dtype: torch.dtype = torch.float32, warmup: int = 3) -> LayerProfile:
     """Time every layer's forward, backward and AdamW step with one torch thread (median of
     `repeats` after `warmup`), and measure its parameters, saved activations and output bytes.
+
+    Times are the thread's CPU time, not wall: on a core of its own they agree, and on a shared
+    one the wall clock also counts other processes' turns (on this project's 2-core machine at
+    load 3.3 a profile by the wall clock priced the Llama bench model's step 26% above the CPU the
+    runtime's own step spent computing it).
 
     `layers` are the workload layers in order (token ids into the first, logits out of the last),
     `tokens(mbs)` gives (inputs, targets) of a micro-batch, `head_loss(logits, targets)` the
@@ -190,14 +315,14 @@ def profile_modules(layers: Sequence[torch.nn.Module],
                     x = x.detach().requires_grad_()
                 f_samples, b_samples = [], []
                 for repeat in range(warmup + repeats):
-                    start = time.perf_counter()
+                    start = time.thread_time()
                     out = layer(x)
-                    middle = time.perf_counter()
+                    middle = time.thread_time()
                     if index == head:
                         head_loss(out, targets).sum().backward()
                     else:
                         out.backward(torch.ones_like(out))
-                    end = time.perf_counter()
+                    end = time.thread_time()
                     if repeat >= warmup:
                         f_samples.append(middle - start)
                         b_samples.append(end - middle)
@@ -212,10 +337,10 @@ def profile_modules(layers: Sequence[torch.nn.Module],
             optimizer = torch.optim.AdamW(layer.parameters())
             samples = []
             for repeat in range(warmup + repeats + 1):  # the first step allocates the state
-                start = time.perf_counter()
+                start = time.thread_time()
                 optimizer.step()
                 if repeat > warmup:
-                    samples.append(time.perf_counter() - start)
+                    samples.append(time.thread_time() - start)
             update.append(_median_s(samples))
 
         mbs = max(micro_batch_sizes)
@@ -256,11 +381,13 @@ def _network_worker(rank: int, port: int, sizes: Sequence[int], rounds: int, out
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=30))
     try:
-        medians = []
+        medians, helpers = [], []
         for size in sizes:
             buffer = torch.zeros(size, dtype=torch.uint8)
             samples = []
             for repeat in range(NETWORK_WARMUP + rounds):
+                if repeat == NETWORK_WARMUP:
+                    process, thread = time.process_time(), time.thread_time()
                 start = time.perf_counter()
                 if rank == 0:
                     dist.send(buffer, 1)
@@ -270,9 +397,10 @@ def _network_worker(rank: int, port: int, sizes: Sequence[int], rounds: int, out
                     dist.send(buffer, 0)
                 if repeat >= NETWORK_WARMUP:
                     samples.append((time.perf_counter() - start) / 2)
+            helpers.append(((time.process_time() - process) - (time.thread_time() - thread)) / (2 * rounds))
             medians.append(_median_s(samples))
         if rank == 0:
-            Path(out_path).write_text(json.dumps(medians))
+            Path(out_path).write_text(json.dumps([medians, helpers]))
     finally:
         dist.destroy_process_group()
 
@@ -299,9 +427,109 @@ def measure_network(sizes: Sequence[int] = NETWORK_SIZES, rounds: int = 20) -> N
     with tempfile.TemporaryDirectory() as folder:
         out_path = os.path.join(folder, "one_way.json")
         mp.spawn(_network_worker, args=(_free_port(), tuple(sizes), rounds, out_path), nprocs=2, join=True)
-        one_way = json.loads(Path(out_path).read_text())
+        one_way, helpers = json.loads(Path(out_path).read_text())
     latency, bandwidth = fit_alpha_beta(sizes, one_way)
-    return NetworkFit(latency, bandwidth, tuple(sizes), tuple(one_way))
+    return NetworkFit(latency, bandwidth, tuple(sizes), tuple(one_way), tuple(max(h, 0.0) for h in helpers))
+
+
+ALLREDUCE_SIZES = (1 << 16, 1 << 20, 1 << 22, 1 << 24)
+"""Buffer sizes (bytes) of the all-reduce fit: a few blocks' gradients up to a whole bench model's."""
+
+
+@dataclass(frozen=True)
+class AllreduceFit:
+    """The gradient all-reduce as the HF runtime runs it (`pipelined.Worker._allreduce`: flatten a
+    bucket, gloo all-reduce, copy back), fitted as a ring over W processes: 2(W-1) steps of
+    `step_latency_s` each plus 2(W-1)/W of the bytes at `bus_bytes_per_s` (the form the model prices,
+    comm.ring_allreduce_time). `points`: (W, bytes, median wall of the slowest rank, median process
+    CPU of the busiest rank, all threads: gloo sums in its own) per measurement, so a fit taken on
+    shared cores can be told from one on cores of their own."""
+
+    step_latency_s: float
+    bus_bytes_per_s: float
+    points: tuple[tuple[int, int, float, float], ...]
+
+    def time(self, nbytes: float, world: int) -> float:
+        steps = 2 * (world - 1)
+        return steps * self.step_latency_s + steps / world * nbytes / self.bus_bytes_per_s
+
+    def network(self) -> dict[str, float]:
+        """The instance's `cluster.network` fields that carry it to the model."""
+        return {"collective_gbps": self.bus_bytes_per_s / 1e9, "collective_latency_us": self.step_latency_s * 1e6}
+
+
+def fit_ring(points: Sequence[tuple[int, int, float]]) -> tuple[float, float]:
+    """(step latency s, bus bytes/s) of t = 2(W-1) lat + 2(W-1)/W n / bw over (W, n, t) points, by
+    least squares weighted by 1/t (as fit_alpha_beta)."""
+    world = np.array([p[0] for p in points], dtype=float)
+    n = np.array([p[1] for p in points], dtype=float)
+    t = np.array([p[2] for p in points], dtype=float)
+    weight = 1.0 / np.maximum(t, 1e-12)
+    design = np.stack([2 * (world - 1), 2 * (world - 1) / world * n], axis=1) * weight[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, t * weight, rcond=None)
+    if per_byte <= 0:
+        per_byte = float(max(ti / (2 * (w - 1) / w * ni) for w, ni, ti in zip(world, n, t)))
+    return max(float(latency), 0.0), 1.0 / float(per_byte)
+
+
+def _allreduce_worker(rank: int, world: int, port: int, sizes: Sequence[int], rounds: int, out_path: str,
+                      cores: Sequence[int] | None) -> None:
+    """One of `measure_allreduce`'s processes: each size `rounds` times after a barrier; writes its
+    per-size median wall and CPU seconds."""
+    if cores is not None:
+        os.sched_setaffinity(0, {cores[rank]})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        walls, cpus = [], []
+        for size in sizes:
+            grads = [torch.ones(size // 8), torch.ones(size // 4 - size // 8)]   # two tensors, as a bucket has many
+            wall_samples, cpu_samples = [], []
+            for repeat in range(NETWORK_WARMUP + rounds):
+                dist.barrier()
+                wall, cpu = time.perf_counter(), time.process_time()
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+                if repeat >= NETWORK_WARMUP:
+                    wall_samples.append(time.perf_counter() - wall)
+                    cpu_samples.append(time.process_time() - cpu)
+            walls.append(_median_s(wall_samples))
+            cpus.append(_median_s(cpu_samples))
+        Path(f"{out_path}.{rank}").write_text(json.dumps([walls, cpus]))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_allreduce(worlds: Sequence[int] = (2,), sizes: Sequence[int] = ALLREDUCE_SIZES, rounds: int = 10,
+                      cores: Sequence[int] | None = None) -> AllreduceFit:
+    """For each W of `worlds`, spawn W gloo processes (pinned to the first W of `cores` when given),
+    all-reduce each buffer size `rounds` times as the runtime reduces a gradient bucket, and fit
+    one ring to every (W, size) median (`fit_ring`).
+
+    Why: the model priced the gradient all-reduce as a ring over the point-to-point fit, which
+    leaves out what gloo's all-reduce does besides moving bytes (summing the buffers on the CPU,
+    its own copies) and the runtime's flatten and copy-back, all on the worker's one core; and
+    the point-to-point fit, weighted towards small messages, is loose at a gradient's megabytes.
+    On this project's 2-core machine (load 1.5-2): 27.4 MB (the Llama bench model) between two
+    processes took 36 ms (25 ms of CPU) where the ring over the p2p fit gave 7 ms."""
+    if not worlds or min(worlds) < 2:
+        raise ValueError("an all-reduce needs two processes or more")
+    points = []
+    for world in worlds:
+        with tempfile.TemporaryDirectory() as folder:
+            out_path = os.path.join(folder, "allreduce")
+            mp.spawn(_allreduce_worker, args=(world, _free_port(), tuple(sizes), rounds, out_path,
+                                              None if cores is None else tuple(cores)), nprocs=world, join=True)
+            ranks = [json.loads(Path(f"{out_path}.{rank}").read_text()) for rank in range(world)]
+        points += [(world, size, max(r[0][i] for r in ranks), max(r[1][i] for r in ranks))
+                   for i, size in enumerate(sizes)]
+    latency, bandwidth = fit_ring([(w, n, t) for w, n, t, _ in points])
+    return AllreduceFit(latency, bandwidth, tuple(points))
 
 
 # -- workload file ------------------------------------------------------------------------------
