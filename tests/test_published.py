@@ -145,3 +145,25 @@ def test_megatron_deepspeed_oom_and_unnamed_rows_are_refused_by_name(rows: dict[
         to_run(rows["deepspeed-015"])
     assert to_run(rows["deepspeed-011"]).attention_kernel == "flash-v1"   # FlashAttention 1.0.4
     assert to_run(rows["deepspeed-010"]).attention_kernel is None         # without FlashAttention
+
+
+def test_megatron_2024_mfu_back_to_seconds_by_hand() -> None:
+    """An MFU of Megatron-LM 2024's model FLOPs against the H100's 989.4 TFLOP/s dense bf16 peak: GPT 1.7B
+    (24 x 2048, 4096 tokens, vocab 131072), 48 GPUs, batch 192, 41%."""
+    row = {"_source": "megatron_lm", "id": "mfu-hand", "source": {"row_label": "hand", "file_date": None},
+           "model": {"name": "GPT 1.7B", "layers": 24, "hidden": 2048, "heads": 16, "kv_heads": None,
+                     "ffn_hidden": 8192, "vocab": 131072, "seq_len": 4096},
+           "hardware": {"gpu": "NVIDIA H100", "num_gpus": 48, "gpus_per_node": 8},
+           "parallel": {"tp": 1, "pp": 1, "notes": None}, "batch": {"micro_batch": 1, "global_batch": 192},
+           "precision": "bf16", "activation_checkpointing": None, "notes": None, "inferred": {},
+           "measured": {"mfu_pct": 41.0},
+           "metric_definition": "MFU from Megatron-LM num_floating_point_operations ... relative to H100 bf16 dense peak"}
+    b, s, l, h, v = 192, 4096, 24, 2048, 131072
+    flops = 12 * b * s * l * h * h * ((1 + 1 + s / h) + 4 + v / (2 * l * h))
+    assert to_run(row).measured_step_s == pytest.approx(flops / (0.41 * 989.4e12 * 48))
+
+
+def test_strong_scaling_rows_with_an_assumed_layout_are_refused(rows: dict[str, dict]) -> None:
+    for key in ("megatron-010", "megatron-011"):
+        with pytest.raises(Refused, match="assumed from another row"):
+            to_run(rows[key])

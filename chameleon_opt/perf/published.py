@@ -174,6 +174,11 @@ def _refuse_unsupported(row: dict[str, Any]) -> None:
     missing = [k for k in ("layers", "hidden", "ffn_hidden", "vocab", "seq_len") if not m.get(k)]
     if missing:
         raise Refused(f"model.{missing[0]} not stated")
+    layout = {k: str(v) for k, v in (row.get("inferred") or {}).items() if k in ("parallel.tp", "parallel.pp")}
+    if any(v.lower().startswith("assumed same") for v in layout.values()):
+        # Megatron-LM's 2024 strong-scaling endpoints (96 and 4608 GPUs at one batch): the layout is what
+        # such a sweep changes, and the source states none (transcribed as the 177B weak-scaling row's).
+        raise Refused("parallel.tp/pp assumed from another row: the source states no layout for this run")
     if "model.name" in (row.get("inferred") or {}):
         # The source names no model (DeepSpeed4Science's long-sequence table): its dimensions are a
         # transcriber's match to a script, so an error would measure the guess, not the model.
@@ -216,6 +221,10 @@ def _flops_2024(b: int, s: int, m: dict[str, Any]) -> float:
                                             + m["vocab"] / (2 * layers * h))
 
 
+H100_DENSE_BF16_TFLOPS = 989.4
+"""NVIDIA H100 SXM data sheet: dense BF16 tensor-core peak (1979 with sparsity)."""
+
+
 def _gated(m: dict[str, Any]) -> bool:
     return "llama" in (m.get("name") or "").lower()
 
@@ -238,6 +247,11 @@ def _measured(row: dict[str, Any], global_batch: int, gpus: int) -> tuple[float,
         return flops / (tflops * 1e12 * gpus), "TFLOP/s, Megatron-DeepSpeed formula (padded vocab)"
     if tflops and "num_floating_point_operations" in definition:
         return _flops_2024(global_batch, s, m) / (tflops * 1e12 * gpus), "TFLOP/s, Megatron 2024 model FLOPs"
+    if me.get("mfu_pct") and "num_floating_point_operations" in definition and "H100 bf16 dense peak" in definition:
+        # Megatron-LM's 2024 strong-scaling rows state only an MFU (whole percent) of the same model FLOPs
+        # against the H100's dense bf16 peak, which its weak-scaling rows pin (408.8 TFLOP/s = 41%).
+        achieved = me["mfu_pct"] / 100 * H100_DENSE_BF16_TFLOPS
+        return _flops_2024(global_batch, s, m) / (achieved * 1e12 * gpus), "MFU, Megatron 2024 model FLOPs"
     raise Refused(f"metric: no step time, tokens/s or TFLOP/s with a stated formula ({definition[:60]}...)")
 
 
