@@ -21,8 +21,10 @@
    flash-attention kernels at their published utilisation (published.ATTENTION_UTILISATION), FSDP's
    per-micro-batch collectives, Megatron's layer split and overlap flags as the trainers run them
    (docs/performance-model.md). The cost of overlapping ZeRO-3 collectives with compute is fitted on
-   one FSDP family and reported on the other (llm-foundry <-> torchtitan). Per-source and per-family
-   error tables and a predicted-vs-measured plot (validate_perf_published.png).
+   one FSDP family and reported on the other (llm-foundry <-> torchtitan). Megatron-DeepSpeed's rows
+   are priced from the others' fit and fitted into none (REPORT_ONLY_FAMILIES). Per-source and
+   per-family error tables, the stated memory peaks, and a predicted-vs-measured plot
+   (validate_perf_published.png).
 
 Writes bench/out/validate_perf.{json,md,png} and prints the tables.
 Run: python bench/validate_perf.py [--sailor-dir ../shared/data/sailor] [--published-dir
@@ -335,9 +337,9 @@ REPORT_ONLY_FAMILIES = ("GPT (Megatron-DeepSpeed)",)
 """Families priced from the others' fit and reported, but fitted into no other family's constants. Why:
 Megatron-DeepSpeed's README rows (before/after-change anecdotes on 8-128 GPUs) sit 2-2.5x slower than
 the model on its small models (125M, 1.3B) while its 13B row is within 17%: a gap the model does not
-explain yet, which fitted into the others' efficiencies spreads to them (measured with them fitted in, before
-the 1.3B pair's pass count was fixed: llm-foundry worst
-20.7% -> 33.6%, GPT-2 Megatron 2020 worst 12.7% -> 42.9%)."""
+explain yet, which fitted into the others' efficiencies spreads to them (measured with them fitted in,
+before the 1.3B pair's pass count was fixed: llm-foundry worst 20.7% -> 33.6%, GPT-2 Megatron 2020
+worst 12.7% -> 42.9%)."""
 
 
 def fitted_runs(runs: list, held_out: str | None = None) -> list:
