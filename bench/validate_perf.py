@@ -21,8 +21,10 @@
    flash-attention kernels at their published utilisation (published.ATTENTION_UTILISATION), FSDP's
    per-micro-batch collectives, Megatron's layer split and overlap flags as the trainers run them
    (docs/performance-model.md). The cost of overlapping ZeRO-3 collectives with compute is fitted on
-   one FSDP family and reported on the other (llm-foundry <-> torchtitan). Per-source and per-family
-   error tables and a predicted-vs-measured plot (validate_perf_published.png).
+   one FSDP family and reported on the other (llm-foundry <-> torchtitan). Megatron-DeepSpeed's rows
+   are priced from the others' fit and fitted into none (REPORT_ONLY_FAMILIES). Per-source and
+   per-family error tables, the stated memory peaks, and a predicted-vs-measured plot
+   (validate_perf_published.png).
 
 Writes bench/out/validate_perf.{json,md,png} and prints the tables.
 Run: python bench/validate_perf.py [--sailor-dir ../shared/data/sailor] [--published-dir
@@ -331,6 +333,20 @@ def published_runs(directory: Path) -> tuple[list, dict[str, int]]:
     return runs, dict(refused)
 
 
+REPORT_ONLY_FAMILIES = ("GPT (Megatron-DeepSpeed)",)
+"""Families priced from the others' fit and reported, but fitted into no other family's constants. Why:
+Megatron-DeepSpeed's README rows (before/after-change anecdotes on 8-128 GPUs) sit 2-2.5x slower than
+the model on its small models (125M, 1.3B) while its 13B row is within 17%: a gap the model does not
+explain yet, which fitted into the others' efficiencies spreads to them (measured with them fitted in,
+before the 1.3B pair's pass count was fixed: llm-foundry worst 20.7% -> 33.6%, GPT-2 Megatron 2020
+worst 12.7% -> 42.9%)."""
+
+
+def fitted_runs(runs: list, held_out: str | None = None) -> list:
+    """The runs a fit may use: not the held-out family, not a report-only one."""
+    return [r for r in runs if r.family != held_out and r.family not in REPORT_ONLY_FAMILIES]
+
+
 def sharded(run) -> bool:
     """Whether the run's plan gathers and reduce-scatters ZeRO-3 shards on every micro-batch."""
     return run.document["training"].get("zero_stage", 0) >= 3
@@ -350,7 +366,7 @@ def published_interference(runs: list, terms: dict) -> dict[str, float]:
     from chameleon_opt.perf.published import fit_efficiencies, predict_calibrated
     fitted = {}
     for family in sorted({r.family for r in runs if sharded(r)}):
-        fit = fit_efficiencies([r for r in runs if r.family != family], terms)
+        fit = fit_efficiencies(fitted_runs(runs, family), terms)
         mine = [r for r in runs if r.family == family and r.gpu in fit.compute]
         fitted[family] = interference_of(mine, lambda r, x: predict_calibrated(
             r, fit.compute[r.gpu], fit.memory_efficiency, x))
@@ -363,9 +379,9 @@ def published_validation(runs: list, refused: dict[str, int], terms: dict, inter
     from chameleon_opt.instance.devices import CATALOGUE
     from chameleon_opt.perf.published import fit_efficiencies, predict_calibrated, predict_step
     families = sorted({r.family for r in runs})
-    rows, fits = [], {}
+    rows, fits, memory = [], {}, []
     for family in families:
-        fit = fit_efficiencies([r for r in runs if r.family != family], terms)
+        fit = fit_efficiencies(fitted_runs(runs, family), terms)
         fits[family] = {"compute": fit.compute, "memory_efficiency": fit.memory_efficiency,
                         "fitted_on": list(fit.fitted_on), "borrowed": list(fit.borrowed)}
         for r in (r for r in runs if r.family == family):
@@ -377,6 +393,9 @@ def published_validation(runs: list, refused: dict[str, int], terms: dict, inter
                          "metric": r.metric, "measured_s": r.measured_step_s, "before_s": before, "lofo_s": after,
                          "error_before": before / r.measured_step_s - 1, "error_lofo": after / r.measured_step_s - 1,
                          "gpu_fitted_elsewhere": held and r.gpu not in fit.borrowed})
+            if r.measured_memory_gib:
+                memory.append({"id": r.id, "family": family, "label": r.label, "measured_gib": r.measured_memory_gib,
+                               "predicted_gib": peak_gib(r), "error": peak_gib(r) / r.measured_memory_gib - 1})
 
     def summary(key: str, value: str) -> list[dict]:
         out = []
@@ -389,7 +408,15 @@ def published_validation(runs: list, refused: dict[str, int], terms: dict, inter
                         "gpu_not_fitted_elsewhere": sum(not r["gpu_fitted_elsewhere"] for r in chosen)})
         return out
     return {"rows": rows, "refused": dict(refused), "fits": fits, "by_source": summary("source", "source"),
-            "by_family": summary("family", "family"), "sharded_interference": interference}
+            "by_family": summary("family", "family"), "sharded_interference": interference, "memory": memory,
+            "report_only": list(REPORT_ONLY_FAMILIES)}
+
+
+def peak_gib(run) -> float:
+    """The model's largest stage peak for a published run (the catalogue calibration: memory needs no fit)."""
+    instance = build_instance(run.document, f"<{run.id}>")
+    found = PerfModel(instance).evaluate(instance.plan)
+    return max(c.memory_bytes for p in found.pipelines for c in p.stages) / GIB
 
 
 def torchtitan_validation(others: list, interference: float) -> dict:
@@ -456,6 +483,12 @@ def render_published(published: dict, out: Path) -> list[str]:
                      + (f" ({', '.join(fit['borrowed'])}: its proxy die's, published.PROXY_DIE)" if fit["borrowed"] else ""))
     lines.append(f"- ZeRO-3 runs: overlap interference {published['sharded_interference']:.3f}, fitted on torchtitan's "
                  "published runs (the other FSDP family; PerfModel.overlap_sharded)")
+    if published["report_only"]:
+        lines.append(f"- report only (fitted into no other family): {', '.join(published['report_only'])}")
+    if published["memory"]:
+        lines += ["", "Published peak memory (rows that state one):", ""]
+        lines += [f"- {m['id']} {m['label']}: measured {m['measured_gib']:.2f} GiB, predicted {m['predicted_gib']:.2f} "
+                  f"GiB ({m['error']:+.1%})" for m in published["memory"]]
     lines += ["", "Refused rows (not priced as something else):", ""]
     lines += [f"- {n} x {why}" for why, n in sorted(published["refused"].items())]
     plot_published(published, out / "validate_perf_published.png")
@@ -508,7 +541,7 @@ def main() -> None:
         # (the model's SHARDED_OVERLAP_INTERFERENCE) prices llm-foundry's.
         foundry = published_interference(runs, terms)
         (held_out,) = foundry.values()
-        torchtitan = torchtitan_validation(runs, held_out)
+        torchtitan = torchtitan_validation(fitted_runs(runs), held_out)
         (args.out / "validate_perf_torchtitan.json").write_text(json.dumps(torchtitan, indent=1))
         for r in torchtitan["rows"]:
             memory = "" if r["error_mem"] is None else f"  memory {r['error_mem']:+.1%}"

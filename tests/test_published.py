@@ -105,3 +105,65 @@ def test_the_overlap_interference_fit_recovers_a_known_share_and_stays_in_bounds
     assert fit_interference([0.9, 1.9, 3.9], at_zero, at_one) == 0.0
     assert fit_interference([2.0, 3.0, 6.0], at_zero, at_one) == 1.0
     assert fit_interference([1.0, 2.0], [1.0, 2.0], [1.0, 2.0]) == 0.0
+
+
+def _megatron_deepspeed_row(activation_checkpointing: str | None) -> dict:
+    """A hand-written Megatron-DeepSpeed row (the 1.3B rebase example: 16 V100, TP 2, DP 8)."""
+    return {
+        "_source": "deepspeed", "id": "ds-hand", "source": {"row_label": "hand-worked", "file_date": None},
+        "model": {"name": "GPT-3 1.3B", "layers": 24, "hidden": 2048, "heads": 16, "kv_heads": None,
+                  "ffn_hidden": 8192, "vocab": 50257, "seq_len": 2048},
+        "hardware": {"gpu": "NVIDIA V100 (DGX-2)", "num_gpus": 16, "gpus_per_node": 16},
+        "parallel": {"dp": 8, "zero_stage": 0, "tp": 2, "pp": 1, "notes": None},
+        "batch": {"micro_batch": 2, "global_batch": 512},
+        "precision": "fp16", "activation_checkpointing": activation_checkpointing, "notes": None,
+        "measured": {"tflops_per_gpu": 23.11},
+        "metric_definition": "TFLOPs per GPU printed by Megatron-DeepSpeed", "inferred": {},
+    }
+
+
+def test_megatron_deepspeed_tflops_back_to_seconds_by_hand() -> None:
+    """Megatron-DeepSpeed prints 24 * k * B*s*l*h^2 * (1 + s/6h + V/16lh) / (t * GPUs), k = 4 with activation
+    checkpointing (3 without), V padded to a multiple of 128 x TP: 50257 -> 50432 at TP 2."""
+    b, s, l, h, v = 512, 2048, 24, 2048, 50432
+    # DeepSpeed's --checkpoint-activations prints 4 passes; Megatron-LM's recompute flags were not tested by
+    # the 2023 calculation (3 passes printed although the run recomputes)
+    for checkpointing, passes in (("full", 4), (None, 3), ("full (--recompute-granularity full)", 3)):
+        run = to_run(_megatron_deepspeed_row(checkpointing))
+        flops = 24 * passes * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+        assert run.measured_step_s == pytest.approx(flops / (23.11e12 * 16))
+    assert run.family == "GPT (Megatron-DeepSpeed)" and run.gpu == "V100-32"
+    training = run.document["training"]
+    # no flash flag on V100; DeepSpeed reduces gradients after the last backward
+    assert (training["attention"], run.attention_kernel, training["overlap_grad_reduce"]) == ("eager", None, False)
+
+
+def test_megatron_deepspeed_oom_and_unnamed_rows_are_refused_by_name(rows: dict[str, dict]) -> None:
+    with pytest.raises(Refused, match="measured.oom"):
+        to_run(rows["deepspeed-018"])
+    with pytest.raises(Refused, match="model.name inferred"):
+        to_run(rows["deepspeed-015"])
+    assert to_run(rows["deepspeed-011"]).attention_kernel == "flash-v1"   # FlashAttention 1.0.4
+    assert to_run(rows["deepspeed-010"]).attention_kernel is None         # without FlashAttention
+
+
+def test_megatron_2024_mfu_back_to_seconds_by_hand() -> None:
+    """An MFU of Megatron-LM 2024's model FLOPs against the H100's 989.4 TFLOP/s dense bf16 peak: GPT 1.7B
+    (24 x 2048, 4096 tokens, vocab 131072), 48 GPUs, batch 192, 41%."""
+    row = {"_source": "megatron_lm", "id": "mfu-hand", "source": {"row_label": "hand", "file_date": None},
+           "model": {"name": "GPT 1.7B", "layers": 24, "hidden": 2048, "heads": 16, "kv_heads": None,
+                     "ffn_hidden": 8192, "vocab": 131072, "seq_len": 4096},
+           "hardware": {"gpu": "NVIDIA H100", "num_gpus": 48, "gpus_per_node": 8},
+           "parallel": {"tp": 1, "pp": 1, "notes": None}, "batch": {"micro_batch": 1, "global_batch": 192},
+           "precision": "bf16", "activation_checkpointing": None, "notes": None, "inferred": {},
+           "measured": {"mfu_pct": 41.0},
+           "metric_definition": "MFU from Megatron-LM num_floating_point_operations ... relative to H100 bf16 dense peak"}
+    b, s, l, h, v = 192, 4096, 24, 2048, 131072
+    flops = 12 * b * s * l * h * h * ((1 + 1 + s / h) + 4 + v / (2 * l * h))
+    assert to_run(row).measured_step_s == pytest.approx(flops / (0.41 * 989.4e12 * 48))
+
+
+def test_strong_scaling_rows_with_an_assumed_layout_are_refused(rows: dict[str, dict]) -> None:
+    for key in ("megatron-010", "megatron-011"):
+        with pytest.raises(Refused, match="assumed from another row"):
+            to_run(rows[key])

@@ -53,6 +53,7 @@ class PublishedRun:
     metric: str          # how measured_step_s was derived
     tp_comm_overlap: bool = False  # Megatron's --tp-comm-overlap stated
     attention_kernel: str | None = None  # the stack's flash-attention kernel (ATTENTION_UTILISATION); None: eager
+    measured_memory_gib: float | None = None  # the row's peak memory, where it states one
 
 
 def load_rows(directory: Path) -> list[dict[str, Any]]:
@@ -119,7 +120,26 @@ def _attention(row: dict[str, Any]) -> tuple[str, str | None]:
         return "eager", None
     if source == "llm_foundry":
         return "flash", "flash-v1"
+    if source == "deepspeed":
+        return _deepspeed_attention(row)
     return "flash", "flash-v2"
+
+
+def _deepspeed_attention(row: dict[str, Any]) -> tuple[str, str | None]:
+    """Megatron-DeepSpeed runs flash attention only where its script passes a flash flag: the row label
+    says so ('with FlashAttention 1.0.4', 'FlashAttention-2') or the script the row was inferred from
+    sets --use-flash-attn-triton (the Triton port of FlashAttention v1). Otherwise (the V100 rebase
+    scripts, which set no flash flag: FlashAttention needs Turing or later; 'without FlashAttention')
+    the core is Megatron's eager softmax path."""
+    label = str(row["source"].get("row_label") or "").lower()
+    script = " ".join(str(v) for v in (row.get("inferred") or {}).values()).lower()
+    if "without flashattention" in label:
+        return "eager", None
+    if "flashattention-2" in label:
+        return "flash", "flash-v2"
+    if "flashattention" in label or "flash-attn" in script:
+        return "flash", "flash-v1"
+    return "eager", None
 
 
 def _layers_per_stage(layers: int, pp: int) -> list[int] | None:
@@ -148,15 +168,48 @@ def _refuse_unsupported(row: dict[str, Any]) -> None:
     notes = " ".join(str(x) for x in (p.get("notes"), row.get("activation_checkpointing"), row.get("notes")))
     if "offload" in notes.lower() and "activation_cpu_offload=false" not in notes.lower().replace(" ", ""):
         raise Refused("CPU offload of ZeRO-3 state / activations: not validated")
+    if row["measured"].get("oom"):
+        raise Refused("measured.oom: the run ran out of memory, so there is no step time to price")
     m = row["model"]
     missing = [k for k in ("layers", "hidden", "ffn_hidden", "vocab", "seq_len") if not m.get(k)]
     if missing:
         raise Refused(f"model.{missing[0]} not stated")
+    layout = {k: str(v) for k, v in (row.get("inferred") or {}).items() if k in ("parallel.tp", "parallel.pp")}
+    if any(v.lower().startswith("assumed same") for v in layout.values()):
+        # Megatron-LM's 2024 strong-scaling endpoints (96 and 4608 GPUs at one batch): the layout is what
+        # such a sweep changes, and the source states none (transcribed as the 177B weak-scaling row's).
+        raise Refused("parallel.tp/pp assumed from another row: the source states no layout for this run")
+    if "model.name" in (row.get("inferred") or {}):
+        # The source names no model (DeepSpeed4Science's long-sequence table): its dimensions are a
+        # transcriber's match to a script, so an error would measure the guess, not the model.
+        raise Refused("model.name inferred: the source names no model, its dimensions are a guess")
 
 
-def _flops_2021(b: int, s: int, layers: int, h: int, vocab: int) -> float:
-    """Megatron-LM 2021 (SC'21 Eq. 3) and DeepSpeed: counts the recompute forward."""
-    return 96.0 * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
+def _flops_2021(b: int, s: int, layers: int, h: int, vocab: int, passes: int = 4) -> float:
+    """Megatron-LM 2021 (SC'21 Eq. 3, Narayanan et al.): 24 * passes * B*s*l*h^2 * (1 + s/6h + V/16lh).
+    passes = 4 (forward, recompute forward, backward counted as two) when every block is checkpointed,
+    3 without recomputation: 96 = 24 * 4 is the paper's full-recompute case."""
+    return 24.0 * passes * b * s * layers * h * h * (1 + s / (6 * h) + vocab / (16 * layers * h))
+
+
+def _padded_vocab(vocab: int, tp: int, divisible_by: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 x TP (--make-vocab-size-divisible-by 128, its
+    default) so the output layer splits evenly; Megatron-DeepSpeed's printed TFLOP/s uses the padded size."""
+    step = divisible_by * tp
+    return -(-vocab // step) * step
+
+
+def _megatron_deepspeed_passes(row: dict[str, Any]) -> int:
+    """Passes Megatron-DeepSpeed's printed TFLOP/s counts: 4 under --checkpoint-activations (DeepSpeed's
+    checkpointing, its scripts' default), 3 otherwise. Its 2023 throughput calculation tests that flag
+    (and selective granularity), not Megatron-LM's --recompute-granularity full, so a run recomputing
+    through the Megatron-LM flags is printed at 3 passes although it recomputes: the rebase README's
+    1.3B pair, same plan, prints 23.11 (DeepSpeed checkpointing) and 17.26 (--recompute-granularity
+    full) TFLOP/s, a ratio of 1.339 = 4/3 to 0.4%: the same step time."""
+    ac = str(row.get("activation_checkpointing") or "none").lower()
+    if "--recompute-granularity full" in ac:
+        return 3
+    return 4 if ac.startswith(("full", "selective", "activation")) else 3
 
 
 def _flops_2024(b: int, s: int, m: dict[str, Any]) -> float:
@@ -166,6 +219,10 @@ def _flops_2024(b: int, s: int, m: dict[str, Any]) -> float:
     gated = 1.5 if _gated(m) else 1.0
     return 12.0 * b * s * layers * h * h * ((1 + kv / heads + s / h) + m["ffn_hidden"] / h * gated
                                             + m["vocab"] / (2 * layers * h))
+
+
+H100_DENSE_BF16_TFLOPS = 989.4
+"""NVIDIA H100 SXM data sheet: dense BF16 tensor-core peak (1979 with sparsity)."""
 
 
 def _gated(m: dict[str, Any]) -> bool:
@@ -183,8 +240,18 @@ def _measured(row: dict[str, Any], global_batch: int, gpus: int) -> tuple[float,
     if tflops and "96*B*s*l*h^2" in definition.replace(" ", ""):
         flops = _flops_2021(global_batch, s, m["layers"], m["hidden"], m["vocab"])
         return flops / (tflops * 1e12 * gpus), "TFLOP/s, Megatron 2021 formula (recompute counted)"
+    if tflops and "printed by megatron-deepspeed" in definition.lower():
+        tp = int(row["parallel"].get("tp") or 1)
+        flops = _flops_2021(global_batch, s, m["layers"], m["hidden"], _padded_vocab(m["vocab"], tp),
+                            _megatron_deepspeed_passes(row))
+        return flops / (tflops * 1e12 * gpus), "TFLOP/s, Megatron-DeepSpeed formula (padded vocab)"
     if tflops and "num_floating_point_operations" in definition:
         return _flops_2024(global_batch, s, m) / (tflops * 1e12 * gpus), "TFLOP/s, Megatron 2024 model FLOPs"
+    if me.get("mfu_pct") and "num_floating_point_operations" in definition and "H100 bf16 dense peak" in definition:
+        # Megatron-LM's 2024 strong-scaling rows state only an MFU (whole percent) of the same model FLOPs
+        # against the H100's dense bf16 peak, which its weak-scaling rows pin (408.8 TFLOP/s = 41%).
+        achieved = me["mfu_pct"] / 100 * H100_DENSE_BF16_TFLOPS
+        return _flops_2024(global_batch, s, m) / (achieved * 1e12 * gpus), "MFU, Megatron 2024 model FLOPs"
     raise Refused(f"metric: no step time, tokens/s or TFLOP/s with a stated formula ({definition[:60]}...)")
 
 
@@ -235,6 +302,8 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
                     "learned_positions": not gated, **({"kv_heads": m["kv_heads"]} if m.get("kv_heads") else {})}
     from chameleon_opt.instance.devices import CATALOGUE
     device = CATALOGUE[gpu]
+    # DeepSpeed's engine all-reduces (ZeRO-0) or reduce-scatters (ZeRO-1 without overlap_comm, its
+    # default) the gradients at the accumulation boundary, after the last backward: not overlapped.
     document = {
         "format": 1, "name": row["id"],
         "cluster": {"nodes": gpus // per_node, "devices_per_node": per_node,
@@ -246,16 +315,20 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         "training": {"global_batch": global_batch, "micro_batch_size": mbs, "sequence_length": m["seq_len"],
                      "recomputation": recomputation, "zero_stage": zero, "attention": attention,
                      "sequence_parallel": bool(p.get("sequence_parallel")) and tp > 1,
-                     "overlap_grad_reduce": True, **sharded},
+                     "overlap_grad_reduce": source != "deepspeed", **sharded},
         "plan": {"tensor_parallel": tp, "layout": {"pipeline_parallel": pp, "data_parallel": dp}},
     }
-    split = _layers_per_stage(m["layers"], pp) if source in ("megatron_lm", "nemo") else None
+    # Megatron-DeepSpeed's GPTModelPipe partitions by 'type:transformer' (blocks evenly, the embedding
+    # with the first and the tied head with the last): the same split as Megatron-LM's.
+    split = _layers_per_stage(m["layers"], pp) if source in ("megatron_lm", "nemo", "deepspeed") else None
     if split is not None:
         document["plan"]["layout"]["layers_per_stage"] = split
     measured, metric = _measured(row, global_batch, gpus)
     label = f"{m['name']} {gpu} {gpus}g TP{tp} PP{pp} DP{dp} s{m['seq_len']} mbs{mbs} {recomputation}"
     overlap = "--tp-comm-overlap" in notes
-    return PublishedRun(row["id"], source, _family(row), gpu, label, document, measured, metric, overlap, kernel)
+    memory = row["measured"].get("peak_mem_gib")
+    return PublishedRun(row["id"], source, _family(row), gpu, label, document, measured, metric, overlap, kernel,
+                        float(memory) if memory else None)
 
 
 def predict_step(run: PublishedRun, efficiency: float) -> float:
