@@ -469,3 +469,22 @@ def test_template_level_model_gives_every_pipeline_a_micro_batch():
     result = search_plan(instance, failed, Deadline.after(2.0))
     assert result.solution is not None and check_plan(instance, result.solution, failed).ok
     assert all(p.micro_batches >= 1 for p in result.solution.pipelines)
+
+
+@pytest.mark.parametrize("seed", [28, 43])
+def test_branch_and_bound_stops_once_a_plan_meets_the_floor(seed):
+    """8-24-device seeds 28 and 43: the inventory's floor equals the optimum, and the branch and
+    bound found that plan within milliseconds, then searched on to the deadline (8.5 of 10 s) since
+    its tree's bounds are weaker than the floor. It now stops there, complete: OPTIMAL at once."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    from chameleon_opt.solve.exact import exact_search
+
+    data, failed = random_instance(seed, (8, 24))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    outcome = exact_search(instance, model, failed, math.inf, Deadline.after(30.0))
+    assert outcome is not None and outcome.complete
+    assert "met the relaxation's floor" in outcome.reason
+    assert outcome.bound == pytest.approx(outcome.objective, rel=1e-9)

@@ -833,20 +833,25 @@ class ExactSearch:
         return self.prices[key]
 
     # -- master ----------------------------------------------------------------------------------
-    def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000) -> ExactOutcome:
+    def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000,
+              floor: float | None = None) -> ExactOutcome:
         """Depth-first over pipelines in non-increasing key order (stages, micro-batches, shape,
         boundaries: a multiset, not a sequence), each pipeline grown stage by stage from the groups
         left, the first untouched node of a family standing for all of them. Runs with pipelines of
         at most 1, 2, ... stages come first, within SHORT_SHARE of the time: their trees are small
         and often hold the best plans, which then cut the whole tree (depth first, long first
-        pipelines hold most of it)."""
+        pipelines hold most of it). `floor` (default `self.floor()`): a lower bound on every plan
+        on these groups; once a plan meets it (PRUNE_TOLERANCE) every node left would be cut, so the
+        search stops there, complete (the tree's own bounds are weaker: seeds 28 and 43 of the
+        8-24-device brute force found the floor's plan early, then spent the whole deadline)."""
         lower, capped, completion = self.relaxation.lower, self.relaxation.capped, self.relaxation.completion
         reach = self.reach_table(lower, incumbent)  # the incumbent only falls: items only drop out
         grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
         inter = self.model.inter
         holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
         best: list = [incumbent, None]
-        stats = {"leaves": 0, "nodes": 0, "complete": True}
+        floor = self.floor() if floor is None else floor
+        stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
         window, cap = [deadline], [self.longest]  # the current run's deadline and longest pipeline
         regular = [False]  # the current run copies the first pipeline's shape and split (`copy` below)
         filled = [0]  # pipelines a regular run completed (at full length), to stop at the first placement
@@ -861,6 +866,7 @@ class ExactSearch:
             relieved = choose_reliefs(self.model, plan)
             if relieved is not None and relieved[1].iteration_time_s < best[0]:
                 best[0], best[1] = relieved[1].iteration_time_s, relieved[0]
+                stats["met"] = floor >= best[0] * (1 - PRUNE_TOLERANCE)
 
         def ring_floor(pipelines: int, grad_bytes: float, nodes: list[int], bounds: tuple[int, ...]) -> float:
             """A floor on the gradient all-reduce once the candidate (its stages' `nodes`, `bounds`)
@@ -900,6 +906,8 @@ class ExactSearch:
             if n_left == 0:
                 leaf()
                 return
+            if stats["met"]:
+                return  # the incumbent meets the floor: every node left would be cut
             if stats["leaves"] >= leaf_budget or window[0].expired():
                 stats["complete"] = False
                 return
@@ -914,7 +922,7 @@ class ExactSearch:
             two of them and renaming the nodes by first use gives the same plan with a smaller tuple
             first, so the lexicographically least such sequence, which every plan has, obeys both
             this and the family rule (`allowed`)."""
-            if not stats["complete"]:
+            if not stats["complete"] or stats["met"]:
                 return
             stats["nodes"] += 1
             if stats["nodes"] % 512 == 0 and window[0].expired():
@@ -1012,10 +1020,12 @@ class ExactSearch:
             master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
         window[0], cap[0], stats["complete"] = deadline, self.longest, True
         master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
+        complete = stats["complete"] or stats["met"]
         reason = (f"branch and bound over {len(self.prices)} priced pipeline shapes, {stats['nodes']} nodes, "
-                  f"{stats['leaves']} plans evaluated" + ("" if stats["complete"] else " (stopped early)"))
-        return ExactOutcome(best[1], best[0], stats["complete"], len(self.prices), stats["leaves"], reason,
-                            self.floor())
+                  f"{stats['leaves']} plans evaluated" + ("" if complete else " (stopped early)")
+                  + ("; a plan met the relaxation's floor" if stats["met"] else ""))
+        return ExactOutcome(best[1], best[0], complete, len(self.prices), stats["leaves"], reason,
+                            max(floor, self.floor()))
 
 
 @dataclass(frozen=True)
@@ -1070,7 +1080,9 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
     for _ in range(2):  # a second pass resumes the inventories stopped early, with the better incumbent
         stopped = []
         for k, index in enumerate(pending):  # each gets an even share of what is left
-            outcome = searches[index].solve(objective, deadline.share(1 / (len(pending) - k)))
+            if floors[index] >= objective * (1 - PRUNE_TOLERANCE):
+                continue  # a plan found on another inventory meets this one's floor: nothing here beats it
+            outcome = searches[index].solve(objective, deadline.share(1 / (len(pending) - k)), floor=floors[index])
             leaves, reason = leaves + outcome.leaves, outcome.reason
             floors[index] = max(floors[index], outcome.bound)
             if outcome.plan is not None:
