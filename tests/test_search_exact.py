@@ -488,3 +488,16 @@ def test_branch_and_bound_stops_once_a_plan_meets_the_floor(seed):
     assert outcome is not None and outcome.complete
     assert "met the relaxation's floor" in outcome.reason
     assert outcome.bound == pytest.approx(outcome.objective, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed, optimum", [(53, 12.490550480382005), (72, 15.586221529588938)])
+def test_column_floor_keeps_the_pipelines_on_nodes_that_hold_one_stage_of_each(seed, optimum):
+    """8-24-device seeds 53 (8 one-stage pipelines, one node of 8 groups, the others 7) and 72:
+    where every layer's P holders share a node, every stage sits in a node of at least P groups,
+    so the plan runs on those nodes' groups alone; the floor had let the pipelines take every node
+    (53: 12.4584, 72: 15.2393) and now meets the brute force's optimum, never above it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(seed, (8, 24))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(optimum, rel=1e-9)

@@ -756,14 +756,25 @@ class ExactSearch:
                 # some layer's P holders span nodes, and its slot's ring takes the inter-node link with
                 # at least that layer's bytes (`spanning`), or every layer's holders share a node, which
                 # then holds a stage of every pipeline, so no pipeline runs more than most - P + 1 of
-                # its stages in one node (`columns`: the times with those crossings).
+                # its stages in one node (`columns`: the times with those crossings), and every stage
+                # sits in a node of at least P groups (each holds a layer whose P holders share its
+                # node): the plan runs on those nodes' groups alone (8-24-device seed 53: 8 one-stage
+                # pipelines fit only the one node of 8, 12.4584 -> 12.4906, the optimum).
                 spanning = max(coupled[self.root] if coupled is not None else 0.0,
                                counted(p, refine, relaxation.ring_time(min(grad), p, self.model.inter)))
                 narrow = relaxation.coupled(p, refine, self.most_per_node - p + 1)
-                columns = narrow[self.root] if narrow is not None else 0.0
+                columns = narrow[self.wide_state(p)] if narrow is not None else 0.0
                 value = max(value, min(spanning, columns))
             floor = min(floor, value)
         return floor
+
+    def wide_state(self, pipelines: int) -> int:
+        """The relaxation's state of the groups in nodes that hold at least `pipelines` groups."""
+        per_node = Counter()
+        for c, node in enumerate(self.class_node):
+            per_node[node] += self.counts[c]
+        return sum(self.class_stride[c] * self.counts[c] for c, node in enumerate(self.class_node)
+                   if per_node[node] >= pipelines)
 
     @staticmethod
     def split_count(layers: int, longest: int) -> int:
@@ -853,6 +864,7 @@ class ExactSearch:
         floor = self.floor() if floor is None else floor
         stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
         window, cap = [deadline], [self.longest]  # the current run's deadline and longest pipeline
+        searched = [0]  # plans whose longest pipeline has at most this many stages: exhausted by a capped run
         regular = [False]  # the current run copies the first pipeline's shape and split (`copy` below)
         filled = [0]  # pipelines a regular run completed (at full length), to stop at the first placement
         taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
@@ -901,8 +913,10 @@ class ExactSearch:
             return all(touched[other] for other in self.family[node] if other < node)
 
         def master(n_left: int, g_left: int, state: int, worst: float, opt: float, grad: float,
-                   last: tuple | None, last_nodes: tuple[int, ...]) -> None:
-            """`last`, `last_nodes`: the previous pipeline's key and the nodes of its stages."""
+                   last: tuple | None, last_nodes: tuple[int, ...], ring: float) -> None:
+            """`last`, `last_nodes`: the previous pipeline's key and the nodes of its stages; `ring`:
+            a floor on the gradient all-reduce of every completion (`ring_floor` of the pipelines
+            chosen, with one more to come)."""
             if n_left == 0:
                 leaf()
                 return
@@ -913,10 +927,11 @@ class ExactSearch:
                 return
             if last is not None and reach[last[0], last[1]][g_left] < n_left:
                 return  # the pipelines allowed after `last` cannot run what is left
-            grow([], [], n_left, g_left, state, state, worst, opt, grad, last, last_nodes)
+            grow([], [], n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring)
 
         def grow(classes: list[int], seq: list[tuple[int, ...]], n_left: int, g_left: int, state: int, after: int,
-                 worst: float, opt: float, grad: float, last: tuple | None, last_nodes: tuple[int, ...]) -> None:
+                 worst: float, opt: float, grad: float, last: tuple | None, last_nodes: tuple[int, ...],
+                 ring: float) -> None:
             """`state`: the groups of each kind left before this pipeline, `after`: once its stages
             so far are taken. Pipelines of equal keys come with non-decreasing node tuples: swapping
             two of them and renaming the nodes by first use gives the same plan with a smaller tuple
@@ -931,7 +946,7 @@ class ExactSearch:
             stages = len(classes)
             if regular[0] and last is not None and stages == last[0]:
                 filled[0] += 1
-            if stages:
+            if stages and (last is not None or stages > searched[0]):
                 shape = (tuple(self.class_type[c] for c in classes),
                          tuple(self.class_node[a] != self.class_node[b] for a, b in zip(classes, classes[1:])))
                 pipelines = len(chosen) + 1
@@ -963,25 +978,26 @@ class ExactSearch:
                         if rest and reach[stages, m][g_left - stages] < rest:
                             continue  # key order: what follows runs at most this much
                         value = max(new_worst, capped[stages][after][rest]) + new_opt  # later: <= stages
-                        if value >= best[0] * (1 - PRUNE_TOLERANCE):
+                        if value + ring >= best[0] * (1 - PRUNE_TOLERANCE):
                             continue
-                        value += ring_floor(pipelines + (1 if rest else 0), new_grad, nodes, bounds)
-                        if value < best[0] * (1 - PRUNE_TOLERANCE):
-                            candidates.append((value, key, new_worst, new_opt, new_grad))
+                        new_ring = ring_floor(pipelines + (1 if rest else 0), new_grad, nodes, bounds)
+                        if value + new_ring < best[0] * (1 - PRUNE_TOLERANCE):
+                            candidates.append((value + new_ring, key, new_worst, new_opt, new_grad, new_ring))
                 candidates.sort()  # the most promising first: good plans early, and the rest cut by them
-                for value, key, new_worst, new_opt, new_grad in candidates:
+                for value, key, new_worst, new_opt, new_grad, new_ring in candidates:
                     if value >= best[0] * (1 - PRUNE_TOLERANCE):
                         break
                     _, m, _, bounds = key
                     chosen.append((tuple(seq), bounds, m))
                     hold(nodes, bounds, 1)
-                    master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key, tuple(nodes))
+                    master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key, tuple(nodes),
+                           new_ring)
                     hold(nodes, bounds, -1)
                     chosen.pop()
             if stages >= min(cap[0], g_left) or (last is not None and stages >= last[0]):
                 return
-            if max(worst, completion[stages + 1][state][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
-                return  # no longer pipeline (with the rest) can beat the incumbent
+            if max(worst, completion[stages + 1][state][n_left]) + opt + ring >= best[0] * (1 - PRUNE_TOLERANCE):
+                return  # no longer pipeline (with the rest and the rings so far) can beat the incumbent
             copy = regular[0] and last is not None  # a regular run: the first pipeline's shape, greedily placed
             order = self.order
             if copy:  # the first pipeline's type at this stage, else one that dominates it (stands in)
@@ -998,7 +1014,7 @@ class ExactSearch:
                 touched[self.class_node[c]] += 1
                 before = filled[0]
                 grow(classes + [c], seq + [group], n_left, g_left, state, after - self.class_stride[c], worst, opt,
-                     grad, last, last_nodes)
+                     grad, last, last_nodes, ring)
                 taken[c] -= 1
                 touched[self.class_node[c]] -= 1
                 if copy and filled[0] > before:
@@ -1011,15 +1027,17 @@ class ExactSearch:
         # replicas into few nodes (intra-node rings, which the placement-blind relaxation cannot see);
         # only an incumbent, never a proof.
         window[0], regular[0] = deadline.share(REGULAR_SHARE), True
-        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
+        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0)
         regular[0] = False
         for short in range(1, self.longest):
             if deadline.expired():
                 break
             window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
-            master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
+            master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0)
+            if stats["complete"]:  # later runs take only first (longest) pipelines of more stages
+                searched[0] = short
         window[0], cap[0], stats["complete"] = deadline, self.longest, True
-        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
+        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0)
         complete = stats["complete"] or stats["met"]
         reason = (f"branch and bound over {len(self.prices)} priced pipeline shapes, {stats['nodes']} nodes, "
                   f"{stats['leaves']} plans evaluated" + ("" if complete else " (stopped early)")
