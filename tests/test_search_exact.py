@@ -501,3 +501,24 @@ def test_column_floor_keeps_the_pipelines_on_nodes_that_hold_one_stage_of_each(s
 
     data, failed = random_instance(seed, (8, 24))
     assert _root_floor(build_instance(data), failed) == pytest.approx(optimum, rel=1e-9)
+
+
+def test_growing_pipeline_pays_the_ring_of_a_layer_it_must_hold_on_another_node():
+    """32-64-device probe seed 3 (16 nodes of 3 devices, 1 Gb/s between them, 2 pipelines): a
+    later pipeline's stages 0..l hold layer l, so once none of them sits on the one node holding
+    layer l so far, that layer's ring crosses nodes whatever the split. Charged while the pipeline
+    grows (it was only charged once its split was chosen), the proof from the optimum visits about
+    8,500 nodes instead of 261,000 (0.3 s instead of 3.5 s)."""
+    import re
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    from chameleon_opt.solve.exact import exact_search
+
+    data, failed = random_instance(3, (32, 64))
+    instance = build_instance(data)
+    outcome = exact_search(instance, PerfModel(instance), failed, 21.459273684381515 * (1 + 1e-9), Deadline.after(60.0))
+    assert outcome is not None and outcome.complete
+    assert outcome.objective == pytest.approx(21.459273684381515, rel=1e-9)
+    assert int(re.search(r"(\d+) nodes", outcome.reason).group(1)) < 50_000

@@ -688,7 +688,10 @@ class ExactSearch:
         families: dict[tuple, list[int]] = {}
         for node in sorted(composition):
             families.setdefault(tuple(sorted(composition[node].items())), []).append(node)
-        self.family = {node: members for members in families.values() for node in members}
+        # a node's family and its rank there (`solve`: a family's untouched nodes are taken in rank order)
+        self.family_of = {node: f for f, members in enumerate(families.values()) for node in members}
+        self.family_rank = {node: rank for members in families.values() for rank, node in enumerate(members)}
+        self.families = len(families)
         self.most_per_node = max(sum(counts.values()) for counts in composition.values())
         speed = {name: sum(model.stage_times(self.pools[c][0], 0, self.layers)[:2])
                  for c, name in enumerate(self.class_type)}
@@ -857,7 +860,7 @@ class ExactSearch:
         8-24-device brute force found the floor's plan early, then spent the whole deadline)."""
         lower, capped, completion = self.relaxation.lower, self.relaxation.capped, self.relaxation.completion
         reach = self.reach_table(lower, incumbent)  # the incumbent only falls: items only drop out
-        grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
+        layer_grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
         inter = self.model.inter
         holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
         best: list = [incumbent, None]
@@ -865,6 +868,7 @@ class ExactSearch:
         stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
         window, cap = [deadline], [self.longest]  # the current run's deadline and longest pipeline
         searched = [0]  # plans whose longest pipeline has at most this many stages: exhausted by a capped run
+        by_shape: dict[tuple, list[tuple[tuple[int, ...], Priced]]] = {}  # a shape's splits with their prices
         regular = [False]  # the current run copies the first pipeline's shape and split (`copy` below)
         filled = [0]  # pipelines a regular run completed (at full length), to stop at the first placement
         taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
@@ -890,7 +894,7 @@ class ExactSearch:
             for s, node in enumerate(nodes):
                 for layer in range(bounds[s], bounds[s + 1]):
                     known = holders[layer]
-                    spanning.append(spanning[-1] + (grad[layer] if len(known) > 1 or (known and node not in known)
+                    spanning.append(spanning[-1] + (layer_grad[layer] if len(known) > 1 or (known and node not in known)
                                                     else 0.0))
             most = 0.0
             for seq, b, _ in chosen:
@@ -905,12 +909,13 @@ class ExactSearch:
                     if not holders[layer][node]:
                         del holders[layer][node]
 
+        opened = [0] * self.families  # per family: its nodes in use, always its first ones (`allowed`)
+
         def allowed(c: int) -> bool:
-            """Symmetry: a node no group uses yet may be taken only as its family's first such node."""
+            """Symmetry: a node no group uses yet may be taken only as its family's first such node
+            (the nodes in use in a family are then always its first ones, by rank)."""
             node = self.class_node[c]
-            if touched[node]:
-                return True
-            return all(touched[other] for other in self.family[node] if other < node)
+            return touched[node] > 0 or self.family_rank[node] == opened[self.family_of[node]]
 
         def master(n_left: int, g_left: int, state: int, worst: float, opt: float, grad: float,
                    last: tuple | None, last_nodes: tuple[int, ...], ring: float) -> None:
@@ -944,6 +949,20 @@ class ExactSearch:
                 stats["complete"] = False
                 return
             stages = len(classes)
+            if stages and chosen and not self.overlapped:
+                # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on): where the
+                # pipelines chosen hold layer l on one node and none of those stages sits there, its
+                # ring crosses nodes, whatever the split (32-64-device seed 3: 1 Gb/s between nodes).
+                crossing = 0.0
+                for layer in range(min(stages, self.layers)):
+                    known = holders[layer]
+                    if len(known) == 1 and layer_grad[layer] > crossing and not any(
+                            self.class_node[c] in known for c in classes[:layer + 1]):
+                        crossing = layer_grad[layer]
+                if crossing and max(worst, completion[stages][state][n_left]) + opt + max(
+                        ring, self.relaxation.ring_time(crossing, len(chosen) + 1, inter)) \
+                        >= best[0] * (1 - PRUNE_TOLERANCE):
+                    return
             if regular[0] and last is not None and stages == last[0]:
                 filled[0] += 1
             if stages and (last is not None or stages > searched[0]):
@@ -953,12 +972,16 @@ class ExactSearch:
                 nodes = [self.class_node[c] for c in classes]
                 repeats = tuple(nodes) < last_nodes  # a key equal to `last` would repeat a plan
                 candidates = []  # every split and micro-batch count that may beat the incumbent, by bound
-                for bounds in self.splits[stages]:
-                    limit = best[0] * (1 - PRUNE_TOLERANCE)
-                    if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
-                        stats["complete"] = False
-                        return
-                    priced = self.price(seq, shape, bounds, limit)
+                splits = by_shape.get(shape)
+                if splits is None:  # each split of this shape priced once (the same wherever it is placed)
+                    splits = []
+                    for bounds in self.splits[stages]:
+                        if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
+                            stats["complete"] = False
+                            return
+                        splits.append((bounds, self.price(seq, shape, bounds, best[0] * (1 - PRUNE_TOLERANCE))))
+                    by_shape[shape] = splits
+                for bounds, priced in splits:
                     for m, time_s, optimizer_s in priced.times:
                         if m > n_left:
                             break
@@ -1011,12 +1034,15 @@ class ExactSearch:
                     continue
                 group = pool[taken[c]]
                 taken[c] += 1
-                touched[self.class_node[c]] += 1
+                node = self.class_node[c]
+                opened[self.family_of[node]] += not touched[node]
+                touched[node] += 1
                 before = filled[0]
                 grow(classes + [c], seq + [group], n_left, g_left, state, after - self.class_stride[c], worst, opt,
                      grad, last, last_nodes, ring)
                 taken[c] -= 1
-                touched[self.class_node[c]] -= 1
+                touched[node] -= 1
+                opened[self.family_of[node]] -= not touched[node]
                 if copy and filled[0] > before:
                     return  # the lowest nodes that fit: stages of equal layers pile into nodes in order
 
