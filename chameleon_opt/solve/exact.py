@@ -884,7 +884,7 @@ class ExactSearch:
                 best[0], best[1] = relieved[1].iteration_time_s, relieved[0]
                 stats["met"] = floor >= best[0] * (1 - PRUNE_TOLERANCE)
 
-        def ring_floor(pipelines: int, grad_bytes: float, nodes: list[int], bounds: tuple[int, ...]) -> float:
+        def ring_floor(pipelines: int, grad_bytes: float, nodes: tuple[int, ...], bounds: tuple[int, ...]) -> float:
             """A floor on the gradient all-reduce once the candidate (its stages' `nodes`, `bounds`)
             joins: every slot reduces its layers over at least `pipelines` replicas, and a layer whose
             holders already sit on two nodes rings over the inter-node link (groups only add)."""
@@ -902,7 +902,7 @@ class ExactSearch:
             most = max(most, max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(nodes))))
             return max(self.relaxation.ring_time(most, pipelines, inter), self.ring_bound(pipelines, grad_bytes))
 
-        def hold(nodes: list[int], bounds: tuple[int, ...], step: int) -> None:
+        def hold(nodes: tuple[int, ...], bounds: tuple[int, ...], step: int) -> None:
             for s, node in enumerate(nodes):
                 for layer in range(bounds[s], bounds[s + 1]):
                     holders[layer][node] += step
@@ -932,12 +932,13 @@ class ExactSearch:
                 return
             if last is not None and reach[last[0], last[1]][g_left] < n_left:
                 return  # the pipelines allowed after `last` cannot run what is left
-            grow([], [], n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring)
+            grow([], [], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring)
 
-        def grow(classes: list[int], seq: list[tuple[int, ...]], n_left: int, g_left: int, state: int, after: int,
-                 worst: float, opt: float, grad: float, last: tuple | None, last_nodes: tuple[int, ...],
-                 ring: float) -> None:
-            """`state`: the groups of each kind left before this pipeline, `after`: once its stages
+        def grow(classes: list[int], seq: list[tuple[int, ...]], shape: tuple[tuple[str, ...], tuple[bool, ...]],
+                 nodes: tuple[int, ...], n_left: int, g_left: int, state: int, after: int, worst: float, opt: float,
+                 grad: float, last: tuple | None, last_nodes: tuple[int, ...], ring: float) -> None:
+            """`shape`, `nodes`: the pipeline's so far (its stages' device types and node changes, their
+            nodes); `state`: the groups of each kind left before this pipeline, `after`: once its stages
             so far are taken. Pipelines of equal keys come with non-decreasing node tuples: swapping
             two of them and renaming the nodes by first use gives the same plan with a smaller tuple
             first, so the lexicographically least such sequence, which every plan has, obeys both
@@ -966,11 +967,8 @@ class ExactSearch:
             if regular[0] and last is not None and stages == last[0]:
                 filled[0] += 1
             if stages and (last is not None or stages > searched[0]):
-                shape = (tuple(self.class_type[c] for c in classes),
-                         tuple(self.class_node[a] != self.class_node[b] for a, b in zip(classes, classes[1:])))
                 pipelines = len(chosen) + 1
-                nodes = [self.class_node[c] for c in classes]
-                repeats = tuple(nodes) < last_nodes  # a key equal to `last` would repeat a plan
+                repeats = nodes < last_nodes  # a key equal to `last` would repeat a plan
                 candidates = []  # every split and micro-batch count that may beat the incumbent, by bound
                 splits = by_shape.get(shape)
                 if splits is None:  # each split of this shape priced once (the same wherever it is placed)
@@ -1013,8 +1011,7 @@ class ExactSearch:
                     _, m, _, bounds = key
                     chosen.append((tuple(seq), bounds, m))
                     hold(nodes, bounds, 1)
-                    master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key, tuple(nodes),
-                           new_ring)
+                    master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key, nodes, new_ring)
                     hold(nodes, bounds, -1)
                     chosen.pop()
             if stages >= min(cap[0], g_left) or (last is not None and stages >= last[0]):
@@ -1038,8 +1035,9 @@ class ExactSearch:
                 opened[self.family_of[node]] += not touched[node]
                 touched[node] += 1
                 before = filled[0]
-                grow(classes + [c], seq + [group], n_left, g_left, state, after - self.class_stride[c], worst, opt,
-                     grad, last, last_nodes, ring)
+                grow(classes + [c], seq + [group], (shape[0] + (self.class_type[c],), shape[1] + (
+                    (node != nodes[-1],) if stages else ())), nodes + (node,), n_left, g_left, state,
+                    after - self.class_stride[c], worst, opt, grad, last, last_nodes, ring)
                 taken[c] -= 1
                 touched[node] -= 1
                 opened[self.family_of[node]] -= not touched[node]
