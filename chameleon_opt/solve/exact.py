@@ -690,7 +690,10 @@ class ExactSearch:
         families: dict[tuple, list[int]] = {}
         for node in sorted(composition):
             families.setdefault(tuple(sorted(composition[node].items())), []).append(node)
-        self.family = {node: members for members in families.values() for node in members}
+        # a node's family and its rank there (`solve`: a family's untouched nodes are taken in rank order)
+        self.family_of = {node: f for f, members in enumerate(families.values()) for node in members}
+        self.family_rank = {node: rank for members in families.values() for rank, node in enumerate(members)}
+        self.families = len(families)
         self.most_per_node = max(sum(counts.values()) for counts in composition.values())
         speed = {name: sum(model.stage_times(self.pools[c][0], 0, self.layers)[:2])
                  for c, name in enumerate(self.class_type)}
@@ -759,14 +762,25 @@ class ExactSearch:
                 # some layer's P holders span nodes, and its slot's ring takes the inter-node link with
                 # at least that layer's bytes (`spanning`), or every layer's holders share a node, which
                 # then holds a stage of every pipeline, so no pipeline runs more than most - P + 1 of
-                # its stages in one node (`columns`: the times with those crossings).
+                # its stages in one node (`columns`: the times with those crossings), and every stage
+                # sits in a node of at least P groups (each holds a layer whose P holders share its
+                # node): the plan runs on those nodes' groups alone (8-24-device seed 53: 8 one-stage
+                # pipelines fit only the one node of 8, 12.4584 -> 12.4906, the optimum).
                 spanning = max(coupled[self.root] if coupled is not None else 0.0,
                                counted(p, refine, relaxation.ring_time(min(grad), p, self.model.inter)))
                 narrow = relaxation.coupled(p, refine, self.most_per_node - p + 1)
-                columns = narrow[self.root] if narrow is not None else 0.0
+                columns = narrow[self.wide_state(p)] if narrow is not None else 0.0
                 value = max(value, min(spanning, columns))
             floor = min(floor, value)
         return floor
+
+    def wide_state(self, pipelines: int) -> int:
+        """The relaxation's state of the groups in nodes that hold at least `pipelines` groups."""
+        per_node = Counter()
+        for c, node in enumerate(self.class_node):
+            per_node[node] += self.counts[c]
+        return sum(self.class_stride[c] * self.counts[c] for c, node in enumerate(self.class_node)
+                   if per_node[node] >= pipelines)
 
     @staticmethod
     def split_count(layers: int, longest: int) -> int:
@@ -836,21 +850,28 @@ class ExactSearch:
         return self.prices[key]
 
     # -- master ----------------------------------------------------------------------------------
-    def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000) -> ExactOutcome:
+    def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000,
+              floor: float | None = None) -> ExactOutcome:
         """Depth-first over pipelines in non-increasing key order (stages, micro-batches, shape,
         boundaries: a multiset, not a sequence), each pipeline grown stage by stage from the groups
         left, the first untouched node of a family standing for all of them. Runs with pipelines of
         at most 1, 2, ... stages come first, within SHORT_SHARE of the time: their trees are small
         and often hold the best plans, which then cut the whole tree (depth first, long first
-        pipelines hold most of it)."""
+        pipelines hold most of it). `floor` (default `self.floor()`): a lower bound on every plan
+        on these groups; once a plan meets it (PRUNE_TOLERANCE) every node left would be cut, so the
+        search stops there, complete (the tree's own bounds are weaker: seeds 28 and 43 of the
+        8-24-device brute force found the floor's plan early, then spent the whole deadline)."""
         lower, capped, completion = self.relaxation.lower, self.relaxation.capped, self.relaxation.completion
         reach = self.reach_table(lower, incumbent)  # the incumbent only falls: items only drop out
-        grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
+        layer_grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
         inter = self.model.inter
         holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
         best: list = [incumbent, None]
-        stats = {"leaves": 0, "nodes": 0, "complete": True}
+        floor = self.floor() if floor is None else floor
+        stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
         window, cap = [deadline], [self.longest]  # the current run's deadline and longest pipeline
+        searched = [0]  # plans whose longest pipeline has at most this many stages: exhausted by a capped run
+        by_shape: dict[tuple, list[tuple[tuple[int, ...], Priced]]] = {}  # a shape's splits with their prices
         regular = [False]  # the current run copies the first pipeline's shape and split (`copy` below)
         filled = [0]  # pipelines a regular run completed (at full length), to stop at the first placement
         taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
@@ -864,8 +885,9 @@ class ExactSearch:
             relieved = choose_reliefs(self.model, plan)
             if relieved is not None and relieved[1].iteration_time_s < best[0]:
                 best[0], best[1] = relieved[1].iteration_time_s, relieved[0]
+                stats["met"] = floor >= best[0] * (1 - PRUNE_TOLERANCE)
 
-        def ring_floor(pipelines: int, grad_bytes: float, nodes: list[int], bounds: tuple[int, ...]) -> float:
+        def ring_floor(pipelines: int, grad_bytes: float, nodes: tuple[int, ...], bounds: tuple[int, ...]) -> float:
             """A floor on the gradient all-reduce once the candidate (its stages' `nodes`, `bounds`)
             joins: every slot reduces its layers over at least `pipelines` replicas, and a layer whose
             holders already sit on two nodes rings over the inter-node link (groups only add)."""
@@ -875,7 +897,7 @@ class ExactSearch:
             for s, node in enumerate(nodes):
                 for layer in range(bounds[s], bounds[s + 1]):
                     known = holders[layer]
-                    spanning.append(spanning[-1] + (grad[layer] if len(known) > 1 or (known and node not in known)
+                    spanning.append(spanning[-1] + (layer_grad[layer] if len(known) > 1 or (known and node not in known)
                                                     else 0.0))
             most = 0.0
             for seq, b, _ in chosen:
@@ -883,62 +905,84 @@ class ExactSearch:
             most = max(most, max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(nodes))))
             return max(self.relaxation.ring_time(most, pipelines, inter), self.ring_bound(pipelines, grad_bytes))
 
-        def hold(nodes: list[int], bounds: tuple[int, ...], step: int) -> None:
+        def hold(nodes: tuple[int, ...], bounds: tuple[int, ...], step: int) -> None:
             for s, node in enumerate(nodes):
                 for layer in range(bounds[s], bounds[s + 1]):
                     holders[layer][node] += step
                     if not holders[layer][node]:
                         del holders[layer][node]
 
+        opened = [0] * self.families  # per family: its nodes in use, always its first ones (`allowed`)
+
         def allowed(c: int) -> bool:
-            """Symmetry: a node no group uses yet may be taken only as its family's first such node."""
+            """Symmetry: a node no group uses yet may be taken only as its family's first such node
+            (the nodes in use in a family are then always its first ones, by rank)."""
             node = self.class_node[c]
-            if touched[node]:
-                return True
-            return all(touched[other] for other in self.family[node] if other < node)
+            return touched[node] > 0 or self.family_rank[node] == opened[self.family_of[node]]
 
         def master(n_left: int, g_left: int, state: int, worst: float, opt: float, grad: float,
-                   last: tuple | None, last_nodes: tuple[int, ...]) -> None:
-            """`last`, `last_nodes`: the previous pipeline's key and the nodes of its stages."""
+                   last: tuple | None, last_nodes: tuple[int, ...], ring: float) -> None:
+            """`last`, `last_nodes`: the previous pipeline's key and the nodes of its stages; `ring`:
+            a floor on the gradient all-reduce of every completion (`ring_floor` of the pipelines
+            chosen, with one more to come)."""
             if n_left == 0:
                 leaf()
                 return
+            if stats["met"]:
+                return  # the incumbent meets the floor: every node left would be cut
             if stats["leaves"] >= leaf_budget or window[0].expired():
                 stats["complete"] = False
                 return
             if last is not None and reach[last[0], last[1]][g_left] < n_left:
                 return  # the pipelines allowed after `last` cannot run what is left
-            grow([], [], n_left, g_left, state, state, worst, opt, grad, last, last_nodes)
+            grow([], [], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring)
 
-        def grow(classes: list[int], seq: list[tuple[int, ...]], n_left: int, g_left: int, state: int, after: int,
-                 worst: float, opt: float, grad: float, last: tuple | None, last_nodes: tuple[int, ...]) -> None:
-            """`state`: the groups of each kind left before this pipeline, `after`: once its stages
+        def grow(classes: list[int], seq: list[tuple[int, ...]], shape: tuple[tuple[str, ...], tuple[bool, ...]],
+                 nodes: tuple[int, ...], n_left: int, g_left: int, state: int, after: int, worst: float, opt: float,
+                 grad: float, last: tuple | None, last_nodes: tuple[int, ...], ring: float) -> None:
+            """`shape`, `nodes`: the pipeline's so far (its stages' device types and node changes, their
+            nodes); `state`: the groups of each kind left before this pipeline, `after`: once its stages
             so far are taken. Pipelines of equal keys come with non-decreasing node tuples: swapping
             two of them and renaming the nodes by first use gives the same plan with a smaller tuple
             first, so the lexicographically least such sequence, which every plan has, obeys both
             this and the family rule (`allowed`)."""
-            if not stats["complete"]:
+            if not stats["complete"] or stats["met"]:
                 return
             stats["nodes"] += 1
             if stats["nodes"] % 512 == 0 and window[0].expired():
                 stats["complete"] = False
                 return
             stages = len(classes)
+            if stages and chosen and not self.overlapped:
+                # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on): where the
+                # pipelines chosen hold layer l on one node and none of those stages sits there, its
+                # ring crosses nodes, whatever the split (32-64-device seed 3: 1 Gb/s between nodes).
+                crossing = 0.0
+                for layer in range(min(stages, self.layers)):
+                    known = holders[layer]
+                    if len(known) == 1 and layer_grad[layer] > crossing and not any(
+                            self.class_node[c] in known for c in classes[:layer + 1]):
+                        crossing = layer_grad[layer]
+                if crossing and max(worst, completion[stages][state][n_left]) + opt + max(
+                        ring, self.relaxation.ring_time(crossing, len(chosen) + 1, inter)) \
+                        >= best[0] * (1 - PRUNE_TOLERANCE):
+                    return
             if regular[0] and last is not None and stages == last[0]:
                 filled[0] += 1
-            if stages:
-                shape = (tuple(self.class_type[c] for c in classes),
-                         tuple(self.class_node[a] != self.class_node[b] for a, b in zip(classes, classes[1:])))
+            if stages and (last is not None or stages > searched[0]):
                 pipelines = len(chosen) + 1
-                nodes = [self.class_node[c] for c in classes]
-                repeats = tuple(nodes) < last_nodes  # a key equal to `last` would repeat a plan
+                repeats = nodes < last_nodes  # a key equal to `last` would repeat a plan
                 candidates = []  # every split and micro-batch count that may beat the incumbent, by bound
-                for bounds in self.splits[stages]:
-                    limit = best[0] * (1 - PRUNE_TOLERANCE)
-                    if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
-                        stats["complete"] = False
-                        return
-                    priced = self.price(seq, shape, bounds, limit)
+                splits = by_shape.get(shape)
+                if splits is None:  # each split of this shape priced once (the same wherever it is placed)
+                    splits = []
+                    for bounds in self.splits[stages]:
+                        if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
+                            stats["complete"] = False
+                            return
+                        splits.append((bounds, self.price(seq, shape, bounds, best[0] * (1 - PRUNE_TOLERANCE))))
+                    by_shape[shape] = splits
+                for bounds, priced in splits:
                     for m, time_s, optimizer_s in priced.times:
                         if m > n_left:
                             break
@@ -958,25 +1002,25 @@ class ExactSearch:
                         if rest and reach[stages, m][g_left - stages] < rest:
                             continue  # key order: what follows runs at most this much
                         value = max(new_worst, capped[stages][after][rest]) + new_opt  # later: <= stages
-                        if value >= best[0] * (1 - PRUNE_TOLERANCE):
+                        if value + ring >= best[0] * (1 - PRUNE_TOLERANCE):
                             continue
-                        value += ring_floor(pipelines + (1 if rest else 0), new_grad, nodes, bounds)
-                        if value < best[0] * (1 - PRUNE_TOLERANCE):
-                            candidates.append((value, key, new_worst, new_opt, new_grad))
+                        new_ring = ring_floor(pipelines + (1 if rest else 0), new_grad, nodes, bounds)
+                        if value + new_ring < best[0] * (1 - PRUNE_TOLERANCE):
+                            candidates.append((value + new_ring, key, new_worst, new_opt, new_grad, new_ring))
                 candidates.sort()  # the most promising first: good plans early, and the rest cut by them
-                for value, key, new_worst, new_opt, new_grad in candidates:
+                for value, key, new_worst, new_opt, new_grad, new_ring in candidates:
                     if value >= best[0] * (1 - PRUNE_TOLERANCE):
                         break
                     _, m, _, bounds = key
                     chosen.append((tuple(seq), bounds, m))
                     hold(nodes, bounds, 1)
-                    master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key, tuple(nodes))
+                    master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key, nodes, new_ring)
                     hold(nodes, bounds, -1)
                     chosen.pop()
             if stages >= min(cap[0], g_left) or (last is not None and stages >= last[0]):
                 return
-            if max(worst, completion[stages + 1][state][n_left]) + opt >= best[0] * (1 - PRUNE_TOLERANCE):
-                return  # no longer pipeline (with the rest) can beat the incumbent
+            if max(worst, completion[stages + 1][state][n_left]) + opt + ring >= best[0] * (1 - PRUNE_TOLERANCE):
+                return  # no longer pipeline (with the rest and the rings so far) can beat the incumbent
             copy = regular[0] and last is not None  # a regular run: the first pipeline's shape, greedily placed
             order = self.order
             if copy:  # the first pipeline's type at this stage, else one that dominates it (stands in)
@@ -990,12 +1034,16 @@ class ExactSearch:
                     continue
                 group = pool[taken[c]]
                 taken[c] += 1
-                touched[self.class_node[c]] += 1
+                node = self.class_node[c]
+                opened[self.family_of[node]] += not touched[node]
+                touched[node] += 1
                 before = filled[0]
-                grow(classes + [c], seq + [group], n_left, g_left, state, after - self.class_stride[c], worst, opt,
-                     grad, last, last_nodes)
+                grow(classes + [c], seq + [group], (shape[0] + (self.class_type[c],), shape[1] + (
+                    (node != nodes[-1],) if stages else ())), nodes + (node,), n_left, g_left, state,
+                    after - self.class_stride[c], worst, opt, grad, last, last_nodes, ring)
                 taken[c] -= 1
-                touched[self.class_node[c]] -= 1
+                touched[node] -= 1
+                opened[self.family_of[node]] -= not touched[node]
                 if copy and filled[0] > before:
                     return  # the lowest nodes that fit: stages of equal layers pile into nodes in order
 
@@ -1006,19 +1054,23 @@ class ExactSearch:
         # replicas into few nodes (intra-node rings, which the placement-blind relaxation cannot see);
         # only an incumbent, never a proof.
         window[0], regular[0] = deadline.share(REGULAR_SHARE), True
-        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
+        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0)
         regular[0] = False
         for short in range(1, self.longest):
             if deadline.expired():
                 break
             window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
-            master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
+            master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0)
+            if stats["complete"]:  # later runs take only first (longest) pipelines of more stages
+                searched[0] = short
         window[0], cap[0], stats["complete"] = deadline, self.longest, True
-        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, ())
+        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0)
+        complete = stats["complete"] or stats["met"]
         reason = (f"branch and bound over {len(self.prices)} priced pipeline shapes, {stats['nodes']} nodes, "
-                  f"{stats['leaves']} plans evaluated" + ("" if stats["complete"] else " (stopped early)"))
-        return ExactOutcome(best[1], best[0], stats["complete"], len(self.prices), stats["leaves"], reason,
-                            self.floor())
+                  f"{stats['leaves']} plans evaluated" + ("" if complete else " (stopped early)")
+                  + ("; a plan met the relaxation's floor" if stats["met"] else ""))
+        return ExactOutcome(best[1], best[0], complete, len(self.prices), stats["leaves"], reason,
+                            max(floor, self.floor()))
 
 
 @dataclass(frozen=True)
@@ -1073,7 +1125,9 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
     for _ in range(2):  # a second pass resumes the inventories stopped early, with the better incumbent
         stopped = []
         for k, index in enumerate(pending):  # each gets an even share of what is left
-            outcome = searches[index].solve(objective, deadline.share(1 / (len(pending) - k)))
+            if floors[index] >= objective * (1 - PRUNE_TOLERANCE):
+                continue  # a plan found on another inventory meets this one's floor: nothing here beats it
+            outcome = searches[index].solve(objective, deadline.share(1 / (len(pending) - k)), floor=floors[index])
             leaves, reason = leaves + outcome.leaves, outcome.reason
             floors[index] = max(floors[index], outcome.bound)
             if outcome.plan is not None:
