@@ -260,7 +260,7 @@ class _Space:
         # Per layer, the least optimizer step any group and relief gives it (the step is additive in
         # layers); over k-stage splits, the least possible largest stage (bytes, optimizer step).
         reps = {t: g for (n, t), g in self.rep.items()}
-        self.layer_optimizer = [min((model.optimizer_time(g, layer, layer + 1, r, self.total_groups)
+        self.layer_optimizer = [min((model.optimizer_time(g, layer, layer + 1, r)
                                      for g in reps.values() for r in self.relief_choices), default=0.0)
                                 for layer in range(self.layers)]
         self.bytes_floor = _bottlenecks(self.grad_bytes)
@@ -409,8 +409,8 @@ class _Space:
                             if key not in times:
                                 f, bw, _, _ = model.stage_times(reps[t], a, b, r)
                                 times[key] = (f, bw)
-                                # ZeRO >= 1: the step shrinks with the replicas, at most one per group
-                                optimizer[key] = model.optimizer_time(reps[t], a, b, r, self.total_groups)
+                                # unsharded: under ZeRO >= 1 the search divides by the plan's shards
+                                optimizer[key] = model.optimizer_time(reps[t], a, b, r)
                             fwd.append(times[key][0])
                             bwd.append(times[key][1])
                             opt = max(opt, optimizer[key])
@@ -525,8 +525,10 @@ class _Search:
         # The model's gradient ring (PerfModel.slot_reduce_times): the reduce-scatter half alone when the
         # parameter all-gather overlaps the next forward; under ZeRO-3 the gradients were reduce-scattered
         # inside the backward, so no bound is taken from the ring (every plan is priced by the model).
-        # ZeRO >= 1 prices the optimizer step per plan (its shards follow the replica count): bounds only
-        self.exact_reduce = not self.model.options.overlap_grad_reduce and self.model.zero_stage == 0
+        self.ring_bound = not self.model.options.overlap_grad_reduce and self.model.zero_stage < 3
+        # ZeRO >= 1 steps the optimizer per shard, and its shards follow the plan's replica count: the
+        # shapes' steps (priced at the most replicas) are then bounds only, and plans are priced by the model
+        self.exact_reduce = self.ring_bound and self.model.zero_stage == 0
         self.ring = ring_allgather_time if self.model.overlap_param_gather else ring_allreduce_time
         self.memory_known = self.model.zero_stage == 0
         self.intra, self.inter = self.model.intra, self.model.inter
@@ -561,7 +563,7 @@ class _Search:
         must have that many groups left), else the faster of both links is all we know. And the max over
         fixed slots is at most the max over all slots. With overlapped reduction the exposed time is
         only known to be >= 0."""
-        if not self.exact_reduce:
+        if not self.ring_bound:
             return 0.0, True
         future = self._future(i, left)
         n = len(self.fixed) + future
@@ -603,7 +605,7 @@ class _Search:
         if k == 0:
             return math.inf, math.inf
         optimizer = self.space.optimizer_floor[k]
-        if not self.exact_reduce:
+        if not self.ring_bound:
             return optimizer, 0.0
         n = len(self.fixed) + future
         nbytes = self.space.bytes_floor[k]
@@ -619,11 +621,19 @@ class _Search:
         return max(fixed, self.optimizer_min[i]) if left else fixed
 
     def _parts(self, i: int, left: int) -> tuple[float, float]:
-        """(optimizer bound, all-reduce bound) of every completion of the fixed pipelines."""
+        """(optimizer bound, all-reduce bound) of every completion of the fixed pipelines. The
+        shapes' optimizer steps are unsharded; under ZeRO >= 1 every layer ends with one replica per
+        pipeline, at most the fixed ones plus one per micro-batch and group left, and the step
+        divides by that many replicas' shard group at most (exact once nothing is left)."""
         reduce, local = self._reduce_bound(i, left)
         optimizer = self._optimizer_bound(i, left)
         future_optimizer, future_reduce = self._future_bound(i, left, local)
-        return max(optimizer, future_optimizer), max(reduce, future_reduce)
+        return max(optimizer, future_optimizer) / self._shards(left), max(reduce, future_reduce)
+
+    def _shards(self, left: int) -> float:
+        """The most any completion's optimizer step is divided by (ZeRO's shard group of the most
+        pipelines it can have: one more per micro-batch and group left; 1 without ZeRO)."""
+        return self.model.optimizer_shards(len(self.fixed) + min(left, self._groups_left()))
 
     def _bound(self, i: int, left: int) -> float:
         """Step of every completion >= the slowest pipeline (the first, by the order) + the optimizer
@@ -818,7 +828,7 @@ class _Search:
             return
         last = self.fixed[-1]
         optimizer, reduce = self._parts(i, left)
-        base = self.fixed[0].shape.time + reduce
+        base, shards = self.fixed[0].shape.time + reduce, self._shards(left)  # no child has more shards
         for (m, stages, counts), positions in self.buckets.items():
             if m > left or (self.bounded and not self._coverable(i, left - m, stages, counts)):
                 continue  # no shape of this bucket fits and leaves a coverable rest
@@ -826,7 +836,7 @@ class _Search:
                 if self.bounded and not self._coverable(p, left - m, stages, counts):
                     break  # nor at any later position
                 shape = self.order[p]
-                if self._prunes(base + max(optimizer, shape.optimizer)):
+                if self._prunes(base + max(optimizer, shape.optimizer / shards)):
                     continue  # its optimizer step alone closes the gap (the bound only grows)
                 floor = last.nodes if shape is last.shape else None
                 tuples = self._node_tuples(shape, floor)
