@@ -14,8 +14,8 @@
    predictions. Target: within 15%.
 
 3. The published tables (../shared/data/published: Megatron-LM, llm-foundry, DeepSpeed, NeMo), each
-   row an instance (chameleon_opt/perf/published.py; rows with fp8, context parallelism, MoE, CPU
-   offload or an unknown GPU refused and counted by reason). Before: the catalogue's FLOP
+   row an instance (chameleon_opt/perf/published.py; rows with context parallelism, MoE, CPU
+   offload, LoRA or an unknown GPU refused and counted by reason). Before: the catalogue's FLOP
    efficiencies. After: per-die compute efficiency (A100 40/80 GB one die) and one memory-traffic
    efficiency fitted leave-one-family-out (every family predicted from a fit on the others only);
    flash-attention kernels at their published utilisation (published.ATTENTION_UTILISATION), FSDP's
@@ -25,6 +25,8 @@
    are priced from the others' fit and fitted into none (REPORT_ONLY_FAMILIES). Per-source and
    per-family error tables, the stated memory peaks, and a predicted-vs-measured plot
    (validate_perf_published.png).
+   fp8 rows (perf/fp8.py) in no bf16 fit: the fp8 GEMM ratio fitted on one source's fp8 rows and
+   reported on the others' (validate_perf_fp8.json; a section of validate_perf_published.md).
 
 Writes bench/out/validate_perf.{json,md,png} and prints the tables.
 Run: python bench/validate_perf.py [--sailor-dir ../shared/data/sailor] [--published-dir
