@@ -18,6 +18,8 @@ kernel itself, so a cast reads the bf16 tensor once (2 bytes) and writes the fp8
 transpose (1 + 1 bytes: Hopper's fp8 GEMMs take only the TN layout, and TE's cast-transpose writes
 both): CAST_BYTES_PER_ELEMENT = 4. Dynamic (tensorwise, rowwise) scaling reads the tensor once more
 for its amax first; it is not modelled (no held-out row can check it) and the schema refuses it.
+Memory: activations as in bf16 (assumed: which fp8 copies a TE version saves differs, and no published
+fp8 row states a peak), plus the cached fp8 weights where they are kept across micro-batches.
 """
 
 from __future__ import annotations
