@@ -14,8 +14,8 @@
    predictions. Target: within 15%.
 
 3. The published tables (../shared/data/published: Megatron-LM, llm-foundry, DeepSpeed, NeMo), each
-   row an instance (chameleon_opt/perf/published.py; rows with fp8, context parallelism, MoE, CPU
-   offload or an unknown GPU refused and counted by reason). Before: the catalogue's FLOP
+   row an instance (chameleon_opt/perf/published.py; rows with context parallelism, MoE, CPU
+   offload, LoRA or an unknown GPU refused and counted by reason). Before: the catalogue's FLOP
    efficiencies. After: per-die compute efficiency (A100 40/80 GB one die) and one memory-traffic
    efficiency fitted leave-one-family-out (every family predicted from a fit on the others only);
    flash-attention kernels at their published utilisation (published.ATTENTION_UTILISATION), FSDP's
@@ -25,6 +25,8 @@
    are priced from the others' fit and fitted into none (REPORT_ONLY_FAMILIES). Per-source and
    per-family error tables, the stated memory peaks, and a predicted-vs-measured plot
    (validate_perf_published.png).
+   fp8 rows (perf/fp8.py) in no bf16 fit: the fp8 GEMM ratio fitted on one source's fp8 rows and
+   reported on the others' (validate_perf_fp8.json; a section of validate_perf_published.md).
 
 Writes bench/out/validate_perf.{json,md,png} and prints the tables.
 Run: python bench/validate_perf.py [--sailor-dir ../shared/data/sailor] [--published-dir
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -412,6 +415,116 @@ def published_validation(runs: list, refused: dict[str, int], terms: dict, inter
             "report_only": list(REPORT_ONLY_FAMILIES)}
 
 
+def fp8_terms(run, fit, interference: float) -> tuple[float, float]:
+    """(A, B) with the run's step time = A + B / ratio, ratio the fp8 GEMM efficiency as a share of the
+    bf16 one (perf/fp8.py): evaluated at ratio 1 and 1/2, exact while the bottleneck stays the same."""
+    from chameleon_opt.perf.published import predict_calibrated
+    x = interference if sharded(run) else None
+    at_one, at_half = (predict_calibrated(run, fit.compute[run.gpu], fit.memory_efficiency, x, ratio)
+                       for ratio in (1.0, 0.5))
+    return 2.0 * at_one - at_half, at_half - at_one
+
+
+def fit_fp8_ratio(runs: list, terms: dict[str, tuple[float, float]]) -> float:
+    """The ratio minimising the squared relative step-time errors of `runs` (closed form in 1 / ratio)."""
+    a = np.array([terms[r.id][0] / r.measured_step_s for r in runs])
+    b = np.array([terms[r.id][1] / r.measured_step_s for r in runs])
+    return float(1.0 / ((b * (1.0 - a)).sum() / (b * b).sum()))
+
+
+def fp8_validation(bf16_runs: list, fp8_runs: list, refused: dict[str, int], interference: float,
+                   torchtitan_refused: dict[str, str]) -> dict:
+    """fp8 rows, leave-one-source-out: the bf16 efficiencies fitted on every bf16 family but the fp8
+    row's own stack's (llm-foundry's fp8 rows without llm-foundry's bf16 rows), the fp8 GEMM ratio fitted
+    on ONE source's fp8 rows and reported on every other source's. Also each source's own fit (in
+    sample, for reference), the ratio-1 baseline (fp8 GEMMs as efficient as bf16 against the fp8 peak),
+    and the rows priced as if bf16 (what refusing them guarded against)."""
+    from chameleon_opt.perf.published import fit_efficiencies, predict_calibrated
+    sources = sorted({r.source for r in fp8_runs})
+    fits, terms = {}, {}
+    for r in fp8_runs:
+        own = r.family.removesuffix(" FP8")
+        if own not in fits:
+            fits[own] = fit_efficiencies(fitted_runs(bf16_runs, own), {b.id: step_terms_of(b) for b in bf16_runs})
+        terms[r.id] = fp8_terms(r, fits[own], interference)
+    ratios = {s: fit_fp8_ratio([r for r in fp8_runs if r.source == s], terms) for s in sources}
+    rows = []
+    for r in fp8_runs:
+        a, b = terms[r.id]
+        fit = fits[r.family.removesuffix(" FP8")]
+        bf16_doc = json.loads(json.dumps(r.document))
+        del bf16_doc["training"]["fp8"]
+        as_bf16 = predict_calibrated(replace(r, document=bf16_doc), fit.compute[r.gpu],
+                                     fit.memory_efficiency, interference if sharded(r) else None)
+        rows.append({"id": r.id, "source": r.source, "family": r.family, "label": r.label,
+                     "measured_s": r.measured_step_s, "as_bf16_error": as_bf16 / r.measured_step_s - 1,
+                     "ratio_one_error": (a + b) / r.measured_step_s - 1,
+                     **{f"error_fit_{s}": (a + b / ratios[s]) / r.measured_step_s - 1 for s in sources},
+                     "measured_mem_gib": r.measured_memory_gib})
+    table = []
+    for fitted in sources:
+        for s in sources:
+            errors = np.abs([row[f"error_fit_{fitted}"] for row in rows if row["source"] == s])
+            table.append({"fitted_on": fitted, "reported_on": s, "held_out": fitted != s, "n": len(errors),
+                          "ratio": ratios[fitted], "median": float(np.median(errors)), "worst": float(errors.max())})
+    baselines = []
+    for s in sources:
+        chosen = [row for row in rows if row["source"] == s]
+        baselines.append({"source": s, "n": len(chosen),
+                          **{f"{k}_{stat}": float(f(np.abs([row[k + '_error'] for row in chosen])))
+                             for k in ("ratio_one", "as_bf16") for stat, f in (("median", np.median), ("worst", np.max))}})
+    fp8_refused = {why: n for why, n in refused.items() if any(t in why for t in ("fp8", "FP8"))}
+    for row_id, why in torchtitan_refused.items():
+        if "float8" in why:
+            key = f"torchtitan: {why}"
+            fp8_refused[key] = fp8_refused.get(key, 0) + 1
+    return {"rows": rows, "ratios": ratios, "table": table, "baselines": baselines, "refused_fp8_rows": fp8_refused,
+            "bf16_fits": {k: {"compute": v.compute, "memory_efficiency": v.memory_efficiency,
+                              "fitted_on": list(v.fitted_on)} for k, v in fits.items()}}
+
+
+def step_terms_of(run):
+    """published.step_terms, remembered per run (every held-out stack's bf16 fit asks for all of them)."""
+    from chameleon_opt.perf.published import step_terms
+    if run.id not in _STEP_TERMS:
+        _STEP_TERMS[run.id] = step_terms(run)
+    return _STEP_TERMS[run.id]
+
+
+_STEP_TERMS: dict = {}
+
+
+def render_fp8(fp8: dict) -> list[str]:
+    """The fp8 section: the ratio fitted per source and its error on each source (markdown, also printed)."""
+    lines = ["## fp8 rows: the fp8 GEMM ratio fitted on one source, reported on the others", "",
+             "| fitted on | reported on | held out | n | ratio | median |error| | worst |error| |", "|---|---|---|---|---|---|---|"]
+    table = Table(title="fp8 rows: ratio fitted on one source, |error| on each")
+    for col in ("fitted on", "reported on", "held out", "n", "ratio", "median", "worst"):
+        table.add_column(col, justify="right")
+    for t in fp8["table"]:
+        cells = [t["fitted_on"], t["reported_on"], "yes" if t["held_out"] else "no (in sample)", str(t["n"]),
+                 f"{t['ratio']:.3f}", f"{100 * t['median']:.1f}%", f"{100 * t['worst']:.1f}%"]
+        table.add_row(*cells)
+        lines.append("| " + " | ".join(cells) + " |")
+    console.print(table)
+    lines += ["", "Baselines (no fp8 constant): ratio 1 (fp8 GEMMs at the bf16 efficiency against the fp8 peak); "
+              "priced as bf16 (what the model refuses to do):", ""]
+    for b in fp8["baselines"]:
+        lines.append(f"- {b['source']} (n {b['n']}): ratio 1 median {100 * b['ratio_one_median']:.1f}% worst "
+                     f"{100 * b['ratio_one_worst']:.1f}%; as bf16 median {100 * b['as_bf16_median']:.1f}% worst "
+                     f"{100 * b['as_bf16_worst']:.1f}%")
+    lines += ["", "Per row (error with each source's ratio):", ""]
+    for row in fp8["rows"]:
+        errors = ", ".join(f"{k.removeprefix('error_fit_')} {v:+.1%}" for k, v in row.items() if k.startswith("error_fit_"))
+        lines.append(f"- {row['id']} {row['label']}: {errors}; as bf16 {row['as_bf16_error']:+.1%}"
+                     + ("" if row["measured_mem_gib"] else "; memory not stated"))
+    lines += ["", "fp8 rows still refused:", ""] + [f"- {n} x {why}" for why, n in sorted(fp8["refused_fp8_rows"].items())]
+    for line in lines[lines.index("Baselines (no fp8 constant): ratio 1 (fp8 GEMMs at the bf16 efficiency against the fp8 peak); "
+                                  "priced as bf16 (what the model refuses to do):"):]:
+        console.print(line)
+    return lines + [""]
+
+
 def peak_gib(run) -> float:
     """The model's largest stage peak for a published run (the catalogue calibration: memory needs no fit)."""
     instance = build_instance(run.document, f"<{run.id}>")
@@ -533,10 +646,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.published_dir.is_dir():
         from chameleon_opt.perf.model import SHARDED_OVERLAP_INTERFERENCE
-        from chameleon_opt.perf.published import step_terms
+        from chameleon_opt.perf.published import is_fp8
         args.out.mkdir(parents=True, exist_ok=True)
         runs, refused = published_runs(args.published_dir)
-        terms = {r.id: step_terms(r) for r in runs}
+        fp8_runs = [r for r in runs if is_fp8(r)]
+        runs = [r for r in runs if not is_fp8(r)]  # fp8 rows: their own section, in no bf16 fit
+        terms = {r.id: step_terms_of(r) for r in runs}
         # The two FSDP families price each other: llm-foundry's fit prices torchtitan's runs, torchtitan's
         # (the model's SHARDED_OVERLAP_INTERFERENCE) prices llm-foundry's.
         foundry = published_interference(runs, terms)
@@ -552,6 +667,9 @@ def main() -> None:
         published = published_validation(runs, refused, terms, torchtitan["fitted_interference"])
         args.out.mkdir(parents=True, exist_ok=True)
         lines = render_published(published, args.out)
+        fp8 = fp8_validation(runs, fp8_runs, refused, torchtitan["fitted_interference"], torchtitan["refused"])
+        lines += render_fp8(fp8)
+        (args.out / "validate_perf_fp8.json").write_text(json.dumps(fp8, indent=1))
         (args.out / "validate_perf_published.md").write_text("\n".join(lines) + "\n")
         (args.out / "validate_perf_published.json").write_text(json.dumps(published, indent=1))
     else:

@@ -115,7 +115,8 @@ def test_split_rules_are_megatrons_own():
     (["--pipeline-model-parallel-layout", "Et*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4L"], "--pipeline-model-parallel-layout"),
     (["--num-experts", "8"], "--num-experts"),
     (["--moe-router-topk", "2"], "--moe-router-topk"),
-    (["--fp8-format", "hybrid"], "--fp8-format"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"], "--fp8-recipe"),
+    (["--fp8-format", "hybrid", "--fp8-param-gather"], "--fp8-param-gather"),
     (["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "2"],
      "--recompute-num-layers"),
     (["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp"], "--recompute-modules"),
@@ -170,9 +171,10 @@ def test_launch_script_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("PP", "2")  # the environment is read for what the script does not set
     assert runner.invoke(app, ["import", "megatron", str(undefined)]).exit_code == 0
     fp8 = tmp_path / "fp8.sh"
-    fp8.write_text(SCRIPT.replace('DTYPE="bf16"', 'DTYPE="fp8"'))
+    fp8.write_text(SCRIPT.replace('DTYPE="bf16"', 'DTYPE="fp8"').replace("--fp8-format hybrid",
+                                                                        "--fp8-format hybrid --fp8-recipe mxfp8"))
     result = runner.invoke(app, ["import", "megatron", str(fp8)])
-    assert result.exit_code == 2 and "--fp8-format" in result.output
+    assert result.exit_code == 2 and "--fp8-recipe" in result.output
     no_vocab = tmp_path / "no_vocab.sh"
     no_vocab.write_text(SCRIPT.replace("--vocab-size 128256", "--tokenizer-type HuggingFaceTokenizer"))
     result = runner.invoke(app, ["import", "megatron", str(no_vocab)])
@@ -253,7 +255,7 @@ def test_launch_script_reads_megatrons_own_example_idioms(tmp_path):
     """What examples/llama/train_llama3_8b_h100_fp8.sh does (Megatron-LM, 2026): array elements
     quoted with their value ("--vocab-size 128256"), which the unquoted ${A[@]} splits again, a
     `[ ! -f "$PRETRAIN_SCRIPT_PATH" ]` guard that exits, and "$PRETRAIN_SCRIPT_PATH" as the
-    program. Quoted elements are read as bash passes them, so a quoted fp8 setting is refused
+    program. Quoted elements are read as bash passes them, so a quoted fp8 setting is read
     rather than lost; a script that trains another model (pretrain_bert.py) is refused."""
     idioms = SCRIPT.replace("    --vocab-size 128256 \\\n", "    ${DATA_ARGS[@]} \\\n").replace(
         "torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py", 'torchrun ${DISTRIBUTED_ARGS[@]} "$PRETRAIN_SCRIPT_PATH"'
@@ -267,10 +269,30 @@ def test_launch_script_reads_megatrons_own_example_idioms(tmp_path):
     assert "--vocab-size" in doc["trainer"]["arguments"]
     script.write_text(idioms.replace("TRAINING_ARGS+=(--fp8-format hybrid)", 'TRAINING_ARGS+=("--fp8-format hybrid")')
                       .replace('DTYPE="bf16"', 'DTYPE="fp8"'))
-    with pytest.raises(InputError) as err:
-        import_megatron([str(script)], ClusterOptions(), [])
-    assert err.value.field == "--fp8-format"
+    doc = import_megatron([str(script)], ClusterOptions(), [])  # the quoted element is split again, not lost
+    assert doc["training"]["fp8"] == {"recipe": "delayed", "weight_cast": "per_step"}
     script.write_text(idioms.replace('PRETRAIN_SCRIPT_PATH="pretrain_gpt.py"', 'PRETRAIN_SCRIPT_PATH="pretrain_bert.py"'))
     with pytest.raises(InputError) as err:
         import_megatron([str(script)], ClusterOptions(), [])
     assert err.value.field == "pretrain_bert.py" and err.value.exit_code == 2
+
+
+def test_fp8_format_imports_as_delayed_scaling_fp8_linears(tmp_path):
+    """--fp8-format hybrid (Megatron-LM's default --fp8-recipe delayed) is training.fp8 with the weights
+    cast once per step, named among the assumptions; the estimate prices it (faster than the bf16 job)."""
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.perf.model import PerfModel
+    script = tmp_path / "fp8.sh"
+    script.write_text(SCRIPT.replace('DTYPE="bf16"', 'DTYPE="fp8"'))
+    doc = import_megatron([str(script)], ClusterOptions(device_type="H100-80"), [])
+    assert doc["training"]["fp8"] == {"recipe": "delayed", "weight_cast": "per_step"}
+    assert any("--fp8-format hybrid" in line for line in doc["training"]["assumptions"])
+    bf16 = tmp_path / "bf16.sh"
+    bf16.write_text(SCRIPT)
+    plain = import_megatron([str(bf16)], ClusterOptions(device_type="H100-80"), [])
+    assert "fp8" not in plain["training"]
+    times = {}
+    for name, document in (("fp8", doc), ("bf16", plain)):
+        instance = build_instance(document, f"<{name}>")
+        times[name] = PerfModel(instance).evaluate(instance.plan).iteration_time_s
+    assert times["fp8"] < times["bf16"]

@@ -20,14 +20,33 @@ def rows() -> dict[str, dict]:
     return {r["id"]: r for r in load_rows(DATA)}
 
 
-def test_fp8_cp_and_moe_rows_are_refused_by_name(rows: dict[str, dict]) -> None:
+def test_cp_moe_and_lora_rows_are_refused_by_name(rows: dict[str, dict]) -> None:
     reasons = {}
-    for key in ("nemo-001", "megatron-038", "megatron-041"):
+    for key in ("megatron-038", "megatron-041", "nemo-016", "nemo-013"):
         with pytest.raises(Refused) as refused:
             to_run(rows[key])
         reasons[key] = str(refused.value)
-    assert "fp8" in reasons["nemo-001"] and "fp8" in reasons["megatron-038"]
-    assert "mixture of experts" in reasons["megatron-041"] or "fp8" not in reasons["megatron-041"]
+    assert "context parallelism" in reasons["megatron-038"]
+    assert "mixture of experts" in reasons["megatron-041"]
+    assert "LoRA" in reasons["nemo-016"] and "packed" in reasons["nemo-013"]
+
+
+def test_fp8_rows_carry_their_stacks_delayed_recipe(rows: dict[str, dict]) -> None:
+    """NeMo's (Megatron-core TE layers: weights cast once per step) and llm-foundry's amp_fp8 (cast every
+    forward); the NeMo long-sequence table's TFLOP/s back to seconds by Megatron 2024's model FLOPs."""
+    nemo, foundry = to_run(rows["nemo-005"]), to_run(rows["llmfoundry-073"])
+    assert nemo.document["training"]["fp8"] == {"recipe": "delayed", "weight_cast": "per_step"}
+    assert foundry.document["training"]["fp8"] == {"recipe": "delayed", "weight_cast": "per_micro_batch"}
+    assert nemo.family.endswith("FP8") and nemo.document["cluster"]["device_type"]["fp8_peak_tflops"] == 1979
+    long = to_run(rows["nemo-027"])  # LLAMA2-7B s4096, 4 GPUs, GBS 1024, 768 TFLOP/s per GPU
+    flops_per_token = 12 * 32 * 4096 ** 2 * (1 + 1 + 1 + 11008 / 4096 * 1.5 + 32000 / (2 * 32 * 4096))
+    assert long.measured_step_s == pytest.approx(1024 * 4096 * flops_per_token / (768e12 * 4), rel=1e-6)
+
+
+def test_fp8_row_on_a_gpu_without_fp8_tensor_cores_is_refused(rows: dict[str, dict]) -> None:
+    row = {**rows["llmfoundry-073"], "hardware": {**rows["llmfoundry-073"]["hardware"], "gpu": "NVIDIA A100 80GB"}}
+    with pytest.raises(Refused, match="no fp8 tensor cores"):
+        to_run(row)
 
 
 def test_megatron_2021_row_time_from_its_recompute_formula(rows: dict[str, dict]) -> None:

@@ -4,6 +4,8 @@ Peak: dense bf16/fp16 tensor-core TFLOP/s from the vendors' data sheets. Efficie
 fraction of peak a large transformer layer reaches. A100's 0.66 is calibrated on Megatron-LM's
 published GPT-3 175B runs (bench/validate_perf.py); the others are assumptions of the same order
 until a measurement calibrates them, and an instance may override any field.
+fp8 peak: dense FP8 tensor-core TFLOP/s, NVIDIA H100 SXM5 and H200 data sheets (3958 with 2:4 sparsity,
+1979 dense: twice bf16); GH200's Hopper die the same. Ampere, Volta and Turing have no fp8 tensor cores.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from chameleon_opt.instance.schema import DeviceType
 CATALOGUE: dict[str, DeviceType] = {d.name: d for d in [
     DeviceType(name="A100-40", memory_gib=40, peak_tflops=312, efficiency=0.66, memory_bandwidth_gbps=1555),
     DeviceType(name="A100-80", memory_gib=80, peak_tflops=312, efficiency=0.66, memory_bandwidth_gbps=2039),
-    DeviceType(name="H100-80", memory_gib=80, peak_tflops=989, efficiency=0.45, memory_bandwidth_gbps=3350),
-    DeviceType(name="H200-141", memory_gib=141, peak_tflops=989, efficiency=0.45, memory_bandwidth_gbps=4800),
-    DeviceType(name="GH-96", memory_gib=96, peak_tflops=989, efficiency=0.45, memory_bandwidth_gbps=4000),
+    DeviceType(name="H100-80", memory_gib=80, peak_tflops=989, fp8_peak_tflops=1979, efficiency=0.45, memory_bandwidth_gbps=3350),
+    DeviceType(name="H200-141", memory_gib=141, peak_tflops=989, fp8_peak_tflops=1979, efficiency=0.45, memory_bandwidth_gbps=4800),
+    DeviceType(name="GH-96", memory_gib=96, peak_tflops=989, fp8_peak_tflops=1979, efficiency=0.45, memory_bandwidth_gbps=4000),
     DeviceType(name="V100-16", memory_gib=16, peak_tflops=125, efficiency=0.45, memory_bandwidth_gbps=900),
     DeviceType(name="V100-32", memory_gib=32, peak_tflops=125, efficiency=0.45, memory_bandwidth_gbps=900),
     DeviceType(name="RTX-3090", memory_gib=24, peak_tflops=71, efficiency=0.5, memory_bandwidth_gbps=936),

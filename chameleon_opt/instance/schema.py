@@ -26,6 +26,9 @@ class DeviceType(Strict):
     name: str
     memory_gib: PositiveFloat
     peak_tflops: PositiveFloat = Field(description="dense bf16/fp16 peak, TFLOP/s")
+    fp8_peak_tflops: PositiveFloat | None = Field(
+        None, description="dense fp8 tensor-core peak, TFLOP/s (training.fp8 needs it); none: the device has no "
+        "fp8 tensor cores (A100, V100), so fp8 training on it is refused")
     efficiency: float = Field(0.5, gt=0, le=1, description="sustained fraction of peak on transformer layers")
     memory_bandwidth_gbps: PositiveFloat = Field(1500.0, description="HBM GB/s, for the optimizer step")
     reserved_gib: NonNegativeFloat = Field(
@@ -107,6 +110,20 @@ Recomputation = Literal["none", "selective", "full"]
 Relief = Literal["none", "selective", "full", "offload", "opt-offload"]
 
 
+class Fp8(Strict):
+    """fp8 linear layers (perf/fp8.py): the blocks' linear GEMMs on the fp8 tensor cores, master weights,
+    attention and element-wise work in higher precision."""
+
+    recipe: Literal["delayed"] = Field(
+        description="the scaling recipe: delayed (Transformer Engine's DelayedScaling, amax history; what NeMo, "
+        "Megatron-LM and llm-foundry's amp_fp8 run). Dynamic tensorwise / rowwise scaling (torchao) is not "
+        "modelled: no published run the model can price checks it")
+    weight_cast: Literal["per_micro_batch", "per_step"] = Field(
+        "per_micro_batch", description="per_step: the cast weights are kept across a step's micro-batches "
+        "(Megatron-LM's TE layers, is_first_microbatch), costing their fp8 copies in memory; per_micro_batch: "
+        "cast again on every forward")
+
+
 class Training(Strict):
     """Training settings. Memory-related defaults are assumptions, named as such in each description
     and in `estimate`'s output; set them to what the trainer really does."""
@@ -115,6 +132,8 @@ class Training(Strict):
     micro_batch_size: PositiveInt
     sequence_length: PositiveInt | None = Field(None, description="default: the workload's seq_len")
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    fp8: Fp8 | None = Field(
+        None, description="fp8 linear layers and their scaling recipe (perf/fp8.py); none: every GEMM in `precision`")
     grad_bytes_per_param: PositiveFloat | None = Field(
         None, description="default: the parameter precision (Megatron with fp32 gradient accumulation: 4)")
     optimizer: Optimizer = Field(default_factory=Optimizer)

@@ -39,7 +39,8 @@ _VALUE_FLAGS = (
     "--kv-channels", "--seq-length", "--max-position-embeddings", "--vocab-size", "--make-vocab-size-divisible-by",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--pipeline-model-parallel-layout",
     "--position-embedding-type", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
-    "--recompute-modules", "--optimizer", "--world-size", "--num-distributed-optimizer-instances")
+    "--recompute-modules", "--optimizer", "--world-size", "--num-distributed-optimizer-instances",
+    "--fp8-format", "--fp8-recipe")
 _SWITCHES = (
     "--use-tp-pp-dp-mapping", "--group-query-attention", "--swiglu", "--bf16", "--fp16",
     "--untie-embeddings-and-output-weights", "--use-distributed-optimizer", "--sequence-parallel",
@@ -52,7 +53,7 @@ _REFUSED = {
     "--num-virtual-stages-per-pipeline-rank": "an interleaved (virtual) pipeline places blocks round-robin over "
     "the pipeline ranks, which the planner's contiguous stages cannot express",
     "--num-experts": "a mixture-of-experts model is not modelled",
-    "--fp8-format": "FP8 training (its time and memory) is not modelled",
+    "--fp8-param-gather": "fp8 parameters (kept and all-gathered in fp8, no bf16 copy) are not modelled",
     "--fp4-format": "FP4 training is not modelled",
     "--mtp-num-layers": "multi-token-prediction layers are not modelled",
     "--multi-latent-attention": "multi-latent attention is not modelled",
@@ -277,6 +278,27 @@ def _workload(a: _Args, model: str | None, tp: int, name: str) -> dict[str, Any]
                                                                                if v is not None}}}
 
 
+FP8_FORMATS = ("hybrid", "e4m3")
+"""Megatron-LM's --fp8-format choices (E4M3 everywhere, or E4M3 forward and E5M2 gradients): the same
+tensor-core rate and cast bytes, so the same training.fp8."""
+
+
+def _fp8(a: _Args) -> dict[str, str] | None:
+    """training.fp8 for --fp8-format: Megatron-LM's --fp8-recipe defaults to delayed (TE DelayedScaling), the
+    one recipe the planner prices; its TE layers keep the cast weights across micro-batches. Other recipes
+    (tensorwise, blockwise, mxfp8) are refused by name."""
+    fmt = a.text("--fp8-format")
+    if fmt is None:
+        return None
+    if fmt not in FP8_FORMATS:
+        raise InputError(a.file, "--fp8-format", f"{fmt!r} is not a Megatron-LM fp8 format", "use hybrid or e4m3")
+    recipe = a.text("--fp8-recipe", "delayed")
+    if recipe != "delayed":
+        raise InputError(a.file, "--fp8-recipe", f"{recipe} scaling is not modelled (training.fp8 prices delayed "
+                         "scaling only)", "use --fp8-recipe delayed, or drop --fp8-format to plan the bf16 job")
+    return {"recipe": "delayed", "weight_cast": "per_step"}
+
+
 def import_megatron(raw: list[str], options: ClusterOptions, failed: list[int], model: str | None = None,
                     name: str = "megatron-job") -> dict[str, Any]:
     """An instance document for the job a Megatron-LM launch describes (device ids = its ranks)."""
@@ -347,6 +369,12 @@ def import_megatron(raw: list[str], options: ClusterOptions, failed: list[int], 
                            "nothing is sharded, so it changes nothing the planner models")
     if a.int("--seq-length"):
         training["sequence_length"] = a.int("--seq-length")
+    fp8 = _fp8(a)
+    if fp8 is not None:
+        training["fp8"] = fp8
+        assumptions.append(f"Megatron-LM --fp8-format {a.text('--fp8-format')}: Transformer Engine's delayed scaling, "
+                           "block linears in fp8, weights cast once per step (is_first_microbatch); fp8 GEMM ratio "
+                           "fitted on NeMo's H100 fp8 rows (perf/fp8.py)")
     return {"format": 1, "name": name,
             "description": "imported from Megatron-LM arguments; device ids are Megatron-LM global ranks",
             "cluster": cluster_document(world, options), "workload": workload, "training": training,

@@ -152,9 +152,11 @@ def _model(r: _Reader, override: str | None) -> dict[str, Any]:
                                                                   "enable_fsdp_float8_all_gather")):
             key = next(k for k in ("enable_float8_linear", "enable_mx_linear", "enable_fsdp_float8_all_gather")
                        if table.get(k))
-            raise r.refuse(f"{section}.{key}", "float8 / MX linear layers (fp8 matmuls and all-gathers) are not "
-                           "modelled; pricing them as bf16 would be wrong", f"set {section}.{key} = false to plan "
-                           "the bf16 job")
+            raise r.refuse(f"{section}.{key}", "torchao's float8 / MX linear layers (dynamic tensorwise or rowwise "
+                           "scaling, float8 all-gathers) are not modelled: training.fp8 prices Transformer Engine's "
+                           "delayed scaling only, and no published torchtitan float8 run the planner can price "
+                           "(all are compiled) checks them; pricing them as bf16 would be wrong",
+                           f"set {section}.{key} = false to plan the bf16 job")
     if r.era == "toml" and spec.get("converters"):
         raise r.refuse("model.converters", f"{spec['converters']} (float8 / MX training) is not modelled",
                        "remove the converters to plan the bf16 job")

@@ -78,6 +78,8 @@ class FrameworkCalibration:
     sharded_interference: float | None = None
     """The stack's cost of overlapping ZeRO-3 collectives with compute (PerfModel.overlap_sharded);
     None: perf/model.py's SHARDED_OVERLAP_INTERFERENCE."""
+    fp8_ratio: float | None = None
+    """The stack's fp8 GEMM efficiency as a share of its bf16 one (perf/fp8.py); None: FP8_GEMM_RATIO."""
 
     # -- the model ---------------------------------------------------------------------------
     def layer_work(self, workload: Workload, tp: int) -> tuple[np.ndarray, np.ndarray]:
@@ -180,6 +182,7 @@ class FrameworkCalibration:
             **({"tp_exposed": self.tp_exposed} if self.tp_exposed != 1.0 else {}),
             **({"attention_utilisation": dict(self.attention_utilisation)} if self.attention_utilisation else {}),
             **({"sharded_interference": self.sharded_interference} if self.sharded_interference is not None else {}),
+            **({"fp8_ratio": self.fp8_ratio} if self.fp8_ratio is not None else {}),
         }
 
     @classmethod
@@ -190,7 +193,7 @@ class FrameworkCalibration:
                    data.get("overhead_gib"), tuple(data.get("overhead_fitted_on", ())),
                    tuple(data.get("excluded", ())), tuple(data.get("notes", ())), data.get("kernels"),
                    float(data.get("tp_exposed", 1.0)), dict(data.get("attention_utilisation", {})),
-                   data.get("sharded_interference"))
+                   data.get("sharded_interference"), data.get("fp8_ratio"))
 
 
 ELEMENTWISE_HBM_SHARE = 0.85

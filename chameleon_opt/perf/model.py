@@ -255,6 +255,7 @@ class PerfModel:
         self.zero_stage = training.zero
         self.shard_copies = training.shard_replicas if training.zero >= 1 else 1  # copies of each ZeRO shard
         self.dtype_bytes = training.dtype_bytes
+        self.fp8 = training.fp8
         self.param_bytes = float(training.dtype_bytes)
         self.grad_bytes = float(training.grad_bytes_per_param or training.dtype_bytes)
         self.optimizer_bytes = float(training.optimizer.state_bytes_per_param)
@@ -336,9 +337,19 @@ class PerfModel:
         update = w.params / tp * ADAM_BYTES_TOUCHED_PER_PARAM / (device.memory_bandwidth_gbps * 1e9)
         count_f, count_b = w.tp_allreduce_counts(recompute)
         one = ring_allreduce_time(w.tp_allreduce_bytes_per_sample() * mbs, tp, self.intra)
+        fp8_step = np.zeros(w.num_layers)  # fp8 weight casts once per step (not sharded by ZeRO)
+        if self.fp8 is not None and (profile is not None or (transferred is not None
+                                                              and transferred.includes_collectives)):
+            from chameleon_opt.errors import InputError
+            raise InputError(None, "training.fp8", f"{w.name} has a measured profile on {device.name}: profiles "
+                             "are bf16 measurements, and scaling one to fp8 is not modelled",
+                             "drop training.fp8, or describe the workload by its architecture without profiles")
         if profile is not None or transferred is not None:
             table = profile if profile is not None else transferred.table
             fwd, bwd = table.forward_s, table.backward_s
+            if self.fp8 is not None:
+                fit = self.calibration.devices[device.name]
+                fwd, bwd, fp8_step = self._with_fp8(device, tp, fwd, bwd, fit.peak_tflops, fit.compute_efficiency)
             # A profile at this TP (or one scaled from it) already includes its collectives; times
             # from the fitted efficiencies alone do not.
             timed = profile is not None or transferred.includes_collectives
@@ -365,6 +376,13 @@ class PerfModel:
             fwd = w.forward_flops_per_sample * mbs / tp / rate
             recomputed = w.recomputed_flops_per_sample(recompute, self.kernels)
             bwd = 2.0 * fwd + recomputed * mbs / tp / rate
+            if self.fp8 is not None:
+                plain = fwd
+                fwd, bwd, fp8_step = self._with_fp8(device, tp, fwd, bwd, device.peak_tflops, device.efficiency)
+                rerun = np.divide(recomputed - w.attention_core_flops_per_sample, w.forward_flops_per_sample
+                                  - w.attention_core_flops_per_sample, out=np.zeros(w.num_layers),
+                                  where=recomputed > w.attention_core_flops_per_sample)
+                bwd = bwd + (fwd - plain) * np.clip(rerun, 0.0, 1.0)  # recomputed linears run in fp8 too
             # An eager stack's unfused element-wise chains (zero for fused kernels), which a FLOP count
             # does not see: streamed through HBM, forward once, backward twice, rerun by recomputation.
             eager = w.unfused_elementwise_bytes_per_sample(tp, self.kernels) * mbs / (
@@ -379,11 +397,39 @@ class PerfModel:
         act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels) * mbs
         table = {
             "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
-            "params": w.params / tp, "act": act,
+            "params": w.params / tp, "act": act, "fp8_cache": self._fp8_cache_bytes(tp), "fp8_step": fp8_step,
         }
         prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in table.items()}
         self._prefix[key] = prefix
         return prefix
+
+    def _with_fp8(self, device: DeviceType, tp: int, fwd: np.ndarray, bwd: np.ndarray, peak_tflops: float,
+                  efficiency: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(forward, backward, per-step weight casts) per layer with the blocks' linears in fp8 (perf/fp8.py):
+        their bf16 GEMM time at `efficiency` of `peak_tflops` replaced by the fp8 one, plus the casts;
+        weights cast once per step are charged to the step (optimizer_time, whole: every replica casts
+        its full weights). A device without an fp8 peak is refused."""
+        from chameleon_opt.perf.fp8 import FP8_GEMM_RATIO, fp8_block_seconds
+        if device.fp8_peak_tflops is None:
+            from chameleon_opt.errors import InputError
+            raise InputError(None, "training.fp8", f"device type {device.name} has no fp8 peak (no fp8 tensor "
+                             "cores), so fp8 linears cannot run on it", "drop training.fp8, or give the device "
+                             "type its fp8_peak_tflops")
+        stated = getattr(self.calibration, "fp8_ratio", None)
+        assert self.fp8 is not None
+        d_f, d_b, weights = fp8_block_seconds(
+            self.workload, tp, self.micro_batch_size, peak_tflops, device.fp8_peak_tflops, efficiency,
+            device.memory_bandwidth_gbps, FP8_GEMM_RATIO if stated is None else float(stated),
+            self.fp8.weight_cast == "per_micro_batch")
+        return fwd + d_f, bwd + d_b, weights
+
+    def _fp8_cache_bytes(self, tp: int) -> np.ndarray:
+        """Per layer and TP rank: the fp8 weight copies kept across a step's micro-batches (weight_cast
+        per_step; perf/fp8.py FP8_CACHE_BYTES_PER_PARAM), else nothing."""
+        if self.fp8 is None or self.fp8.weight_cast != "per_step" or self.workload.architecture is None:
+            return np.zeros(self.workload.num_layers)
+        from chameleon_opt.perf.fp8 import FP8_CACHE_BYTES_PER_PARAM, linear_params
+        return linear_params(self.workload) / tp * FP8_CACHE_BYTES_PER_PARAM
 
     def _range(self, table: dict[str, np.ndarray], name: str, first: int, end: int) -> float:
         values = table[name]
@@ -595,7 +641,8 @@ class PerfModel:
         if end > head >= first and self.workload.architecture is not None:
             logits = in_flight * float(self._head_logit_bytes(tp))
         return MemoryBreakdown(
-            parameters=params * self.param_bytes / p_div, gradients=params * self.grad_bytes / g_div,
+            parameters=params * self.param_bytes / p_div + self._range(table, "fp8_cache", first, end),
+            gradients=params * self.grad_bytes / g_div,
             optimizer=0.0 if optimizer_offloaded else params * self.optimizer_bytes / o_div,
             activations=activations - logits, logits=logits,
             transient=self.transient_bytes(tp, replicas, mode, params), comm_buffers=self.comm_buffer_bytes(replicas),
@@ -628,7 +675,8 @@ class PerfModel:
         per_layer = {name: np.diff(values) for name, values in table.items()}
         p_div, g_div, o_div = zero_shards(self.zero_stage, replicas, self.shard_copies)
         static = per_layer["params"] * (self.param_bytes / p_div + self.grad_bytes / g_div
-                                        + (0.0 if optimizer_offloaded else self.optimizer_bytes / o_div))
+                                        + (0.0 if optimizer_offloaded else self.optimizer_bytes / o_div)) \
+            + per_layer["fp8_cache"]
         if self.zero_stage >= 3 and not self.reshard_after_forward and shard_group_size(replicas, self.shard_copies) > 1:
             static = static + per_layer["params"] * self.gather_bytes  # held gathered from forward to backward
         spans_nodes = len(devices) > 1 and len({self.instance.node_of(d) for d in devices}) > 1
@@ -680,11 +728,12 @@ class PerfModel:
         without a plan pass the most replicas a layer can have."""
         table = self._tables(self.stage_device(devices), len(devices))
         shards = self.optimizer_shards(replicas)
+        casts = self._range(table, "fp8_step", first, end)  # fp8 weights cast once per step, on the device
         if relief is not None and self.relief_of(relief)[1]:
             params = self._range(table, "params", first, end)
-            return params / shards * ((self.grad_bytes + self.param_bytes) / self.host_link_bps
-                                      + ADAM_BYTES_TOUCHED_PER_PARAM / self.host_memory_bps)
-        return self._range(table, "update", first, end) / shards
+            return casts + params / shards * ((self.grad_bytes + self.param_bytes) / self.host_link_bps
+                                              + ADAM_BYTES_TOUCHED_PER_PARAM / self.host_memory_bps)
+        return self._range(table, "update", first, end) / shards + casts
 
     def optimizer_shards(self, replicas: int) -> float:
         """What the optimizer step divides by when each layer has `replicas` live slots: their shard
@@ -893,6 +942,14 @@ class PerfModel:
             if "catalogue efficiency" in source:
                 fitted = " (fitted on Megatron-LM GPT-3 175B)" if name.startswith("A100") else " (assumed)"
                 lines.append(f"{name} TP {tp} times: {source}{fitted}")
+        if training.fp8 is not None:
+            from chameleon_opt.perf.fp8 import CAST_BYTES_PER_ELEMENT, FP8_CACHE_BYTES_PER_PARAM, FP8_GEMM_RATIO
+            ratio = getattr(self.calibration, "fp8_ratio", None) or FP8_GEMM_RATIO
+            lines.append(f"fp8 ({training.fp8.recipe} scaling): block linears at {ratio:g} x the bf16 efficiency of the "
+                         f"fp8 peak (fitted on NeMo's H100 fp8 rows), casts {CAST_BYTES_PER_ELEMENT:g} bytes an element "
+                         "(assumed from Transformer Engine's cast-transpose), attention and output layer in bf16"
+                         + (f", cached fp8 weights {FP8_CACHE_BYTES_PER_PARAM:g} bytes a linear parameter (assumed)"
+                            if training.fp8.weight_cast == "per_step" else ""))
         lines += training.assumptions  # the importer's mapping of the trainer's own settings
         return tuple(lines)
 

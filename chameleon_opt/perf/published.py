@@ -8,8 +8,9 @@ uniform TP x PP x DP plan on its GPU type, its batch and recomputation) and a me
 seconds, derived from the row's own metric: the step time where printed, else tokens per second,
 else its TFLOP/s under the FLOP formula its `metric_definition` names (Megatron 2021 and
 DeepSpeed count the recompute forward, Megatron 2024 counts model FLOPs). A row whose setting the
-model does not price is refused with the setting named (fp8, context parallelism, MoE, CPU
-offload, an unknown GPU, missing dimensions): it is never priced as something else.
+model does not price is refused with the setting named (context parallelism, MoE, CPU offload, LoRA,
+fp8 without fp8 tensor cores, an unknown GPU, missing dimensions): it is never priced as something
+else. fp8 rows carry their stack's recipe (FP8_RECIPES, perf/fp8.py) and form their own families.
 """
 
 from __future__ import annotations
@@ -156,9 +157,15 @@ def _layers_per_stage(layers: int, pp: int) -> list[int] | None:
 
 
 def _refuse_unsupported(row: dict[str, Any]) -> None:
-    p, precision = row["parallel"], str(row["precision"] or "").lower()
-    if "fp8" in precision:
-        raise Refused(f"precision {row['precision']!r}: fp8 linears are not modelled (priced as bf16 they would be wrong)")
+    p = row["parallel"]
+    section = str(row["source"].get("section") or "")
+    label = str(row["source"].get("row_label") or "")
+    if "lora" in label.lower():
+        raise Refused("LoRA fine-tuning: only the adapters train (no weight gradients or optimizer state for the "
+                      "base model), which the model does not price")
+    if row["_source"] == "nemo" and section.lower().startswith("finetuning"):
+        raise Refused("NeMo fine-tuning on SQuAD packed to the sequence length: attention runs over each packed "
+                      "sample, whose lengths the row does not state, so a full causal sequence would misprice it")
     if (p.get("cp") or 1) > 1:
         raise Refused(f"parallel.cp {p['cp']}: context parallelism is not modelled")
     if (p.get("ep") or 1) > 1 or "mixtral" in (row["model"]["name"] or "").lower():
@@ -183,6 +190,35 @@ def _refuse_unsupported(row: dict[str, Any]) -> None:
         # The source names no model (DeepSpeed4Science's long-sequence table): its dimensions are a
         # transcriber's match to a script, so an error would measure the guess, not the model.
         raise Refused("model.name inferred: the source names no model, its dimensions are a guess")
+
+
+FP8_RECIPES = {
+    # NeMo 24.07's GPT / Llama configs: fp8 with fp8_hybrid (E4M3 forward, E5M2 gradients) through
+    # Transformer Engine's DelayedScaling (amax history); Megatron-core's TE layers keep the cast weights
+    # across micro-batches (is_first_microbatch).
+    "nemo": {"recipe": "delayed", "weight_cast": "per_step"},
+    # Megatron-LM's Llama 3 FP8 examples: --fp8-format hybrid, the delayed recipe (its default), the same TE layers.
+    "megatron_lm": {"recipe": "delayed", "weight_cast": "per_step"},
+    # Composer's amp_fp8 wraps the forward in TE's fp8_autocast with a DelayedScaling(HYBRID) recipe; MPT's
+    # TE linears are called without is_first_microbatch, so the weights are cast on every forward (assumed
+    # from Composer's and llm-foundry's code: neither passes it).
+    "llm_foundry": {"recipe": "delayed", "weight_cast": "per_micro_batch"},
+}
+"""The fp8 recipe each source's stack runs (perf/fp8.py models delayed scaling only)."""
+
+
+def _fp8(row: dict[str, Any], gpu: str) -> dict[str, str] | None:
+    """The row's training.fp8, None for a bf16 row; Refused where fp8 runs on a device without fp8 tensor
+    cores or through a recipe the model does not price."""
+    if "fp8" not in str(row["precision"] or "").lower():
+        return None
+    from chameleon_opt.instance.devices import CATALOGUE
+    if CATALOGUE[gpu].fp8_peak_tflops is None:
+        raise Refused(f"precision {row['precision']!r} on {gpu}: the device has no fp8 tensor cores")
+    recipe = FP8_RECIPES.get(row["_source"])
+    if recipe is None:
+        raise Refused(f"precision {row['precision']!r}: the stack's fp8 recipe is not known")
+    return recipe
 
 
 def _flops_2021(b: int, s: int, layers: int, h: int, vocab: int, passes: int = 4) -> float:
@@ -245,7 +281,11 @@ def _measured(row: dict[str, Any], global_batch: int, gpus: int) -> tuple[float,
         flops = _flops_2021(global_batch, s, m["layers"], m["hidden"], _padded_vocab(m["vocab"], tp),
                             _megatron_deepspeed_passes(row))
         return flops / (tflops * 1e12 * gpus), "TFLOP/s, Megatron-DeepSpeed formula (padded vocab)"
-    if tflops and "num_floating_point_operations" in definition:
+    nemo = row["_source"] == "nemo" and any(k in definition.lower() for k in ("analytical model-flops formula",
+                                                                            "nemo model flops"))
+    if tflops and ("num_floating_point_operations" in definition or nemo):
+        # NeMo's model FLOPs are Megatron 2024's (its Llama 2 7B pretraining row: 780 TFLOP/s at 16,934
+        # tokens/s is 46.06 GFLOP per token; the formula gives 46.08).
         return _flops_2024(global_batch, s, m) / (tflops * 1e12 * gpus), "TFLOP/s, Megatron 2024 model FLOPs"
     if me.get("mfu_pct") and "num_floating_point_operations" in definition and "H100 bf16 dense peak" in definition:
         # Megatron-LM's 2024 strong-scaling rows state only an MFU (whole percent) of the same model FLOPs
@@ -259,6 +299,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     """The row as an instance and a measured step time (Refused when it cannot be priced faithfully)."""
     _refuse_unsupported(row)
     gpu = _gpu(row)
+    fp8 = _fp8(row, gpu)
     m, p, b, hw = row["model"], row["parallel"], row["batch"], row["hardware"]
     gpus = int(hw["num_gpus"] or 0)
     tp, pp = int(p.get("tp") or 1), int(p.get("pp") or 1)
@@ -308,6 +349,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         "format": 1, "name": row["id"],
         "cluster": {"nodes": gpus // per_node, "devices_per_node": per_node,
                     "device_type": {"name": gpu, "memory_gib": device.memory_gib, "peak_tflops": device.peak_tflops,
+                                    "fp8_peak_tflops": device.fp8_peak_tflops,
                                     "efficiency": device.efficiency,
                                     "memory_bandwidth_gbps": device.memory_bandwidth_gbps},
                     "network": NETWORKS[gpu]},
@@ -315,7 +357,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         "training": {"global_batch": global_batch, "micro_batch_size": mbs, "sequence_length": m["seq_len"],
                      "recomputation": recomputation, "zero_stage": zero, "attention": attention,
                      "sequence_parallel": bool(p.get("sequence_parallel")) and tp > 1,
-                     "overlap_grad_reduce": source != "deepspeed", **sharded},
+                     "overlap_grad_reduce": source != "deepspeed", **sharded, **({"fp8": fp8} if fp8 else {})},
         "plan": {"tensor_parallel": tp, "layout": {"pipeline_parallel": pp, "data_parallel": dp}},
     }
     # Megatron-DeepSpeed's GPTModelPipe partitions by 'type:transformer' (blocks evenly, the embedding
@@ -327,7 +369,8 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     label = f"{m['name']} {gpu} {gpus}g TP{tp} PP{pp} DP{dp} s{m['seq_len']} mbs{mbs} {recomputation}"
     overlap = "--tp-comm-overlap" in notes
     memory = row["measured"].get("peak_mem_gib")
-    return PublishedRun(row["id"], source, _family(row), gpu, label, document, measured, metric, overlap, kernel,
+    family = _family(row) + (" FP8" if fp8 else "")
+    return PublishedRun(row["id"], source, family, gpu, label + (" fp8" if fp8 else ""), document, measured, metric, overlap, kernel,
                         float(memory) if memory else None)
 
 
@@ -375,30 +418,38 @@ def attention_utilisation(run: PublishedRun) -> dict[str, float]:
 
 def efficiency_calibration(compute: dict[str, float], memory_efficiency: float, exposed: float = 1.0,
                            attention: dict[str, float] | None = None, kind: str = "flash",
-                           interference: float | None = None) -> "FrameworkCalibration":
+                           interference: float | None = None, fp8_ratio: float | None = None
+                           ) -> "FrameworkCalibration":
     """A calibration pricing a block as FLOPs / (peak x e_gpu) + activation bytes / (bandwidth x e_mem)
     (perf/calibration.py's form, no profiles): the second term is what makes small models slower than
     their FLOPs say, and its bytes follow the attention `kind` (eager adds the a*s^2 scores). `attention`:
     per GPU, the flash kernel's utilisation (its attention core priced apart, at the FLOPs it executes).
-    `interference`: the ZeRO-3 overlap's cost (PerfModel.overlap_sharded; None: the model's constant)."""
+    `interference`: the ZeRO-3 overlap's cost (PerfModel.overlap_sharded; None: the model's constant).
+    `fp8_ratio`: fp8 GEMM efficiency as a share of the bf16 one (perf/fp8.py; None: FP8_GEMM_RATIO)."""
     from chameleon_opt.instance.devices import CATALOGUE
     from chameleon_opt.perf.calibration import DeviceFit, FrameworkCalibration
     devices = {gpu: DeviceFit(CATALOGUE[gpu].peak_tflops, CATALOGUE[gpu].memory_bandwidth_gbps, e, ())
                for gpu, e in compute.items()}
     return FrameworkCalibration("published", kind, memory_efficiency, devices, tp_exposed=exposed,
-                                attention_utilisation=dict(attention or {}), sharded_interference=interference)
+                                attention_utilisation=dict(attention or {}), sharded_interference=interference,
+                                fp8_ratio=fp8_ratio)
 
 
 def predict_calibrated(run: PublishedRun, compute: float, memory_efficiency: float,
-                       interference: float | None = None) -> float:
+                       interference: float | None = None, fp8_ratio: float | None = None) -> float:
     """The run's step time under efficiency_calibration."""
     from chameleon_opt.instance.load import build_instance
     from chameleon_opt.perf.model import PerfModel
     instance = build_instance(run.document, f"<{run.id}>")
     calibration = efficiency_calibration({run.gpu: compute}, memory_efficiency, tp_exposed(run),
                                          attention_utilisation(run), run.document["training"]["attention"],
-                                         interference)
+                                         interference, fp8_ratio)
     return PerfModel(instance, calibration=calibration).evaluate(instance.plan).iteration_time_s
+
+
+def is_fp8(run: PublishedRun) -> bool:
+    """Whether the run's linears run in fp8 (its own families: no bf16 fit uses it)."""
+    return "fp8" in run.document["training"]
 
 
 def step_terms(run: PublishedRun, interference: float | None = None) -> tuple[float, float, float]:
