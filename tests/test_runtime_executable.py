@@ -33,6 +33,7 @@ def _with(**training: object) -> dict:
     ({"distributed_optimizer": True}, "training.zero_stage"),
     ({"overlap_grad_reduce": True}, "training.overlap_grad_reduce"),
     ({"loss_chunks": 4}, "training.loss_chunks"),
+    ({"fp8": {"recipe": "delayed"}}, "training.fp8"),
     ({"recomputation": "full"}, "training.recomputation"),
     ({"reliefs": ["none", "offload"]}, "training.reliefs"),
 ])

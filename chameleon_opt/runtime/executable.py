@@ -30,6 +30,9 @@ def unexecuted_settings(instance: Instance, *, relief: bool) -> list[tuple[str, 
     if training.sequence_parallel:
         found.append(("training.sequence_parallel", "the HF runtime's tensor parallelism shards the linears only",
                       "set sequence_parallel to false"))
+    if training.fp8 is not None:
+        found.append(("training.fp8", "fp8 linears are priced but the runtimes compute in float32 / float64",
+                      "drop training.fp8"))
     if training.loss_chunks > 1:
         found.append(("training.loss_chunks", "the runtimes compute the head and loss over the whole micro-batch",
                       "set loss_chunks to 1"))
