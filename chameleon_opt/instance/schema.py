@@ -124,6 +124,11 @@ class Training(Strict):
         None, description="none: keep every activation; selective: recompute the attention core "
         "(Korthikanti et al. 2022); full: keep only each block's input. Default: full if "
         "activation_recomputation else none")
+    checkpoint_every: PositiveInt = Field(
+        1, description="full recomputation checkpoints only every k-th transformer block (blocks k, 2k, ... "
+        "counted from 1; torchtitan's layer-selective activation checkpointing, selective_ac_option = k) and "
+        "the others keep all their activations. Counted over the whole model, which is torchtitan's per-rank "
+        "count when every stage starts after a multiple of k blocks. 1: every block")
     attention: Literal["flash", "eager"] = Field(
         "flash", description="flash keeps no s^2 attention tensors; eager keeps the scores, softmax and "
         "dropout (5 a s^2 bytes per sample and layer, Korthikanti et al. Table 2). Default assumes flash")
@@ -194,6 +199,9 @@ class Training(Strict):
         if self.recomputation is not None and self.activation_recomputation and self.recomputation != "full":
             raise ValueError(f"activation_recomputation is true but recomputation is {self.recomputation!r}: "
                              "drop activation_recomputation")
+        if self.checkpoint_every > 1 and self.recompute != "full" and "full" not in (self.reliefs or []):
+            raise ValueError(f"checkpoint_every is {self.checkpoint_every} but no block is fully recomputed "
+                             f"(recomputation {self.recompute!r}): set recomputation full, or drop checkpoint_every")
         if self.zero_stage == 0 and self.distributed_optimizer:
             raise ValueError("distributed_optimizer is true but zero_stage is 0: drop distributed_optimizer")
         if self.overlap_param_gather and self.zero == 0:

@@ -262,17 +262,21 @@ def _split(r: _Reader, par: dict[str, Any], pp: int, workload: dict[str, Any]) -
     return default_split(blocks, pp, first, last)
 
 
-def _recomputation(r: _Reader) -> str:
-    """The planner's recomputation mode for torchtitan's activation checkpointing, or a refusal.
+def _recomputation(r: _Reader) -> tuple[str, int]:
+    """The planner's recomputation mode for torchtitan's activation checkpointing and the block
+    period it applies to (`training.checkpoint_every`), or a refusal.
 
     Full checkpointing of every block is the planner's `full`; torchtitan's per-op selective
     policy (saves matmul, attention and collective outputs except every second matmul) is the
     planner's `selective` under the torchtitan kernels (`training.kernels`, set by the importer:
-    workload/activations.py prices its saved set and the matmuls it reruns)."""
+    workload/activations.py prices its saved set and the matmuls it reruns). Layer-selective
+    checkpointing (`selective_ac_option` = k) wraps a block in the full checkpoint when a counter
+    incremented per block reaches a multiple of k (models/llama3/infra/parallelize.py
+    `_apply_ac_to_transformer_block`: blocks k, 2k, ... counted from 1), the planner's `full` every k."""
     ac = r.config.get("activation_checkpoint", {} if r.era == "toml" else None)
     where = "activation_checkpoint"
     if ac is None:
-        return "none"
+        return "none", 1
     if not isinstance(ac, dict):
         raise r.refuse(where, f"got {ac!r:.40}", "give a table of activation-checkpoint settings")
     r.section(where, _AC_KEYS)
@@ -291,21 +295,24 @@ def _recomputation(r: _Reader) -> str:
         raise r.refuse(where, "an activation-checkpoint policy the planner does not recognise",
                        "use the none, full or selective policy")
     if mode == "none":
-        return "none"
+        return "none", 1
     if mode == "full":
-        return "full"
+        return "full", 1
     if mode == "memory_budget":
         raise r.refuse(f"{where}.memory_budget", "the compiler's memory-budget checkpointing saves what its "
                        "partitioner chooses, which the planner cannot predict", "use mode full or selective (op)")
     if mode != "selective":
         raise r.refuse(f"{where}.mode", f"unknown mode {mode!r}", "use none, full or selective")
     if option == "op":
-        return "selective"
-    if option == "1":
-        return "full"
-    raise r.refuse(f"{where}.selective_ac_option", f"{option!r} checkpoints one block in every {option} only, which "
-                   "the planner (one mode per stage) does not model",
-                   "use selective_ac_option = \"op\" or mode = \"full\"")
+        return "selective", 1
+    if not option.isdigit() or int(option) < 1:
+        raise r.refuse(f"{where}.selective_ac_option", f"{option!r} is neither \"op\" nor a positive block "
+                       "period (torchtitan refuses it)", "use \"op\" or a positive integer")
+    every = int(option)
+    if every > 1:
+        r.assumptions.append(f"torchtitan layer-selective activation checkpointing: blocks {every}, {2 * every}, "
+                             "... of each stage fully recomputed, the others keep all their activations")
+    return "full", every
 
 
 def _batches(r: _Reader, training: dict[str, Any], par: dict[str, Any], pp: int, dp: int) -> dict[str, Any]:
@@ -488,8 +495,17 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
         state["shard_replicas"] = replicate
         r.assumptions.append(f"torchtitan HSDP: {replicate} copies of each FSDP shard, {shard}-way within each; "
                              "gradients timed as one all-reduce over the data-parallel group")
+    recompute, every = _recomputation(r)
+    if every > 1 and split is not None:
+        starts = [sum(split[:s]) for s in range(1, len(split))]  # the stages' first workload layers
+        if any((start - 1) % every for start in starts):
+            # torchtitan counts blocks on each rank from its stage's first; the planner over the model
+            raise r.refuse("activation_checkpoint.selective_ac_option", f"a stage starts after a number of blocks "
+                           f"that is not a multiple of {every} (stages of {split} layers), so its ranks checkpoint "
+                           "other blocks than the planner's count over the whole model",
+                           f"give stages whose block counts before each are multiples of {every}, or mode full")
     train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **state,
-                             "recomputation": _recomputation(r), "kernels": "torchtitan",
+                             "recomputation": recompute, "checkpoint_every": every, "kernels": "torchtitan",
                              "loss_chunks": _loss_chunks(r),
                              "sequence_parallel": tp > 1 and (era == "toml" or bool(par.get("enable_sequence_parallel",
                                                                                                True))),

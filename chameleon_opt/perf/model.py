@@ -250,6 +250,7 @@ class PerfModel:
             recomputation=options.recomputation or training.recompute)
         self.micro_batch_size = training.micro_batch_size
         self.recompute = self.options.recomputation
+        self.checkpoint_every = training.checkpoint_every
         self.attention = training.attention
         self.sequence_parallel = training.sequence_parallel
         self.zero_stage = training.zero
@@ -328,6 +329,20 @@ class PerfModel:
         key = (device.name, tp, recompute)
         if key in self._prefix:
             return self._prefix[key]
+        table = self._layer_rows(device, tp, recompute)
+        if recompute == "full" and self.checkpoint_every > 1:
+            # layer-selective checkpointing: blocks k, 2k, ... are fully recomputed, every other layer
+            # (the embedding and head included) keeps its activations and runs as without recomputation
+            kept = self._layer_rows(device, tp, "none")
+            layer = np.arange(self.workload.num_layers)
+            plain = (layer % self.checkpoint_every != 0) | (layer == 0) | (layer == self.workload.num_layers - 1)
+            table = {name: np.where(plain, kept[name], rows) for name, rows in table.items()}
+        prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in table.items()}
+        self._prefix[key] = prefix
+        return prefix
+
+    def _layer_rows(self, device: DeviceType, tp: int, recompute: str) -> dict[str, np.ndarray]:
+        """Per-layer costs of one micro-batch with every layer under one recomputation mode."""
         w, mbs = self.workload, self.micro_batch_size
         profile = w.profile_table(device.name, mbs, tp)
         transferred = None
@@ -359,7 +374,7 @@ class PerfModel:
                 bwd = bwd + eager * (1.0 - share)
             if recompute == "full" and timed:
                 tp_bwd = (count_b - w.tp_allreduce_counts("none")[1]) * one
-            self.time_sources[key[:2]] = "profile" if profile is not None else transferred.source
+            self.time_sources[(device.name, tp)] = "profile" if profile is not None else transferred.source
         else:
             rate = device.peak_tflops * 1e12 * device.efficiency
             fwd = w.forward_flops_per_sample * mbs / tp / rate
@@ -372,18 +387,13 @@ class PerfModel:
             rerun = recompute == "full" or (recompute == "selective" and self.kernels.selective == "op-mm")
             fwd, bwd = fwd + eager, bwd + eager * (ELEMENTWISE_BACKWARD_RATIO + (1.0 if rerun else 0.0))
             tp_fwd, tp_bwd = count_f * one, count_b * one
-            self.time_sources[key[:2]] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
+            self.time_sources[(device.name, tp)] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
                                       "(catalogue efficiency)")
         if self.calibration is not None:  # the stack's overlap of TP collectives with its GEMMs
             tp_fwd, tp_bwd = tp_fwd * self.calibration.tp_exposed, tp_bwd * self.calibration.tp_exposed
         act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels) * mbs
-        table = {
-            "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
-            "params": w.params / tp, "act": act,
-        }
-        prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in table.items()}
-        self._prefix[key] = prefix
-        return prefix
+        return {"fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
+                "params": w.params / tp, "act": act}
 
     def _range(self, table: dict[str, np.ndarray], name: str, first: int, end: int) -> float:
         values = table[name]
