@@ -240,14 +240,26 @@ PYTHON_ERA = {  # a Trainer.Config dump after August 2026: token budgets, num_pp
 }
 
 
-def test_compiled_job_is_refused_naming_the_setting(tmp_path):
-    """torch.compile changes the step time (16%) and the reserved peak (5 GiB) of the same job in
-    torchtitan's own benchmarks: pricing it as eager would be wrong, so it is refused."""
+def test_compiled_job_is_imported_with_fused_blocks_and_loss(tmp_path):
+    """compile.enable with the default components (model and loss): the blocks' kernels are
+    torchtitan's compiled ones (chains fused) and the loss compiled, both listed as assumptions;
+    components = ["model"] leaves the loss eager; a backend other than Inductor or a component the
+    planner does not know is refused by name."""
     compiled = {**PYTHON_ERA, "compile": {**PYTHON_ERA["compile"], "enable": True}}
-    path = _write(tmp_path, json.dumps(compiled), "job_config.json")
-    with pytest.raises(InputError) as err:
-        import_torchtitan(path, ClusterOptions(world_size=16), [])
-    assert err.value.field == "compile.enable" and err.value.exit_code == 2
+    compiled["compile"].pop("components", None)
+    training = import_torchtitan(_write(tmp_path, json.dumps(compiled), "job_config.json"),
+                                 ClusterOptions(world_size=16), [])["training"]
+    assert (training["kernels"], training["compiled_loss"]) == ("torchtitan-compiled", True)
+    assert sum("compile" in a for a in training["assumptions"]) == 2
+    blocks = {**compiled, "compile": {**compiled["compile"], "components": ["model"]}}
+    training = import_torchtitan(_write(tmp_path, json.dumps(blocks), "blocks.json"),
+                                 ClusterOptions(world_size=16), [])["training"]
+    assert (training["kernels"], training["compiled_loss"]) == ("torchtitan-compiled", False)
+    for key, value in (("backend", "aot_eager"), ("components", ["model", "muon"])):
+        other = {**compiled, "compile": {**compiled["compile"], key: value}}
+        with pytest.raises(InputError) as err:
+            import_torchtitan(_write(tmp_path, json.dumps(other), "other.json"), ClusterOptions(world_size=16), [])
+        assert err.value.field == f"compile.{key}" and err.value.exit_code == 2
 
 
 def test_python_era_dump_is_read_with_its_own_keys(tmp_path):

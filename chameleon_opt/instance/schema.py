@@ -181,11 +181,17 @@ class Training(Strict):
     framework: str | None = Field(
         None, description="a framework calibrated in models/calibration/<name>.json: its fitted memory overhead and "
         "per-device time calibration are used. Default: none (catalogue values, marked assumed)")
-    kernels: Literal["megatron", "torchtitan"] | None = Field(
+    kernels: Literal["megatron", "torchtitan", "torchtitan-compiled"] | None = Field(
         None, description="the stack whose kernels the activations, loss buffers and selective recomputation "
-        "follow (workload/activations.py): megatron (Korthikanti et al.'s counts) or torchtitan (fp32 RMSNorm "
-        "input, flash attention, per-op selective checkpointing, fp32 loss buffers); `import torchtitan` sets "
-        "it. Default: the framework calibration's, else megatron")
+        "follow (workload/activations.py): megatron (Korthikanti et al.'s counts), torchtitan (fp32 RMSNorm "
+        "input, flash attention, per-op selective checkpointing, fp32 loss buffers, unfused element-wise "
+        "chains) or torchtitan-compiled (its blocks under torch.compile: chains fused); `import torchtitan` "
+        "sets it. Default: the framework calibration's, else megatron; a compiled form of the calibration's "
+        "stack is kept")
+    compiled_loss: bool = Field(
+        False, description="torch.compile compiles the loss (torchtitan compile.components \"loss\"): the "
+        "fused cross-entropy holds the half-precision logits and their gradient only "
+        "(activations.COMPILED_LOSS_LOGIT_BYTES); `import torchtitan` sets it")
     loss_chunks: PositiveInt = Field(
         1, description="the loss computes the head and its loss over this many slices of a micro-batch's tokens in "
         "turn (torchtitan's ChunkedLossWrapper, `loss.num_chunks`), so its logits buffers hold one slice; "

@@ -439,6 +439,30 @@ def _loss_chunks(r: _Reader) -> int:
     return chunks
 
 
+def _compiled(r: _Reader, compile_: dict[str, Any]) -> tuple[bool, bool]:
+    """(blocks compiled, loss compiled) under torch.compile: `compile.components` (default model and
+    loss, torchtitan's Compile config) with Inductor, which fuses the element-wise chains
+    (activations.TORCHTITAN_COMPILED, COMPILED_LOSS_LOGIT_BYTES); another backend does not fuse."""
+    if not compile_.get("enable"):
+        return False, False
+    components = compile_.get("components", ["model", "loss"])
+    if not isinstance(components, list) or not set(components) <= {"model", "loss"}:
+        raise r.refuse("compile.components", f"{components!r:.60} compiles more than the model's blocks and the "
+                       "loss, which the planner does not model", "compile [\"model\", \"loss\"] or a part of it")
+    backend = str(compile_.get("backend", "inductor"))
+    if backend != "inductor":
+        raise r.refuse("compile.backend", f"{backend!r} does not fuse kernels as Inductor does",
+                       "use backend = \"inductor\", or compile.enable = false")
+    if "model" in components:
+        r.assumptions.append("torch.compile of the blocks (Inductor): their element-wise chains timed as fused "
+                             "kernels; without per-op checkpointing their saved set is the fused kernels' (norm "
+                             "input, both SwiGLU matmul outputs and their product; not measured)")
+    if "loss" in components:
+        r.assumptions.append("compiled loss: the half-precision logits and their gradient at the loss, 4 bytes "
+                             "per token and vocabulary entry (derived from the fused graph, not measured)")
+    return "model" in components, "loss" in components
+
+
 def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], model: str | None = None,
                       name: str | None = None) -> dict[str, Any]:
     """An instance document for the job a torchtitan config describes (device ids = its ranks)."""
@@ -476,14 +500,12 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
         r.assumptions.append("torchtitan FSDP symmetric memory: collectives timed as NCCL's")
     _optimizer(r)
     workload = _model(r, model)
-    for where, table, key in (("parallelism", par, "enable_async_tensor_parallel"), ("compile", compile_, "enable"),
+    for where, table, key in (("parallelism", par, "enable_async_tensor_parallel"),
                               ("compile", compile_, "enable_async_tensor_parallel")):
         if table.get(key):
-            # torchtitan's 2024 benchmarks: compile alone changes throughput by 16% and the reserved peak
-            # by 5 GiB on the same job (benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3)
-            raise r.refuse(f"{where}.{key}", "torch.compile (and async TP, which needs it) fuses kernels, which "
-                           "changes step time and saved activations in ways the planner does not model",
-                           f"set {where}.{key} = false to plan the eager job")
+            raise r.refuse(f"{where}.{key}", "async TP (micro-pipelined all-gather / reduce-scatter inside the "
+                           "matmuls) is not modelled", f"set {where}.{key} = false to plan the job with plain TP")
+    blocks_compiled, loss_compiled = _compiled(r, compile_)
     layout: dict[str, Any] = {"pipeline_parallel": pp, "data_parallel": dp, "order": TORCHTITAN_ORDER}
     split = _split(r, par, pp, workload)
     if split is not None:
@@ -505,7 +527,9 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
                            "other blocks than the planner's count over the whole model",
                            f"give stages whose block counts before each are multiples of {every}, or mode full")
     train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **state,
-                             "recomputation": recompute, "checkpoint_every": every, "kernels": "torchtitan",
+                             "recomputation": recompute, "checkpoint_every": every,
+                             "kernels": "torchtitan-compiled" if blocks_compiled else "torchtitan",
+                             "compiled_loss": loss_compiled,
                              "loss_chunks": _loss_chunks(r),
                              "sequence_parallel": tp > 1 and (era == "toml" or bool(par.get("enable_sequence_parallel",
                                                                                                True))),

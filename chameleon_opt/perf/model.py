@@ -42,7 +42,8 @@ from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.relief_kinds import ReliefCost, parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan
 from chameleon_opt.perf.calibration import ELEMENTWISE_HBM_SHARE
-from chameleon_opt.workload.activations import ELEMENTWISE_BACKWARD_RATIO, kernels_for
+from chameleon_opt.workload.activations import (COMPILED_LOSS_LOGIT_BYTES, COMPILED_STACKS,
+                                               ELEMENTWISE_BACKWARD_RATIO, kernels_for)
 
 GIB = float(1 << 30)
 STAGE_COSTS_KEPT = 200_000  # remembered stage costs per model before the memo starts afresh
@@ -272,7 +273,13 @@ class PerfModel:
         architecture = self.workload.architecture
         try:
             stack = calibration.kernels if calibration is not None and calibration.kernels else training.kernels
+            if calibration is not None and training.kernels == COMPILED_STACKS.get(calibration.kernels or ""):
+                # the job compiles the calibrated stack's blocks: its chains are priced fused
+                stack = training.kernels
+                self.calibration = calibration = replace(calibration, kernels=stack)
             self.kernels = kernels_for(stack, architecture.family if architecture is not None else None)
+            if training.compiled_loss:
+                self.kernels = replace(self.kernels, logit_bytes=COMPILED_LOSS_LOGIT_BYTES)
             if training.loss_chunks > 1:  # one slice of the tokens' logits alive at a time
                 per_entry = self.workload.logit_bytes_per_entry(self.kernels)
                 self.kernels = replace(self.kernels, logit_bytes=per_entry / training.loss_chunks)
