@@ -121,7 +121,7 @@ def test_sharding_and_precision_follow_torchtitan(tmp_path):
     (("flavor = \"70B\"", "flavor = \"70B\"\n[float8]\nenable_float8_linear = true\n[model2]"),
      "float8.enable_float8_linear"),
     (("tensor_parallel_degree = 8", "tensor_parallel_degree = 8\nenable_async_tensor_parallel = true"),
-     "parallelism.enable_async_tensor_parallel"),
+     "parallelism.enable_async_tensor_parallel"),  # without compile, which torchtitan refuses too
     (("tensor_parallel_degree = 8", "tensor_parallel_degree = 8\ndisable_loss_parallel = true"),
      "parallelism.disable_loss_parallel"),
     (("tensor_parallel_degree = 8", "tensor_parallel_degree = 8\nenable_magic = true"), "parallelism.enable_magic"),
@@ -255,6 +255,10 @@ def test_compiled_job_is_imported_with_fused_blocks_and_loss(tmp_path):
     training = import_torchtitan(_write(tmp_path, json.dumps(blocks), "blocks.json"),
                                  ClusterOptions(world_size=16), [])["training"]
     assert (training["kernels"], training["compiled_loss"]) == ("torchtitan-compiled", False)
+    asynchronous = {**blocks, "parallelism": {**blocks["parallelism"], "enable_async_tensor_parallel": True}}
+    training = import_torchtitan(_write(tmp_path, json.dumps(asynchronous), "async.json"),
+                                 ClusterOptions(world_size=16), [])["training"]
+    assert training["tp_async"] and any("async TP" in a for a in training["assumptions"])
     for key, value in (("backend", "aot_eager"), ("components", ["model", "muon"])):
         other = {**compiled, "compile": {**compiled["compile"], key: value}}
         with pytest.raises(InputError) as err:

@@ -187,3 +187,33 @@ def test_a_compiled_job_under_the_eager_stacks_calibration_prices_no_chains():
     loss_doc = copy.deepcopy(compiled_doc)
     loss_doc["training"]["compiled_loss"] = True
     assert PerfModel(build_instance(loss_doc, "<8b>")).kernels.logit_bytes == COMPILED_LOSS_LOGIT_BYTES
+
+
+def test_async_tp_exposes_each_collectives_excess_over_its_matmul_and_one_step():
+    """torchtitan async TP on the 2025 8B row (TP 8, per-op checkpointing): per block the four
+    collectives, each half a ring all-reduce of the micro-batch's s x h activation, pair with
+    wq/wk/wv, wo, w1/w3 and w2; by hand max(c - g, 0) + min(c, g) / 8 each, forward and backward
+    alike; the embedding's collective stays whole. Without async TP (the vanilla twin) every
+    collective shows whole, so the async row's TP time is below the vanilla one's."""
+    from bench.torchtitan_runs import import_rows
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.perf.comm import ring_allreduce_time
+    from chameleon_opt.perf.model import PerfModel
+
+    runs = {r.id: r for r in import_rows(DATA)[0]}
+    doc = runs["atp25-8b-bf16-asynctp"].document
+    assert doc["training"]["tp_async"] and not runs["atp25-8b-bf16-vanillatp"].document["training"]["tp_async"]
+    asynchronous, vanilla = (PerfModel(build_instance(runs[i].document, "<8b>"))
+                             for i in ("atp25-8b-bf16-asynctp", "atp25-8b-bf16-vanillatp"))
+    device = asynchronous.stage_device(tuple(range(8)))
+    mbs, s, h = asynchronous.micro_batch_size, 8192, 4096
+    c = ring_allreduce_time(s * h * 2 * mbs, 8, asynchronous.intra) / 2
+    rate = device.peak_tflops * 1e12 * device.efficiency
+    flops = 2 * s * np.array([h * (4096 + 2 * 1024), 4096 * h, 2 * h * 14336, 14336 * h])
+    g = flops * mbs / 8 / rate
+    by_hand = float(np.sum(np.maximum(c - g, 0) + np.minimum(c, g) / 8))
+    table = asynchronous._tables(device, 8)
+    tp_fwd, tp_bwd = np.diff(table["tp_fwd"]), np.diff(table["tp_bwd"])
+    assert np.isclose(tp_fwd[1], by_hand) and np.isclose(tp_bwd[1], by_hand)
+    assert np.isclose(tp_fwd[0], np.diff(vanilla._tables(device, 8)["tp_fwd"])[0])
+    assert tp_fwd[1] < np.diff(vanilla._tables(device, 8)["tp_fwd"])[1]

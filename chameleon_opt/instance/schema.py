@@ -129,6 +129,10 @@ class Training(Strict):
         "counted from 1; torchtitan's layer-selective activation checkpointing, selective_ac_option = k) and "
         "the others keep all their activations. Counted over the whole model, which is torchtitan's per-rank "
         "count when every stage starts after a multiple of k blocks. 1: every block")
+    tp_async: bool = Field(
+        False, description="TP collectives micro-pipelined with the matmuls next to them (torchtitan async TP): "
+        "each shows only its excess over its matmul plus one pipeline step (PerfModel._async_tp_exposed); "
+        "`import torchtitan` sets it")
     attention: Literal["flash", "eager"] = Field(
         "flash", description="flash keeps no s^2 attention tensors; eager keeps the scores, softmax and "
         "dropout (5 a s^2 bytes per sample and layer, Korthikanti et al. Table 2). Default assumes flash")

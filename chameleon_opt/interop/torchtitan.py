@@ -500,12 +500,18 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
         r.assumptions.append("torchtitan FSDP symmetric memory: collectives timed as NCCL's")
     _optimizer(r)
     workload = _model(r, model)
-    for where, table, key in (("parallelism", par, "enable_async_tensor_parallel"),
-                              ("compile", compile_, "enable_async_tensor_parallel")):
-        if table.get(key):
-            raise r.refuse(f"{where}.{key}", "async TP (micro-pipelined all-gather / reduce-scatter inside the "
-                           "matmuls) is not modelled", f"set {where}.{key} = false to plan the job with plain TP")
     blocks_compiled, loss_compiled = _compiled(r, compile_)
+    tp_async = False
+    for where, table in (("parallelism", par), ("compile", compile_)):
+        if table.get("enable_async_tensor_parallel") and tp > 1:
+            if not blocks_compiled:
+                raise r.refuse(f"{where}.enable_async_tensor_parallel", "async TP without the blocks compiled "
+                               "(torchtitan refuses it: the micro-pipelining is an Inductor pass)",
+                               "set compile.enable = true with the model component, or async TP false")
+            tp_async = True
+    if tp_async:
+        r.assumptions.append("torchtitan async TP: each TP collective micro-pipelined with the matmul next to it, "
+                             "only its excess over that matmul and one pipeline step exposed (derived, not fitted)")
     layout: dict[str, Any] = {"pipeline_parallel": pp, "data_parallel": dp, "order": TORCHTITAN_ORDER}
     split = _split(r, par, pp, workload)
     if split is not None:
@@ -529,7 +535,7 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
     train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **state,
                              "recomputation": recompute, "checkpoint_every": every,
                              "kernels": "torchtitan-compiled" if blocks_compiled else "torchtitan",
-                             "compiled_loss": loss_compiled,
+                             "compiled_loss": loss_compiled, "tp_async": tp_async,
                              "loss_chunks": _loss_chunks(r),
                              "sequence_parallel": tp > 1 and (era == "toml" or bool(par.get("enable_sequence_parallel",
                                                                                                True))),

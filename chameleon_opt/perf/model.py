@@ -252,6 +252,7 @@ class PerfModel:
         self.micro_batch_size = training.micro_batch_size
         self.recompute = self.options.recomputation
         self.checkpoint_every = training.checkpoint_every
+        self.tp_async = training.tp_async
         self.attention = training.attention
         self.sequence_parallel = training.sequence_parallel
         self.zero_stage = training.zero
@@ -396,11 +397,33 @@ class PerfModel:
             tp_fwd, tp_bwd = count_f * one, count_b * one
             self.time_sources[(device.name, tp)] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
                                       "(catalogue efficiency)")
-        if self.calibration is not None:  # the stack's overlap of TP collectives with its GEMMs
+        if self.tp_async and tp > 1:
+            tp_fwd, tp_bwd = self._async_tp_exposed(device, tp, one, tp_fwd, tp_bwd, count_f, count_b)
+        elif self.calibration is not None:  # the stack's overlap of TP collectives with its GEMMs
             tp_fwd, tp_bwd = tp_fwd * self.calibration.tp_exposed, tp_bwd * self.calibration.tp_exposed
         act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels) * mbs
         return {"fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
                 "params": w.params / tp, "act": act}
+
+    def _async_tp_exposed(self, device: DeviceType, tp: int, one: float, tp_fwd: np.ndarray, tp_bwd: np.ndarray,
+                          count_f: np.ndarray, count_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Exposed time of a block's TP collectives under async TP (torchtitan's micro-pipelined
+        all-gather + matmul and matmul + reduce-scatter, torch symmetric memory): each of the four
+        collectives (half a ring all-reduce each) is split into tp steps, one chunk's transfer running
+        beside the previous chunk's matmul, so what shows beyond the matmul is the transfer's excess over
+        it plus one step of the shorter (the pipeline's fill): max(c - g, 0) + min(c, g) / tp. The
+        backward's collectives pair with the input-gradient matmuls (the same FLOPs); a rerun forward's
+        (full recomputation) with the forward's. Blocks only, and only where the collectives are priced
+        apart (a profile's measured times keep theirs): the embedding's reduce-scatter stays exposed."""
+        w, mbs = self.workload, self.micro_batch_size
+        fit = self.calibration.devices.get(device.name) if self.calibration is not None else None
+        rate = device.peak_tflops * 1e12 * (fit.compute_efficiency if fit is not None else device.efficiency)
+        gemm = w.tp_collective_gemm_flops_per_sample() * mbs / tp / rate
+        half = one / 2.0
+        exposed = (np.maximum(half - gemm, 0.0) + np.minimum(half, gemm) / tp).sum(axis=1)
+        block = (gemm.sum(axis=1) > 0) & (tp_fwd > 0)
+        per_pass = np.divide(count_b, count_f, out=np.zeros_like(count_b), where=count_f > 0)
+        return np.where(block, exposed, tp_fwd), np.where(block, exposed * per_pass, tp_bwd)
 
     def _range(self, table: dict[str, np.ndarray], name: str, first: int, end: int) -> float:
         values = table[name]
