@@ -131,8 +131,8 @@ class Training(Strict):
         "count when every stage starts after a multiple of k blocks. 1: every block")
     tp_async: bool = Field(
         False, description="TP collectives micro-pipelined with the matmuls next to them (torchtitan async TP): "
-        "each shows only its excess over its matmul plus one pipeline step (PerfModel._async_tp_exposed); "
-        "`import torchtitan` sets it")
+        "under sequence parallelism each all-gather / reduce-scatter shows only its excess over its matmul plus "
+        "one pipeline step (PerfModel._async_tp_exposed); without it nothing is hidden. `import torchtitan` sets it")
     attention: Literal["flash", "eager"] = Field(
         "flash", description="flash keeps no s^2 attention tensors; eager keeps the scores, softmax and "
         "dropout (5 a s^2 bytes per sample and layer, Korthikanti et al. Table 2). Default assumes flash")

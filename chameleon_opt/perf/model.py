@@ -396,8 +396,8 @@ class PerfModel:
             fwd, bwd = fwd + eager, bwd + eager * (ELEMENTWISE_BACKWARD_RATIO + (1.0 if rerun else 0.0))
             tp_fwd, tp_bwd = count_f * one, count_b * one
             self.time_sources[(device.name, tp)] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
-                                      "(catalogue efficiency)")
-        if self.tp_async and tp > 1:
+                                                    "(catalogue efficiency)")
+        if self.tp_async and self.sequence_parallel and tp > 1:
             tp_fwd, tp_bwd = self._async_tp_exposed(device, tp, one, tp_fwd, tp_bwd, count_f, count_b)
         elif self.calibration is not None:  # the stack's overlap of TP collectives with its GEMMs
             tp_fwd, tp_bwd = tp_fwd * self.calibration.tp_exposed, tp_bwd * self.calibration.tp_exposed
@@ -414,7 +414,8 @@ class PerfModel:
         it plus one step of the shorter (the pipeline's fill): max(c - g, 0) + min(c, g) / tp. The
         backward's collectives pair with the input-gradient matmuls (the same FLOPs); a rerun forward's
         (full recomputation) with the forward's. Blocks only, and only where the collectives are priced
-        apart (a profile's measured times keep theirs): the embedding's reduce-scatter stays exposed."""
+        apart (a profile's measured times keep theirs): the embedding's reduce-scatter stays exposed.
+        Without sequence parallelism the collectives are all-reduces, which async TP does not pipeline."""
         w, mbs = self.workload, self.micro_batch_size
         fit = self.calibration.devices.get(device.name) if self.calibration is not None else None
         rate = device.peak_tflops * 1e12 * (fit.compute_efficiency if fit is not None else device.efficiency)
