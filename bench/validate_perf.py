@@ -355,6 +355,15 @@ def sharded(run) -> bool:
     return run.document["training"].get("zero_stage", 0) >= 3
 
 
+def fits_interference(run) -> bool:
+    """Whether a torchtitan run is one of those SHARDED_OVERLAP_INTERFERENCE is fitted on: eager blocks,
+    every block checkpointed alike. Why not every priced row: the constant prices llm-foundry's family,
+    so a setting newly priced here (compile, layer-selective checkpointing) would move another source's
+    check through its own error; those rows are reported, not fitted on."""
+    training = run.document["training"]
+    return training.get("kernels") == "torchtitan" and training.get("checkpoint_every", 1) == 1
+
+
 def interference_of(runs: list, price) -> float:
     """The ZeRO-3 overlap interference fitted on `runs` (published.fit_interference), each priced by
     `price(run, x)` at x = 0 and x = 1."""
@@ -537,7 +546,7 @@ def torchtitan_validation(others: list, interference: float) -> dict:
     rows by the key named; the rest priced with the torchtitan kernels, the efficiencies fitted on
     every other published family (`others`) and the ZeRO-3 overlap interference fitted on llm-foundry's
     runs (`interference`): none on these rows, all held out. Memory against max_reserved. Also fits
-    the interference on these rows (`fitted_interference`: what prices llm-foundry's)."""
+    the interference on its eager every-block rows (`fitted_interference`, fits_interference: what prices llm-foundry's)."""
     from chameleon_opt.instance.devices import CATALOGUE
     from chameleon_opt.perf import published as P
     from chameleon_opt.perf.calibration import DeviceFit, FrameworkCalibration
@@ -566,7 +575,7 @@ def torchtitan_validation(others: list, interference: float) -> dict:
                      "error_time": found.iteration_time_s / r.measured_step_s - 1,
                      "measured_mem_gib": r.measured_memory_gib, "predicted_mem_gib": peak,
                      "error_mem": peak / r.measured_memory_gib - 1 if r.measured_memory_gib else None})
-    fitted = interference_of(runs, lambda r, x: estimate(r, x).iteration_time_s)
+    fitted = interference_of([r for r in runs if fits_interference(r)], lambda r, x: estimate(r, x).iteration_time_s)
     return {"rows": rows, "refused": refused, "fitted_on": list(fit.fitted_on), "interference": interference,
             "fitted_interference": fitted}
 

@@ -11,6 +11,7 @@ import json
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -111,14 +112,16 @@ def test_sharding_and_precision_follow_torchtitan(tmp_path):
     (("data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1\ndata_parallel_replicate_degree = 2"),
      "parallelism"),  # 64 ranks asked, 2 x 8 x 4 = 64 fine; see the HSDP case below
     (("mode = \"full\"", "mode = \"memory_budget\"\nmemory_budget = 0.5"), "activation_checkpoint.memory_budget"),
-    (("mode = \"full\"", "mode = \"selective\"\nselective_ac_option = \"2\""),
+    (("mode = \"full\"", "mode = \"selective\"\nselective_ac_option = \"2\""),  # PP stages after 41 blocks
+     "activation_checkpoint.selective_ac_option"),
+    (("mode = \"full\"", "mode = \"selective\"\nselective_ac_option = \"0\""),
      "activation_checkpoint.selective_ac_option"),
     (("flavor = \"70B\"", "flavor = \"70B\"\nconverters = [\"float8\"]"), "model.converters"),
     # torchtitan 2024's switch, which the importer once accepted and priced as bf16
     (("flavor = \"70B\"", "flavor = \"70B\"\n[float8]\nenable_float8_linear = true\n[model2]"),
      "float8.enable_float8_linear"),
     (("tensor_parallel_degree = 8", "tensor_parallel_degree = 8\nenable_async_tensor_parallel = true"),
-     "parallelism.enable_async_tensor_parallel"),
+     "parallelism.enable_async_tensor_parallel"),  # without compile, which torchtitan refuses too
     (("tensor_parallel_degree = 8", "tensor_parallel_degree = 8\ndisable_loss_parallel = true"),
      "parallelism.disable_loss_parallel"),
     (("tensor_parallel_degree = 8", "tensor_parallel_degree = 8\nenable_magic = true"), "parallelism.enable_magic"),
@@ -134,6 +137,52 @@ def test_what_the_planner_cannot_model_is_refused(tmp_path, edit, key):
     with pytest.raises(InputError) as err:
         import_torchtitan(_write(tmp_path, text), ClusterOptions(world_size=world), [])
     assert err.value.field == key
+
+
+def test_layer_selective_checkpointing_is_full_every_kth_block(tmp_path):
+    """selective_ac_option = "2": torchtitan's counter wraps blocks 2, 4, ... (counted from 1) in the
+    full checkpoint, the planner's full every 2. Priced by hand on Llama 3 70B without PP: blocks
+    1, 3, ... (and the embedding and head) cost what they cost without checkpointing, blocks 2, 4, ...
+    what they cost fully recomputed, so the stage's activations and time are the two halves' sum."""
+    from chameleon_opt.perf.model import PerfModel
+
+    one_stage = LLAMA70_PP4.replace("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 1")
+    text = one_stage.replace("mode = \"full\"", "mode = \"selective\"\nselective_ac_option = \"2\"")
+    doc = import_torchtitan(_write(tmp_path, text), ClusterOptions(world_size=64), [])
+    assert (doc["training"]["recomputation"], doc["training"]["checkpoint_every"]) == ("full", 2)
+    assert any("layer-selective" in a for a in doc["training"]["assumptions"])
+    full = import_torchtitan(_write(tmp_path, one_stage, "full.toml"), ClusterOptions(world_size=64), [])
+    none = json.loads(json.dumps(full))
+    none["training"]["recomputation"] = "none"
+    mixed, every, kept = (PerfModel(build_instance(d)) for d in (doc, full, none))
+    devices, layers = tuple(range(8)), mixed.workload.num_layers
+    checkpointed = np.arange(layers) % 2 == 0
+    checkpointed[[0, -1]] = False
+    for name in ("act", "fwd", "bwd", "tp_bwd"):
+        rows = [np.diff(m._tables(m.stage_device(devices), 8)[name]) for m in (mixed, every, kept)]
+        assert np.allclose(rows[0], np.where(checkpointed, rows[1], rows[2])), name
+    assert checkpointed.sum() == 40
+    assert mixed.transient_bytes(8) == every.transient_bytes(8)  # a checkpointed block's backward
+
+
+def test_layer_selective_checkpointing_under_pp_needs_torchtitans_per_rank_count(tmp_path):
+    """Each PP rank counts its own blocks from 1: [21, 21, 20, 20] layers start stages after 20, 41
+    and 61 blocks, so with k = 2 stage 2's ranks checkpoint the planner's odd blocks (refused); k = 1
+    (every block) and stages after 20 / 40 / 60 blocks (module_fqns_per_model_part) import."""
+    text = LLAMA70_PP4.replace("mode = \"full\"", "mode = \"selective\"\nselective_ac_option = \"2\"")
+    with pytest.raises(InputError, match="not a multiple of 2") as err:
+        import_torchtitan(_write(tmp_path, text), ClusterOptions(world_size=64), [])
+    assert err.value.field == "activation_checkpoint.selective_ac_option"
+    parts = [["tok_embeddings"] + [f"layers.{i}" for i in range(20)]] + \
+        [[f"layers.{i}" for i in range(20 * s, 20 * s + 20)] for s in (1, 2)] + \
+        [[f"layers.{i}" for i in range(60, 80)] + ["norm", "output"]]
+    even = text.replace("pipeline_parallel_schedule = \"1F1B\"",
+                        f"pipeline_parallel_schedule = \"1F1B\"\nmodule_fqns_per_model_part = {json.dumps(parts)}")
+    assert import_torchtitan(_write(tmp_path, even, "even.toml"), ClusterOptions(world_size=64), [])[
+        "training"]["checkpoint_every"] == 2
+    every = text.replace("\"2\"", "\"1\"")
+    assert import_torchtitan(_write(tmp_path, every, "one.toml"), ClusterOptions(world_size=64), [])[
+        "training"]["checkpoint_every"] == 1
 
 
 def test_hsdp_is_imported_as_copies_of_each_shard(tmp_path):
@@ -191,14 +240,30 @@ PYTHON_ERA = {  # a Trainer.Config dump after August 2026: token budgets, num_pp
 }
 
 
-def test_compiled_job_is_refused_naming_the_setting(tmp_path):
-    """torch.compile changes the step time (16%) and the reserved peak (5 GiB) of the same job in
-    torchtitan's own benchmarks: pricing it as eager would be wrong, so it is refused."""
+def test_compiled_job_is_imported_with_fused_blocks_and_loss(tmp_path):
+    """compile.enable with the default components (model and loss): the blocks' kernels are
+    torchtitan's compiled ones (chains fused) and the loss compiled, both listed as assumptions;
+    components = ["model"] leaves the loss eager; a backend other than Inductor or a component the
+    planner does not know is refused by name."""
     compiled = {**PYTHON_ERA, "compile": {**PYTHON_ERA["compile"], "enable": True}}
-    path = _write(tmp_path, json.dumps(compiled), "job_config.json")
-    with pytest.raises(InputError) as err:
-        import_torchtitan(path, ClusterOptions(world_size=16), [])
-    assert err.value.field == "compile.enable" and err.value.exit_code == 2
+    compiled["compile"].pop("components", None)
+    training = import_torchtitan(_write(tmp_path, json.dumps(compiled), "job_config.json"),
+                                 ClusterOptions(world_size=16), [])["training"]
+    assert (training["kernels"], training["compiled_loss"]) == ("torchtitan-compiled", True)
+    assert sum("compile" in a for a in training["assumptions"]) == 2
+    blocks = {**compiled, "compile": {**compiled["compile"], "components": ["model"]}}
+    training = import_torchtitan(_write(tmp_path, json.dumps(blocks), "blocks.json"),
+                                 ClusterOptions(world_size=16), [])["training"]
+    assert (training["kernels"], training["compiled_loss"]) == ("torchtitan-compiled", False)
+    asynchronous = {**blocks, "parallelism": {**blocks["parallelism"], "enable_async_tensor_parallel": True}}
+    training = import_torchtitan(_write(tmp_path, json.dumps(asynchronous), "async.json"),
+                                 ClusterOptions(world_size=16), [])["training"]
+    assert training["tp_async"] and any("async TP" in a for a in training["assumptions"])
+    for key, value in (("backend", "aot_eager"), ("components", ["model", "muon"])):
+        other = {**compiled, "compile": {**compiled["compile"], key: value}}
+        with pytest.raises(InputError) as err:
+            import_torchtitan(_write(tmp_path, json.dumps(other), "other.json"), ClusterOptions(world_size=16), [])
+        assert err.value.field == f"compile.{key}" and err.value.exit_code == 2
 
 
 def test_python_era_dump_is_read_with_its_own_keys(tmp_path):

@@ -66,8 +66,15 @@ def test_published_rows_import_or_are_refused_by_name():
     runs, refused = import_rows(DATA)
     assert {r.id for r in runs} >= {"tt24-8b-fsdp8", "tt24-8b-fsdp128"}
     fp8 = [i for i in refused if "fp8" in i and "compile" not in i]
-    assert fp8 and all(refused[i] in ("float8.enable_float8_linear", "compile.enable",
+    assert fp8 and all(refused[i] in ("float8.enable_float8_linear",
                                       "parallelism.enable_async_tensor_parallel") for i in fp8)
+    compiled = {r.id: r.document["training"] for r in runs if "compile" in r.id or "vanillatp" in r.id}
+    assert set(compiled) == {"tt24-8b-fsdp8-compile", "tt24-8b-fsdp128-compile", "atp25-70b-bf16-vanillatp",
+                             "atp25-8b-bf16-vanillatp"}
+    assert all(t["kernels"] == "torchtitan-compiled" for t in compiled.values())
+    # December 2024's torchtitan did not compile the loss; the 2025 runs' default components do
+    assert [i for i, t in compiled.items() if t["compiled_loss"]] == ["atp25-70b-bf16-vanillatp",
+                                                                       "atp25-8b-bf16-vanillatp"]
     assert refused["tt24-8b-fsdp8-compile-fp8"] == "float8.enable_float8_linear"
     assert refused["tt24-8b-fsdp4-cp2"] == "parallelism.context_parallel_degree"
 
@@ -136,3 +143,77 @@ def test_importer_priced_job_adds_the_eager_chains_to_its_flop_time():
     chains = float(w.unfused_elementwise_bytes_per_sample(1, TORCHTITAN).sum()) * mbs
     bandwidth = eager.stage_device(devices).memory_bandwidth_gbps * 1e9 * ELEMENTWISE_HBM_SHARE
     assert chains > 0 and np.isclose((ef + eb) - (ff + fb), 3 * chains / bandwidth)
+
+
+def test_compiled_blocks_fuse_their_chains_and_keep_the_fused_saved_set():
+    """torch.compile of the blocks: no unfused chain traffic; without checkpointing a block keeps the
+    fused norm's bf16 input (2 h, not eager's fp32 copy 6 h, per norm) and the fused gated MLP's three
+    tensors (3 x 2 f, not SwiGLU's four): Llama 3 8B, per token, 2 x 4 h + 2 f less; the per-op
+    policy's saved set does not change."""
+    from chameleon_opt.workload.activations import TORCHTITAN_COMPILED
+    assert workload().unfused_elementwise_bytes_per_sample(1, TORCHTITAN_COMPILED).sum() == 0.0
+    eager = block_bytes_per_sample(LLAMA3_8B, TORCHTITAN, 8192, 2.0, 1)
+    compiled = block_bytes_per_sample(LLAMA3_8B, TORCHTITAN_COMPILED, 8192, 2.0, 1)
+    assert eager - compiled == 8192 * (2 * 4 * 4096 + 2 * 14336)
+    assert block_bytes_per_sample(LLAMA3_8B, TORCHTITAN, 8192, 2.0, 1, recompute_core=True) == \
+        block_bytes_per_sample(LLAMA3_8B, TORCHTITAN_COMPILED, 8192, 2.0, 1, recompute_core=True)
+
+
+def test_a_compiled_job_under_the_eager_stacks_calibration_prices_no_chains():
+    """The calibration names torchtitan's (eager) kernels; a job that compiles its blocks is priced
+    with the compiled form: the compile row's stage is the eager twin's less 3 x the chains' HBM
+    time (forward, backward twice, and the per-op policy's rerun: 4 x under selective), and its
+    loss buffers stay eager's 14 B per logit (the loss not compiled); compiling the loss makes
+    them COMPILED_LOSS_LOGIT_BYTES."""
+    import copy
+    from bench.torchtitan_runs import import_rows
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.perf.calibration import ELEMENTWISE_HBM_SHARE, DeviceFit, FrameworkCalibration
+    from chameleon_opt.perf.model import PerfModel
+    from chameleon_opt.workload.activations import COMPILED_LOSS_LOGIT_BYTES
+
+    runs = {r.id: r for r in import_rows(DATA)[0]}
+    eager_doc, compiled_doc = runs["tt24-8b-fsdp8"].document, runs["tt24-8b-fsdp8-compile"].document
+    spec = eager_doc["cluster"]["device_type"]
+    calibration = FrameworkCalibration("t", "flash", 0.1, {spec["name"]: DeviceFit(
+        spec["peak_tflops"], spec["memory_bandwidth_gbps"], 0.6, ())}, kernels="torchtitan")
+    eager, compiled = (PerfModel(build_instance(d, "<8b>"), calibration=calibration) for d in (eager_doc, compiled_doc))
+    assert compiled.kernels.name == "torchtitan-compiled" and compiled.kernels.logit_bytes == 14.0
+    devices, layers = (0,), eager.workload.num_layers
+    (ef, eb, _, _), (cf, cb, _, _) = eager.stage_times(devices, 0, layers), compiled.stage_times(devices, 0, layers)
+    chains = float(eager.workload.unfused_elementwise_bytes_per_sample(1, TORCHTITAN).sum()) * eager.micro_batch_size
+    seconds = chains / (spec["memory_bandwidth_gbps"] * 1e9 * ELEMENTWISE_HBM_SHARE)
+    assert np.isclose((ef + eb) - (cf + cb), 4 * seconds)
+    loss_doc = copy.deepcopy(compiled_doc)
+    loss_doc["training"]["compiled_loss"] = True
+    assert PerfModel(build_instance(loss_doc, "<8b>")).kernels.logit_bytes == COMPILED_LOSS_LOGIT_BYTES
+
+
+def test_async_tp_exposes_each_collectives_excess_over_its_matmul_and_one_step():
+    """torchtitan async TP on the 2025 8B row (TP 8, per-op checkpointing): per block the four
+    collectives, each half a ring all-reduce of the micro-batch's s x h activation, pair with
+    wq/wk/wv, wo, w1/w3 and w2; by hand max(c - g, 0) + min(c, g) / 8 each, forward and backward
+    alike; the embedding's collective stays whole. Without async TP (the vanilla twin) every
+    collective shows whole, so the async row's TP time is below the vanilla one's."""
+    from bench.torchtitan_runs import import_rows
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.perf.comm import ring_allreduce_time
+    from chameleon_opt.perf.model import PerfModel
+
+    runs = {r.id: r for r in import_rows(DATA)[0]}
+    doc = runs["atp25-8b-bf16-asynctp"].document
+    assert doc["training"]["tp_async"] and not runs["atp25-8b-bf16-vanillatp"].document["training"]["tp_async"]
+    asynchronous, vanilla = (PerfModel(build_instance(runs[i].document, "<8b>"))
+                             for i in ("atp25-8b-bf16-asynctp", "atp25-8b-bf16-vanillatp"))
+    device = asynchronous.stage_device(tuple(range(8)))
+    mbs, s, h = asynchronous.micro_batch_size, 8192, 4096
+    c = ring_allreduce_time(s * h * 2 * mbs, 8, asynchronous.intra) / 2
+    rate = device.peak_tflops * 1e12 * device.efficiency
+    flops = 2 * s * np.array([h * (4096 + 2 * 1024), 4096 * h, 2 * h * 14336, 14336 * h])
+    g = flops * mbs / 8 / rate
+    by_hand = float(np.sum(np.maximum(c - g, 0) + np.minimum(c, g) / 8))
+    table = asynchronous._tables(device, 8)
+    tp_fwd, tp_bwd = np.diff(table["tp_fwd"]), np.diff(table["tp_bwd"])
+    assert np.isclose(tp_fwd[1], by_hand) and np.isclose(tp_bwd[1], by_hand)
+    assert np.isclose(tp_fwd[0], np.diff(vanilla._tables(device, 8)["tp_fwd"])[0])
+    assert tp_fwd[1] < np.diff(vanilla._tables(device, 8)["tp_fwd"])[1]

@@ -143,6 +143,15 @@ class Training(Strict):
         None, description="none: keep every activation; selective: recompute the attention core "
         "(Korthikanti et al. 2022); full: keep only each block's input. Default: full if "
         "activation_recomputation else none")
+    checkpoint_every: PositiveInt = Field(
+        1, description="full recomputation checkpoints only every k-th transformer block (blocks k, 2k, ... "
+        "counted from 1; torchtitan's layer-selective activation checkpointing, selective_ac_option = k) and "
+        "the others keep all their activations. Counted over the whole model, which is torchtitan's per-rank "
+        "count when every stage starts after a multiple of k blocks. 1: every block")
+    tp_async: bool = Field(
+        False, description="TP collectives micro-pipelined with the matmuls next to them (torchtitan async TP): "
+        "under sequence parallelism each all-gather / reduce-scatter shows only its excess over its matmul plus "
+        "one pipeline step (PerfModel._async_tp_exposed); without it nothing is hidden. `import torchtitan` sets it")
     attention: Literal["flash", "eager"] = Field(
         "flash", description="flash keeps no s^2 attention tensors; eager keeps the scores, softmax and "
         "dropout (5 a s^2 bytes per sample and layer, Korthikanti et al. Table 2). Default assumes flash")
@@ -195,11 +204,17 @@ class Training(Strict):
     framework: str | None = Field(
         None, description="a framework calibrated in models/calibration/<name>.json: its fitted memory overhead and "
         "per-device time calibration are used. Default: none (catalogue values, marked assumed)")
-    kernels: Literal["megatron", "torchtitan"] | None = Field(
+    kernels: Literal["megatron", "torchtitan", "torchtitan-compiled"] | None = Field(
         None, description="the stack whose kernels the activations, loss buffers and selective recomputation "
-        "follow (workload/activations.py): megatron (Korthikanti et al.'s counts) or torchtitan (fp32 RMSNorm "
-        "input, flash attention, per-op selective checkpointing, fp32 loss buffers); `import torchtitan` sets "
-        "it. Default: the framework calibration's, else megatron")
+        "follow (workload/activations.py): megatron (Korthikanti et al.'s counts), torchtitan (fp32 RMSNorm "
+        "input, flash attention, per-op selective checkpointing, fp32 loss buffers, unfused element-wise "
+        "chains) or torchtitan-compiled (its blocks under torch.compile: chains fused); `import torchtitan` "
+        "sets it. Default: the framework calibration's, else megatron; a compiled form of the calibration's "
+        "stack is kept")
+    compiled_loss: bool = Field(
+        False, description="torch.compile compiles the loss (torchtitan compile.components \"loss\"): the "
+        "fused cross-entropy holds the half-precision logits and their gradient only "
+        "(activations.COMPILED_LOSS_LOGIT_BYTES); `import torchtitan` sets it")
     loss_chunks: PositiveInt = Field(
         1, description="the loss computes the head and its loss over this many slices of a micro-batch's tokens in "
         "turn (torchtitan's ChunkedLossWrapper, `loss.num_chunks`), so its logits buffers hold one slice; "
@@ -213,6 +228,9 @@ class Training(Strict):
         if self.recomputation is not None and self.activation_recomputation and self.recomputation != "full":
             raise ValueError(f"activation_recomputation is true but recomputation is {self.recomputation!r}: "
                              "drop activation_recomputation")
+        if self.checkpoint_every > 1 and self.recompute != "full" and "full" not in (self.reliefs or []):
+            raise ValueError(f"checkpoint_every is {self.checkpoint_every} but no block is fully recomputed "
+                             f"(recomputation {self.recompute!r}): set recomputation full, or drop checkpoint_every")
         if self.zero_stage == 0 and self.distributed_optimizer:
             raise ValueError("distributed_optimizer is true but zero_stage is 0: drop distributed_optimizer")
         if self.overlap_param_gather and self.zero == 0:

@@ -264,17 +264,21 @@ def _split(r: _Reader, par: dict[str, Any], pp: int, workload: dict[str, Any]) -
     return default_split(blocks, pp, first, last)
 
 
-def _recomputation(r: _Reader) -> str:
-    """The planner's recomputation mode for torchtitan's activation checkpointing, or a refusal.
+def _recomputation(r: _Reader) -> tuple[str, int]:
+    """The planner's recomputation mode for torchtitan's activation checkpointing and the block
+    period it applies to (`training.checkpoint_every`), or a refusal.
 
     Full checkpointing of every block is the planner's `full`; torchtitan's per-op selective
     policy (saves matmul, attention and collective outputs except every second matmul) is the
     planner's `selective` under the torchtitan kernels (`training.kernels`, set by the importer:
-    workload/activations.py prices its saved set and the matmuls it reruns)."""
+    workload/activations.py prices its saved set and the matmuls it reruns). Layer-selective
+    checkpointing (`selective_ac_option` = k) wraps a block in the full checkpoint when a counter
+    incremented per block reaches a multiple of k (models/llama3/infra/parallelize.py
+    `_apply_ac_to_transformer_block`: blocks k, 2k, ... counted from 1), the planner's `full` every k."""
     ac = r.config.get("activation_checkpoint", {} if r.era == "toml" else None)
     where = "activation_checkpoint"
     if ac is None:
-        return "none"
+        return "none", 1
     if not isinstance(ac, dict):
         raise r.refuse(where, f"got {ac!r:.40}", "give a table of activation-checkpoint settings")
     r.section(where, _AC_KEYS)
@@ -293,21 +297,24 @@ def _recomputation(r: _Reader) -> str:
         raise r.refuse(where, "an activation-checkpoint policy the planner does not recognise",
                        "use the none, full or selective policy")
     if mode == "none":
-        return "none"
+        return "none", 1
     if mode == "full":
-        return "full"
+        return "full", 1
     if mode == "memory_budget":
         raise r.refuse(f"{where}.memory_budget", "the compiler's memory-budget checkpointing saves what its "
                        "partitioner chooses, which the planner cannot predict", "use mode full or selective (op)")
     if mode != "selective":
         raise r.refuse(f"{where}.mode", f"unknown mode {mode!r}", "use none, full or selective")
     if option == "op":
-        return "selective"
-    if option == "1":
-        return "full"
-    raise r.refuse(f"{where}.selective_ac_option", f"{option!r} checkpoints one block in every {option} only, which "
-                   "the planner (one mode per stage) does not model",
-                   "use selective_ac_option = \"op\" or mode = \"full\"")
+        return "selective", 1
+    if not option.isdigit() or int(option) < 1:
+        raise r.refuse(f"{where}.selective_ac_option", f"{option!r} is neither \"op\" nor a positive block "
+                       "period (torchtitan refuses it)", "use \"op\" or a positive integer")
+    every = int(option)
+    if every > 1:
+        r.assumptions.append(f"torchtitan layer-selective activation checkpointing: blocks {every}, {2 * every}, "
+                             "... of each stage fully recomputed, the others keep all their activations")
+    return "full", every
 
 
 def _batches(r: _Reader, training: dict[str, Any], par: dict[str, Any], pp: int, dp: int) -> dict[str, Any]:
@@ -434,6 +441,30 @@ def _loss_chunks(r: _Reader) -> int:
     return chunks
 
 
+def _compiled(r: _Reader, compile_: dict[str, Any]) -> tuple[bool, bool]:
+    """(blocks compiled, loss compiled) under torch.compile: `compile.components` (default model and
+    loss, torchtitan's Compile config) with Inductor, which fuses the element-wise chains
+    (activations.TORCHTITAN_COMPILED, COMPILED_LOSS_LOGIT_BYTES); another backend does not fuse."""
+    if not compile_.get("enable"):
+        return False, False
+    components = compile_.get("components", ["model", "loss"])
+    if not isinstance(components, list) or not set(components) <= {"model", "loss"}:
+        raise r.refuse("compile.components", f"{components!r:.60} compiles more than the model's blocks and the "
+                       "loss, which the planner does not model", "compile [\"model\", \"loss\"] or a part of it")
+    backend = str(compile_.get("backend", "inductor"))
+    if backend != "inductor":
+        raise r.refuse("compile.backend", f"{backend!r} does not fuse kernels as Inductor does",
+                       "use backend = \"inductor\", or compile.enable = false")
+    if "model" in components:
+        r.assumptions.append("torch.compile of the blocks (Inductor): their element-wise chains timed as fused "
+                             "kernels; without per-op checkpointing their saved set is the fused kernels' (norm "
+                             "input, both SwiGLU matmul outputs and their product; not measured)")
+    if "loss" in components:
+        r.assumptions.append("compiled loss: the half-precision logits and their gradient at the loss, 4 bytes "
+                             "per token and vocabulary entry (derived from the fused graph, not measured)")
+    return "model" in components, "loss" in components
+
+
 def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], model: str | None = None,
                       name: str | None = None) -> dict[str, Any]:
     """An instance document for the job a torchtitan config describes (device ids = its ranks)."""
@@ -446,7 +477,13 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
     pp = r.int(par, "parallelism", "pipeline_parallel_degree", 1)
     replicate = r.int(par, "parallelism", "data_parallel_replicate_degree", 1)
     shard = r.int(par, "parallelism", "data_parallel_shard_degree", -1)
-    for key in ("context_parallel_degree", "expert_parallel_degree", "expert_tensor_parallel_degree"):
+    if r.int(par, "parallelism", "context_parallel_degree", 1) != 1:
+        # every context-parallel run torchtitan published is float8 (bench/data/torchtitan_published.json),
+        # so a ring-attention model could not be checked against a measured bf16 run
+        raise r.refuse("parallelism.context_parallel_degree", "is above 1: context parallelism (ring attention, "
+                       "K and V passed around the CP ring, each rank holding 1/CP of the sequence) is not modelled",
+                       "the planner models DP x PP x TP only: set it to 1")
+    for key in ("expert_parallel_degree", "expert_tensor_parallel_degree"):
         if r.int(par, "parallelism", key, 1) != 1:
             raise r.refuse(f"parallelism.{key}", "is above 1", "the planner models DP x PP x TP only: set it to 1")
     if shard == -1:
@@ -471,14 +508,18 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
         r.assumptions.append("torchtitan FSDP symmetric memory: collectives timed as NCCL's")
     _optimizer(r)
     workload = _model(r, model)
-    for where, table, key in (("parallelism", par, "enable_async_tensor_parallel"), ("compile", compile_, "enable"),
-                              ("compile", compile_, "enable_async_tensor_parallel")):
-        if table.get(key):
-            # torchtitan's 2024 benchmarks: compile alone changes throughput by 16% and the reserved peak
-            # by 5 GiB on the same job (benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3)
-            raise r.refuse(f"{where}.{key}", "torch.compile (and async TP, which needs it) fuses kernels, which "
-                           "changes step time and saved activations in ways the planner does not model",
-                           f"set {where}.{key} = false to plan the eager job")
+    blocks_compiled, loss_compiled = _compiled(r, compile_)
+    tp_async = False
+    for where, table in (("parallelism", par), ("compile", compile_)):
+        if table.get("enable_async_tensor_parallel") and tp > 1:
+            if not blocks_compiled:
+                raise r.refuse(f"{where}.enable_async_tensor_parallel", "async TP without the blocks compiled "
+                               "(torchtitan refuses it: the micro-pipelining is an Inductor pass)",
+                               "set compile.enable = true with the model component, or async TP false")
+            tp_async = True
+    if tp_async:
+        r.assumptions.append("torchtitan async TP: each TP collective micro-pipelined with the matmul next to it, "
+                             "only its excess over that matmul and one pipeline step exposed (derived, not fitted)")
     layout: dict[str, Any] = {"pipeline_parallel": pp, "data_parallel": dp, "order": TORCHTITAN_ORDER}
     split = _split(r, par, pp, workload)
     if split is not None:
@@ -490,8 +531,19 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
         state["shard_replicas"] = replicate
         r.assumptions.append(f"torchtitan HSDP: {replicate} copies of each FSDP shard, {shard}-way within each; "
                              "gradients timed as one all-reduce over the data-parallel group")
+    recompute, every = _recomputation(r)
+    if every > 1 and split is not None:
+        starts = [sum(split[:s]) for s in range(1, len(split))]  # the stages' first workload layers
+        if any((start - 1) % every for start in starts):
+            # torchtitan counts blocks on each rank from its stage's first; the planner over the model
+            raise r.refuse("activation_checkpoint.selective_ac_option", f"a stage starts after a number of blocks "
+                           f"that is not a multiple of {every} (stages of {split} layers), so its ranks checkpoint "
+                           "other blocks than the planner's count over the whole model",
+                           f"give stages whose block counts before each are multiples of {every}, or mode full")
     train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **state,
-                             "recomputation": _recomputation(r), "kernels": "torchtitan",
+                             "recomputation": recompute, "checkpoint_every": every,
+                             "kernels": "torchtitan-compiled" if blocks_compiled else "torchtitan",
+                             "compiled_loss": loss_compiled, "tp_async": tp_async,
                              "loss_chunks": _loss_chunks(r),
                              "sequence_parallel": tp > 1 and (era == "toml" or bool(par.get("enable_sequence_parallel",
                                                                                                True))),

@@ -42,7 +42,8 @@ from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.relief_kinds import ReliefCost, parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan
 from chameleon_opt.perf.calibration import ELEMENTWISE_HBM_SHARE
-from chameleon_opt.workload.activations import ELEMENTWISE_BACKWARD_RATIO, kernels_for
+from chameleon_opt.workload.activations import (COMPILED_LOSS_LOGIT_BYTES, COMPILED_STACKS,
+                                               ELEMENTWISE_BACKWARD_RATIO, kernels_for)
 
 GIB = float(1 << 30)
 STAGE_COSTS_KEPT = 200_000  # remembered stage costs per model before the memo starts afresh
@@ -250,6 +251,8 @@ class PerfModel:
             recomputation=options.recomputation or training.recompute)
         self.micro_batch_size = training.micro_batch_size
         self.recompute = self.options.recomputation
+        self.checkpoint_every = training.checkpoint_every
+        self.tp_async = training.tp_async
         self.attention = training.attention
         self.sequence_parallel = training.sequence_parallel
         self.zero_stage = training.zero
@@ -272,7 +275,13 @@ class PerfModel:
         architecture = self.workload.architecture
         try:
             stack = calibration.kernels if calibration is not None and calibration.kernels else training.kernels
+            if calibration is not None and training.kernels == COMPILED_STACKS.get(calibration.kernels or ""):
+                # the job compiles the calibrated stack's blocks: its chains are priced fused
+                stack = training.kernels
+                self.calibration = calibration = replace(calibration, kernels=stack)
             self.kernels = kernels_for(stack, architecture.family if architecture is not None else None)
+            if training.compiled_loss:
+                self.kernels = replace(self.kernels, logit_bytes=COMPILED_LOSS_LOGIT_BYTES)
             if training.loss_chunks > 1:  # one slice of the tokens' logits alive at a time
                 per_entry = self.workload.logit_bytes_per_entry(self.kernels)
                 self.kernels = replace(self.kernels, logit_bytes=per_entry / training.loss_chunks)
@@ -329,6 +338,20 @@ class PerfModel:
         key = (device.name, tp, recompute)
         if key in self._prefix:
             return self._prefix[key]
+        table = self._layer_rows(device, tp, recompute)
+        if recompute == "full" and self.checkpoint_every > 1:
+            # layer-selective checkpointing: blocks k, 2k, ... are fully recomputed, every other layer
+            # (the embedding and head included) keeps its activations and runs as without recomputation
+            kept = self._layer_rows(device, tp, "none")
+            layer = np.arange(self.workload.num_layers)
+            plain = (layer % self.checkpoint_every != 0) | (layer == 0) | (layer == self.workload.num_layers - 1)
+            table = {name: np.where(plain, kept[name], rows) for name, rows in table.items()}
+        prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in table.items()}
+        self._prefix[key] = prefix
+        return prefix
+
+    def _layer_rows(self, device: DeviceType, tp: int, recompute: str) -> dict[str, np.ndarray]:
+        """Per-layer costs of one micro-batch with every layer under one recomputation mode."""
         w, mbs = self.workload, self.micro_batch_size
         profile = w.profile_table(device.name, mbs, tp)
         transferred = None
@@ -370,7 +393,7 @@ class PerfModel:
                 bwd = bwd + eager * (1.0 - share)
             if recompute == "full" and timed:
                 tp_bwd = (count_b - w.tp_allreduce_counts("none")[1]) * one
-            self.time_sources[key[:2]] = "profile" if profile is not None else transferred.source
+            self.time_sources[(device.name, tp)] = "profile" if profile is not None else transferred.source
         else:
             rate = device.peak_tflops * 1e12 * device.efficiency
             fwd = w.forward_flops_per_sample * mbs / tp / rate
@@ -390,18 +413,36 @@ class PerfModel:
             rerun = recompute == "full" or (recompute == "selective" and self.kernels.selective == "op-mm")
             fwd, bwd = fwd + eager, bwd + eager * (ELEMENTWISE_BACKWARD_RATIO + (1.0 if rerun else 0.0))
             tp_fwd, tp_bwd = count_f * one, count_b * one
-            self.time_sources[key[:2]] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
-                                      "(catalogue efficiency)")
-        if self.calibration is not None:  # the stack's overlap of TP collectives with its GEMMs
+            self.time_sources[(device.name, tp)] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
+                                                    "(catalogue efficiency)")
+        if self.tp_async and self.sequence_parallel and tp > 1:
+            tp_fwd, tp_bwd = self._async_tp_exposed(device, tp, one, tp_fwd, tp_bwd, count_f, count_b)
+        elif self.calibration is not None:  # the stack's overlap of TP collectives with its GEMMs
             tp_fwd, tp_bwd = tp_fwd * self.calibration.tp_exposed, tp_bwd * self.calibration.tp_exposed
         act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels) * mbs
-        table = {
-            "fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
-            "params": w.params / tp, "act": act, "fp8_cache": self._fp8_cache_bytes(tp), "fp8_step": fp8_step,
-        }
-        prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in table.items()}
-        self._prefix[key] = prefix
-        return prefix
+        return {"fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
+                "params": w.params / tp, "act": act, "fp8_cache": self._fp8_cache_bytes(tp), "fp8_step": fp8_step}
+
+    def _async_tp_exposed(self, device: DeviceType, tp: int, one: float, tp_fwd: np.ndarray, tp_bwd: np.ndarray,
+                          count_f: np.ndarray, count_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Exposed time of a block's TP collectives under async TP (torchtitan's micro-pipelined
+        all-gather + matmul and matmul + reduce-scatter, torch symmetric memory): each of the four
+        collectives (half a ring all-reduce each) is split into tp steps, one chunk's transfer running
+        beside the previous chunk's matmul, so what shows beyond the matmul is the transfer's excess over
+        it plus one step of the shorter (the pipeline's fill): max(c - g, 0) + min(c, g) / tp. The
+        backward's collectives pair with the input-gradient matmuls (the same FLOPs); a rerun forward's
+        (full recomputation) with the forward's. Blocks only, and only where the collectives are priced
+        apart (a profile's measured times keep theirs): the embedding's reduce-scatter stays exposed.
+        Without sequence parallelism the collectives are all-reduces, which async TP does not pipeline."""
+        w, mbs = self.workload, self.micro_batch_size
+        fit = self.calibration.devices.get(device.name) if self.calibration is not None else None
+        rate = device.peak_tflops * 1e12 * (fit.compute_efficiency if fit is not None else device.efficiency)
+        gemm = w.tp_collective_gemm_flops_per_sample() * mbs / tp / rate
+        half = one / 2.0
+        exposed = (np.maximum(half - gemm, 0.0) + np.minimum(half, gemm) / tp).sum(axis=1)
+        block = (gemm.sum(axis=1) > 0) & (tp_fwd > 0)
+        per_pass = np.divide(count_b, count_f, out=np.zeros_like(count_b), where=count_f > 0)
+        return np.where(block, exposed, tp_fwd), np.where(block, exposed * per_pass, tp_bwd)
 
     def _with_fp8(self, device: DeviceType, tp: int, fwd: np.ndarray, bwd: np.ndarray, peak_tflops: float,
                   efficiency: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

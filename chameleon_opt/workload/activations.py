@@ -148,19 +148,47 @@ is parameters + Adam state + activations + 12 B x tokens x vocab + the gathered 
 and the reserved peak this model gives (gradients counted, 14 B) within 2.1% on five runs."""
 
 
+TORCHTITAN_COMPILED = Kernels("torchtitan-compiled", norm="fused", attention="flash", attention_dropout=False,
+                              hidden_dropout=False, mlp="fused", selective="op-mm", logit_bytes=14.0,
+                              elementwise="fused")
+"""torchtitan's Llama with its blocks under torch.compile (compile.components "model": each
+TransformerBlock compiled whole, fullgraph, apply_compile in parallelize_llama.py). Inductor fuses
+every element-wise chain between two matmuls (or SDPA) into one kernel, so the chains cost what a
+fused stack's do (no unfused traffic: elementwise fused); its partitioner saves the chains' inputs,
+not their fp32 intermediates, and recomputes them in the backward: RMSNorm keeps its bf16 input as
+Megatron's fused norm does, SwiGLU the two matmul outputs and the product that w2 reads (the fused
+gated count; the partitioner may recompute the product, so an upper count). Not measured on a
+compiled run: the published compile rows use per-op checkpointing, whose saved set (op_sac_terms) the
+policy fixes under compile too. The loss is outside the blocks: see COMPILED_LOSS_LOGIT_BYTES."""
+
+COMPILED_LOSS_LOGIT_BYTES = 4.0
+"""Bytes per token and vocabulary entry at the loss when torch.compile compiles it (compile.components
+"loss"): Inductor fuses `cross_entropy(pred.float(), labels)` into a forward reduction that keeps the
+bf16 logits and a per-token log-sum-exp, and a backward kernel that writes the bf16 logits' gradient
+directly (the fp32 cast's backward folded in), so the bf16 logits and their bf16 gradient (2 + 2) are
+what is alive, against eager's 14 (TORCHTITAN.logit_bytes). Derived from the fused graph, not measured:
+torchtitan's December 2024 code did not compile the loss (train.py: "compiling loss function causes
+CUDA errors"), and no later published row states memory."""
+
+COMPILED_STACKS = {"torchtitan": "torchtitan-compiled"}
+"""A stack's kernels when the job compiles its blocks (the importer sets training.kernels to these)."""
+
+
 def kernels_for(stack: str | None, family: str | None) -> Kernels:
-    """The kernels of `stack` running a `family` model: megatron (default), torchtitan, or hf
-    (Hugging Face's code; the family must be one whose code is modelled)."""
+    """The kernels of `stack` running a `family` model: megatron (default), torchtitan (eager or
+    compiled blocks), or hf (Hugging Face's code; the family must be one whose code is modelled)."""
     if stack in (None, "megatron"):
         return MEGATRON
     if stack == "torchtitan":
         return TORCHTITAN
+    if stack == "torchtitan-compiled":
+        return TORCHTITAN_COMPILED
     if stack == "hf":
         if family not in HF_EAGER:
             raise ValueError(f"no Hugging Face activation model for family {family!r}; "
                              f"known: {', '.join(sorted(HF_EAGER))}")
         return HF_EAGER[family]
-    raise ValueError(f"unknown kernel stack {stack!r}: use megatron, torchtitan or hf")
+    raise ValueError(f"unknown kernel stack {stack!r}: use megatron, torchtitan, torchtitan-compiled or hf")
 
 
 def block_terms(a: Architecture, k: Kernels, s: int, act: float, recompute_core: bool = False

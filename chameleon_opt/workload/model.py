@@ -265,6 +265,20 @@ class Workload:
             backward += forward
         return forward, backward
 
+    def tp_collective_gemm_flops_per_sample(self) -> np.ndarray:
+        """Forward FLOPs per sample (TP 1) of the matmuls next to a block's four sequence-parallel
+        collectives, which async TP pipelines with them: the all-gather feeding wq, wk, wv; wo feeding
+        a reduce-scatter; the all-gather feeding w1 (and w3 when gated); w2 feeding a reduce-scatter.
+        Rows: blocks (the embedding's and head's are zero: no such pair); one column per collective."""
+        pairs = np.zeros((self.num_layers, 4))
+        if self.architecture is None:
+            return pairs
+        a, s = self.architecture, self.sequence_length
+        up = (2 if a.gated_mlp else 1) * a.hidden * a.ffn
+        pairs[1:-1] = 2.0 * s * np.array([a.hidden * (a.q_dim + 2 * a.kv_dim), a.q_dim * a.hidden, up,
+                                          a.ffn * a.hidden])
+        return pairs
+
     def tp_allreduce_bytes_per_sample(self) -> float:
         if self.architecture is None:
             return 0.0
