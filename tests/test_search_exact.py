@@ -376,6 +376,27 @@ def test_crossing_sets_cover_every_placement():
                 assert all(end - start <= most for start, end in zip(cuts, cuts[1:])), (stages, most, s)
 
 
+def test_crossing_sets_of_a_pipeline_that_must_cross():
+    """With `cross` (a column plan on two nodes or more), every placement that crosses at least once
+    within the node size contains one of the sets, each set is non-empty and possible, and a
+    one-stage pipeline has none (it cannot cross)."""
+    from chameleon_opt.solve.exact import _crossing_sets
+
+    assert _crossing_sets(1, 3, cross=True) == []
+    for stages in range(2, 9):
+        for most in range(1, 6):
+            sets = [set(c) for c in _crossing_sets(stages, most, cross=True)]
+            assert sets and all(sets)
+            for mask in itertools.product([False, True], repeat=stages - 1):
+                crossing = {b for b, on in enumerate(mask) if on}
+                cuts = [0] + sorted(b + 1 for b in crossing) + [stages]
+                if crossing and all(end - start <= most for start, end in zip(cuts, cuts[1:])):
+                    assert any(s <= crossing for s in sets), (stages, most, crossing)
+            for s in sets:
+                cuts = [0] + sorted(b + 1 for b in s) + [stages]
+                assert all(end - start <= most for start, end in zip(cuts, cuts[1:])), (stages, most, s)
+
+
 def test_dominated_inventories_are_dropped_and_the_optimum_kept():
     """Two nodes of four devices, TP 2, one slow device per node with the fast type's memory: each
     node can pair the slow device with a fast one (one slow group) or leave it idle (two fast
@@ -522,3 +543,27 @@ def test_growing_pipeline_pays_the_ring_of_a_layer_it_must_hold_on_another_node(
     assert outcome is not None and outcome.complete
     assert outcome.objective == pytest.approx(21.459273684381515, rel=1e-9)
     assert int(re.search(r"(\d+) nodes", outcome.reason).group(1)) < 50_000
+
+
+def test_column_floor_splits_one_node_plans_from_crossing_ones():
+    """8-24-device seed 154 (three nodes of 7 groups, at most 4 fast each, 11 fast in all): where
+    every layer's 5 holders share a node, either all layers sit on one node (its own type counts)
+    or every pipeline crosses nodes between two layers. The column floor for 5 pipelines was
+    13.9556 (the cluster's 11 fast groups in pipelines without crossings); now 13.9736, still below
+    the brute force's optimum 14.1864."""
+    from chameleon_opt.solve.exact import ExactSearch, Relaxation, inventories
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(154, (8, 24))
+    instance = build_instance(data)
+    model, tp = PerfModel(instance), instance.plan.tensor_parallel
+    options = [groups for groups in inventories(instance, model, failed, tp) if groups]
+    relaxation = Relaxation(model, options, instance.global_micro_batches,
+                            [d for d in range(instance.num_devices) if d not in failed])
+    assert relaxation.build(Deadline.never())
+    searches = [ExactSearch(instance, model, groups, tp, relaxation) for groups in options]
+    assert min(search.columns(5, Deadline.never()) for search in searches) == pytest.approx(13.973631541613317,
+                                                                                           rel=1e-9)
+    assert _root_floor(instance, failed) <= 14.186441541613318
