@@ -791,7 +791,7 @@ class ExactSearch:
 
     def columns(self, pipelines: int, refine: Deadline) -> float:
         """Floor of the plans of P pipelines in which every layer's P holders share a node (0 when
-        the tables are out of reach). No pipeline runs more than a node's groups - P + 1 stages in
+        the first two tables are out of reach, K > 1 taken together when a later one is). No pipeline runs more than a node's groups - P + 1 stages in
         one node and every stage sits in a node of at least P groups (`floor`). The layers then
         fall into K runs on one node each, every pipeline crossing nodes between two runs: K - 1
         crossings each, on groups of at most K of those nodes (per device type, at most its K
@@ -799,21 +799,23 @@ class ExactSearch:
         most four of its eleven fast groups); seed 120's two four-stage pipelines on nodes of at
         most three fast groups must cross at every boundary (the floor had let them cross once)."""
         runs = self.most_per_node - pipelines + 1
-        relaxation = self.relaxation
-        wide = [node for node, groups in self.node_groups().items() if sum(groups.values()) >= pipelines]
-        room = sum(sum(self.node_groups()[node].values()) for node in wide)
-        best = math.inf
-        for segments in range(1, min(self.layers, room // pipelines) + 1):  # a node may hold several runs
+        relaxation, per_node = self.relaxation, self.node_groups()
+        wide = [node for node, groups in per_node.items() if sum(groups.values()) >= pipelines]
+        one_node, crossing = (relaxation.coupled(pipelines, refine, runs, least) for least in (0, 1))
+        if one_node is None or crossing is None:
+            return 0.0
+        best = min(one_node[self.state_of(per_node[node])] for node in wide)
+        # every K > 1 at once (one crossing, every wide node): what holds if the deadline stops the rest
+        rough = min(best, crossing[self.state_of(sum((per_node[node] for node in wide), Counter()))])
+        room = sum(sum(per_node[node].values()) for node in wide)
+        for segments in range(2, min(self.layers, room // pipelines) + 1):  # a node may hold several runs
             table = relaxation.coupled(pipelines, refine, runs, segments - 1)
             if table is None:
-                return 0.0
-            if segments == 1:
-                best = min(table[self.state_of(self.node_groups()[node])] for node in wide)
-                continue
+                return rough
             most: Counter = Counter()  # per kind: its groups on the (at most) `segments` nodes holding most of it
             for kind in range(len(relaxation.kind_count)):
-                held = sorted((sum(n for name, n in self.node_groups()[node].items()
-                                   if relaxation.kind_of[name] == kind) for node in wide), reverse=True)
+                held = sorted((sum(n for name, n in per_node[node].items() if relaxation.kind_of[name] == kind)
+                               for node in wide), reverse=True)
                 most[kind] = sum(held[:segments])
             best = min(best, table[sum(relaxation.stride[kind] * n for kind, n in most.items())])
         return best
