@@ -38,11 +38,14 @@ SPLITS = 4_096
 """Most layer splits over every stage count (the exact search's SPLIT_BUDGET): beyond, no column plans."""
 
 
-def _placements(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], str], columns: int,
-                count: int) -> Iterator[list[list[tuple[int, ...]]]]:
+def _placements(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], str],
+                speed: dict[tuple[int, ...], float], columns: int, count: int) -> Iterator[list[list[tuple[int, ...]]]]:
     """Ways to give each of `columns` columns `count` groups from the nodes' `free` lists (fastest
     first): a whole column from one node when some node has enough (the first node of each distinct
-    free composition), else the nodes with the most free groups fill it."""
+    free composition; the node whose column is fastest first, so that the first placements, the
+    only ones tried when there are many, keep the fast groups together: 8-24-device seed 120's two
+    four-stage pipelines on four nodes of two fast groups each), else the nodes with the most free
+    groups fill it."""
     if columns == 0:
         yield []
         return
@@ -51,9 +54,10 @@ def _placements(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], 
         if len(groups) >= count:
             whole.setdefault(tuple(names[g] for g in groups), node)
     if whole:
-        for node in whole.values():
+        slowest_first = {node: sorted((speed[g] for g in free[node][:count]), reverse=True) for node in whole.values()}
+        for node in sorted(whole.values(), key=lambda n: (slowest_first[n], n)):
             taken, free[node] = free[node][:count], free[node][count:]
-            for rest in _placements(free, names, columns - 1, count):
+            for rest in _placements(free, names, speed, columns - 1, count):
                 yield [taken] + rest
             free[node] = taken + free[node]
         return
@@ -68,7 +72,7 @@ def _placements(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], 
         free[node] = free[node][need:]
         if len(taken) == count:
             break
-    for rest in _placements(free, names, columns - 1, count):
+    for rest in _placements(free, names, speed, columns - 1, count):
         yield [taken] + rest
     free[:] = saved
 
@@ -119,7 +123,7 @@ def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, d
     for estimate, stages, bounds, count in candidates:
         if estimate >= best or deadline.expired():
             break
-        for columns in itertools.islice(_placements([list(f) for f in free], names, stages, count), PLACEMENTS):
+        for columns in itertools.islice(_placements([list(f) for f in free], names, speed, stages, count), PLACEMENTS):
             if deadline.expired():
                 break
             pipelines = [Pipeline(tuple(Stage(sorted(columns[s], key=lambda g: (speed[g], g))[j], bounds[s],

@@ -251,11 +251,12 @@ def _largest_stage(sizes: list[float], stages: int) -> float:
     return best[-1]
 
 
-def _crossing_sets(stages: int, most: int) -> list[tuple[int, ...]]:
+def _crossing_sets(stages: int, most: int, least: int = 0) -> list[tuple[int, ...]]:
     """The minimal sets of node-crossing boundaries (boundary b: between stages b and b + 1) of a
     pipeline of `stages` stages when no node holds more than `most` of its groups: stages between
     two crossings share a node, so every run is at most `most` long, and every placement crosses
-    at least the boundaries of one of these sets (more crossings only send more)."""
+    at least the boundaries of one of these sets (more crossings only send more). `least`: the
+    pipeline also crosses at least that often (none when it has too few boundaries)."""
     found: list[tuple[int, ...]] = []
 
     def extend(start: int, chosen: tuple[int, ...]) -> None:
@@ -267,7 +268,14 @@ def _crossing_sets(stages: int, most: int) -> list[tuple[int, ...]]:
             extend(boundary + 1, chosen + (boundary,))
 
     extend(0, ())
-    return found
+    if not least:
+        return found
+    # minimal: those above with enough crossings, and every allowed set of exactly `least` (none
+    # of its subsets has enough)
+    exact = [chosen for chosen in itertools.combinations(range(stages - 1), least)
+             if all(b - a <= most for a, b in zip((0,) + tuple(c + 1 for c in chosen),
+                                                   tuple(c + 1 for c in chosen) + (stages,)))]
+    return [chosen for chosen in found if len(chosen) > least] + exact
 
 
 def _compositions(layers: int, stages: int) -> list[tuple[int, ...]]:
@@ -325,16 +333,17 @@ class Relaxation:
         self._kinds(most)
         self.kinds = [[name for name in most if self.kind_of[name] == k] for k in range(len(self.kind_count))]
         self.lower: dict[tuple[int, ...], list[float]] = {}
-        # split_lower[r][v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
-        # when no run of its stages in one node is longer than r (`lower_times`)
-        self.split_lower: dict[int, dict[tuple[int, ...], np.ndarray]] = {}
+        # split_lower[r, c][v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
+        # when no run of its stages in one node is longer than r and it crosses nodes at least c times
+        # (`lower_times`)
+        self.split_lower: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
         self.cover: list[list[float]] = []
         self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
         # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
         self.counted: list[list[list[float]]] = []
         # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
-        self._coupled: dict[tuple[int, int], list[float]] = {}  # by (P, longest run)
+        self._coupled: dict[tuple[int, int, int], list[float]] = {}  # by (P, longest run, fewest crossings)
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -377,7 +386,7 @@ class Relaxation:
         found = self.lower_times(deadline, self.most_per_node)
         if found is None:
             return False
-        lower, self.split_lower[self.most_per_node] = found
+        lower, self.split_lower[self.most_per_node, 0] = found
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
@@ -430,7 +439,8 @@ class Relaxation:
         reduce = ring_allgather_time if model.overlap_param_gather else ring_allreduce_time
         return reduce(nbytes, pipelines, link)
 
-    def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None) -> list[float] | None:
+    def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None,
+                least: int = 0) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -441,17 +451,18 @@ class Relaxation:
         there; here one split pays for both. A counted programme of P rounds, built on first use
         (the floor asks only for the P that may hold its minimum); None beyond COUNTED_BUDGET,
         past `deadline` or, without one, when not built yet. `runs`: the pipelines' times with no
-        run of stages in one node longer than this (default: a node's groups; `lower_times`)."""
+        run of stages in one node longer than this (default: a node's groups; `lower_times`);
+        `least`: every pipeline crosses nodes at least that often."""
         runs = self.most_per_node if runs is None else runs
-        if (pipelines, runs) in self._coupled:
-            return self._coupled[pipelines, runs]
+        if (pipelines, runs, least) in self._coupled:
+            return self._coupled[pipelines, runs, least]
         if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
-        if runs not in self.split_lower:
-            found = self.lower_times(deadline, runs)
+        if (runs, least) not in self.split_lower:
+            found = self.lower_times(deadline, runs, least)
             if found is None:
                 return None
-            self.split_lower[runs] = found[1]
+            self.split_lower[runs, least] = found[1]
         prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in
                   (("grad", self.grad), ("update", self.update))}
         extras = {}  # per stage count: (largest stage's gradient bytes, slowest stage's step) per split
@@ -461,18 +472,18 @@ class Relaxation:
                                   for name in ("grad", "update"))
             extras[stages] = grad_bytes, update / self.model.optimizer_shards(pipelines)
         priced = {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
-        for v, per_split in self.split_lower[runs].items():
+        for v, per_split in self.split_lower[runs, least].items():
             grad_bytes, update = extras[sum(v)]
             extra = np.array([self.ring_bound(pipelines, g) for g in grad_bytes]) + update
             priced[v] = [math.inf] + (per_split + extra[:, None]).min(axis=0).tolist()
         table = self.counted_table(priced, 1, pipelines, deadline)
         if table is None:
             return None
-        self._coupled[pipelines, runs] = table[pipelines]
-        return self._coupled[pipelines, runs]
+        self._coupled[pipelines, runs, least] = table[pipelines]
+        return self._coupled[pipelines, runs, least]
 
-    def lower_times(self, deadline: Deadline, runs: int) -> tuple[dict[tuple[int, ...], list[float]],
-                                                                   dict[tuple[int, ...], np.ndarray]] | None:
+    def lower_times(self, deadline: Deadline, runs: int, least: int = 0
+                    ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
         m - 1] the same on its i-th split only (`_least_times`; None past `deadline`). Each stage
@@ -480,7 +491,8 @@ class Relaxation:
         reliefs, for every order of the kinds along the pipeline; each boundary its send on the
         faster link, except that a pipeline longer than `runs` (a node's groups, or fewer where the
         floor knows more) crosses nodes so that no run of stages between crossings is longer
-        (`_crossing_sets`: every minimal such choice is tried). The time of
+        (`_crossing_sets`: every minimal such choice is tried; with at least `least` crossings,
+        so shorter pipelines cannot run: inf). The time of
         those operations, minimised over the layer splits and orders, is the exact 1F1B longest path
         (monotone in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the
         per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
@@ -502,7 +514,7 @@ class Relaxation:
         cheap = np.minimum(intra, inter)
         choices = {}  # per stage count: the node-crossing boundary sets tried (none: every send cheap)
         for stages, splits in self.splits.items():
-            crossings = _crossing_sets(stages, runs)
+            crossings = _crossing_sets(stages, runs, least)
             choices[stages] = crossings if len(crossings) * len(splits) <= CROSSING_BUDGET else [()]
         orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
         units = sum(len(splits) * len(choices[s]) * sum(len(orders[v]) for v in self.profiles[s]) * s * m
@@ -526,6 +538,10 @@ class Relaxation:
                         held = in_flight_micro_batches(s, stages, m, 0.0, self.virtual)
                         fits[k, :, s, m - 1] = memory.needs(b[:, s], b[:, s + 1], held) <= memory.budget
             for profile in self.profiles[stages]:
+                if not choices[stages]:  # it must cross that often and cannot
+                    lower[profile] = [math.inf] * (self.total + 1)
+                    split_lower[profile] = np.full((len(splits), self.total), np.inf)
+                    continue
                 best, per_split = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap, inter,
                                                     simulate)
                 lower[profile] = best.tolist()
@@ -768,19 +784,52 @@ class ExactSearch:
                 # pipelines fit only the one node of 8, 12.4584 -> 12.4906, the optimum).
                 spanning = max(coupled[self.root] if coupled is not None else 0.0,
                                counted(p, refine, relaxation.ring_time(min(grad), p, self.model.inter)))
-                narrow = relaxation.coupled(p, refine, self.most_per_node - p + 1)
-                columns = narrow[self.wide_state(p)] if narrow is not None else 0.0
+                columns = self.columns(p, refine) if value < min(spanning, floor) else 0.0
                 value = max(value, min(spanning, columns))
             floor = min(floor, value)
         return floor
 
-    def wide_state(self, pipelines: int) -> int:
-        """The relaxation's state of the groups in nodes that hold at least `pipelines` groups."""
-        per_node = Counter()
+    def columns(self, pipelines: int, refine: Deadline) -> float:
+        """Floor of the plans of P pipelines in which every layer's P holders share a node (0 when
+        the first two tables are out of reach, K > 1 taken together when a later one is). No pipeline runs more than a node's groups - P + 1 stages in
+        one node and every stage sits in a node of at least P groups (`floor`). The layers then
+        fall into K runs on one node each, every pipeline crossing nodes between two runs: K - 1
+        crossings each, on groups of at most K of those nodes (per device type, at most its K
+        largest counts there). K = 1: the plan runs on one node's groups (seed 154's nodes hold at
+        most four of its eleven fast groups); seed 120's two four-stage pipelines on nodes of at
+        most three fast groups must cross at every boundary (the floor had let them cross once)."""
+        runs = self.most_per_node - pipelines + 1
+        relaxation, per_node = self.relaxation, self.node_groups()
+        wide = [node for node, groups in per_node.items() if sum(groups.values()) >= pipelines]
+        one_node, crossing = (relaxation.coupled(pipelines, refine, runs, least) for least in (0, 1))
+        if one_node is None or crossing is None:
+            return 0.0
+        best = min(one_node[self.state_of(per_node[node])] for node in wide)
+        # every K > 1 at once (one crossing, every wide node): what holds if the deadline stops the rest
+        rough = min(best, crossing[self.state_of(sum((per_node[node] for node in wide), Counter()))])
+        room = sum(sum(per_node[node].values()) for node in wide)
+        for segments in range(2, min(self.layers, room // pipelines) + 1):  # a node may hold several runs
+            table = relaxation.coupled(pipelines, refine, runs, segments - 1)
+            if table is None:
+                return rough
+            most: Counter = Counter()  # per kind: its groups on the (at most) `segments` nodes holding most of it
+            for kind in range(len(relaxation.kind_count)):
+                held = sorted((sum(n for name, n in per_node[node].items() if relaxation.kind_of[name] == kind)
+                               for node in wide), reverse=True)
+                most[kind] = sum(held[:segments])
+            best = min(best, table[sum(relaxation.stride[kind] * n for kind, n in most.items())])
+        return best
+
+    def node_groups(self) -> dict[int, Counter]:
+        """Per node: its groups of each stage device type."""
+        per_node: dict[int, Counter] = {}
         for c, node in enumerate(self.class_node):
-            per_node[node] += self.counts[c]
-        return sum(self.class_stride[c] * self.counts[c] for c, node in enumerate(self.class_node)
-                   if per_node[node] >= pipelines)
+            per_node.setdefault(node, Counter())[self.class_type[c]] += self.counts[c]
+        return per_node
+
+    def state_of(self, groups: Counter) -> int:
+        """The relaxation's state of these groups (count per stage device type)."""
+        return sum(self.relaxation.stride[self.relaxation.kind_of[name]] * n for name, n in groups.items())
 
     @staticmethod
     def split_count(layers: int, longest: int) -> int:
