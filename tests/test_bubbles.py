@@ -134,3 +134,14 @@ def test_a_deterministic_run_ignores_the_stall_rule():
                           stall=Stall(least_s=0.0, ratio=0.0)) for _ in range(2)]
     assert runs[0].objective == runs[1].objective and runs[0].solution.orders == runs[1].solution.orders
     assert "no improvement" not in runs[0].reason
+
+
+def test_list_schedule_gives_up_when_its_deadline_passes():
+    """The greedy schedule is the fallback, not a stage of its own: on a large DP group (8
+    pipelines of 4 stages, 8 micro-batches each, one slot lost: 768 operations) it returns None
+    once the deadline has passed, and the same problem without a deadline is scheduled validly."""
+    problem = BubbleProblem((1.0, 1.2, 1.1, 1.3), (1.0, 1.1, 1.0, 1.2), (0.8, 0.9, 0.8, 0.9), (8,) * 8,
+                            frozenset({(3, 2)}))
+    assert list_schedule(problem, Deadline.after(0.0)) is None
+    greedy = list_schedule(problem)
+    assert greedy is not None and retime(problem, greedy.orders)[0] == pytest.approx(greedy.makespan_s)
