@@ -307,6 +307,7 @@ class PerfModel:
         self.host_memory_bps = network.host_memory_gbps * 1e9
         self.relief_options = relief_options(training.reliefs, self.recompute)
         self._prefix: dict[tuple[str, int, str], dict[str, np.ndarray]] = {}
+        self._rows: dict[tuple[str, int, str], dict[str, np.ndarray]] = {}  # the same per layer (layer_costs)
         self._transient: dict[tuple[int, str], float] = {}
         self._menus: dict[tuple, list[ReliefCost]] = {}  # relief_menu's answers (the search asks again)
         self.total_params = float(self.workload.params.sum())
@@ -712,8 +713,13 @@ class PerfModel:
         micro-batches are not linear in the in-flight count, so these rows over-state its memory)."""
         device = self.stage_device(devices)
         mode, optimizer_offloaded = self.relief_of(relief)
-        table = self._tables(device, len(devices), mode)
-        per_layer = {name: np.diff(values) for name, values in table.items()}
+        key = (device.name, len(devices), mode)
+        if key not in self._rows:  # the searches ask thousands of times (templates: 3,671 on 184 devices)
+            rows = {name: np.diff(values) for name, values in self._tables(device, len(devices), mode).items()}
+            for values in rows.values():
+                values.setflags(write=False)  # shared by every caller: a write would corrupt the others
+            self._rows[key] = rows
+        per_layer = self._rows[key]
         p_div, g_div, o_div = zero_shards(self.zero_stage, replicas, self.shard_copies)
         static = per_layer["params"] * (self.param_bytes / p_div + self.grad_bytes / g_div
                                         + (0.0 if optimizer_offloaded else self.optimizer_bytes / o_div)) \
