@@ -208,7 +208,7 @@ def test_migration_on_random_tiny_instances(seed: int, tp: int, failures: int, m
     json.dumps(info.to_json())
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(st.integers(0, 10_000), st.sampled_from([1, 2]), st.integers(1, 3), st.sampled_from([4.0, 6.0, 8.0, 100.0]),
        st.sampled_from([2, 3]))
 def test_random_failures_end_to_end(seed: int, tp: int, failures: int, memory: float, nodes: int) -> None:

@@ -1,5 +1,6 @@
-"""bench/kill_campaign.py on three fixed seeds (one scenario each, runtime-cpu-4): a hybrid's
-switch hit by a kill, kills in three different steps, and every replica of a stage. Each run goes
+"""bench/kill_campaign.py on two fixed seeds (one scenario each, runtime-cpu-4): a hybrid's
+switch hit by a kill, and every replica of a stage (kills in different steps: test_runtime.py's
+three failures; the campaign itself runs more in bench/kill_campaign.py: the suite's time). Each run goes
 through `chameleon-solve demo --json` in its own session and must end as the planner predicts
 (exit 0 with failure-free losses, or exit 5 naming the lost layers), without hanging and without
 leaving a process behind. And, without a process, the HF replay's reading of the HF controller
@@ -32,10 +33,9 @@ def campaign_module() -> Any:
 def test_fixed_seeds_pass() -> None:
     module = campaign_module()
     lines: list[str] = []
-    results = module.campaign([4, 6, 13], 1, lines.append)
-    assert [row["scenario"].split()[3] for row in results["runs"]] == ["hybrid-switch", "different-steps",
-                                                                       "every-replica"]
-    assert results["passed"] == results["scenarios"] == 3, "\n".join(lines)
+    results = module.campaign([4, 13], 1, lines.append)
+    assert [row["scenario"].split()[3] for row in results["runs"]] == ["hybrid-switch", "every-replica"]
+    assert results["passed"] == results["scenarios"] == 2, "\n".join(lines)
     assert {row["exit"] for row in results["runs"]} <= {0, 5}
 
 
