@@ -42,6 +42,8 @@ from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.relief_kinds import ReliefCost, parse_relief, relief_options
 from chameleon_opt.plan import Pipeline, Plan
 from chameleon_opt.perf.calibration import ELEMENTWISE_HBM_SHARE
+from chameleon_opt.perf.fp8 import (CAST_BYTES_PER_ELEMENT, FP8_CACHE_BYTES_PER_PARAM, FP8_GEMM_RATIO,
+                                    fp8_block_seconds, linear_params)
 from chameleon_opt.workload.activations import (COMPILED_LOSS_LOGIT_BYTES, COMPILED_STACKS,
                                                ELEMENTWISE_BACKWARD_RATIO, kernels_for)
 
@@ -451,7 +453,6 @@ class PerfModel:
         their bf16 GEMM time at `efficiency` of `peak_tflops` replaced by the fp8 one, plus the casts;
         weights cast once per step are charged to the step (optimizer_time, whole: every replica casts
         its full weights). A device without an fp8 peak is refused."""
-        from chameleon_opt.perf.fp8 import FP8_GEMM_RATIO, fp8_block_seconds
         if device.fp8_peak_tflops is None:
             from chameleon_opt.errors import InputError
             raise InputError(None, "training.fp8", f"device type {device.name} has no fp8 peak (no fp8 tensor "
@@ -470,7 +471,6 @@ class PerfModel:
         per_step; perf/fp8.py FP8_CACHE_BYTES_PER_PARAM), else nothing."""
         if self.fp8 is None or self.fp8.weight_cast != "per_step" or self.workload.architecture is None:
             return np.zeros(self.workload.num_layers)
-        from chameleon_opt.perf.fp8 import FP8_CACHE_BYTES_PER_PARAM, linear_params
         return linear_params(self.workload) / tp * FP8_CACHE_BYTES_PER_PARAM
 
     def _range(self, table: dict[str, np.ndarray], name: str, first: int, end: int) -> float:
@@ -990,7 +990,6 @@ class PerfModel:
                 fitted = " (fitted on Megatron-LM GPT-3 175B)" if name.startswith("A100") else " (assumed)"
                 lines.append(f"{name} TP {tp} times: {source}{fitted}")
         if training.fp8 is not None:
-            from chameleon_opt.perf.fp8 import CAST_BYTES_PER_ELEMENT, FP8_CACHE_BYTES_PER_PARAM, FP8_GEMM_RATIO
             ratio = getattr(self.calibration, "fp8_ratio", None) or FP8_GEMM_RATIO
             lines.append(f"fp8 ({training.fp8.recipe} scaling): block linears at {ratio:g} x the bf16 efficiency of the "
                          f"fp8 peak (fitted on NeMo's H100 fp8 rows), casts {CAST_BYTES_PER_ELEMENT:g} bytes an element "

@@ -49,5 +49,6 @@ def unexecuted_settings(instance: Instance, *, relief: bool) -> list[tuple[str, 
 
 def refuse_unexecuted(instance: Instance, *, relief: bool) -> None:
     """Raise an InputError for the first setting the runtime would not execute (`unexecuted_settings`)."""
-    for field, problem, fix in unexecuted_settings(instance, relief=relief):
-        raise InputError(instance.path, field, problem, fix)
+    found = unexecuted_settings(instance, relief=relief)
+    if found:
+        raise InputError(instance.path, *found[0])

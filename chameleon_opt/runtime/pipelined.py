@@ -96,7 +96,7 @@ from chameleon_opt.runtime import hf
 from chameleon_opt.runtime.cores import start_worker
 from chameleon_opt.runtime.executable import refuse_unexecuted
 from chameleon_opt.runtime.offload import HostAdamW
-from chameleon_opt.runtime.p2p import receive_piece, send_piece
+from chameleon_opt.runtime.p2p import allreduce_flat, receive_piece, send_piece
 from chameleon_opt.runtime.phases import PhaseTimer, runqueue_wait_s
 from chameleon_opt.runtime.replies import SILENT_S, Heartbeats, collect_replies, start_heartbeat, step_loss
 from chameleon_opt.runtime.schedule import order_operations, planned_operations, work_items
@@ -485,7 +485,8 @@ class Worker:
             item = items[i]
             assert item is not None   # an ordered op always has samples
             if kind == "F":
-                x = None if stage.has_embedding else receive_piece(item.receive_from, shape, self.dtype, self.rank_of, False, self.p2p).requires_grad_(True)
+                x = None if stage.has_embedding else receive_piece(
+                    item.receive_from, shape, self.dtype, self.rank_of, False, self.p2p).requires_grad_(True)
                 with self.timer.span("forward"):
                     out = stage(tokens[item.start:item.stop, :-1] if x is None else x)
                 if stage.has_head:
@@ -498,7 +499,8 @@ class Worker:
                 saved[i] = (x, out)
             elif kind == "B":
                 x, out = saved.pop(i)
-                grad = None if stage.has_head else receive_piece(item.send_to, shape, self.dtype, self.rank_of, True, self.p2p)
+                grad = None if stage.has_head else receive_piece(
+                    item.send_to, shape, self.dtype, self.rank_of, True, self.p2p)
                 with self.timer.span("backward"):
                     if split:
                         x_grad, deferred[i] = split_backward(out, x, grad, params)
@@ -549,14 +551,7 @@ class Worker:
             if ranks is not None and len(ranks) > 1:
                 by_group.setdefault(tuple(ranks), []).append(name)
         for ranks in sorted(by_group):
-            chosen = [grads[n] for n in by_group[ranks]]
-            flat = torch.cat([g.reshape(-1) for g in chosen])
-            with self.timer.span("allreduce_call"):
-                dist.all_reduce(flat, group=self.groups[ranks])
-            offset = 0
-            for g in chosen:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+            allreduce_flat([grads[n] for n in by_group[ranks]], self.groups[ranks])
         if both:
             grads["head.weight"].copy_(grads["embed.weight"])
 

@@ -41,6 +41,7 @@ from chameleon_opt.errors import ChameleonError, InputError
 from chameleon_opt.instance.load import (build_instance, load_workload_file, resolve_workload_path)
 from chameleon_opt.perf.model import ADAM_BYTES_TOUCHED_PER_PARAM
 from chameleon_opt.runtime.gpt import GPTConfig, batch_tokens, build_layer, sample_loss
+from chameleon_opt.runtime.p2p import allreduce_flat
 from chameleon_opt.workload.importers import write_workload
 from chameleon_opt.workload.model import Workload
 from chameleon_opt.workload.schema import Architecture, LayerBytes, Profile, WorkloadSpec
@@ -489,12 +490,7 @@ def _allreduce_worker(rank: int, world: int, port: int, sizes: Sequence[int], ro
             for repeat in range(NETWORK_WARMUP + rounds):
                 dist.barrier()
                 wall, cpu = time.perf_counter(), time.process_time()
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat)
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                    offset += g.numel()
+                allreduce_flat(grads)
                 if repeat >= NETWORK_WARMUP:
                     wall_samples.append(time.perf_counter() - wall)
                     cpu_samples.append(time.process_time() - cpu)
