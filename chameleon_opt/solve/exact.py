@@ -853,6 +853,24 @@ class ExactSearch:
                 reach[stages, m] = list(best)
         return reach
 
+    def fewest_table(self, lower: dict[tuple[int, ...], list[float]], limit: float
+                     ) -> dict[tuple[int, int], list[list[float]]]:
+        """fewest[S, m][g][n]: the fewest pipelines, keyed at or before (S, m) and of relaxed time
+        below `limit`, that run exactly n micro-batches on at most g groups (inf: none do; an
+        unbounded knapsack as `reach_table`). The pipelines after one keyed (S, m) are at least that
+        many: every one of them adds a replica to every layer's ring."""
+        fewest: dict[tuple[int, int], list[list[float]]] = {}
+        best = [[0.0] + [math.inf] * self.total for _ in range(self.groups + 1)]
+        for stages in range(1, self.longest + 1):
+            for m in range(1, self.total + 1):
+                if min(lower[v][m] for v in self.relaxation.profiles[stages]) < limit:
+                    for g in range(stages, self.groups + 1):
+                        row, source = best[g], best[g - stages]
+                        for n in range(m, self.total + 1):
+                            row[n] = min(row[n], source[n - m] + 1)
+                fewest[stages, m] = [list(row) for row in best]
+        return fewest
+
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines whose largest stage holds
         `grad_bytes` (`Relaxation.ring_bound`: these groups have its node sizes)."""
@@ -915,6 +933,9 @@ class ExactSearch:
         layer_grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
         inter = self.model.inter
         holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
+        node_size = {node: sum(groups.values()) for node, groups in self.node_groups().items()}
+        largest_grad = [0.0] + [_largest_stage(layer_grad, k) for k in range(1, self.layers + 1)]
+        fewest = self.fewest_table(lower, incumbent)
         best: list = [incumbent, None]
         floor = self.floor() if floor is None else floor
         stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
@@ -936,22 +957,37 @@ class ExactSearch:
                 best[0], best[1] = relieved[1].iteration_time_s, relieved[0]
                 stats["met"] = floor >= best[0] * (1 - PRUNE_TOLERANCE)
 
-        def ring_floor(pipelines: int, grad_bytes: float, nodes: tuple[int, ...], bounds: tuple[int, ...]) -> float:
+        def ring_floor(pipelines: int, grad_bytes: float, nodes: tuple[int, ...], bounds: tuple[int, ...],
+                       future: float, groups_after: int) -> float:
             """A floor on the gradient all-reduce once the candidate (its stages' `nodes`, `bounds`)
-            joins: every slot reduces its layers over at least `pipelines` replicas, and a layer whose
-            holders already sit on two nodes rings over the inter-node link (groups only add)."""
-            if pipelines <= 1 or self.overlapped:
+            joins with at least `future` pipelines to come (`fewest_table`) on `groups_after` groups:
+            every slot reduces its layers over at least `pipelines` + `future` replicas; a layer whose holders already sit on
+            two nodes rings over the inter-node link (groups only add), and so does one whose holders
+            share a node with fewer unused groups than pipelines to come (each of them needs a holder
+            there for the ring to stay inside it); and one of those pipelines has at most
+            groups_after / future stages, so one of its slots holds at least `_largest_stage` of the
+            gradients (the brute force's future bound)."""
+            if self.overlapped:
+                return 0.0
+            pipelines += int(future)
+            if pipelines <= 1:
                 return 0.0
             spanning = [0.0]
             for s, node in enumerate(nodes):
                 for layer in range(bounds[s], bounds[s + 1]):
                     known = holders[layer]
-                    spanning.append(spanning[-1] + (layer_grad[layer] if len(known) > 1 or (known and node not in known)
-                                                    else 0.0))
+                    crosses = len(known) > 1 or (known and node not in known) or \
+                        (future and node_size[node] - touched[node] < future)
+                    spanning.append(spanning[-1] + (layer_grad[layer] if crosses else 0.0))
             most = 0.0
             for seq, b, _ in chosen:
                 most = max(most, max(spanning[b[s + 1]] - spanning[b[s]] for s in range(len(seq))))
             most = max(most, max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(nodes))))
+            if future:
+                shortest = min(int(groups_after // future), self.layers)
+                if shortest == 0:
+                    return math.inf  # the pipelines still needed do not fit in the groups left
+                grad_bytes = max(grad_bytes, largest_grad[shortest])
             return max(self.relaxation.ring_time(most, pipelines, inter), self.ring_bound(pipelines, grad_bytes))
 
         def hold(nodes: tuple[int, ...], bounds: tuple[int, ...], step: int) -> None:
@@ -1053,7 +1089,10 @@ class ExactSearch:
                         value = max(new_worst, capped[stages][after][rest]) + new_opt  # later: <= stages
                         if value + ring >= best[0] * (1 - PRUNE_TOLERANCE):
                             continue
-                        new_ring = ring_floor(pipelines + (1 if rest else 0), new_grad, nodes, bounds)
+                        future = fewest[stages, m][g_left - stages][rest] if rest else 0
+                        if future == math.inf:
+                            continue  # no pipelines allowed after this one run exactly the rest
+                        new_ring = ring_floor(pipelines, new_grad, nodes, bounds, future, g_left - stages)
                         if value + new_ring < best[0] * (1 - PRUNE_TOLERANCE):
                             candidates.append((value + new_ring, key, new_worst, new_opt, new_grad, new_ring))
                 candidates.sort()  # the most promising first: good plans early, and the rest cut by them
