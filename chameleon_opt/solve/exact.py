@@ -936,6 +936,7 @@ class ExactSearch:
         node_size = {node: sum(groups.values()) for node, groups in self.node_groups().items()}
         largest_grad = [0.0] + [_largest_stage(layer_grad, k) for k in range(1, self.layers + 1)]
         fewest = self.fewest_table(lower, incumbent)
+        anything = fewest[self.longest, self.total]  # every pipeline allowed (the first one's)
         best: list = [incumbent, None]
         floor = self.floor() if floor is None else floor
         stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
@@ -1038,18 +1039,25 @@ class ExactSearch:
                 stats["complete"] = False
                 return
             stages = len(classes)
-            if stages and chosen and not self.overlapped:
-                # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on): where the
-                # pipelines chosen hold layer l on one node and none of those stages sits there, its
-                # ring crosses nodes, whatever the split (32-64-device seed 3: 1 Gb/s between nodes).
+            if stages and not self.overlapped:
+                # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on), and at least
+                # `coming` pipelines, this one included, are still to be chosen, each with a holder of
+                # every layer: layer l's ring stays inside a node only on one of those stages' nodes
+                # that holds every chosen holder of l and has an unused group for each pipeline after
+                # this one; where none does, it crosses nodes, whatever the split (32-64-device seed 3:
+                # 1 Gb/s between nodes; 8-24-device seed 21: nodes of 7 groups, 7-8 pipelines).
+                coming = fewest[last[0], last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
+                if coming == math.inf:
+                    return  # no pipelines allowed from here on run the micro-batches left
                 crossing = 0.0
                 for layer in range(min(stages, self.layers)):
                     known = holders[layer]
-                    if len(known) == 1 and layer_grad[layer] > crossing and not any(
-                            self.class_node[c] in known for c in classes[:layer + 1]):
+                    if len(known) <= 1 and layer_grad[layer] > crossing and not any(
+                            (not known or node in known) and node_size[node] - touched[node] >= coming - 1
+                            for node in {self.class_node[c] for c in classes[:layer + 1]}):
                         crossing = layer_grad[layer]
                 if crossing and max(worst, completion[stages][state][n_left]) + opt + max(
-                        ring, self.relaxation.ring_time(crossing, len(chosen) + 1, inter)) \
+                        ring, self.relaxation.ring_time(crossing, len(chosen) + int(coming), inter)) \
                         >= best[0] * (1 - PRUNE_TOLERANCE):
                     return
             if regular[0] and last is not None and stages == last[0]:
