@@ -343,7 +343,8 @@ class Relaxation:
         # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
         self.counted: list[list[list[float]]] = []
         # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
-        self._coupled: dict[tuple[int, int, int], list[float]] = {}  # by (P, longest run, fewest crossings)
+        # by (P, longest run, fewest crossings, every ring crossing, forced kinds)
+        self._coupled: dict[tuple[int, int, int, bool, tuple[int, int]], list[float]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -440,7 +441,7 @@ class Relaxation:
         return reduce(nbytes, pipelines, link)
 
     def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None,
-                least: int = 0) -> list[float] | None:
+                least: int = 0, crossing: bool = False, forced: tuple[int, int] = (0, 0)) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -452,10 +453,14 @@ class Relaxation:
         (the floor asks only for the P that may hold its minimum); None beyond COUNTED_BUDGET,
         past `deadline` or, without one, when not built yet. `runs`: the pipelines' times with no
         run of stages in one node longer than this (default: a node's groups; `lower_times`);
-        `least`: every pipeline crosses nodes at least that often."""
+        `least`: every pipeline crosses nodes at least that often; `crossing`: every ring crosses
+        nodes (a slot's rings take the inter-node link: at least one ring of all its bytes there, the
+        ring time being affine in the bytes with a non-negative constant); `forced`: see
+        `counted_table`."""
         runs = self.most_per_node if runs is None else runs
-        if (pipelines, runs, least) in self._coupled:
-            return self._coupled[pipelines, runs, least]
+        key = (pipelines, runs, least, crossing, forced)
+        if key in self._coupled:
+            return self._coupled[key]
         if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
         if (runs, least) not in self.split_lower:
@@ -474,13 +479,14 @@ class Relaxation:
         priced = {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
         for v, per_split in self.split_lower[runs, least].items():
             grad_bytes, update = extras[sum(v)]
-            extra = np.array([self.ring_bound(pipelines, g) for g in grad_bytes]) + update
-            priced[v] = [math.inf] + (per_split + extra[:, None]).min(axis=0).tolist()
-        table = self.counted_table(priced, 1, pipelines, deadline)
+            rings = [self.ring_time(g, pipelines, self.model.inter) if crossing else self.ring_bound(pipelines, g)
+                     for g in grad_bytes]
+            priced[v] = [math.inf] + (per_split + (np.array(rings) + update)[:, None]).min(axis=0).tolist()
+        table = self.counted_table(priced, 1, pipelines, deadline, forced)
         if table is None:
             return None
-        self._coupled[pipelines, runs, least] = table[pipelines]
-        return self._coupled[pipelines, runs, least]
+        self._coupled[key] = table[pipelines]
+        return self._coupled[key]
 
     def lower_times(self, deadline: Deadline, runs: int, least: int = 0
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
@@ -642,27 +648,33 @@ class Relaxation:
         return capped.tolist(), completion.tolist()
 
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
-                      rounds: int | None = None, deadline: Deadline = Deadline.never()) -> list[list[float]] | None:
+                      rounds: int | None = None, deadline: Deadline = Deadline.never(),
+                      forced: tuple[int, int] = (0, 0)) -> list[list[float]] | None:
         """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
         running the whole batch on at most the groups of `state` (the cover relaxation with the
         pipelines counted: the all-reduce floor grows with P, and with the shortest pipeline's stage
         count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P up to
-        `rounds` (default: every P); None when `deadline` passes first."""
+        `rounds` (default: every P); None when `deadline` passes first. `forced` (kind k, r): the
+        first r rounds take only pipelines with a stage of another kind than k (a multiset: at least
+        r of the P pipelines have one)."""
         total = self.total
         comps, level, shift, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
+        kind, forced_rounds = forced
+        mixed = [item for item in items if item[1][kind] < item[0]]
         previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
-        for _ in range(min(self.groups, total) if rounds is None else rounds):
+        for round_ in range(min(self.groups, total) if rounds is None else rounds):
             if deadline.expired():
                 return None
+            round_items = mixed if round_ < forced_rounds else items
             table = np.full((len(comps), total + 1), np.inf)
             for g in range(1, self.groups + 1):
                 rows = np.flatnonzero(level == g)
                 parts = comps[rows]
                 best = np.full((rows.size, total + 1), np.inf)
-                for stages, offset, times, fit in _fitting(items, parts, g):
+                for stages, offset, times, fit in _fitting(round_items, parts, g):
                     rest = np.concatenate([previous[rows[fit] - offset], np.full((int(fit.sum()), 1), np.inf)], axis=1)
                     best[fit] = np.minimum(best[fit], np.maximum(rest[:, shift], times[None, None, :]).min(axis=2))
                 for k, stride in enumerate(self.stride):  # groups may idle
@@ -785,9 +797,34 @@ class ExactSearch:
                 spanning = max(coupled[self.root] if coupled is not None else 0.0,
                                counted(p, refine, relaxation.ring_time(min(grad), p, self.model.inter)))
                 columns = self.columns(p, refine) if value < min(spanning, floor) else 0.0
+                if value < min(spanning, floor) and columns > spanning:
+                    spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
             floor = min(floor, value)
         return floor
+
+    def spanning(self, pipelines: int, refine: Deadline) -> float:
+        """Floor of the plans of P pipelines in which some layer's P holders span nodes (0 when its
+        tables are out of reach): either every layer's do, and every slot's rings take the
+        inter-node link (the coupled table with inter-node rings), or some layer's P holders are P
+        groups of one node of at least P groups, of which at most f_k are of kind k: then at least
+        P - f_k pipelines have a stage of another kind (the coupled table with that many such
+        pipelines, for the kind whose count is the largest). Seed 154 (8-24 devices): five
+        pipelines, nodes of at most four fast groups; seed 21: nodes of 3 and 5 fast groups among 7."""
+        relaxation = self.relaxation
+        if len(relaxation.kind_count) < 2:
+            return 0.0  # one kind for all types: no kind to force
+        wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
+        forced = [pipelines - max(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
+                                  for groups in wide) for kind in range(len(relaxation.kind_count))]
+        kind = max(range(len(forced)), key=forced.__getitem__)
+        if forced[kind] <= 0:
+            return 0.0  # some node holds P groups of every kind: nothing forced
+        crossing = relaxation.coupled(pipelines, refine, crossing=True)
+        if crossing is None:
+            return 0.0
+        local = relaxation.coupled(pipelines, refine, forced=(kind, forced[kind]))
+        return min(crossing[self.root], local[self.root]) if local is not None else 0.0
 
     def columns(self, pipelines: int, refine: Deadline) -> float:
         """Floor of the plans of P pipelines in which every layer's P holders share a node (0 when
