@@ -738,6 +738,8 @@ class ExactSearch:
         # (type a, type b): a group of type a may stand in for one of type b in a regular run's copy
         sample = {name: self.pools[c][0] for c, name in enumerate(self.class_type)}
         self.stands_in = {(a, b): a == b or _dominates(model, sample[a], sample[b]) for a in sample for b in sample}
+        # per pipeline count P: a floor on every plan of exactly P pipelines (`floor`; 0 where none is known)
+        self.by_count: dict[int, float] = {}
 
     def floor(self, refine: Deadline | None = None) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
@@ -777,6 +779,8 @@ class ExactSearch:
                     return value[shortest]
 
         cheap = {p: counted(p, None) for p in range(1, len(relaxation.counted[0]))}  # on the tables built
+        for p, value in cheap.items():
+            self.by_count[p] = max(self.by_count.get(p, 0.0), value)
         floor = math.inf
         for p in sorted(cheap, key=cheap.get):
             if cheap[p] >= floor:
@@ -800,6 +804,7 @@ class ExactSearch:
                 if value < min(spanning, floor) and columns > spanning:
                     spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
+            self.by_count[p] = max(self.by_count[p], value)
             floor = min(floor, value)
         return floor
 
@@ -973,6 +978,14 @@ class ExactSearch:
         node_size = {node: sum(groups.values()) for node, groups in self.node_groups().items()}
         largest_grad = [0.0] + [_largest_stage(layer_grad, k) for k in range(1, self.layers + 1)]
         fewest = self.fewest_table(lower, incumbent)
+        # runs[lo][k]: the least floor of plans of lo..lo + k pipelines (`by_count`): a partial plan that
+        # will have that many pipelines is cut when it meets the incumbent (`by_counts`)
+        per_count = [self.by_count.get(p, 0.0) for p in range(self.most_pipelines + 1)]
+        runs = [list(itertools.accumulate(per_count[lo:], min)) for lo in range(len(per_count))]
+
+        def by_counts(lo: int, hi: int) -> float:
+            """A floor on every plan of lo..hi pipelines."""
+            return runs[lo][min(hi, self.most_pipelines) - lo] if lo <= self.most_pipelines else math.inf
         anything = fewest[self.longest, self.total]  # every pipeline allowed (the first one's)
         best: list = [incumbent, None]
         floor = self.floor() if floor is None else floor
@@ -1058,6 +1071,10 @@ class ExactSearch:
                 return
             if last is not None and reach[last[0], last[1]][g_left] < n_left:
                 return  # the pipelines allowed after `last` cannot run what is left
+            coming = fewest[last[0], last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
+            if coming == math.inf or by_counts(len(chosen) + int(coming), len(chosen) + min(n_left, g_left)) \
+                    >= best[0] * (1 - PRUNE_TOLERANCE):
+                return  # the plans of as many pipelines as can follow are no better
             grow([], [], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring)
 
         def grow(classes: list[int], seq: list[tuple[int, ...]], shape: tuple[tuple[str, ...], tuple[bool, ...]],
@@ -1135,8 +1152,9 @@ class ExactSearch:
                         if value + ring >= best[0] * (1 - PRUNE_TOLERANCE):
                             continue
                         future = fewest[stages, m][g_left - stages][rest] if rest else 0
-                        if future == math.inf:
-                            continue  # no pipelines allowed after this one run exactly the rest
+                        if future == math.inf or by_counts(pipelines + int(future), pipelines + min(
+                                rest, g_left - stages)) >= best[0] * (1 - PRUNE_TOLERANCE):
+                            continue  # no pipelines allowed after this one run exactly the rest, or as many
                         new_ring = ring_floor(pipelines, new_grad, nodes, bounds, future, g_left - stages)
                         if value + new_ring < best[0] * (1 - PRUNE_TOLERANCE):
                             candidates.append((value + new_ring, key, new_worst, new_opt, new_grad, new_ring))
