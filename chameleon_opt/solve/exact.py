@@ -343,8 +343,10 @@ class Relaxation:
         # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
         self.counted: list[list[list[float]]] = []
         # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
-        # by (P, longest run, fewest crossings, every ring crossing, forced kinds)
-        self._coupled: dict[tuple[int, int, int, bool, tuple[int, int]], list[float]] = {}
+        # by (P, longest run, fewest crossings, every ring crossing, forced kinds, least ring, held layer)
+        self._coupled: dict[tuple, list[float]] = {}
+        # per (layer, kind): split_lower with that layer's stage of another kind (`lower_times`'s `held`)
+        self._held: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -440,8 +442,9 @@ class Relaxation:
         reduce = ring_allgather_time if model.overlap_param_gather else ring_allreduce_time
         return reduce(nbytes, pipelines, link)
 
-    def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None,
-                least: int = 0, crossing: bool = False, forced: tuple[int, int] = (0, 0)) -> list[float] | None:
+    def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None, least: int = 0,
+                crossing: bool = False, forced: tuple[int, int] = (0, 0), crossed: tuple[int, ...] = (),
+                held: int | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -456,9 +459,11 @@ class Relaxation:
         `least`: every pipeline crosses nodes at least that often; `crossing`: every ring crosses
         nodes (a slot's rings take the inter-node link: at least one ring of all its bytes there, the
         ring time being affine in the bytes with a non-negative constant); `forced`: see
-        `counted_table`."""
+        `counted_table` (with `held`, a layer: the forced pipelines' stage holding it is of another
+        kind, `lower_times`); `crossed`: these layers' rings cross nodes (a slot holding some of them
+        rings at least their bytes on the inter-node link, as with `crossing`)."""
         runs = self.most_per_node if runs is None else runs
-        key = (pipelines, runs, least, crossing, forced)
+        key = (pipelines, runs, least, crossing, forced, crossed, held)
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -469,26 +474,41 @@ class Relaxation:
                 return None
             self.split_lower[runs, least] = found[1]
         prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in
-                  (("grad", self.grad), ("update", self.update))}
-        extras = {}  # per stage count: (largest stage's gradient bytes, slowest stage's step) per split
+                  (("grad", self.grad), ("update", self.update),
+                   ("crossed", [g if layer in crossed else 0.0 for layer, g in enumerate(self.grad)]))}
+        extras = {}  # per stage count: (largest stage's gradient bytes, slowest stage's step, crossed bytes) per split
         for stages, splits in self.splits.items():
             b = np.array(splits)
-            grad_bytes, update = ((prefix[name][b[:, 1:]] - prefix[name][b[:, :-1]]).max(axis=1)
-                                  for name in ("grad", "update"))
-            extras[stages] = grad_bytes, update / self.model.optimizer_shards(pipelines)
-        priced = {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
+            grad_bytes, update, crossing_bytes = ((prefix[name][b[:, 1:]] - prefix[name][b[:, :-1]]).max(axis=1)
+                                                  for name in ("grad", "update", "crossed"))
+            extras[stages] = grad_bytes, update / self.model.optimizer_shards(pipelines), crossing_bytes
+        kind, rounds = forced
+        forcing = None
+        if rounds and held is not None:
+            if (held, kind) not in self._held:
+                found = self.lower_times(deadline, self.most_per_node, 0, (held, kind))
+                if found is None:
+                    return None
+                self._held[held, kind] = found[1]
+            forcing = self._held[held, kind]
+        priced, mixed = {}, {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
         for v, per_split in self.split_lower[runs, least].items():
-            grad_bytes, update = extras[sum(v)]
-            rings = [self.ring_time(g, pipelines, self.model.inter) if crossing else self.ring_bound(pipelines, g)
-                     for g in grad_bytes]
-            priced[v] = [math.inf] + (per_split + (np.array(rings) + update)[:, None]).min(axis=0).tolist()
-        table = self.counted_table(priced, 1, pipelines, deadline, forced)
+            grad_bytes, update, crossing_bytes = extras[sum(v)]
+            rings = [max(self.ring_time(g, pipelines, self.model.inter) if crossing else self.ring_bound(pipelines, g),
+                         self.ring_time(c, pipelines, self.model.inter)) for g, c in zip(grad_bytes, crossing_bytes)]
+            extra = (np.array(rings) + update)[:, None]
+            priced[v] = [math.inf] + (per_split + extra).min(axis=0).tolist()
+            if forcing is not None:  # the held layer's stage of another kind than `kind`
+                mixed[v] = [math.inf] + (np.maximum(per_split, forcing[v]) + extra).min(axis=0).tolist()
+            else:  # some stage of another kind
+                mixed[v] = priced[v] if v[kind] < sum(v) else [math.inf] * (self.total + 1)
+        table = self.counted_table(priced, 1, pipelines, deadline, mixed, rounds)
         if table is None:
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
 
-    def lower_times(self, deadline: Deadline, runs: int, least: int = 0
+    def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
@@ -504,7 +524,8 @@ class Relaxation:
         per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
         bound also skips the simulations that cannot lower the minimum. A split counts only where
         every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
-        micro-batches 1F1B holds in flight there: inf where none does."""
+        micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layer l, kind k): only
+        orders whose stage holding l is of another kind than k count, by the closed form alone."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -548,8 +569,20 @@ class Relaxation:
                     lower[profile] = [math.inf] * (self.total + 1)
                     split_lower[profile] = np.full((len(splits), self.total), np.inf)
                     continue
-                best, per_split = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap, inter,
-                                                    simulate)
+                if pinned is None:
+                    best, per_split = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap,
+                                                        inter, simulate)
+                else:  # per stage t holding the layer: the splits where it does, with the orders allowed there
+                    layer, kind = pinned
+                    per_split = np.full((len(splits), self.total), np.inf)
+                    holding = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding `layer` on each split
+                    for t in range(stages):
+                        allowed = [order for order in orders[profile] if order[t] != kind]
+                        rows = np.flatnonzero(holding == t)
+                        if allowed and rows.size:
+                            per_split[rows] = self._least_times(ranges[:, rows], fits[:, rows], b[rows],
+                                                                choices[stages], allowed, cheap, inter, False)[1]
+                    best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 lower[profile] = best.tolist()
                 split_lower[profile] = per_split
         return lower, split_lower
@@ -649,26 +682,26 @@ class Relaxation:
 
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
                       rounds: int | None = None, deadline: Deadline = Deadline.never(),
-                      forced: tuple[int, int] = (0, 0)) -> list[list[float]] | None:
+                      mixed: dict[tuple[int, ...], list[float]] | None = None, forced: int = 0
+                      ) -> list[list[float]] | None:
         """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
         running the whole batch on at most the groups of `state` (the cover relaxation with the
         pipelines counted: the all-reduce floor grows with P, and with the shortest pipeline's stage
         count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P up to
-        `rounds` (default: every P); None when `deadline` passes first. `forced` (kind k, r): the
-        first r rounds take only pipelines with a stage of another kind than k (a multiset: at least
-        r of the P pipelines have one)."""
+        `rounds` (default: every P); None when `deadline` passes first. The first `forced` rounds
+        price their pipeline by `mixed` instead (a multiset: at least that many of the P pipelines
+        are priced so, `coupled`)."""
         total = self.total
         comps, level, shift, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
-        kind, forced_rounds = forced
-        mixed = [item for item in items if item[1][kind] < item[0]]
+        special = [item for item in self._programme(mixed)[3] if item[0] >= least] if forced else items
         previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
         for round_ in range(min(self.groups, total) if rounds is None else rounds):
             if deadline.expired():
                 return None
-            round_items = mixed if round_ < forced_rounds else items
+            round_items = special if round_ < forced else items
             table = np.full((len(comps), total + 1), np.inf)
             for g in range(1, self.groups + 1):
                 rows = np.flatnonzero(level == g)
@@ -804,6 +837,7 @@ class ExactSearch:
                 if value < min(spanning, floor) and columns > spanning:
                     spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
+                value = max(value, self.held(p, refine, value, floor))
             self.by_count[p] = max(self.by_count[p], value)
             floor = min(floor, value)
         return floor
@@ -817,19 +851,57 @@ class ExactSearch:
         pipelines, for the kind whose count is the largest). Seed 154 (8-24 devices): five
         pipelines, nodes of at most four fast groups; seed 21: nodes of 3 and 5 fast groups among 7."""
         relaxation = self.relaxation
+        forced = self.forced(pipelines)
+        if forced is None:
+            return 0.0
+        crossing = relaxation.coupled(pipelines, refine, crossing=True)
+        if crossing is None:
+            return 0.0
+        local = relaxation.coupled(pipelines, refine, forced=forced)
+        return min(crossing[self.root], local[self.root]) if local is not None else 0.0
+
+    def forced(self, pipelines: int) -> tuple[int, int] | None:
+        """(kind k, r): a layer whose P holders share a node has at least r = P - f_k of them of
+        another kind than k, f_k the most groups of kind k on a node of at least P groups (the k of
+        the largest r); None when r <= 0 for every kind or the relaxation has one kind."""
+        relaxation = self.relaxation
         if len(relaxation.kind_count) < 2:
-            return 0.0  # one kind for all types: no kind to force
+            return None  # one kind for all types: no kind to force
         wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
         forced = [pipelines - max(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
                                   for groups in wide) for kind in range(len(relaxation.kind_count))]
         kind = max(range(len(forced)), key=forced.__getitem__)
-        if forced[kind] <= 0:
-            return 0.0  # some node holds P groups of every kind: nothing forced
-        crossing = relaxation.coupled(pipelines, refine, crossing=True)
-        if crossing is None:
+        return (kind, forced[kind]) if forced[kind] > 0 else None
+
+    def held(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from where their layers' rings cross nodes, while it may
+        raise `value` below `floor`. A layer l's P holders either span nodes or are one node's
+        groups, at least r of them of another kind than k (`forced`): local[l], the coupled table
+        with r pipelines whose stage holding l is of another kind, floors the plans of the second
+        case. With the layers by local[l] descending, a plan either keeps one of the first j inside
+        a node (at least the j-th local[l]) or rings all of them across nodes (the coupled table
+        with those rings crossing); the lesser holds for every plan, for each j. 8-24-device seed
+        154: a slow group holding layer 2 or 3 costs 16.4 or 16.2 s, layer 1 14.8 s, so below that
+        layers 1-3 ring across nodes (the optimum's 0.256 s)."""
+        relaxation, forced = self.relaxation, self.forced(pipelines)
+        if forced is None:
             return 0.0
-        local = relaxation.coupled(pipelines, refine, forced=(kind, forced[kind]))
-        return min(crossing[self.root], local[self.root]) if local is not None else 0.0
+        local = {}
+        for layer in range(self.layers):
+            table = relaxation.coupled(pipelines, refine, forced=forced, held=layer)
+            if table is None:
+                return 0.0
+            local[layer] = table[self.root]
+        best, crossed = 0.0, []
+        for layer in sorted(local, key=local.get, reverse=True):
+            if local[layer] <= max(best, value) or max(best, value) >= floor:
+                break  # later layers keep a lower first term
+            crossed.append(layer)
+            table = relaxation.coupled(pipelines, refine, crossed=tuple(sorted(crossed)))
+            if table is None:
+                break
+            best = max(best, min(local[layer], table[self.root]))
+        return best
 
     def columns(self, pipelines: int, refine: Deadline) -> float:
         """Floor of the plans of P pipelines in which every layer's P holders share a node (0 when
@@ -977,6 +1049,7 @@ class ExactSearch:
         holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
         node_size = {node: sum(groups.values()) for node, groups in self.node_groups().items()}
         largest_grad = [0.0] + [_largest_stage(layer_grad, k) for k in range(1, self.layers + 1)]
+        heaviest = list(itertools.accumulate(layer_grad, max, initial=0.0))  # heaviest[k]: of layers 0..k - 1
         fewest = self.fewest_table(lower, incumbent)
         # runs[lo][k]: the least floor of plans of lo..lo + k pipelines (`by_count`): a partial plan that
         # will have that many pipelines is cut when it meets the incumbent (`by_counts`)
@@ -1103,17 +1176,19 @@ class ExactSearch:
                 coming = fewest[last[0], last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
                 if coming == math.inf:
                     return  # no pipelines allowed from here on run the micro-batches left
-                crossing = 0.0
-                for layer in range(min(stages, self.layers)):
-                    known = holders[layer]
-                    if len(known) <= 1 and layer_grad[layer] > crossing and not any(
-                            (not known or node in known) and node_size[node] - touched[node] >= coming - 1
-                            for node in {self.class_node[c] for c in classes[:layer + 1]}):
-                        crossing = layer_grad[layer]
-                if crossing and max(worst, completion[stages][state][n_left]) + opt + max(
-                        ring, self.relaxation.ring_time(crossing, len(chosen) + int(coming), inter)) \
-                        >= best[0] * (1 - PRUNE_TOLERANCE):
-                    return
+                base, cut = max(worst, completion[stages][state][n_left]) + opt, best[0] * (1 - PRUNE_TOLERANCE)
+                replicas = len(chosen) + int(coming)
+                if base + max(ring, self.relaxation.ring_time(heaviest[min(stages, self.layers)], replicas, inter)) \
+                        >= cut:  # else no layer's crossing can cut
+                    crossing = 0.0
+                    for layer in range(min(stages, self.layers)):
+                        known = holders[layer]
+                        if len(known) <= 1 and layer_grad[layer] > crossing and not any(
+                                (not known or node in known) and node_size[node] - touched[node] >= coming - 1
+                                for node in nodes[:layer + 1]):
+                            crossing = layer_grad[layer]
+                    if crossing and base + max(ring, self.relaxation.ring_time(crossing, replicas, inter)) >= cut:
+                        return
             if regular[0] and last is not None and stages == last[0]:
                 filled[0] += 1
             if stages and (last is not None or stages > searched[0]):
