@@ -332,6 +332,15 @@ class Relaxation:
             most |= here
         self._kinds(most)
         self.kinds = [[name for name in most if self.kind_of[name] == k] for k in range(len(self.kind_count))]
+        # per node: the most groups of each kind it holds in any inventory (a run of stages in one node fits them)
+        holds: dict[int, Counter] = {}
+        for groups in options:
+            here: dict[int, Counter] = {}
+            for group in groups:
+                here.setdefault(model.instance.node_of(group[0]), Counter())[self.kind_of[model.stage_device(group).name]] += 1
+            for node, counts in here.items():
+                holds[node] = holds.get(node, Counter()) | counts
+        self.node_kinds = {tuple(counts[k] for k in range(len(self.kind_count))) for counts in holds.values()}
         self.lower: dict[tuple[int, ...], list[float]] = {}
         # split_lower[r, c][v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
         # when no run of its stages in one node is longer than r and it crosses nodes at least c times
@@ -539,12 +548,18 @@ class Relaxation:
         inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
         intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
         cheap = np.minimum(intra, inter)
-        choices = {}  # per stage count: the node-crossing boundary sets tried (none: every send cheap)
+        orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
+        pairs = {}  # per kinds of a pipeline: the (node-crossing boundaries, order of kinds) tried
         for stages, splits in self.splits.items():
             crossings = _crossing_sets(stages, runs, least)
-            choices[stages] = crossings if len(crossings) * len(splits) <= CROSSING_BUDGET else [()]
-        orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
-        units = sum(len(splits) * len(choices[s]) * sum(len(orders[v]) for v in self.profiles[s]) * s * m
+            for v in self.profiles[stages]:
+                if len(crossings) * len(splits) > CROSSING_BUDGET:  # every send cheap
+                    pairs[v] = [((), order) for order in orders[v]]
+                elif 2 ** (stages - 1) * len(splits) > CROSSING_BUDGET:  # a node's groups, any kinds
+                    pairs[v] = [(crossing, order) for crossing in crossings for order in orders[v]]
+                else:  # each run of stages within one node's groups of each kind
+                    pairs[v] = self._placements(stages, runs, least, orders[v])
+        units = sum(len(splits) * sum(len(pairs[v]) for v in self.profiles[s]) * s * m
                     for s, splits in self.splits.items() for m in range(1, self.total + 1))
         simulate = self.virtual > 1 or units <= LOWER_SIMULATION_UNITS
         # memory: each kind's stages within the relaxed memory of its own device types
@@ -565,30 +580,50 @@ class Relaxation:
                         held = in_flight_micro_batches(s, stages, m, 0.0, self.virtual)
                         fits[k, :, s, m - 1] = memory.needs(b[:, s], b[:, s + 1], held) <= memory.budget
             for profile in self.profiles[stages]:
-                if not choices[stages]:  # it must cross that often and cannot
+                if not pairs[profile]:  # it must cross that often and cannot, or its kinds fit no runs
                     lower[profile] = [math.inf] * (self.total + 1)
                     split_lower[profile] = np.full((len(splits), self.total), np.inf)
                     continue
                 if pinned is None:
-                    best, per_split = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap,
-                                                        inter, simulate)
+                    best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate)
                 else:  # per stage t holding the layer: the splits where it does, with the orders allowed there
                     layer, kind = pinned
                     per_split = np.full((len(splits), self.total), np.inf)
                     holding = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding `layer` on each split
                     for t in range(stages):
-                        allowed = [order for order in orders[profile] if order[t] != kind]
+                        allowed = [pair for pair in pairs[profile] if pair[1][t] != kind]
                         rows = np.flatnonzero(holding == t)
                         if allowed and rows.size:
                             per_split[rows] = self._least_times(ranges[:, rows], fits[:, rows], b[rows],
-                                                                choices[stages], allowed, cheap, inter, False)[1]
+                                                                allowed, cheap, inter, False)[1]
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 lower[profile] = best.tolist()
                 split_lower[profile] = per_split
         return lower, split_lower
 
-    def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray, crossings: list[tuple[int, ...]],
-                     orders: list[tuple[int, ...]], cheap: np.ndarray, inter: np.ndarray,
+    def _placements(self, stages: int, runs: int, least: int, orders: list[tuple[int, ...]]
+                    ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """(crossing boundaries, order of kinds) of a pipeline of `stages` stages: for each order,
+        the minimal sets of at least `least` crossings whose runs of stages (in one node) are at
+        most `runs` long and each within one node's groups of each kind (`node_kinds`); sends only
+        grow with crossings. 32-64-device seed 13: nodes of at most two fast groups, so a four-stage
+        fast pipeline crosses between its second and third stages, not at its free boundary."""
+        sets = [chosen for count in range(least, stages) for chosen in itertools.combinations(range(stages - 1), count)
+                if all(end - start <= runs for start, end in zip((0,) + tuple(c + 1 for c in chosen),
+                                                                 tuple(c + 1 for c in chosen) + (stages,)))]
+        found = []
+        for order in orders:
+            valid = []
+            for chosen in sets:
+                cuts = (0,) + tuple(c + 1 for c in chosen) + (stages,)
+                if all(any(all(order[start:end].count(k) <= held[k] for k in range(len(held)))
+                           for held in self.node_kinds) for start, end in zip(cuts, cuts[1:])):
+                    valid.append(set(chosen))
+            found += [(tuple(sorted(chosen)), order) for chosen in valid if not any(other < chosen for other in valid)]
+        return found
+
+    def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
+                     pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
                      simulate: bool) -> tuple[np.ndarray, np.ndarray]:
         """(best, per_split): best[m], the least time of m micro-batches over every split (`b`),
         crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
@@ -602,18 +637,17 @@ class Relaxation:
         position = np.arange(stages)
         warmup = np.arange(stages - 1, -1, -1)  # k_s = S - s - 1
         forwards, backwards, fitting = [], [], []
-        for crossing in crossings:
+        for crossing, order in pairs:
             sends = cheap[b[:, 1:-1] - 1].copy() if stages > 1 else np.zeros((len(b), 0))
             for s in crossing:
                 sends[:, s] = inter[b[:, s + 1] - 1]
-            for order in orders:
-                placed = ranges[np.array(order), :, position]  # (stages, splits, forward/backward)
-                forward, backward = placed[:, :, 0].T.copy(), placed[:, :, 1].T.copy()
-                forward[:, :-1] += sends
-                backward[:, 1:] += sends
-                forwards.append(forward)
-                backwards.append(backward)
-                fitting.append(fits[np.array(order), :, position].all(axis=0))  # (splits, m - 1)
+            placed = ranges[np.array(order), :, position]  # (stages, splits, forward/backward)
+            forward, backward = placed[:, :, 0].T.copy(), placed[:, :, 1].T.copy()
+            forward[:, :-1] += sends
+            backward[:, 1:] += sends
+            forwards.append(forward)
+            backwards.append(backward)
+            fitting.append(fits[np.array(order), :, position].all(axis=0))  # (splits, m - 1)
         forward, backward = np.concatenate(forwards), np.concatenate(backwards)
         whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
         closed = (whole[:, None, None] + (counts - 1)[None, :, None] * backward[:, None, :]
