@@ -1084,6 +1084,13 @@ class ExactSearch:
         node_size = {node: sum(groups.values()) for node, groups in self.node_groups().items()}
         largest_grad = [0.0] + [_largest_stage(layer_grad, k) for k in range(1, self.layers + 1)]
         heaviest = list(itertools.accumulate(layer_grad, max, initial=0.0))  # heaviest[k]: of layers 0..k - 1
+        rings: dict[tuple[float, int], float] = {}
+
+        def inter_ring(nbytes: float, replicas: int) -> float:
+            """The inter-node ring of these gradient bytes over these replicas (memoised)."""
+            if (nbytes, replicas) not in rings:
+                rings[nbytes, replicas] = self.relaxation.ring_time(nbytes, replicas, inter)
+            return rings[nbytes, replicas]
         fewest = self.fewest_table(lower, incumbent)
         # runs[lo][k]: the least floor of plans of lo..lo + k pipelines (`by_count`): a partial plan that
         # will have that many pipelines is cut when it meets the incumbent (`by_counts`)
@@ -1211,17 +1218,21 @@ class ExactSearch:
                 if coming == math.inf:
                     return  # no pipelines allowed from here on run the micro-batches left
                 base, cut = max(worst, completion[stages][state][n_left]) + opt, best[0] * (1 - PRUNE_TOLERANCE)
+                if base + ring >= cut:
+                    return  # this pipeline has `stages` stages already: every completion is at least that
                 replicas = len(chosen) + int(coming)
-                if base + max(ring, self.relaxation.ring_time(heaviest[min(stages, self.layers)], replicas, inter)) \
-                        >= cut:  # else no layer's crossing can cut
-                    crossing = 0.0
+                heavy = inter_ring(heaviest[min(stages, self.layers)], replicas)
+                if heavy > ring and base + heavy >= cut:  # else no layer's crossing can cut
+                    # the stage index at which each node with room for the pipelines after this one first
+                    # appears: layer l may stay inside such a node only if it appears at stage l or before
+                    first = {node: nodes.index(node) for node in set(nodes) if node_size[node] - touched[node] >= coming - 1}
+                    earliest, crossing = min(first.values(), default=self.layers), 0.0
                     for layer in range(min(stages, self.layers)):
                         known = holders[layer]
-                        if len(known) <= 1 and layer_grad[layer] > crossing and not any(
-                                (not known or node in known) and node_size[node] - touched[node] >= coming - 1
-                                for node in nodes[:layer + 1]):
+                        if layer_grad[layer] > crossing and len(known) <= 1 and (
+                                first.get(next(iter(known)), self.layers) if known else earliest) > layer:
                             crossing = layer_grad[layer]
-                    if crossing and base + max(ring, self.relaxation.ring_time(crossing, replicas, inter)) >= cut:
+                    if crossing and base + max(ring, inter_ring(crossing, replicas)) >= cut:
                         return
             if regular[0] and last is not None and stages == last[0]:
                 filled[0] += 1
