@@ -902,8 +902,8 @@ class ExactSearch:
         if len(relaxation.kind_count) < 2:
             return None  # one kind for all types: no kind to force
         wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
-        forced = [pipelines - max(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
-                                  for groups in wide) for kind in range(len(relaxation.kind_count))]
+        forced = [pipelines - max((sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
+                                   for groups in wide), default=pipelines) for kind in range(len(relaxation.kind_count))]
         kind = max(range(len(forced)), key=forced.__getitem__)
         return (kind, forced[kind]) if forced[kind] > 0 else None
 
