@@ -34,8 +34,12 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   and no plan is priced with more fast groups than the cluster has; lower(v, m) counts only splits
   whose every stage fits the relaxed memory of its own type. The tables are built once for every
   inventory (`Relaxation`). The ring floor is the all-reduce of the largest stage over the
-  pipelines there will be, on the inter-node link when no node can hold a slot of every pipeline,
-  and of the layers whose holders already sit on two nodes. Leaves: PerfModel.evaluate after choose_reliefs.
+  pipelines there will be (at least `fewest_table`'s count more; one of them has a stage of at
+  least `_largest_stage` bytes), on the inter-node link when no node can hold a slot of every
+  pipeline, and of the layers whose holders already sit on two nodes or on a node without an
+  unused group for each pipeline to come. A partial plan is also cut when the root floor of every
+  pipeline count it may end with meets the incumbent (`by_count`). Leaves: PerfModel.evaluate
+  after choose_reliefs.
 When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
 first, the caller reports its own valid bound instead.
 """
