@@ -341,7 +341,8 @@ class Relaxation:
         for groups in options:
             here: dict[int, Counter] = {}
             for group in groups:
-                here.setdefault(model.instance.node_of(group[0]), Counter())[self.kind_of[model.stage_device(group).name]] += 1
+                kind = self.kind_of[model.stage_device(group).name]
+                here.setdefault(model.instance.node_of(group[0]), Counter())[kind] += 1
             for node, counts in here.items():
                 holds[node] = holds.get(node, Counter()) | counts
         self.node_kinds = {tuple(counts[k] for k in range(len(self.kind_count))) for counts in holds.values()}
@@ -907,7 +908,8 @@ class ExactSearch:
             return None  # one kind for all types: no kind to force
         wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
         forced = [pipelines - max((sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
-                                   for groups in wide), default=pipelines) for kind in range(len(relaxation.kind_count))]
+                                   for groups in wide), default=pipelines)
+                  for kind in range(len(relaxation.kind_count))]
         kind = max(range(len(forced)), key=forced.__getitem__)
         return (kind, forced[kind]) if forced[kind] > 0 else None
 
@@ -1130,12 +1132,12 @@ class ExactSearch:
                        future: float, groups_after: int) -> float:
             """A floor on the gradient all-reduce once the candidate (its stages' `nodes`, `bounds`)
             joins with at least `future` pipelines to come (`fewest_table`) on `groups_after` groups:
-            every slot reduces its layers over at least `pipelines` + `future` replicas; a layer whose holders already sit on
-            two nodes rings over the inter-node link (groups only add), and so does one whose holders
-            share a node with fewer unused groups than pipelines to come (each of them needs a holder
-            there for the ring to stay inside it); and one of those pipelines has at most
-            groups_after / future stages, so one of its slots holds at least `_largest_stage` of the
-            gradients (the brute force's future bound)."""
+            every slot reduces its layers over at least `pipelines` + `future` replicas; a layer whose
+            holders already sit on two nodes rings over the inter-node link (groups only add), and so
+            does one whose holders share a node with fewer unused groups than pipelines to come (each
+            of them needs a holder there for the ring to stay inside it); and one of those pipelines
+            has at most groups_after / future stages, so one of its slots holds at least
+            `_largest_stage` of the gradients (the brute force's future bound)."""
             if self.overlapped:
                 return 0.0
             pipelines += int(future)
@@ -1229,7 +1231,8 @@ class ExactSearch:
                 if heavy > ring and base + heavy >= cut:  # else no layer's crossing can cut
                     # the stage index at which each node with room for the pipelines after this one first
                     # appears: layer l may stay inside such a node only if it appears at stage l or before
-                    first = {node: nodes.index(node) for node in set(nodes) if node_size[node] - touched[node] >= coming - 1}
+                    first = {node: nodes.index(node) for node in set(nodes)
+                             if node_size[node] - touched[node] >= coming - 1}
                     earliest, crossing = min(first.values(), default=self.layers), 0.0
                     for layer in range(min(stages, self.layers)):
                         known = holders[layer]
