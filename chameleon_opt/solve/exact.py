@@ -34,8 +34,12 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   and no plan is priced with more fast groups than the cluster has; lower(v, m) counts only splits
   whose every stage fits the relaxed memory of its own type. The tables are built once for every
   inventory (`Relaxation`). The ring floor is the all-reduce of the largest stage over the
-  pipelines there will be, on the inter-node link when no node can hold a slot of every pipeline,
-  and of the layers whose holders already sit on two nodes. Leaves: PerfModel.evaluate after choose_reliefs.
+  pipelines there will be (at least `fewest_table`'s count more; one of them has a stage of at
+  least `_largest_stage` bytes), on the inter-node link when no node can hold a slot of every
+  pipeline, and of the layers whose holders already sit on two nodes or on a node without an
+  unused group for each pipeline to come. A partial plan is also cut when the root floor of every
+  pipeline count it may end with meets the incumbent (`by_count`). Leaves: PerfModel.evaluate
+  after choose_reliefs.
 When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
 first, the caller reports its own valid bound instead.
 """
@@ -332,6 +336,16 @@ class Relaxation:
             most |= here
         self._kinds(most)
         self.kinds = [[name for name in most if self.kind_of[name] == k] for k in range(len(self.kind_count))]
+        # per node: the most groups of each kind it holds in any inventory (a run of stages in one node fits them)
+        holds: dict[int, Counter] = {}
+        for groups in options:
+            here: dict[int, Counter] = {}
+            for group in groups:
+                kind = self.kind_of[model.stage_device(group).name]
+                here.setdefault(model.instance.node_of(group[0]), Counter())[kind] += 1
+            for node, counts in here.items():
+                holds[node] = holds.get(node, Counter()) | counts
+        self.node_kinds = {tuple(counts[k] for k in range(len(self.kind_count))) for counts in holds.values()}
         self.lower: dict[tuple[int, ...], list[float]] = {}
         # split_lower[r, c][v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
         # when no run of its stages in one node is longer than r and it crosses nodes at least c times
@@ -343,7 +357,10 @@ class Relaxation:
         # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
         self.counted: list[list[list[float]]] = []
         # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
-        self._coupled: dict[tuple[int, int, int], list[float]] = {}  # by (P, longest run, fewest crossings)
+        # by (P, longest run, fewest crossings, every ring crossing, forced kinds, least ring, held layer)
+        self._coupled: dict[tuple, list[float]] = {}
+        # per (layer, kind): split_lower with that layer's stage of another kind (`lower_times`'s `held`)
+        self._held: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -439,8 +456,9 @@ class Relaxation:
         reduce = ring_allgather_time if model.overlap_param_gather else ring_allreduce_time
         return reduce(nbytes, pipelines, link)
 
-    def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None,
-                least: int = 0) -> list[float] | None:
+    def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None, least: int = 0,
+                crossing: bool = False, forced: tuple[int, int] = (0, 0), crossed: tuple[int, ...] = (),
+                held: int | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -452,10 +470,16 @@ class Relaxation:
         (the floor asks only for the P that may hold its minimum); None beyond COUNTED_BUDGET,
         past `deadline` or, without one, when not built yet. `runs`: the pipelines' times with no
         run of stages in one node longer than this (default: a node's groups; `lower_times`);
-        `least`: every pipeline crosses nodes at least that often."""
+        `least`: every pipeline crosses nodes at least that often; `crossing`: every ring crosses
+        nodes (a slot's rings take the inter-node link: at least one ring of all its bytes there, the
+        ring time being affine in the bytes with a non-negative constant); `forced`: see
+        `counted_table` (with `held`, a layer: the forced pipelines' stage holding it is of another
+        kind, `lower_times`); `crossed`: these layers' rings cross nodes (a slot holding some of them
+        rings at least their bytes on the inter-node link, as with `crossing`)."""
         runs = self.most_per_node if runs is None else runs
-        if (pipelines, runs, least) in self._coupled:
-            return self._coupled[pipelines, runs, least]
+        key = (pipelines, runs, least, crossing, forced, crossed, held)
+        if key in self._coupled:
+            return self._coupled[key]
         if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
         if (runs, least) not in self.split_lower:
@@ -464,25 +488,41 @@ class Relaxation:
                 return None
             self.split_lower[runs, least] = found[1]
         prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in
-                  (("grad", self.grad), ("update", self.update))}
-        extras = {}  # per stage count: (largest stage's gradient bytes, slowest stage's step) per split
+                  (("grad", self.grad), ("update", self.update),
+                   ("crossed", [g if layer in crossed else 0.0 for layer, g in enumerate(self.grad)]))}
+        extras = {}  # per stage count: (largest stage's gradient bytes, slowest stage's step, crossed bytes) per split
         for stages, splits in self.splits.items():
             b = np.array(splits)
-            grad_bytes, update = ((prefix[name][b[:, 1:]] - prefix[name][b[:, :-1]]).max(axis=1)
-                                  for name in ("grad", "update"))
-            extras[stages] = grad_bytes, update / self.model.optimizer_shards(pipelines)
-        priced = {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
+            grad_bytes, update, crossing_bytes = ((prefix[name][b[:, 1:]] - prefix[name][b[:, :-1]]).max(axis=1)
+                                                  for name in ("grad", "update", "crossed"))
+            extras[stages] = grad_bytes, update / self.model.optimizer_shards(pipelines), crossing_bytes
+        kind, rounds = forced
+        forcing = None
+        if rounds and held is not None:
+            if (held, kind) not in self._held:
+                found = self.lower_times(deadline, self.most_per_node, 0, (held, kind))
+                if found is None:
+                    return None
+                self._held[held, kind] = found[1]
+            forcing = self._held[held, kind]
+        priced, mixed = {}, {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
         for v, per_split in self.split_lower[runs, least].items():
-            grad_bytes, update = extras[sum(v)]
-            extra = np.array([self.ring_bound(pipelines, g) for g in grad_bytes]) + update
-            priced[v] = [math.inf] + (per_split + extra[:, None]).min(axis=0).tolist()
-        table = self.counted_table(priced, 1, pipelines, deadline)
+            grad_bytes, update, crossing_bytes = extras[sum(v)]
+            rings = [max(self.ring_time(g, pipelines, self.model.inter) if crossing else self.ring_bound(pipelines, g),
+                         self.ring_time(c, pipelines, self.model.inter)) for g, c in zip(grad_bytes, crossing_bytes)]
+            extra = (np.array(rings) + update)[:, None]
+            priced[v] = [math.inf] + (per_split + extra).min(axis=0).tolist()
+            if forcing is not None:  # the held layer's stage of another kind than `kind`
+                mixed[v] = [math.inf] + (np.maximum(per_split, forcing[v]) + extra).min(axis=0).tolist()
+            else:  # some stage of another kind
+                mixed[v] = priced[v] if v[kind] < sum(v) else [math.inf] * (self.total + 1)
+        table = self.counted_table(priced, 1, pipelines, deadline, mixed, rounds)
         if table is None:
             return None
-        self._coupled[pipelines, runs, least] = table[pipelines]
-        return self._coupled[pipelines, runs, least]
+        self._coupled[key] = table[pipelines]
+        return self._coupled[key]
 
-    def lower_times(self, deadline: Deadline, runs: int, least: int = 0
+    def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
@@ -498,7 +538,8 @@ class Relaxation:
         per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
         bound also skips the simulations that cannot lower the minimum. A split counts only where
         every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
-        micro-batches 1F1B holds in flight there: inf where none does."""
+        micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layer l, kind k): only
+        orders whose stage holding l is of another kind than k count, by the closed form alone."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -512,12 +553,18 @@ class Relaxation:
         inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
         intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
         cheap = np.minimum(intra, inter)
-        choices = {}  # per stage count: the node-crossing boundary sets tried (none: every send cheap)
+        orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
+        pairs = {}  # per kinds of a pipeline: the (node-crossing boundaries, order of kinds) tried
         for stages, splits in self.splits.items():
             crossings = _crossing_sets(stages, runs, least)
-            choices[stages] = crossings if len(crossings) * len(splits) <= CROSSING_BUDGET else [()]
-        orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
-        units = sum(len(splits) * len(choices[s]) * sum(len(orders[v]) for v in self.profiles[s]) * s * m
+            for v in self.profiles[stages]:
+                if len(crossings) * len(splits) > CROSSING_BUDGET:  # every send cheap
+                    pairs[v] = [((), order) for order in orders[v]]
+                elif 2 ** (stages - 1) * len(splits) > CROSSING_BUDGET:  # a node's groups, any kinds
+                    pairs[v] = [(crossing, order) for crossing in crossings for order in orders[v]]
+                else:  # each run of stages within one node's groups of each kind
+                    pairs[v] = self._placements(stages, runs, least, orders[v])
+        units = sum(len(splits) * sum(len(pairs[v]) for v in self.profiles[s]) * s * m
                     for s, splits in self.splits.items() for m in range(1, self.total + 1))
         simulate = self.virtual > 1 or units <= LOWER_SIMULATION_UNITS
         # memory: each kind's stages within the relaxed memory of its own device types
@@ -538,18 +585,50 @@ class Relaxation:
                         held = in_flight_micro_batches(s, stages, m, 0.0, self.virtual)
                         fits[k, :, s, m - 1] = memory.needs(b[:, s], b[:, s + 1], held) <= memory.budget
             for profile in self.profiles[stages]:
-                if not choices[stages]:  # it must cross that often and cannot
+                if not pairs[profile]:  # it must cross that often and cannot, or its kinds fit no runs
                     lower[profile] = [math.inf] * (self.total + 1)
                     split_lower[profile] = np.full((len(splits), self.total), np.inf)
                     continue
-                best, per_split = self._least_times(ranges, fits, b, choices[stages], orders[profile], cheap, inter,
-                                                    simulate)
+                if pinned is None:
+                    best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate)
+                else:  # per stage t holding the layer: the splits where it does, with the orders allowed there
+                    layer, kind = pinned
+                    per_split = np.full((len(splits), self.total), np.inf)
+                    holding = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding `layer` on each split
+                    for t in range(stages):
+                        allowed = [pair for pair in pairs[profile] if pair[1][t] != kind]
+                        rows = np.flatnonzero(holding == t)
+                        if allowed and rows.size:
+                            per_split[rows] = self._least_times(ranges[:, rows], fits[:, rows], b[rows],
+                                                                allowed, cheap, inter, False)[1]
+                    best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 lower[profile] = best.tolist()
                 split_lower[profile] = per_split
         return lower, split_lower
 
-    def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray, crossings: list[tuple[int, ...]],
-                     orders: list[tuple[int, ...]], cheap: np.ndarray, inter: np.ndarray,
+    def _placements(self, stages: int, runs: int, least: int, orders: list[tuple[int, ...]]
+                    ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """(crossing boundaries, order of kinds) of a pipeline of `stages` stages: for each order,
+        the minimal sets of at least `least` crossings whose runs of stages (in one node) are at
+        most `runs` long and each within one node's groups of each kind (`node_kinds`); sends only
+        grow with crossings. 32-64-device seed 13: nodes of at most two fast groups, so a four-stage
+        fast pipeline crosses between its second and third stages, not at its free boundary."""
+        sets = [chosen for count in range(least, stages) for chosen in itertools.combinations(range(stages - 1), count)
+                if all(end - start <= runs for start, end in zip((0,) + tuple(c + 1 for c in chosen),
+                                                                 tuple(c + 1 for c in chosen) + (stages,)))]
+        found = []
+        for order in orders:
+            valid = []
+            for chosen in sets:
+                cuts = (0,) + tuple(c + 1 for c in chosen) + (stages,)
+                if all(any(all(order[start:end].count(k) <= held[k] for k in range(len(held)))
+                           for held in self.node_kinds) for start, end in zip(cuts, cuts[1:])):
+                    valid.append(set(chosen))
+            found += [(tuple(sorted(chosen)), order) for chosen in valid if not any(other < chosen for other in valid)]
+        return found
+
+    def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
+                     pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
                      simulate: bool) -> tuple[np.ndarray, np.ndarray]:
         """(best, per_split): best[m], the least time of m micro-batches over every split (`b`),
         crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
@@ -563,18 +642,17 @@ class Relaxation:
         position = np.arange(stages)
         warmup = np.arange(stages - 1, -1, -1)  # k_s = S - s - 1
         forwards, backwards, fitting = [], [], []
-        for crossing in crossings:
+        for crossing, order in pairs:
             sends = cheap[b[:, 1:-1] - 1].copy() if stages > 1 else np.zeros((len(b), 0))
             for s in crossing:
                 sends[:, s] = inter[b[:, s + 1] - 1]
-            for order in orders:
-                placed = ranges[np.array(order), :, position]  # (stages, splits, forward/backward)
-                forward, backward = placed[:, :, 0].T.copy(), placed[:, :, 1].T.copy()
-                forward[:, :-1] += sends
-                backward[:, 1:] += sends
-                forwards.append(forward)
-                backwards.append(backward)
-                fitting.append(fits[np.array(order), :, position].all(axis=0))  # (splits, m - 1)
+            placed = ranges[np.array(order), :, position]  # (stages, splits, forward/backward)
+            forward, backward = placed[:, :, 0].T.copy(), placed[:, :, 1].T.copy()
+            forward[:, :-1] += sends
+            backward[:, 1:] += sends
+            forwards.append(forward)
+            backwards.append(backward)
+            fitting.append(fits[np.array(order), :, position].all(axis=0))  # (splits, m - 1)
         forward, backward = np.concatenate(forwards), np.concatenate(backwards)
         whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
         closed = (whole[:, None, None] + (counts - 1)[None, :, None] * backward[:, None, :]
@@ -642,27 +720,33 @@ class Relaxation:
         return capped.tolist(), completion.tolist()
 
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
-                      rounds: int | None = None, deadline: Deadline = Deadline.never()) -> list[list[float]] | None:
+                      rounds: int | None = None, deadline: Deadline = Deadline.never(),
+                      mixed: dict[tuple[int, ...], list[float]] | None = None, forced: int = 0
+                      ) -> list[list[float]] | None:
         """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
         running the whole batch on at most the groups of `state` (the cover relaxation with the
         pipelines counted: the all-reduce floor grows with P, and with the shortest pipeline's stage
         count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P up to
-        `rounds` (default: every P); None when `deadline` passes first."""
+        `rounds` (default: every P); None when `deadline` passes first. The first `forced` rounds
+        price their pipeline by `mixed` instead (a multiset: at least that many of the P pipelines
+        are priced so, `coupled`)."""
         total = self.total
         comps, level, shift, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
+        special = [item for item in self._programme(mixed)[3] if item[0] >= least] if forced else items
         previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
-        for _ in range(min(self.groups, total) if rounds is None else rounds):
+        for round_ in range(min(self.groups, total) if rounds is None else rounds):
             if deadline.expired():
                 return None
+            round_items = special if round_ < forced else items
             table = np.full((len(comps), total + 1), np.inf)
             for g in range(1, self.groups + 1):
                 rows = np.flatnonzero(level == g)
                 parts = comps[rows]
                 best = np.full((rows.size, total + 1), np.inf)
-                for stages, offset, times, fit in _fitting(items, parts, g):
+                for stages, offset, times, fit in _fitting(round_items, parts, g):
                     rest = np.concatenate([previous[rows[fit] - offset], np.full((int(fit.sum()), 1), np.inf)], axis=1)
                     best[fit] = np.minimum(best[fit], np.maximum(rest[:, shift], times[None, None, :]).min(axis=2))
                 for k, stride in enumerate(self.stride):  # groups may idle
@@ -726,6 +810,8 @@ class ExactSearch:
         # (type a, type b): a group of type a may stand in for one of type b in a regular run's copy
         sample = {name: self.pools[c][0] for c, name in enumerate(self.class_type)}
         self.stands_in = {(a, b): a == b or _dominates(model, sample[a], sample[b]) for a in sample for b in sample}
+        # per pipeline count P: a floor on every plan of exactly P pipelines (`floor`; 0 where none is known)
+        self.by_count: dict[int, float] = {}
 
     def floor(self, refine: Deadline | None = None) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
@@ -765,6 +851,8 @@ class ExactSearch:
                     return value[shortest]
 
         cheap = {p: counted(p, None) for p in range(1, len(relaxation.counted[0]))}  # on the tables built
+        for p, value in cheap.items():
+            self.by_count[p] = max(self.by_count.get(p, 0.0), value)
         floor = math.inf
         for p in sorted(cheap, key=cheap.get):
             if cheap[p] >= floor:
@@ -785,9 +873,75 @@ class ExactSearch:
                 spanning = max(coupled[self.root] if coupled is not None else 0.0,
                                counted(p, refine, relaxation.ring_time(min(grad), p, self.model.inter)))
                 columns = self.columns(p, refine) if value < min(spanning, floor) else 0.0
+                if value < min(spanning, floor) and columns > spanning:
+                    spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
+                value = max(value, self.held(p, refine, value, floor))
+            self.by_count[p] = max(self.by_count[p], value)
             floor = min(floor, value)
         return floor
+
+    def spanning(self, pipelines: int, refine: Deadline) -> float:
+        """Floor of the plans of P pipelines in which some layer's P holders span nodes (0 when its
+        tables are out of reach): either every layer's do, and every slot's rings take the
+        inter-node link (the coupled table with inter-node rings), or some layer's P holders are P
+        groups of one node of at least P groups, of which at most f_k are of kind k: then at least
+        P - f_k pipelines have a stage of another kind (the coupled table with that many such
+        pipelines, for the kind whose count is the largest). Seed 154 (8-24 devices): five
+        pipelines, nodes of at most four fast groups; seed 21: nodes of 3 and 5 fast groups among 7."""
+        relaxation = self.relaxation
+        forced = self.forced(pipelines)
+        if forced is None:
+            return 0.0
+        crossing = relaxation.coupled(pipelines, refine, crossing=True)
+        if crossing is None:
+            return 0.0
+        local = relaxation.coupled(pipelines, refine, forced=forced)
+        return min(crossing[self.root], local[self.root]) if local is not None else 0.0
+
+    def forced(self, pipelines: int) -> tuple[int, int] | None:
+        """(kind k, r): a layer whose P holders share a node has at least r = P - f_k of them of
+        another kind than k, f_k the most groups of kind k on a node of at least P groups (the k of
+        the largest r); None when r <= 0 for every kind or the relaxation has one kind."""
+        relaxation = self.relaxation
+        if len(relaxation.kind_count) < 2:
+            return None  # one kind for all types: no kind to force
+        wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
+        forced = [pipelines - max((sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
+                                   for groups in wide), default=pipelines)
+                  for kind in range(len(relaxation.kind_count))]
+        kind = max(range(len(forced)), key=forced.__getitem__)
+        return (kind, forced[kind]) if forced[kind] > 0 else None
+
+    def held(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from where their layers' rings cross nodes, while it may
+        raise `value` below `floor`. A layer l's P holders either span nodes or are one node's
+        groups, at least r of them of another kind than k (`forced`): local[l], the coupled table
+        with r pipelines whose stage holding l is of another kind, floors the plans of the second
+        case. With the layers by local[l] descending, a plan either keeps one of the first j inside
+        a node (at least the j-th local[l]) or rings all of them across nodes (the coupled table
+        with those rings crossing); the lesser holds for every plan, for each j. 8-24-device seed
+        154: a slow group holding layer 2 or 3 costs 16.4 or 16.2 s, layer 1 14.8 s, so below that
+        layers 1-3 ring across nodes (the optimum's 0.256 s)."""
+        relaxation, forced = self.relaxation, self.forced(pipelines)
+        if forced is None:
+            return 0.0
+        local = {}
+        for layer in range(self.layers):
+            table = relaxation.coupled(pipelines, refine, forced=forced, held=layer)
+            if table is None:
+                return 0.0
+            local[layer] = table[self.root]
+        best, crossed = 0.0, []
+        for layer in sorted(local, key=local.get, reverse=True):
+            if local[layer] <= max(best, value) or max(best, value) >= floor:
+                break  # later layers keep a lower first term
+            crossed.append(layer)
+            table = relaxation.coupled(pipelines, refine, crossed=tuple(sorted(crossed)))
+            if table is None:
+                break
+            best = max(best, min(local[layer], table[self.root]))
+        return best
 
     def columns(self, pipelines: int, refine: Deadline) -> float:
         """Floor of the plans of P pipelines in which every layer's P holders share a node (0 when
@@ -853,6 +1007,24 @@ class ExactSearch:
                 reach[stages, m] = list(best)
         return reach
 
+    def fewest_table(self, lower: dict[tuple[int, ...], list[float]], limit: float
+                     ) -> dict[tuple[int, int], list[list[float]]]:
+        """fewest[S, m][g][n]: the fewest pipelines, keyed at or before (S, m) and of relaxed time
+        below `limit`, that run exactly n micro-batches on at most g groups (inf: none do; an
+        unbounded knapsack as `reach_table`). The pipelines after one keyed (S, m) are at least that
+        many: every one of them adds a replica to every layer's ring."""
+        fewest: dict[tuple[int, int], list[list[float]]] = {}
+        best = [[0.0] + [math.inf] * self.total for _ in range(self.groups + 1)]
+        for stages in range(1, self.longest + 1):
+            for m in range(1, self.total + 1):
+                if min(lower[v][m] for v in self.relaxation.profiles[stages]) < limit:
+                    for g in range(stages, self.groups + 1):
+                        row, source = best[g], best[g - stages]
+                        for n in range(m, self.total + 1):
+                            row[n] = min(row[n], source[n - m] + 1)
+                fewest[stages, m] = [list(row) for row in best]
+        return fewest
+
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines whose largest stage holds
         `grad_bytes` (`Relaxation.ring_bound`: these groups have its node sizes)."""
@@ -915,6 +1087,26 @@ class ExactSearch:
         layer_grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
         inter = self.model.inter
         holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
+        node_size = {node: sum(groups.values()) for node, groups in self.node_groups().items()}
+        largest_grad = [0.0] + [_largest_stage(layer_grad, k) for k in range(1, self.layers + 1)]
+        heaviest = list(itertools.accumulate(layer_grad, max, initial=0.0))  # heaviest[k]: of layers 0..k - 1
+        rings: dict[tuple[float, int], float] = {}
+
+        def inter_ring(nbytes: float, replicas: int) -> float:
+            """The inter-node ring of these gradient bytes over these replicas (memoised)."""
+            if (nbytes, replicas) not in rings:
+                rings[nbytes, replicas] = self.relaxation.ring_time(nbytes, replicas, inter)
+            return rings[nbytes, replicas]
+        fewest = self.fewest_table(lower, incumbent)
+        # runs[lo][k]: the least floor of plans of lo..lo + k pipelines (`by_count`): a partial plan that
+        # will have that many pipelines is cut when it meets the incumbent (`by_counts`)
+        per_count = [self.by_count.get(p, 0.0) for p in range(self.most_pipelines + 1)]
+        runs = [list(itertools.accumulate(per_count[lo:], min)) for lo in range(len(per_count))]
+
+        def by_counts(lo: int, hi: int) -> float:
+            """A floor on every plan of lo..hi pipelines."""
+            return runs[lo][min(hi, self.most_pipelines) - lo] if lo <= self.most_pipelines else math.inf
+        anything = fewest[self.longest, self.total]  # every pipeline allowed (the first one's)
         best: list = [incumbent, None]
         floor = self.floor() if floor is None else floor
         stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
@@ -936,22 +1128,37 @@ class ExactSearch:
                 best[0], best[1] = relieved[1].iteration_time_s, relieved[0]
                 stats["met"] = floor >= best[0] * (1 - PRUNE_TOLERANCE)
 
-        def ring_floor(pipelines: int, grad_bytes: float, nodes: tuple[int, ...], bounds: tuple[int, ...]) -> float:
+        def ring_floor(pipelines: int, grad_bytes: float, nodes: tuple[int, ...], bounds: tuple[int, ...],
+                       future: float, groups_after: int) -> float:
             """A floor on the gradient all-reduce once the candidate (its stages' `nodes`, `bounds`)
-            joins: every slot reduces its layers over at least `pipelines` replicas, and a layer whose
-            holders already sit on two nodes rings over the inter-node link (groups only add)."""
-            if pipelines <= 1 or self.overlapped:
+            joins with at least `future` pipelines to come (`fewest_table`) on `groups_after` groups:
+            every slot reduces its layers over at least `pipelines` + `future` replicas; a layer whose
+            holders already sit on two nodes rings over the inter-node link (groups only add), and so
+            does one whose holders share a node with fewer unused groups than pipelines to come (each
+            of them needs a holder there for the ring to stay inside it); and one of those pipelines
+            has at most groups_after / future stages, so one of its slots holds at least
+            `_largest_stage` of the gradients (the brute force's future bound)."""
+            if self.overlapped:
+                return 0.0
+            pipelines += int(future)
+            if pipelines <= 1:
                 return 0.0
             spanning = [0.0]
             for s, node in enumerate(nodes):
                 for layer in range(bounds[s], bounds[s + 1]):
                     known = holders[layer]
-                    spanning.append(spanning[-1] + (layer_grad[layer] if len(known) > 1 or (known and node not in known)
-                                                    else 0.0))
+                    crosses = len(known) > 1 or (known and node not in known) or \
+                        (future and node_size[node] - touched[node] < future)
+                    spanning.append(spanning[-1] + (layer_grad[layer] if crosses else 0.0))
             most = 0.0
             for seq, b, _ in chosen:
                 most = max(most, max(spanning[b[s + 1]] - spanning[b[s]] for s in range(len(seq))))
             most = max(most, max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(nodes))))
+            if future:
+                shortest = min(int(groups_after // future), self.layers)
+                if shortest == 0:
+                    return math.inf  # the pipelines still needed do not fit in the groups left
+                grad_bytes = max(grad_bytes, largest_grad[shortest])
             return max(self.relaxation.ring_time(most, pipelines, inter), self.ring_bound(pipelines, grad_bytes))
 
         def hold(nodes: tuple[int, ...], bounds: tuple[int, ...], step: int) -> None:
@@ -984,6 +1191,10 @@ class ExactSearch:
                 return
             if last is not None and reach[last[0], last[1]][g_left] < n_left:
                 return  # the pipelines allowed after `last` cannot run what is left
+            coming = fewest[last[0], last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
+            if coming == math.inf or by_counts(len(chosen) + int(coming), len(chosen) + min(n_left, g_left)) \
+                    >= best[0] * (1 - PRUNE_TOLERANCE):
+                return  # the plans of as many pipelines as can follow are no better
             grow([], [], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring)
 
         def grow(classes: list[int], seq: list[tuple[int, ...]], shape: tuple[tuple[str, ...], tuple[bool, ...]],
@@ -1002,20 +1213,34 @@ class ExactSearch:
                 stats["complete"] = False
                 return
             stages = len(classes)
-            if stages and chosen and not self.overlapped:
-                # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on): where the
-                # pipelines chosen hold layer l on one node and none of those stages sits there, its
-                # ring crosses nodes, whatever the split (32-64-device seed 3: 1 Gb/s between nodes).
-                crossing = 0.0
-                for layer in range(min(stages, self.layers)):
-                    known = holders[layer]
-                    if len(known) == 1 and layer_grad[layer] > crossing and not any(
-                            self.class_node[c] in known for c in classes[:layer + 1]):
-                        crossing = layer_grad[layer]
-                if crossing and max(worst, completion[stages][state][n_left]) + opt + max(
-                        ring, self.relaxation.ring_time(crossing, len(chosen) + 1, inter)) \
-                        >= best[0] * (1 - PRUNE_TOLERANCE):
-                    return
+            if stages and not self.overlapped:
+                # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on), and at least
+                # `coming` pipelines, this one included, are still to be chosen, each with a holder of
+                # every layer: layer l's ring stays inside a node only on one of those stages' nodes
+                # that holds every chosen holder of l and has an unused group for each pipeline after
+                # this one; where none does, it crosses nodes, whatever the split (32-64-device seed 3:
+                # 1 Gb/s between nodes; 8-24-device seed 21: nodes of 7 groups, 7-8 pipelines).
+                coming = fewest[last[0], last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
+                if coming == math.inf:
+                    return  # no pipelines allowed from here on run the micro-batches left
+                base, cut = max(worst, completion[stages][state][n_left]) + opt, best[0] * (1 - PRUNE_TOLERANCE)
+                if base + ring >= cut:
+                    return  # this pipeline has `stages` stages already: every completion is at least that
+                replicas = len(chosen) + int(coming)
+                heavy = inter_ring(heaviest[min(stages, self.layers)], replicas)
+                if heavy > ring and base + heavy >= cut:  # else no layer's crossing can cut
+                    # the stage index at which each node with room for the pipelines after this one first
+                    # appears: layer l may stay inside such a node only if it appears at stage l or before
+                    first = {node: nodes.index(node) for node in set(nodes)
+                             if node_size[node] - touched[node] >= coming - 1}
+                    earliest, crossing = min(first.values(), default=self.layers), 0.0
+                    for layer in range(min(stages, self.layers)):
+                        known = holders[layer]
+                        if layer_grad[layer] > crossing and len(known) <= 1 and (
+                                first.get(next(iter(known)), self.layers) if known else earliest) > layer:
+                            crossing = layer_grad[layer]
+                    if crossing and base + max(ring, inter_ring(crossing, replicas)) >= cut:
+                        return
             if regular[0] and last is not None and stages == last[0]:
                 filled[0] += 1
             if stages and (last is not None or stages > searched[0]):
@@ -1053,7 +1278,11 @@ class ExactSearch:
                         value = max(new_worst, capped[stages][after][rest]) + new_opt  # later: <= stages
                         if value + ring >= best[0] * (1 - PRUNE_TOLERANCE):
                             continue
-                        new_ring = ring_floor(pipelines + (1 if rest else 0), new_grad, nodes, bounds)
+                        future = fewest[stages, m][g_left - stages][rest] if rest else 0
+                        if future == math.inf or by_counts(pipelines + int(future), pipelines + min(
+                                rest, g_left - stages)) >= best[0] * (1 - PRUNE_TOLERANCE):
+                            continue  # no pipelines allowed after this one run exactly the rest, or as many
+                        new_ring = ring_floor(pipelines, new_grad, nodes, bounds, future, g_left - stages)
                         if value + new_ring < best[0] * (1 - PRUNE_TOLERANCE):
                             candidates.append((value + new_ring, key, new_worst, new_opt, new_grad, new_ring))
                 candidates.sort()  # the most promising first: good plans early, and the rest cut by them
