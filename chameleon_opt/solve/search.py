@@ -44,6 +44,7 @@ from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.exact import EXACT_GROUPS, exact_search
 from chameleon_opt.solve.groups import survivor_groups
+from chameleon_opt.solve.homogeneous import homogeneous_bound
 from chameleon_opt.solve.levels import LevelModel, level_model, lp_lower_bound, solve_level_model
 from chameleon_opt.solve.mixed import mixed_plans
 from chameleon_opt.solve.polish import (polish_placement, polish_splits, polish_step_splits, rebalance_exact,
@@ -61,6 +62,7 @@ ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an
 ENUMERATION_GROUPS = 64  # beyond this many TP groups it cannot finish in seconds (bench/solver_scaling.py)
 PLACEMENT_SHARE = 0.1  # of what is left, for the placement polish of the incumbent (up to EXACT_GROUPS groups)
 EXACT_SHARE = 0.95  # of what is left, for the branch and bound (the rest: the relaxation bound if it stops, 3-45 ms up to 64 devices; past the deadline its own floor stands)
+HOMOGENEOUS_SHARE = 0.5  # of what is left after the template path, for the one-type whole-layer bound (0.05-0.3 s)
 OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
 SPACE = ("pipelines of TP groups formed inside nodes from any survivors (idle allowed), stages of any "
          "device types in any order, contiguous layer splits, any micro-batch split; 1F1B; step time, "
@@ -271,6 +273,9 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
             template, plan, value, used = plain, plain_plan, plain_value, plain.backend
     notes = [f"template path ({template.backend}): {template.reason}" if plan is not None
              else f"template path: {template.reason}"]
+    whole = None  # one device type: whole-layer splits priced by 1F1B path families (solve/homogeneous.py)
+    if plan is not None and math.isfinite(value) and not deadline.expired():
+        whole = homogeneous_bound(instance, model, failed, deadline.share(HOMOGENEOUS_SHARE), value)
     if not deadline.expired():  # pipelines of mixed device types, largest memory in front (solve/mixed.py)
         mixed = mixed_plans(instance, failed, model, deadline.share(MIXED_SHARE), floor.stages)
         if mixed and mixed[0][1] < value * (1 - 1e-12):
@@ -302,7 +307,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
             plan, value, used = exact.plan, exact.objective, "branch-and-bound"
     if exact is not None and exact.complete:
         bound: float | None = value
-    elif deadline.expired() and (exact is None or exact.bound <= 0):
+    elif deadline.expired() and (exact is None or exact.bound <= 0) and whole is None:
         bound = None  # no time for the relaxation (seconds at 16,384 devices): the gap is unknown, and
         notes.append("no time left for the relaxation bound")  # with no plan, infeasibility unproven
     else:
@@ -311,6 +316,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if exact is not None and exact.bound > bound:  # the branch and bound's own floor (memory-aware)
             bound = exact.bound
             notes.append("bound: the branch and bound's relaxation (every inventory's floor)")
+        if whole is not None and whole.value > bound:
+            bound = whole.value
+            notes.append("bound: whole-layer splits of one device type (1F1B path families, "
+                         f"least at {whole.pipelines} pipelines of at least {whole.least_stages} stages)"
+                         if whole.pipelines else "bound: whole-layer splits of one device type meet the plan")
     wall = time.perf_counter() - start
     space = f"space: {SPACE}"
     if plan is None or not math.isfinite(value):
