@@ -23,7 +23,7 @@ relief per stage, any placement):
   alpha-beta ring over d ranks with a non-negative latency, so its total is at least one ring of
   its summed bytes on the faster link it may use (inter-node when d exceeds the groups one node can
   form); the pipeline with the fewest stages q has a stage holding at least the least largest
-  contiguous part of q (`exact._largest_stage`).
+  contiguous part of q (`_least_largest`).
 - U >= the least largest part of q stages of per-layer optimizer times (each layer at its cheapest
   relief: the step is additive over a stage's layers for a fixed relief).
 - Master: a plan with d pipelines of p_j >= q stages (sum p_j <= groups) and m_j micro-batches has
@@ -34,20 +34,24 @@ relief per stage, any placement):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
-from chameleon_opt.solve.exact import _largest_stage
 from chameleon_opt.solve.groups import survivor_groups
+from chameleon_opt.solve.polish import (polish_placement, polish_splits, polish_step_splits, rebalance_exact, relieved,
+                                        spread_and_priced)
 
 MEMORY_SLACK = 1e-9
 """Relative slack in favour of fitting: per-layer sums may round differently from the model's prefix
 differences; admitting a relief the model refuses only lowers the bound."""
+SHAPES_TRIED = 3
+"""Pipeline sets of least floor built into plans (`shape_plans`): each costs 0.1-3 s of exact polish."""
 CHUNK = 16
 """Micro-batch counts priced together (one numpy pass): larger m narrows the useful stage sizes."""
 
@@ -59,6 +63,7 @@ class HomogeneousBound:
     value: float
     pipelines: int
     least_stages: int
+    shapes: tuple[tuple[float, tuple[int, ...]], ...] = ()  # (floor, stage counts) of each (d, q) below the ceiling
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,21 @@ def _chunk(tables: _Tables, p: int, m: np.ndarray, width: int) -> np.ndarray:
     return value[:, 0]
 
 
+def _least_largest(sizes: list[float], most: int) -> np.ndarray:
+    """[q]: the least largest part of any split of `sizes` into q contiguous non-empty parts, q = 1..most
+    (exact._largest_stage for every q at once, vectorised)."""
+    prefix = np.concatenate(([0.0], np.cumsum(sizes)))
+    span = prefix[None, :] - prefix[:, None]  # [cut, end]: the part (cut, end]
+    span = np.where(np.triu(np.ones_like(span, dtype=bool), 1), span, np.inf)
+    best = span[0].copy()  # one part over [0, end)
+    found = np.full(most + 1, np.inf)
+    found[1] = best[-1]
+    for q in range(2, most + 1):
+        best = np.min(np.maximum(best[:, None], span), axis=0)
+        found[q] = best[-1]
+    return found
+
+
 def _caps(floors: np.ndarray, micro: list[int], t: float) -> np.ndarray:
     """Per stage count: the most micro-batches whose floor is at most t; -1 when not even one fits."""
     fits = floors <= t  # non-decreasing floors: a prefix of micro fits
@@ -177,27 +197,44 @@ def _caps(floors: np.ndarray, micro: list[int], t: float) -> np.ndarray:
     return np.where(counts > 0, np.array([0] + micro)[counts], -1)
 
 
-def _knapsack(caps: np.ndarray, pipelines: int, least: int, groups: int) -> int:
+def _knapsack(caps: np.ndarray, pipelines: int, least: int, groups: int) -> tuple[int, tuple[int, ...]]:
     """Most micro-batches `pipelines` pipelines of at least `least` stages (each with one at least), on
-    at most `groups` groups in all, can run with these caps; -1 when none can."""
+    at most `groups` groups in all, can run with these caps (-1 when none can), and the stage
+    counts that do it."""
     best = np.full(groups + 1, -1, dtype=np.int64)  # best[n]: most micro-batches on exactly n groups
     best[0] = 0
+    picks: list[np.ndarray] = []  # per pipeline added, per n: the stage count that gave best[n]
     for _ in range(pipelines):
-        new = np.full(groups + 1, -1, dtype=np.int64)
+        new, pick = np.full(groups + 1, -1, dtype=np.int64), np.zeros(groups + 1, dtype=np.int64)
         for p in range(least, min(len(caps) - 1, groups) + 1):
             if caps[p] < 1:
                 continue
             take = best[:groups + 1 - p]
-            new[p:] = np.maximum(new[p:], np.where(take >= 0, take + caps[p], -1))
+            better = np.where(take >= 0, take + caps[p], -1) > new[p:]
+            new[p:] = np.where(better, take + caps[p], new[p:])
+            pick[p:] = np.where(better, p, pick[p:])
         best = new
-    return int(best.max())
+        picks.append(pick)
+    n = int(np.argmax(best))
+    if best[n] < 0:
+        return -1, ()
+    shape = []
+    for pick in reversed(picks):
+        shape.append(int(pick[n]))
+        n -= shape[-1]
+    return int(best.max()), tuple(sorted(shape))
 
 
 def homogeneous_bound(instance: Instance, model: PerfModel, failed: frozenset[int], deadline: Deadline,
                       ceiling: float = math.inf) -> HomogeneousBound | None:
     """The bound (module docstring), or None outside its assumptions or past the deadline. `ceiling`
     must be the step of a plan of the space (or inf): parts of the space whose floors exceed it are
-    not refined, and the bound is then at most the ceiling."""
+    not refined, and the bound is then at most the ceiling.
+
+    With optimizer offload among the reliefs the space is cut in two, so that a stage's relief is
+    charged both in its op times and in the optimizer step: plans whose stages all keep the optimizer
+    on the device (bounded with those reliefs only), and plans with a stage that offloads it (every
+    relief; the step is at least the least one-layer offloaded step)."""
     tp = instance.plan.tensor_parallel
     groups = survivor_groups(instance, failed, tp)
     if not groups or model.zero_stage != 0 or model.options.overlap_grad_reduce \
@@ -206,6 +243,35 @@ def homogeneous_bound(instance: Instance, model: PerfModel, failed: frozenset[in
     # groups may be formed from any survivors of a node: every survivor must be of the one type
     if len({instance.device_types[d].name for d in range(instance.num_devices) if d not in failed}) > 1:
         return None
+    group, layers = groups[0], model.workload.num_layers
+    on_device = tuple(r for r in model.relief_options if not model.relief_of(r)[1])
+    offloaded = [r for r in model.relief_options if model.relief_of(r)[1]]
+    levels = [(model, 0.0)]
+    if on_device and offloaded:
+        least_offloaded = min(model.optimizer_time(group, layer, layer + 1, relief, len(groups))
+                              for relief in offloaded for layer in range(layers))
+        levels = [(model.restricted_to(on_device), 0.0), (model, least_offloaded)]
+    best, shapes = HomogeneousBound(math.inf, 0, 0), []
+    for restricted, optimizer_floor in levels:
+        found = _level_bound(instance, restricted, failed, groups, optimizer_floor, deadline, ceiling)
+        if found is None:
+            return None
+        best = min(best, found[0], key=lambda b: b.value)
+        shapes += found[1]
+    if not math.isfinite(best.value) and not math.isfinite(ceiling):
+        return None
+    # the parts of the space left out (floors above the ceiling, or none fits) all step at least that
+    if best.value > ceiling:
+        return HomogeneousBound(ceiling, 0, 0)
+    return replace(best, shapes=tuple(sorted(set(shapes))))
+
+
+def _level_bound(instance: Instance, model: PerfModel, failed: frozenset[int], groups: list[tuple[int, ...]],
+                 optimizer_floor: float, deadline: Deadline, ceiling: float
+                 ) -> tuple[HomogeneousBound, list[tuple[float, tuple[int, ...]]]] | None:
+    """The bound over the plans whose stages use `model.relief_options` and whose optimizer step is at
+    least `optimizer_floor`, with the pipeline sets below the ceiling; None past the deadline."""
+    tp = instance.plan.tensor_parallel
     layers, total, count = model.workload.num_layers, instance.global_micro_batches, len(groups)
     per_node = max(len([d for d in range(n * instance.devices_per_node, (n + 1) * instance.devices_per_node)
                         if d not in failed]) // tp for n in range(instance.spec.cluster.nodes))
@@ -227,13 +293,17 @@ def homogeneous_bound(instance: Instance, model: PerfModel, failed: frozenset[in
                  for layer in range(layers)]
     reduce = ring_allgather_time if model.overlap_param_gather else ring_allreduce_time
     best = HomogeneousBound(math.inf, 0, 0)
+    shapes: list[tuple[float, tuple[int, ...]]] = []
+    grads, steps = _least_largest(grad, stages_max), _least_largest(optimizer, stages_max)
     for least in range(1, stages_max + 1):
-        largest, slowest = _largest_stage(grad, least), _largest_stage(optimizer, least)
+        largest, slowest = float(grads[least]), max(float(steps[least]), optimizer_floor)
         for pipelines in range(1, min(count // least, total) + 1):
             links = [model.inter] if pipelines > per_node else [model.inter, model.collective]
             rest = min(reduce(largest, pipelines, link) for link in links) + slowest
             if pipelines == 1:
                 value = float(np.min(single[least:, 0])) + rest
+                if value < ceiling:
+                    shapes.append((value, (least + int(np.argmin(single[least:, 0])),)))
                 if value < best.value:
                     best = HomogeneousBound(value, 1, least)
                 continue
@@ -242,20 +312,57 @@ def homogeneous_bound(instance: Instance, model: PerfModel, failed: frozenset[in
             values = np.unique(floors[least:][np.isfinite(floors[least:])])
             if not len(values) or values[0] + rest >= min(best.value, ceiling):
                 continue
-            if _knapsack(_caps(floors, used, values[-1]), pipelines, least, count) < total:
+            if _knapsack(_caps(floors, used, values[-1]), pipelines, least, count)[0] < total:
                 continue  # (or only above the ceiling)
             lo, hi = 0, len(values) - 1  # the least t at which they run every micro-batch (monotone in t)
             while lo < hi:
                 mid = (lo + hi) // 2
-                if _knapsack(_caps(floors, used, values[mid]), pipelines, least, count) >= total:
+                if _knapsack(_caps(floors, used, values[mid]), pipelines, least, count)[0] >= total:
                     hi = mid
                 else:
                     lo = mid + 1
+            shapes.append((float(values[lo] + rest), _knapsack(_caps(floors, used, values[lo]), pipelines, least,
+                                                                count)[1]))
             if values[lo] + rest < best.value:
                 best = HomogeneousBound(float(values[lo] + rest), pipelines, least)
             if deadline.expired():
                 return None
-    if not math.isfinite(best.value) and not math.isfinite(ceiling):
-        return None
-    # the parts of the space left out (floors above the ceiling, or none fits) all step at least that
-    return best if best.value <= ceiling else HomogeneousBound(ceiling, 0, 0)
+    return best, shapes
+
+
+def shape_plans(instance: Instance, model: PerfModel, failed: frozenset[int], bound: HomogeneousBound,
+                deadline: Deadline, limit: int = SHAPES_TRIED) -> list[tuple[Plan, float]]:
+    """Incumbents where the bound says the optimum may be: for the `limit` distinct pipeline sets of
+    least floor below the ceiling, its pipelines on the survivors' groups in node order, layers split
+    evenly, then micro-batches spread and rebalanced, splits polished on the exact step and stages
+    placed (solve/polish.py); each with its exact step. Only incumbents: the bound does not rest on them."""
+    tp = instance.plan.tensor_parallel
+    groups = survivor_groups(instance, failed, tp)
+    layers = model.workload.num_layers
+    found: list[tuple[Plan, float]] = []
+    shapes = list(dict.fromkeys(shape for _, shape in bound.shapes))[:limit]  # by least floor
+    for shape in shapes:
+        if deadline.expired():
+            break
+        pipelines, start = [], 0
+        for stages in sorted(shape, reverse=True):
+            cuts = [round(i * layers / stages) for i in range(stages + 1)]
+            pipelines.append(Pipeline(tuple(Stage(groups[start + i], cuts[i], cuts[i + 1]) for i in range(stages)), 1))
+            start += stages
+        priced = spread_and_priced(model, pipelines, tp, instance.global_micro_batches, deadline, failed)
+        if priced is None:
+            continue
+        plan, value = priced
+        polished = rebalance_exact(model, polish_splits(model, plan, deadline), deadline)
+        polished, polished_value = relieved(model, polished, failed)
+        if polished_value < value:
+            plan, value = polished, polished_value
+        for step in (polish_step_splits, polish_placement):
+            if deadline.expired():
+                break
+            moved, moved_value = step(model, plan, failed, deadline)
+            if moved_value < value:
+                plan, value = moved, moved_value
+        if math.isfinite(value):
+            found.append((plan, value))
+    return sorted(found, key=lambda item: item[1])
