@@ -42,7 +42,7 @@ from chameleon_opt.solve.constructive import (Mix, best_counts, bound_guided_mix
 from chameleon_opt.solve.columns import column_plans
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.enumerator import enumerate_plans
-from chameleon_opt.solve.exact import EXACT_GROUPS, SPLIT_BUDGET, TABLE_BUDGET, ExactSearch, exact_search
+from chameleon_opt.solve.exact import EXACT_GROUPS, exact_search
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.homogeneous import HomogeneousBound, homogeneous_bound, shape_plans
 from chameleon_opt.solve.levels import LevelModel, level_model, lp_lower_bound, solve_level_model
@@ -62,8 +62,7 @@ ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an
 ENUMERATION_GROUPS = 64  # beyond this many TP groups it cannot finish in seconds (bench/solver_scaling.py)
 PLACEMENT_SHARE = 0.1  # of what is left, for the placement polish of the incumbent (up to EXACT_GROUPS groups)
 EXACT_SHARE = 0.95  # of what is left, for the branch and bound (the rest: the relaxation bound if it stops, 3-45 ms up to 64 devices; past the deadline its own floor stands)
-HOMOGENEOUS_SHARE = 0.7  # of what is left before the branch and bound (or after it), for the one-type whole-layer bound (0.05-0.3 s)
-SHAPES_SHARE = 0.5  # of what is left after it, for plans of the pipeline sets that bound points at
+HOMOGENEOUS_SHARE = 0.7  # of what is left before the branch and bound, for the one-type whole-layer bound (0.05-0.3 s)
 OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
 SPACE = ("pipelines of TP groups formed inside nodes from any survivors (idle allowed), stages of any "
          "device types in any order, contiguous layer splits, any micro-batch split; 1F1B; step time, "
@@ -234,21 +233,6 @@ def _exact_value(model: PerfModel, plan: Plan | None, failed: frozenset[int]) ->
     return (None, math.inf) if plan is None else relieved(model, plan, failed)
 
 
-def _whole_layer(instance: Instance, model: PerfModel, failed: frozenset[int], deadline: Deadline, plan: Plan | None,
-                 value: float, used: str, notes: list[str]) -> tuple[HomogeneousBound | None, Plan | None, float, str]:
-    """The whole-layer bound for one device type (None outside it or out of time) and, when it is below
-    the incumbent, plans of the pipeline sets it points at; the better incumbent."""
-    if plan is None or not math.isfinite(value) or deadline.expired():
-        return None, plan, value, used
-    whole = homogeneous_bound(instance, model, failed, deadline.share(HOMOGENEOUS_SHARE), value)
-    if whole is not None and whole.value < value * (1 - OPTIMALITY_TOLERANCE) and not deadline.expired():
-        built = shape_plans(instance, model, failed, whole, deadline.share(SHAPES_SHARE))
-        if built and built[0][1] < value * (1 - 1e-12):
-            plan, value, used = built[0][0], built[0][1], "bound-guided pipeline sets"
-            notes.append("a pipeline set the whole-layer bound points at is faster")
-    return whole, plan, value, used
-
-
 def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, options: SolverOptions = DEFAULT,
                 model: PerfModel | None = None) -> SolveResult[Plan]:
     """The fastest reconfigured plan over the survivors, exact for the performance model.
@@ -304,19 +288,14 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if placed_value < value * (1 - 1e-12):
             plan, value, used = placed, placed_value, f"{used}, placement polish"
             notes.append("stages traded TP groups of their device type (placement polish)")
-    # One device type: whole-layer splits priced by 1F1B path families (solve/homogeneous.py), before
-    # the branch and bound when it would refuse the instance (many layers or micro-batches), else after it.
+    # One device type: whole-layer splits priced by 1F1B path families (solve/homogeneous.py; tens of ms
+    # below 16 layers, 0.1-0.4 s at 38 layers and 256 micro-batches), before the branch and bound.
     whole: HomogeneousBound | None = None
-    longest = min(instance.workload.num_layers, len(groups))
-    refused = ExactSearch.split_count(instance.workload.num_layers, longest) > SPLIT_BUDGET \
-        or len(groups) * longest * instance.global_micro_batches ** 2 > TABLE_BUDGET
-    if refused:
-        whole, plan, value, used = _whole_layer(instance, model, failed, deadline, plan, value, used, notes)
+    if plan is not None and not deadline.expired():
+        whole = homogeneous_bound(instance, model, failed, deadline.share(HOMOGENEOUS_SHARE), value)
     exact = None
     if not deadline.expired():
         exact = exact_search(instance, model, failed, value, deadline.share(EXACT_SHARE))
-    if not refused and (exact is None or not exact.complete):
-        whole, plan, value, used = _whole_layer(instance, model, failed, deadline, plan, value, used, notes)
     if exact is None and len(groups) <= ENUMERATION_GROUPS and not deadline.expired():
         share = min(budget_s * ENUMERATION_SHARE, deadline.left())
         paper = enumerate_plans(instance, failed, deadline.within(max(share, 0.01)), model=model)
@@ -324,6 +303,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if paper_value < value * (1 - 1e-12):
             plan, value, used = paper_plan, paper_value, "enumeration"
             notes.append(f"the paper's enumeration ({paper.status.value}) found a faster plan")
+    if whole is not None and whole.value < value * (1 - OPTIMALITY_TOLERANCE) and not deadline.expired():
+        built = shape_plans(instance, model, failed, whole, deadline.share(0.9))  # only incumbents
+        if built and built[0][1] < value * (1 - 1e-12):
+            plan, value, used = built[0][0], built[0][1], "bound-guided pipeline sets"
+            notes.append("a pipeline set the whole-layer bound points at is faster")
     if exact is not None:
         notes.append(exact.reason)
         if exact.plan is not None and exact.objective < value * (1 - 1e-12):
