@@ -25,7 +25,9 @@ relief per stage, any placement):
   form); the pipeline with the fewest stages q has a stage holding at least the least largest
   contiguous part of q (`_least_largest`).
 - U >= the least largest part of q stages of per-layer optimizer times (each layer at its cheapest
-  relief: the step is additive over a stage's layers for a fixed relief).
+  relief: the step is additive over a stage's layers for a fixed relief). With optimizer offload,
+  the space is cut by the most layers K of a stage that offloads it (`homogeneous_bound`): such a
+  stage's step is at least the least offloaded step of any K consecutive layers.
 - Master: a plan with d pipelines of p_j >= q stages (sum p_j <= groups) and m_j micro-batches has
   max_j P_j >= min t such that sum_j cap(p_j, t) >= M, cap(p, t) the most m with PATH[p, m] <= t
   (a knapsack over stage counts). The bound is min over (d, q) of that t + R + U floors.
@@ -80,33 +82,60 @@ class _Tables:
     boundary: np.ndarray
 
 
-def _tables(model: PerfModel, group: tuple[int, ...], in_flight_max: int, replicas: int) -> _Tables:
+@dataclass(frozen=True)
+class _Relief:
+    """One relief's prices on a group: op times of every layer range (banded) and per-layer memory."""
+
+    offloads_optimizer: bool
+    grid: np.ndarray      # (forward, backward) per (a, k - 1), op overhead included
+    static: np.ndarray    # prefix sums of the layers' state
+    active: np.ndarray    # prefix sums of one micro-batch's activations (the head's logits included)
+    constant: float       # the stage's own terms (backward working set, buffers, framework)
+    offload: bool         # activation offload: two micro-batches resident at most
+
+
+def _reliefs(model: PerfModel, group: tuple[int, ...], replicas: int) -> list[_Relief]:
+    """Every supported relief's prices (PerfModel.stage_times, stage_memory_breakdown per layer)."""
+    layers = model.workload.num_layers
+    priced = []
+    for relief in model.relief_options:
+        rows = [model.stage_memory_breakdown(group, layer, layer + 1, 0, 1, 1, 0.0, replicas, relief)
+                for layer in range(layers)]
+        grid = np.full((2, layers + 1, layers), np.inf)
+        for a in range(layers):
+            for k in range(1, layers - a + 1):
+                f, b, _, _ = model.stage_times(group, a, a + k, relief)
+                grid[:, a, k - 1] = f + model.op_overhead_s, b + model.op_overhead_s
+        mode, offloaded = model.relief_of(relief)
+        priced.append(_Relief(
+            offloaded, grid, np.concatenate(([0.0], np.cumsum([r.parameters + r.gradients + r.optimizer for r in rows]))),
+            np.concatenate(([0.0], np.cumsum([r.activations + r.logits for r in rows]))),
+            rows[0].transient + rows[0].comm_buffers + rows[0].framework, mode == "offload"))
+    return priced
+
+
+def _tables(model: PerfModel, group: tuple[int, ...], reliefs: list[_Relief], in_flight_max: int,
+            offload_below: int) -> _Tables:
+    """The tables over `reliefs`, those that offload the optimizer only on stages of fewer than
+    `offload_below` layers."""
     layers = model.workload.num_layers
     capacity = model.stage_device(group).memory_gib * GIB * (1 + MEMORY_SLACK)
     starts = np.arange(layers + 1)[:, None]
     ends = starts + np.arange(1, layers + 1)[None, :]
     valid = ends <= layers
     ends = np.minimum(ends, layers)
+    sizes = np.arange(1, layers + 1)[None, :]
     shape = (in_flight_max + 1, layers + 1, layers)
     work, forward, backward = np.full(shape, np.inf), np.full(shape, np.inf), np.full(shape, np.inf)
-    for relief in model.relief_options:
-        # memory of [a, b) with x in flight: its layers' state + x their activations (+ the head's
-        # logits, in its activations) + the stage's constant terms (PerfModel.stage_memory_breakdown)
-        rows = [model.stage_memory_breakdown(group, layer, layer + 1, 0, 1, 1, 0.0, replicas, relief)
-                for layer in range(layers)]
-        static = np.concatenate(([0.0], np.cumsum([r.parameters + r.gradients + r.optimizer for r in rows])))
-        active = np.concatenate(([0.0], np.cumsum([r.activations + r.logits for r in rows])))
-        constant = rows[0].transient + rows[0].comm_buffers + rows[0].framework
-        offload = model.relief_of(relief)[0] == "offload"  # two micro-batches resident at most
-        grid = np.full((2, layers + 1, layers), np.inf)
-        for a in range(layers):
-            for k in range(1, layers - a + 1):
-                f, b, _, _ = model.stage_times(group, a, a + k, relief)
-                grid[:, a, k - 1] = f + model.op_overhead_s, b + model.op_overhead_s
+    for relief in reliefs:
+        allowed = valid & (sizes < offload_below) if relief.offloads_optimizer else valid
+        grid = relief.grid
         for x in range(1, in_flight_max + 1):
-            need = static[ends] - static[starts] + (min(x, 2) if offload else x) * (active[ends] - active[starts]) \
-                + constant
-            fits = valid & (need <= capacity)
+            # memory of [a, b) with x in flight: its layers' state + x their activations (+ the head's
+            # logits, in its activations) + the stage's constant terms (PerfModel.stage_memory_breakdown)
+            need = relief.static[ends] - relief.static[starts] + (min(x, 2) if relief.offload else x) * (
+                relief.active[ends] - relief.active[starts]) + relief.constant
+            fits = allowed & (need <= capacity)
             work[x] = np.where(fits, np.minimum(work[x], grid[0] + grid[1]), work[x])
             forward[x] = np.where(fits, np.minimum(forward[x], grid[0]), forward[x])
             backward[x] = np.where(fits, np.minimum(backward[x], grid[1]), backward[x])
@@ -231,10 +260,10 @@ def homogeneous_bound(instance: Instance, model: PerfModel, failed: frozenset[in
     must be the step of a plan of the space (or inf): parts of the space whose floors exceed it are
     not refined, and the bound is then at most the ceiling.
 
-    With optimizer offload among the reliefs the space is cut in two, so that a stage's relief is
-    charged both in its op times and in the optimizer step: plans whose stages all keep the optimizer
-    on the device (bounded with those reliefs only), and plans with a stage that offloads it (every
-    relief; the step is at least the least one-layer offloaded step)."""
+    With optimizer offload among the reliefs the space is cut by K, the most layers of a stage that
+    offloads its optimizer, so that a relief is charged both in its op times and in the optimizer
+    step: K = 0 (no stage offloads it), and K in [lo, hi) for lo, hi = 1, 2, 4, ...: stages offload
+    it only below hi layers, and the step is at least the least offloaded step of lo layers."""
     tp = instance.plan.tensor_parallel
     groups = survivor_groups(instance, failed, tp)
     if not groups or model.zero_stage != 0 or model.options.overlap_grad_reduce \
@@ -244,16 +273,20 @@ def homogeneous_bound(instance: Instance, model: PerfModel, failed: frozenset[in
     if len({instance.device_types[d].name for d in range(instance.num_devices) if d not in failed}) > 1:
         return None
     group, layers = groups[0], model.workload.num_layers
-    on_device = tuple(r for r in model.relief_options if not model.relief_of(r)[1])
     offloaded = [r for r in model.relief_options if model.relief_of(r)[1]]
-    levels = [(model, 0.0)]
-    if on_device and offloaded:
-        least_offloaded = min(model.optimizer_time(group, layer, layer + 1, relief, len(groups))
-                              for relief in offloaded for layer in range(layers))
-        levels = [(model.restricted_to(on_device), 0.0), (model, least_offloaded)]
+    levels = [(layers + 1, 0.0)]  # (opt-offloaded stages have fewer layers than this, optimizer floor)
+    if offloaded:
+        # K, the most layers of a stage that offloads its optimizer: 0 (none does), or in [lo, hi),
+        # where the step is at least the least offloaded step of lo consecutive layers
+        cuts = [1] + [k for k in (2, 4, 8, 16, 32, 64) if k < layers] + [layers + 1]
+        levels = [(1, 0.0)] + [(hi, min(model.optimizer_time(group, a, a + lo, relief, len(groups))
+                                        for relief in offloaded for a in range(layers - lo + 1)))
+                               for lo, hi in zip(cuts, cuts[1:])]
     best, shapes = HomogeneousBound(math.inf, 0, 0), []
-    for restricted, optimizer_floor in levels:
-        found = _level_bound(instance, restricted, failed, groups, optimizer_floor, deadline, ceiling)
+    priced = {1: _reliefs(model, group, 1), 2: _reliefs(model, group, 2)}  # one pipeline, several
+    for offload_below, optimizer_floor in levels:
+        found = _level_bound(instance, model, failed, groups, priced, offload_below, optimizer_floor, deadline,
+                             ceiling)
         if found is None:
             return None
         best = min(best, found[0], key=lambda b: b.value)
@@ -267,10 +300,11 @@ def homogeneous_bound(instance: Instance, model: PerfModel, failed: frozenset[in
 
 
 def _level_bound(instance: Instance, model: PerfModel, failed: frozenset[int], groups: list[tuple[int, ...]],
-                 optimizer_floor: float, deadline: Deadline, ceiling: float
-                 ) -> tuple[HomogeneousBound, list[tuple[float, tuple[int, ...]]]] | None:
-    """The bound over the plans whose stages use `model.relief_options` and whose optimizer step is at
-    least `optimizer_floor`, with the pipeline sets below the ceiling; None past the deadline."""
+                 priced: dict[int, list[_Relief]], offload_below: int, optimizer_floor: float, deadline: Deadline,
+                 ceiling: float) -> tuple[HomogeneousBound, list[tuple[float, tuple[int, ...]]]] | None:
+    """The bound over the plans whose stages offload the optimizer only with fewer than `offload_below`
+    layers and whose optimizer step is at least `optimizer_floor` (`priced`: the reliefs per replica
+    class), with the pipeline sets below the ceiling; None past the deadline."""
     tp = instance.plan.tensor_parallel
     layers, total, count = model.workload.num_layers, instance.global_micro_batches, len(groups)
     per_node = max(len([d for d in range(n * instance.devices_per_node, (n + 1) * instance.devices_per_node)
@@ -279,11 +313,12 @@ def _level_bound(instance: Instance, model: PerfModel, failed: frozenset[int], g
     group = groups[0]
     # one pipeline runs every micro-batch without a data-parallel replica (ZeRO 0: the replica count
     # only adds the gradient bucket's buffer); several pipelines share them
-    single = _pipeline_floors(_tables(model, group, stages_max, 1), stages_max, [total], ceiling, deadline)
+    single = _pipeline_floors(_tables(model, group, priced[1], stages_max, offload_below), stages_max, [total],
+                              ceiling, deadline)
     several, micro = None, list(range(1, total))
     if count > 1 and total > 1 and single is not None:
-        several = _pipeline_floors(_tables(model, group, stages_max, 2), min(count - 1, layers), micro, ceiling,
-                                   deadline)
+        several = _pipeline_floors(_tables(model, group, priced[2], stages_max, offload_below),
+                                   min(count - 1, layers), micro, ceiling, deadline)
         if several is None:
             return None
     if single is None:
