@@ -124,3 +124,39 @@ def test_stays_out_with_several_device_types():
     data, failed = random_instance(88, (3, 8), (2, 6), (1, 8))  # slow devices 0, 3, 5, 6 beside fast ones
     instance = build_instance(data)
     assert homogeneous_bound(instance, PerfModel(instance), failed, Deadline.never()) is None
+
+
+@pytest.mark.parametrize("seed", [0, 3, 4, 9, 22, 28])
+def test_pipeline_floor_below_every_split(seed):
+    """One pipeline apart: the DP's floor is at most the exact 1F1B time (perf/pipeline.py) of every
+    split, every fitting relief per stage (PerfModel.relief_menu) and the cheaper link per boundary."""
+    import itertools
+    from chameleon_opt.plan import Pipeline, Stage
+    from chameleon_opt.solve import homogeneous
+    data, failed = uniform_instance(seed)
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    tp = instance.plan.tensor_parallel
+    group = tuple(range(tp))
+    layers = model.workload.num_layers
+    tables = homogeneous._tables(model, group, homogeneous._reliefs(model, group, 2), 3, layers + 1)
+    floors = homogeneous._pipeline_floors(tables, 3, [1, 2, 3, 4, 5], math.inf, Deadline.never())
+    groups = [tuple(range(i * tp, (i + 1) * tp)) for i in range(instance.num_devices // tp)]
+
+    def send(layer: int) -> float:
+        return min(model.boundary_send_on(model.intra, layer), model.boundary_send_on(model.inter, layer))
+
+    for p in range(1, min(3, len(groups)) + 1):
+        for m in range(1, 6):
+            least = math.inf
+            for cuts in itertools.combinations(range(1, layers), p - 1):
+                bounds = (0,) + cuts + (layers,)
+                pipe = Pipeline(tuple(Stage(groups[s], bounds[s], bounds[s + 1]) for s in range(p)), m)
+                menus = [model.relief_menu(pipe, s, 0.0, 2) for s in range(p)]
+                for chosen in itertools.product(*menus):
+                    forward = [c.forward_s + model.op_overhead_s + (send(bounds[s + 1] - 1) if s < p - 1 else 0.0)
+                               for s, c in enumerate(chosen)]
+                    backward = [c.backward_s + model.op_overhead_s + (send(bounds[s] - 1) if s else 0.0)
+                                for s, c in enumerate(chosen)]
+                    least = min(least, one_f_one_b_time(forward, backward, m))
+            assert floors[p, m - 1] <= least * (1 + 1e-12), (p, m, floors[p, m - 1], least)
