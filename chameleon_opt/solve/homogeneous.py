@@ -52,6 +52,10 @@ from chameleon_opt.solve.polish import (polish_placement, polish_splits, polish_
 MEMORY_SLACK = 1e-9
 """Relative slack in favour of fitting: per-layer sums may round differently from the model's prefix
 differences; admitting a relief the model refuses only lowers the bound."""
+WORK_BUDGET = 10 ** 8
+"""Most (stage, micro-batch count, layer range) cells of the pipeline floors (sum over p of p x M x
+L^2 / 2): 2.3e7 at 38 layers, 15 groups and 256 micro-batches (0.1-0.4 s); beyond, the bound stays out
+(gpt3-175b-1024 has 3.6e10: the relaxation's bound, 0.001% there, keeps its time)."""
 SHAPES_TRIED = 3
 """Pipeline sets of least floor built into plans (`shape_plans`): each costs 0.1-3 s of exact polish."""
 CHUNK = 16
@@ -273,6 +277,9 @@ def homogeneous_bound(instance: Instance, model: PerfModel, failed: frozenset[in
     if len({instance.device_types[d].name for d in range(instance.num_devices) if d not in failed}) > 1:
         return None
     group, layers = groups[0], model.workload.num_layers
+    most = min(len(groups), layers)
+    if most * (most + 1) // 2 * instance.global_micro_batches * layers * (layers + 1) // 2 > WORK_BUDGET:
+        return None
     offloaded = [r for r in model.relief_options if model.relief_of(r)[1]]
     levels = [(layers + 1, 0.0)]  # (opt-offloaded stages have fewer layers than this, optimizer floor)
     if offloaded:
