@@ -273,12 +273,12 @@ def homogeneous_bound(instance: Instance, model: PerfModel, failed: frozenset[in
     if not groups or model.zero_stage != 0 or model.options.overlap_grad_reduce \
             or (model.options.virtual_stages or 1) > 1:
         return None
-    # groups may be formed from any survivors of a node: every survivor must be of the one type
-    if len({instance.device_types[d].name for d in range(instance.num_devices) if d not in failed}) > 1:
-        return None
     group, layers = groups[0], model.workload.num_layers
     most = min(len(groups), layers)
     if most * (most + 1) // 2 * instance.global_micro_batches * layers * (layers + 1) // 2 > WORK_BUDGET:
+        return None
+    # groups may be formed from any survivors of a node: every survivor must be of the one type
+    if len({instance.device_types[d].name for d in range(instance.num_devices) if d not in failed}) > 1:
         return None
     offloaded = [r for r in model.relief_options if model.relief_of(r)[1]]
     levels = [(layers + 1, 0.0)]  # (opt-offloaded stages have fewer layers than this, optimizer floor)
