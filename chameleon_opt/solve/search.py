@@ -44,6 +44,7 @@ from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.exact import EXACT_GROUPS, exact_search
 from chameleon_opt.solve.groups import survivor_groups
+from chameleon_opt.solve.homogeneous import HomogeneousBound, homogeneous_bound, shape_plans
 from chameleon_opt.solve.levels import LevelModel, level_model, lp_lower_bound, solve_level_model
 from chameleon_opt.solve.mixed import mixed_plans
 from chameleon_opt.solve.polish import (polish_placement, polish_splits, polish_step_splits, rebalance_exact,
@@ -61,6 +62,7 @@ ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an
 ENUMERATION_GROUPS = 64  # beyond this many TP groups it cannot finish in seconds (bench/solver_scaling.py)
 PLACEMENT_SHARE = 0.1  # of what is left, for the placement polish of the incumbent (up to EXACT_GROUPS groups)
 EXACT_SHARE = 0.95  # of what is left, for the branch and bound (the rest: the relaxation bound if it stops, 3-45 ms up to 64 devices; past the deadline its own floor stands)
+HOMOGENEOUS_SHARE = 0.7  # of what is left before the branch and bound, for the one-type whole-layer bound (0.05-0.3 s)
 OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
 SPACE = ("pipelines of TP groups formed inside nodes from any survivors (idle allowed), stages of any "
          "device types in any order, contiguous layer splits, any micro-batch split; 1F1B; step time, "
@@ -286,6 +288,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if placed_value < value * (1 - 1e-12):
             plan, value, used = placed, placed_value, f"{used}, placement polish"
             notes.append("stages traded TP groups of their device type (placement polish)")
+    # One device type: whole-layer splits priced by 1F1B path families (solve/homogeneous.py; tens of ms
+    # below 16 layers, 0.1-0.4 s at 38 layers and 256 micro-batches), before the branch and bound.
+    whole: HomogeneousBound | None = None
+    if plan is not None and not deadline.expired():
+        whole = homogeneous_bound(instance, model, failed, deadline.share(HOMOGENEOUS_SHARE), value)
     exact = None
     if not deadline.expired():
         exact = exact_search(instance, model, failed, value, deadline.share(EXACT_SHARE))
@@ -296,13 +303,18 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if paper_value < value * (1 - 1e-12):
             plan, value, used = paper_plan, paper_value, "enumeration"
             notes.append(f"the paper's enumeration ({paper.status.value}) found a faster plan")
+    if whole is not None and whole.value < value * (1 - OPTIMALITY_TOLERANCE) and not deadline.expired():
+        built = shape_plans(instance, model, failed, whole, deadline.share(0.9))  # only incumbents
+        if built and built[0][1] < value * (1 - 1e-12):
+            plan, value, used = built[0][0], built[0][1], "bound-guided pipeline sets"
+            notes.append("a pipeline set the whole-layer bound points at is faster")
     if exact is not None:
         notes.append(exact.reason)
         if exact.plan is not None and exact.objective < value * (1 - 1e-12):
             plan, value, used = exact.plan, exact.objective, "branch-and-bound"
     if exact is not None and exact.complete:
         bound: float | None = value
-    elif deadline.expired() and (exact is None or exact.bound <= 0):
+    elif deadline.expired() and (exact is None or exact.bound <= 0) and whole is None:
         bound = None  # no time for the relaxation (seconds at 16,384 devices): the gap is unknown, and
         notes.append("no time left for the relaxation bound")  # with no plan, infeasibility unproven
     else:
@@ -311,6 +323,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if exact is not None and exact.bound > bound:  # the branch and bound's own floor (memory-aware)
             bound = exact.bound
             notes.append("bound: the branch and bound's relaxation (every inventory's floor)")
+        if whole is not None and whole.value > bound:
+            bound = whole.value
+            notes.append("bound: whole-layer splits of one device type (1F1B path families, "
+                         f"least at {whole.pipelines} pipelines of at least {whole.least_stages} stages)"
+                         if whole.pipelines else "bound: whole-layer splits of one device type meet the plan")
     wall = time.perf_counter() - start
     space = f"space: {SPACE}"
     if plan is None or not math.isfinite(value):
