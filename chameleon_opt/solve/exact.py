@@ -1149,6 +1149,12 @@ class ExactSearch:
         sole = [-1] * self.layers  # per layer: the one node holding it in the chosen pipelines, -1 none, -2 several
         spans: dict[tuple[int, int], int] = {}  # the chosen pipelines' stage layer ranges (first, end): how many
         ring_bounds: dict[tuple[int, float], float] = {}  # `ring_bound` by (replicas, gradient bytes), memoised
+        bits = [[sum(1 << layer for layer in range(first, end)) for end in range(self.layers + 1)]
+                for first in range(self.layers + 1)]  # bits[f][e]: layers f..e - 1 as a bit set
+        running: dict[int, list[float]] = {}  # per bit set of crossing layers: their gradient bytes below each layer
+        # per set of chosen pipelines (a stack, `hold`): each node's layers that cross unless a stage there holds
+        # them, and the crossing floor by (crossing layers, candidate's bounds, replicas)
+        memo: list[tuple[dict[int, int], dict[tuple[int, tuple[int, ...], int], float]]] = [({}, {})]
 
         def ring_floor(pipelines: int, grad_bytes: float, nodes: tuple[int, ...], bounds: tuple[int, ...],
                        future: float, groups_after: int, value: float, cut: float) -> float:
@@ -1177,20 +1183,40 @@ class ExactSearch:
                 largest = ring_bounds[pipelines, grad_bytes] = self.ring_bound(pipelines, grad_bytes)
             if value + largest >= cut:
                 return largest
-            spanning, crossed = [0.0], 0.0  # spanning[l]: the crossing layers' gradient bytes below layer l
+            others, floors = memo[-1]
+            crossing = 0  # the layers that cross nodes, as a bit set
             for s, node in enumerate(nodes):
-                full = future and node_size[node] - touched[node] < future
-                for layer in range(bounds[s], bounds[s + 1]):
-                    if full or sole[layer] not in (-1, node):
-                        crossed += layer_grad[layer]
-                    spanning.append(crossed)
-            most = max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(nodes)))
-            for first, end in spans:
-                most = max(most, spanning[end] - spanning[first])
-            return max(self.relaxation.ring_time(most, pipelines, inter), largest)
+                part = bits[bounds[s]][bounds[s + 1]]
+                if not future or node_size[node] - touched[node] >= future:  # else the whole stage crosses
+                    held = others.get(node)
+                    if held is None:
+                        held = others[node] = sum(1 << layer for layer, holder in enumerate(sole)
+                                                  if holder not in (-1, node))
+                    part &= held
+                crossing |= part
+            known = floors.get((crossing, bounds, pipelines))
+            if known is None:
+                spanning = running.get(crossing)
+                if spanning is None:  # spanning[l]: the crossing layers' gradient bytes below layer l
+                    spanning, crossed = [0.0], 0.0
+                    for layer, nbytes in enumerate(layer_grad):
+                        if crossing >> layer & 1:
+                            crossed += nbytes
+                        spanning.append(crossed)
+                    running[crossing] = spanning
+                most = max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(bounds) - 1))
+                for first, end in spans:
+                    most = max(most, spanning[end] - spanning[first])
+                known = floors[crossing, bounds, pipelines] = self.relaxation.ring_time(most, pipelines, inter)
+            return max(known, largest)
 
         def hold(nodes: tuple[int, ...], bounds: tuple[int, ...], step: int) -> None:
-            """Adds (step 1) or removes (-1) a chosen pipeline's stages from `holders`, `sole`, `spans`."""
+            """Adds (step 1) or removes (-1) a chosen pipeline's stages from `holders`, `sole`, `spans`, with
+            the memo of the ring floor's crossings (`memo`) of the pipelines chosen with it."""
+            if step < 0:
+                memo.pop()
+            else:
+                memo.append(({}, {}))
             for s, node in enumerate(nodes):
                 span = bounds[s], bounds[s + 1]
                 spans[span] = spans.get(span, 0) + step
