@@ -1384,9 +1384,11 @@ class ExactSearch:
                 if name not in led:
                     led[name] = sorted(order, key=lambda item: item[6] != name)
                 order = led[name]
-            for c, pool, size, node, family, rank, name, stride in order:  # fastest types first: early cuts
-                if taken[c] == size or not (touched[node] or rank == opened[family]):
+            for item in order:  # fastest device types first: good plans (and cuts) come early
+                c, node = item[0], item[3]
+                if taken[c] == item[2] or not (touched[node] or item[5] == opened[item[4]]):
                     continue  # the class is used up, or its node is untouched and not its family's next
+                _, pool, _, _, family, _, name, stride = item
                 if copy and (not self.stands_in[name, last[2][0][stages]] or (stages and (
                         node != nodes[-1]) != last[2][1][stages - 1])):
                     continue
