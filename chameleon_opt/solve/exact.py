@@ -1104,7 +1104,7 @@ class ExactSearch:
         reach = self.reach_table(lower, incumbent)  # the incumbent only falls: items only drop out
         layer_grad = [float(b) for b in self.model.workload.params * self.model.grad_bytes / self.tp]
         inter = self.model.inter
-        holders: list[dict[int, int]] = [{} for _ in range(self.layers)]  # per layer: its chosen holders per node
+        holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
         node_size = {node: sum(groups.values()) for node, groups in self.node_groups().items()}
         largest_grad = [0.0] + [_largest_stage(layer_grad, k) for k in range(1, self.layers + 1)]
         heaviest = list(itertools.accumulate(layer_grad, max, initial=0.0))  # heaviest[k]: of layers 0..k - 1
@@ -1115,8 +1115,6 @@ class ExactSearch:
             if (nbytes, replicas) not in rings:
                 rings[nbytes, replicas] = self.relaxation.ring_time(nbytes, replicas, inter)
             return rings[nbytes, replicas]
-        # heavy_rings[k][r]: inter_ring of the heaviest of layers 0..k - 1 over r replicas (at most one per group)
-        heavy_rings = [[inter_ring(nbytes, replicas) for replicas in range(self.groups + 1)] for nbytes in heaviest]
         fewest = self.fewest_table(lower, incumbent)
         # runs[lo][k]: the least floor of plans of lo..lo + k pipelines (`by_count`): a partial plan that
         # will have that many pipelines is cut when it meets the incumbent (`by_counts`)
@@ -1148,12 +1146,6 @@ class ExactSearch:
                 best[0], best[1] = relieved[1].iteration_time_s, relieved[0]
                 stats["met"] = floor >= best[0] * (1 - PRUNE_TOLERANCE)
 
-        # what `grow` and `ring_floor` read at every node, as local names (an attribute lookup each otherwise)
-        layers, overlapped = self.layers, self.overlapped
-        # per class in `self.order`: (class, pool, its size, node, the node's family and rank there, type, stride)
-        ordered = [(c, self.pools[c], len(self.pools[c]), self.class_node[c], self.family_of[self.class_node[c]],
-                    self.family_rank[self.class_node[c]], self.class_type[c], self.class_stride[c]) for c in self.order]
-        led: dict[str, list[tuple]] = {}  # per type: `ordered` with that type's classes first (a regular run's)
         sole = [-1] * self.layers  # per layer: the one node holding it in the chosen pipelines, -1 none, -2 several
         spans: dict[tuple[int, int], int] = {}  # the chosen pipelines' stage layer ranges (first, end): how many
         ring_bounds: dict[tuple[int, float], float] = {}  # `ring_bound` by (replicas, gradient bytes), memoised
@@ -1176,13 +1168,13 @@ class ExactSearch:
             `_largest_stage` of the gradients (the brute force's future bound). When that last floor
             alone brings the candidate's `value` to `cut`, it is returned as is: the caller cuts the
             candidate either way, and the crossing layers (a third of the search's time) are skipped."""
-            if overlapped:
+            if self.overlapped:
                 return 0.0
             pipelines += int(future)
             if pipelines <= 1:
                 return 0.0
             if future:
-                shortest = min(int(groups_after // future), layers)
+                shortest = min(int(groups_after // future), self.layers)
                 if shortest == 0:
                     return math.inf  # the pipelines still needed do not fit in the groups left
                 grad_bytes = max(grad_bytes, largest_grad[shortest])
@@ -1232,12 +1224,18 @@ class ExactSearch:
                     del spans[span]
                 for layer in range(*span):
                     known = holders[layer]
-                    count = known[node] = known.get(node, 0) + step
-                    if not count:
+                    known[node] += step
+                    if not known[node]:
                         del known[node]
                     sole[layer] = (next(iter(known)) if len(known) == 1 else -2) if known else -1
 
-        opened = [0] * self.families  # per family: its nodes in use, always its first ones (`grow`)
+        opened = [0] * self.families  # per family: its nodes in use, always its first ones (`allowed`)
+
+        def allowed(c: int) -> bool:
+            """Symmetry: a node no group uses yet may be taken only as its family's first such node
+            (the nodes in use in a family are then always its first ones, by rank)."""
+            node = self.class_node[c]
+            return touched[node] > 0 or self.family_rank[node] == opened[self.family_of[node]]
 
         def master(n_left: int, g_left: int, state: int, worst: float, opt: float, grad: float,
                    last: tuple | None, last_nodes: tuple[int, ...], ring: float) -> None:
@@ -1258,9 +1256,9 @@ class ExactSearch:
             if coming == math.inf or by_counts(len(chosen) + int(coming), len(chosen) + min(n_left, g_left)) \
                     >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # the plans of as many pipelines as can follow are no better
-            grow([], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring)
+            grow([], [], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring)
 
-        def grow(seq: list[tuple[int, ...]], shape: tuple[tuple[str, ...], tuple[bool, ...]],
+        def grow(classes: list[int], seq: list[tuple[int, ...]], shape: tuple[tuple[str, ...], tuple[bool, ...]],
                  nodes: tuple[int, ...], n_left: int, g_left: int, state: int, after: int, worst: float, opt: float,
                  grad: float, last: tuple | None, last_nodes: tuple[int, ...], ring: float) -> None:
             """`shape`, `nodes`: the pipeline's so far (its stages' device types and node changes, their
@@ -1268,40 +1266,39 @@ class ExactSearch:
             so far are taken. Pipelines of equal keys come with non-decreasing node tuples: swapping
             two of them and renaming the nodes by first use gives the same plan with a smaller tuple
             first, so the lexicographically least such sequence, which every plan has, obeys both
-            this and the family rule (a node no group uses yet is taken only as its family's first
-            such node: the nodes in use in a family are then always its first ones, by rank)."""
+            this and the family rule (`allowed`)."""
             if not stats["complete"] or stats["met"]:
                 return
             stats["nodes"] += 1
             if stats["nodes"] % 512 == 0 and window[0].expired():
                 stats["complete"] = False
                 return
-            stages = len(nodes)
-            if stages and not overlapped:
+            stages = len(classes)
+            if stages and not self.overlapped:
                 # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on), and at least
                 # `coming` pipelines, this one included, are still to be chosen, each with a holder of
                 # every layer: layer l's ring stays inside a node only on one of those stages' nodes
                 # that holds every chosen holder of l and has an unused group for each pipeline after
                 # this one; where none does, it crosses nodes, whatever the split (32-64-device seed 3:
                 # 1 Gb/s between nodes; 8-24-device seed 21: nodes of 7 groups, 7-8 pipelines).
-                # (finite: `master` returns where it is not)
                 coming = fewest[last[0]][last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
-                rest_floor, cut = completion[stages][state][n_left], best[0] * (1 - PRUNE_TOLERANCE)
-                base = (worst if worst >= rest_floor else rest_floor) + opt
+                if coming == math.inf:
+                    return  # no pipelines allowed from here on run the micro-batches left
+                base, cut = max(worst, completion[stages][state][n_left]) + opt, best[0] * (1 - PRUNE_TOLERANCE)
                 if base + ring >= cut:
                     return  # this pipeline has `stages` stages already: every completion is at least that
                 replicas = len(chosen) + int(coming)
-                heavy = heavy_rings[min(stages, layers)][replicas]
+                heavy = inter_ring(heaviest[min(stages, self.layers)], replicas)
                 if heavy > ring and base + heavy >= cut:  # else no layer's crossing can cut
                     # the stage index at which each node with room for the pipelines after this one first
                     # appears: layer l may stay inside such a node only if it appears at stage l or before
                     first = {node: nodes.index(node) for node in set(nodes)
                              if node_size[node] - touched[node] >= coming - 1}
-                    earliest, crossing = min(first.values(), default=layers), 0.0
-                    for layer in range(min(stages, layers)):
+                    earliest, crossing = min(first.values(), default=self.layers), 0.0
+                    for layer in range(min(stages, self.layers)):
                         holder = sole[layer]
                         if layer_grad[layer] > crossing and holder != -2 and (
-                                first.get(holder, layers) if holder >= 0 else earliest) > layer:
+                                first.get(holder, self.layers) if holder >= 0 else earliest) > layer:
                             crossing = layer_grad[layer]
                     if crossing and base + max(ring, inter_ring(crossing, replicas)) >= cut:
                         return
@@ -1339,26 +1336,24 @@ class ExactSearch:
                     rest = n_left - m
                     if rest and reach[stages][m][g_after] < rest:
                         continue  # key order: what follows runs at most this much
-                    # (conditional expressions for max: these lines run millions of times a proof)
                     fixed = row[rest]  # later pipelines: <= stages
-                    if (worst if worst >= fixed else fixed) + opt + ring >= cut:
+                    if max(worst, fixed) + opt + ring >= cut:
                         continue  # every split's value is at least this
                     future = fewest[stages][m][g_after][rest] if rest else 0
                     if future == math.inf or by_counts(pipelines + int(future), pipelines + min(rest, g_after)) >= cut:
                         continue  # no pipelines allowed after this one run exactly the rest, or as many
                     for time_s, optimizer_s, bounds, grad_bytes in entries:  # by time: the values only grow
-                        new_worst = worst if worst >= time_s else time_s
-                        high = new_worst if new_worst >= fixed else fixed
-                        if high + opt + ring >= cut:
+                        new_worst = max(worst, time_s)
+                        if max(new_worst, fixed) + opt + ring >= cut:
                             break
                         if (only is not None and bounds != only) or (m == tied_m and (
                                 bounds > last[3] or (bounds == last[3] and repeats))):
                             continue
-                        new_opt = opt if opt >= optimizer_s else optimizer_s
-                        value = high + new_opt
+                        new_opt = max(opt, optimizer_s)
+                        value = max(new_worst, fixed) + new_opt
                         if value + ring >= cut:
                             continue
-                        new_grad = grad if grad >= grad_bytes else grad_bytes
+                        new_grad = max(grad, grad_bytes)
                         new_ring = ring_floor(pipelines, new_grad, nodes, bounds, future, g_after, value, cut)
                         if value + new_ring < cut:
                             candidates.append((value + new_ring, (stages, m, shape, bounds), new_worst, new_opt,
@@ -1378,30 +1373,28 @@ class ExactSearch:
             if max(worst, completion[stages + 1][state][n_left]) + opt + ring >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # no longer pipeline (with the rest and the rings so far) can beat the incumbent
             copy = regular[0] and last is not None  # a regular run: the first pipeline's shape, greedily placed
-            order = ordered
+            order = self.order
             if copy:  # the first pipeline's type at this stage, else one that dominates it (stands in)
-                name = last[2][0][stages]
-                if name not in led:
-                    led[name] = sorted(order, key=lambda item: item[6] != name)
-                order = led[name]
-            for item in order:  # fastest device types first: good plans (and cuts) come early
-                c, node = item[0], item[3]
-                if taken[c] == item[2] or not (touched[node] or item[5] == opened[item[4]]):
-                    continue  # the class is used up, or its node is untouched and not its family's next
-                _, pool, _, _, family, _, name, stride = item
-                if copy and (not self.stands_in[name, last[2][0][stages]] or (stages and (
-                        node != nodes[-1]) != last[2][1][stages - 1])):
+                order = sorted(order, key=lambda c: self.class_type[c] != last[2][0][stages])
+            for c in order:  # fastest device types first: good plans (and cuts) come early
+                pool = self.pools[c]
+                if taken[c] == len(pool) or not allowed(c):
+                    continue
+                if copy and (not self.stands_in[self.class_type[c], last[2][0][stages]] or (stages and (
+                        self.class_node[c] != self.class_node[classes[-1]]) != last[2][1][stages - 1])):
                     continue
                 group = pool[taken[c]]
                 taken[c] += 1
-                opened[family] += not touched[node]
+                node = self.class_node[c]
+                opened[self.family_of[node]] += not touched[node]
                 touched[node] += 1
                 before = filled[0]
-                grow(seq + [group], (shape[0] + (name,), shape[1] + ((node != nodes[-1],) if stages else ())),
-                     nodes + (node,), n_left, g_left, state, after - stride, worst, opt, grad, last, last_nodes, ring)
+                grow(classes + [c], seq + [group], (shape[0] + (self.class_type[c],), shape[1] + (
+                    (node != nodes[-1],) if stages else ())), nodes + (node,), n_left, g_left, state,
+                    after - self.class_stride[c], worst, opt, grad, last, last_nodes, ring)
                 taken[c] -= 1
                 touched[node] -= 1
-                opened[family] -= not touched[node]
+                opened[self.family_of[node]] -= not touched[node]
                 if copy and filled[0] > before:
                     return  # the lowest nodes that fit: stages of equal layers pile into nodes in order
 
