@@ -33,7 +33,7 @@ from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import search_plan
 
 CASES = Path(__file__).resolve().parent / "data" / "cases" / "search"  # copies of ../shared/cases/search
-EXAMPLES = int(os.environ.get("CHAMELEON_BRUTE_EXAMPLES", "30"))  # more: bench/brute_force.py (160 seeds, 8-24 devices)
+EXAMPLES = int(os.environ.get("CHAMELEON_BRUTE_EXAMPLES", "20"))  # more: bench/brute_force.py (160 seeds, 8-24 devices)
 
 
 def _tp_groupings(devices: list[int], tp: int) -> list[list[tuple[int, ...]]]:

@@ -304,7 +304,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
             plan, value, used = paper_plan, paper_value, "enumeration"
             notes.append(f"the paper's enumeration ({paper.status.value}) found a faster plan")
     if whole is not None and whole.value < value * (1 - OPTIMALITY_TOLERANCE) and not deadline.expired():
-        built = shape_plans(instance, model, failed, whole, deadline.share(0.9))  # only incumbents
+        built = shape_plans(instance, model, failed, whole, deadline.share(0.9), plan)  # only incumbents
         if built and built[0][1] < value * (1 - 1e-12):
             plan, value, used = built[0][0], built[0][1], "bound-guided pipeline sets"
             notes.append("a pipeline set the whole-layer bound points at is faster")
