@@ -57,7 +57,8 @@ WORK_BUDGET = 10 ** 8
 L^2 / 2): 2.3e7 at 38 layers, 15 groups and 256 micro-batches (0.1-0.4 s); beyond, the bound stays out
 (gpt3-175b-1024 has 3.6e10: the relaxation's bound, 0.001% there, keeps its time)."""
 SHAPES_TRIED = 3
-"""Pipeline sets of least floor built into plans (`shape_plans`): each costs 0.1-3 s of exact polish."""
+"""Pipeline sets of least floor built into plans (`shape_plans`): each split and rebalanced on the exact
+model (0.01-0.2 s at 32 devices), the best one also placed (0.2-0.4 s)."""
 CHUNK = 16
 """Micro-batch counts priced together (one numpy pass): larger m narrows the useful stage sizes."""
 
@@ -322,14 +323,14 @@ def _level_bound(instance: Instance, model: PerfModel, failed: frozenset[int], g
     # only adds the gradient bucket's buffer); several pipelines share them
     single = _pipeline_floors(_tables(model, group, priced[1], stages_max, offload_below), stages_max, [total],
                               ceiling, deadline)
+    if single is None:
+        return None
     several, micro = None, list(range(1, total))
-    if count > 1 and total > 1 and single is not None:
+    if count > 1 and total > 1:
         several = _pipeline_floors(_tables(model, group, priced[2], stages_max, offload_below),
                                    min(count - 1, layers), micro, ceiling, deadline)
         if several is None:
             return None
-    if single is None:
-        return None
     grad = [float(g) for g in model.workload.params * model.grad_bytes / tp]
     optimizer = [min(model.optimizer_time(group, layer, layer + 1, relief, count) for relief in model.relief_options)
                  for layer in range(layers)]
@@ -377,8 +378,8 @@ def shape_plans(instance: Instance, model: PerfModel, failed: frozenset[int], bo
                 ) -> list[tuple[Plan, float]]:
     """Incumbents where the bound says the optimum may be: for the `limit` distinct pipeline sets of
     least floor below the ceiling, its pipelines on the survivors' groups in node order, layers split
-    evenly, then micro-batches spread and rebalanced, splits polished on the exact step and stages
-    placed (solve/polish.py); each with its exact step. Only incumbents: the bound does not rest on them.
+    evenly, then micro-batches spread and rebalanced and splits polished on the exact step, the best
+    set's stages placed (solve/polish.py); each with its exact step. Only incumbents: the bound does not rest on them.
     The incumbent's own set is skipped (it went through the same polish), and only the best set is
     placed (0.2-0.4 s each at 32 devices, its gains 0.01-0.6%): paper-32's shapes took 1.09 s of every
     plan call, now about 0.4 s, for the same plans on paper-32 and relief-faster-8."""
