@@ -734,25 +734,31 @@ class Relaxation:
         comps, level, shift, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
         special = [item for item in self._programme(mixed)[3] if item[0] >= least] if forced else items
-        previous = np.full((len(comps), total + 1), np.inf)
+        # per group count g: its states, and per item that fits some of them (where it fits, the states
+        # it leaves, its times), per kind the states with a group of it to idle: the same every round
+        levels = []
+        for g in range(1, self.groups + 1):
+            rows = np.flatnonzero(level == g)
+            parts = comps[rows]
+            fitting = [[(fit, rows[fit] - offset, times) for _, offset, times, fit in _fitting(chosen, parts, g)]
+                       for chosen in ((items, special) if forced else (items,))]
+            idle = [(parts[:, k] >= 1, stride) for k, stride in enumerate(self.stride)]
+            levels.append((rows, fitting, idle))
+        # tables carry one more column, always inf: where `shift` points when m > n
+        previous = np.full((len(comps), total + 2), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
         for round_ in range(min(self.groups, total) if rounds is None else rounds):
             if deadline.expired():
                 return None
-            round_items = special if round_ < forced else items
-            table = np.full((len(comps), total + 1), np.inf)
-            for g in range(1, self.groups + 1):
-                rows = np.flatnonzero(level == g)
-                parts = comps[rows]
+            table = np.full((len(comps), total + 2), np.inf)
+            for rows, fitting, idle in levels:
                 best = np.full((rows.size, total + 1), np.inf)
-                for stages, offset, times, fit in _fitting(round_items, parts, g):
-                    rest = np.concatenate([previous[rows[fit] - offset], np.full((int(fit.sum()), 1), np.inf)], axis=1)
-                    best[fit] = np.minimum(best[fit], np.maximum(rest[:, shift], times[None, None, :]).min(axis=2))
-                for k, stride in enumerate(self.stride):  # groups may idle
-                    fewer = parts[:, k] >= 1
-                    best[fewer] = np.minimum(best[fewer], table[rows[fewer] - stride])
-                table[rows] = best
+                for fit, source, times in fitting[int(round_ < forced)]:
+                    best[fit] = np.minimum(best[fit], np.maximum(previous[source][:, shift], times).min(axis=2))
+                for fewer, stride in idle:  # groups may idle
+                    best[fewer] = np.minimum(best[fewer], table[rows[fewer] - stride, :total + 1])
+                table[rows, :total + 1] = best
             counted.append(table[:, total].tolist())
             previous = table
         return counted
