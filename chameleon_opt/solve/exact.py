@@ -719,6 +719,24 @@ class Relaxation:
         completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
         return capped.tolist(), completion.tolist()
 
+    @staticmethod
+    def _moves(items: list[tuple[int, np.ndarray, int, np.ndarray]], parts: np.ndarray, rows: np.ndarray, groups: int,
+               total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every (state of `rows`, item) pair where the item fits the state (`_fitting`), as arrays
+        sorted by state: (the state the item leaves, its times by m, where each state's pairs start,
+        that state's index among `rows`): one vectorised step per group count in `counted_table`."""
+        pairs = [(np.flatnonzero(fit), rows[fit] - offset, times) for _, offset, times, fit in _fitting(items, parts, groups)]
+        if not pairs:
+            empty = np.zeros(0, dtype=int)
+            return empty, np.zeros((0, total)), empty, empty
+        where = np.concatenate([index for index, _, _ in pairs])
+        order = np.argsort(where, kind="stable")
+        where = where[order]
+        source = np.concatenate([left for _, left, _ in pairs])[order]
+        times = np.concatenate([np.broadcast_to(t, (index.size, total)) for index, _, t in pairs])[order]
+        starts = np.flatnonzero(np.concatenate([[True], where[1:] != where[:-1]]))
+        return source, times, starts, where[starts]
+
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
                       rounds: int | None = None, deadline: Deadline = Deadline.never(),
                       mixed: dict[tuple[int, ...], list[float]] | None = None, forced: int = 0
@@ -734,16 +752,16 @@ class Relaxation:
         comps, level, shift, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
         special = [item for item in self._programme(mixed)[3] if item[0] >= least] if forced else items
-        # per group count g: its states, and per item that fits some of them (where it fits, the states
-        # it leaves, its times), per kind the states with a group of it to idle: the same every round
+        # per group count g: its states; per list of items (those of the first `forced` rounds, the
+        # others), every (state, item) that fits as one row: the state it leaves, the item's times,
+        # sorted by state (`_moves`); per kind the states with a group of it to idle. The same every round.
         levels = []
         for g in range(1, self.groups + 1):
             rows = np.flatnonzero(level == g)
             parts = comps[rows]
-            fitting = [[(fit, rows[fit] - offset, times) for _, offset, times, fit in _fitting(chosen, parts, g)]
-                       for chosen in ((items, special) if forced else (items,))]
+            moves = [self._moves(chosen, parts, rows, g, total) for chosen in ((items, special) if forced else (items,))]
             idle = [(parts[:, k] >= 1, stride) for k, stride in enumerate(self.stride)]
-            levels.append((rows, fitting, idle))
+            levels.append((rows, moves, idle))
         # tables carry one more column, always inf: where `shift` points when m > n
         previous = np.full((len(comps), total + 2), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
@@ -752,10 +770,12 @@ class Relaxation:
             if deadline.expired():
                 return None
             table = np.full((len(comps), total + 2), np.inf)
-            for rows, fitting, idle in levels:
+            for rows, moves, idle in levels:
                 best = np.full((rows.size, total + 1), np.inf)
-                for fit, source, times in fitting[int(round_ < forced)]:
-                    best[fit] = np.minimum(best[fit], np.maximum(previous[source][:, shift], times).min(axis=2))
+                source, times, starts, targets = moves[int(round_ < forced)]
+                if source.size:  # per state: the least over its items of max(item's time, the rest's table)
+                    value = np.maximum(previous[source][:, shift], times[:, None, :]).min(axis=2)
+                    best[targets] = np.minimum.reduceat(value, starts, axis=0)
                 for fewer, stride in idle:  # groups may idle
                     best[fewer] = np.minimum(best[fewer], table[rows[fewer] - stride, :total + 1])
                 table[rows, :total + 1] = best
