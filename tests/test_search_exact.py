@@ -607,14 +607,14 @@ def test_runs_of_stages_in_a_node_fit_its_groups_of_each_kind():
     assert _root_floor(build_instance(data), failed) == pytest.approx(18.826018271187756, rel=1e-9)
 
 
-def test_uniform_plans_keep_paying_sends_inside_nodes():
+def test_copy_plans_keep_paying_sends_inside_nodes():
     """32-64-device seed 4 (7 nodes of 5, 19 fast and 14 slow groups, 8 micro-batches): its optimum
     is eight fast-slow-fast copies of split (0, 4, 5, 6) whose first boundary sends 1 MB and whose
     second sends nothing; the branch and bound grows its first pipeline from the fastest groups and
-    had not met it in 20 s (24.4565). The uniform plans build it directly: each copy's fast-slow
+    had not met it in 20 s (24.4565). The copy plans build it directly: each copy's fast-slow
     run in one node, its last stage anywhere. 24.45571829298903 is the branch and bound's root
     floor there, so no plan is faster."""
-    from chameleon_opt.solve.uniform import _runs, uniform_plans
+    from chameleon_opt.solve.copies import _runs, copy_plans
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from brute_force import random_instance
@@ -624,7 +624,7 @@ def test_uniform_plans_keep_paying_sends_inside_nodes():
     model = PerfModel(instance)
     assert _runs(model, (0, 4, 5, 6)) == [(0, 2), (2, 3)]  # layer 3 sends 1 MB, layer 4 nothing
     assert _runs(model, (0, 3, 6)) == [(0, 1), (1, 2)]  # layer 2 sends nothing
-    found = uniform_plans(instance, failed, model, Deadline.after(5.0))
+    found = copy_plans(instance, failed, model, Deadline.after(5.0))
     assert found and found[0][1] <= 24.45571829298903 * (1 + 1e-9), found[0][1] if found else None
     plan = found[0][0]
     assert check_plan(instance, plan, failed).ok

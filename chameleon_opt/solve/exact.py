@@ -725,7 +725,8 @@ class Relaxation:
         """Every (state of `rows`, item) pair where the item fits the state (`_fitting`), as arrays
         sorted by state: (the state the item leaves, its times by m, where each state's pairs start,
         that state's index among `rows`): one vectorised step per group count in `counted_table`."""
-        pairs = [(np.flatnonzero(fit), rows[fit] - offset, times) for _, offset, times, fit in _fitting(items, parts, groups)]
+        pairs = [(np.flatnonzero(fit), rows[fit] - offset, times)
+                 for _, offset, times, fit in _fitting(items, parts, groups)]
         if not pairs:
             empty = np.zeros(0, dtype=int)
             return empty, np.zeros((0, total)), empty, empty
@@ -759,7 +760,8 @@ class Relaxation:
         for g in range(1, self.groups + 1):
             rows = np.flatnonzero(level == g)
             parts = comps[rows]
-            moves = [self._moves(chosen, parts, rows, g, total) for chosen in ((items, special) if forced else (items,))]
+            moves = [self._moves(chosen, parts, rows, g, total)
+                     for chosen in ((items, special) if forced else (items,))]
             idle = [(parts[:, k] >= 1, stride) for k, stride in enumerate(self.stride)]
             levels.append((rows, moves, idle))
         # tables carry one more column, always inf: where `shift` points when m > n

@@ -1,4 +1,4 @@
-"""Uniform plans: P copies of one pipeline (a device type per stage, one layer split), each run of
+"""Copy plans: P copies of one pipeline (a device type per stage, one layer split), each run of
 stages joined by a paying send placed inside one node.
 
 Why: on small heterogeneous clusters the best plan is often P identical pipelines that mix device
@@ -37,7 +37,7 @@ from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.polish import spread_and_priced
 
 CANDIDATE_BUDGET = 50_000
-"""Most (device types along a pipeline, layer split) pairs ranked; beyond, no uniform plans (13 layers
+"""Most (device types along a pipeline, layer split) pairs ranked; beyond, no copy plans (13 layers
 of two device types would be 10^6)."""
 
 
@@ -59,7 +59,8 @@ def _place(types: tuple[str, ...], runs: list[tuple[int, int]], copies: int,
     None when the survivors lack groups of some type. `free` (per node, per type) is consumed."""
     placed: list[dict[int, tuple[int, ...]]] = [{} for _ in range(copies)]  # per copy: each stage's group
     where: list[dict[int, int]] = [{} for _ in range(copies)]  # per copy: each stage's node
-    items = sorted(((j, run) for j in range(copies) for run in runs), key=lambda item: (item[1][0] - item[1][1], item[0]))
+    items = sorted(((j, run) for j in range(copies) for run in runs),
+                   key=lambda item: (item[1][0] - item[1][1], item[0]))
     for j, (start, end) in items:  # the longest runs first: they need the most of one node
         need = Counter(types[start:end])
         node = next((n for n, pools in free.items() if all(len(pools.get(t, ())) >= k for t, k in need.items())), None)
@@ -75,9 +76,9 @@ def _place(types: tuple[str, ...], runs: list[tuple[int, int]], copies: int,
     return [[copy[s] for s in range(len(types))] for copy in placed]
 
 
-def uniform_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
+def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
                   incumbent: float = math.inf) -> list[tuple[Plan, float]]:
-    """(plan, exact step) of the uniform plans found below `incumbent`, fastest first (see the
+    """(plan, exact step) of the copy plans found below `incumbent`, fastest first (see the
     module docstring); empty past `deadline` or beyond CANDIDATE_BUDGET."""
     tp, total, layers = instance.plan.tensor_parallel, instance.global_micro_batches, instance.workload.num_layers
     groups = survivor_groups(instance, failed, tp)
@@ -120,7 +121,8 @@ def uniform_plans(instance: Instance, failed: frozenset[int], model: PerfModel, 
             f = np.stack([forward[t][end[:, s]] - forward[t][first[:, s]] for s, t in enumerate(types)], axis=1) + send
             b = np.stack([backward[t][end[:, s]] - backward[t][first[:, s]] for s, t in enumerate(types)], axis=1)
             b[:, 1:] += send[:, :-1]
-            step = np.stack([update[t][end[:, s]] - update[t][first[:, s]] for s, t in enumerate(types)], axis=1).max(axis=1)
+            step = np.stack([update[t][end[:, s]] - update[t][first[:, s]] for s, t in enumerate(types)],
+                            axis=1).max(axis=1)
             whole = (f + b).sum(axis=1)
             for copies in range(1, most + 1):
                 m = -(-total // copies)
@@ -159,7 +161,8 @@ def uniform_plans(instance: Instance, failed: frozenset[int], model: PerfModel, 
                         {n: {t: list(gs) for t, gs in pools.items()} for n, pools in by_node.items()})
         if placed is None:
             continue
-        pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1) for seq in placed]
+        pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
+                     for seq in placed]
         priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
         if priced is not None:
             found.append(priced)
