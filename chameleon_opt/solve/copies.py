@@ -37,8 +37,9 @@ from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.polish import spread_and_priced
 
 CANDIDATE_BUDGET = 50_000
-"""Most (device types along a pipeline, layer split) pairs ranked; beyond, no copy plans (13 layers
-of two device types would be 10^6)."""
+"""Most (device types along a pipeline, layer split, copies) candidates ranked; beyond, no copy plans
+(32-64-device instances of two device types: at most 4,000; 13 layers of one type and 8 micro-batches:
+about 18,000; of two types: 3.5 x 10^6)."""
 
 
 def _runs(model: PerfModel, bounds: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -88,7 +89,8 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
     available = Counter(names.values())
     kinds = sorted(available)
     longest = min(layers, len(groups))
-    if sum(len(kinds) ** s * math.comb(layers - 1, s - 1) for s in range(1, longest + 1)) > CANDIDATE_BUDGET:
+    if sum(len(kinds) ** s * math.comb(layers - 1, s - 1) * min(total, len(groups) // s)
+           for s in range(1, longest + 1)) > CANDIDATE_BUDGET:
         return []
     sample = {name: next(g for g in groups if names[g] == name) for name in kinds}
     relief = model.fastest_relief
