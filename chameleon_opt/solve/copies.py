@@ -13,17 +13,20 @@ Construction: every (device types along the pipeline, layer split, copies P) is 
 estimate (the closed-form 1F1B floor of the per-type stage times at the fastest relief with
 intra-node sends and ceil(total / P) micro-batches, the slowest stage's optimizer step, the largest
 stage's ring over P replicas on the faster link); in that order, while the estimate is below the
-best step known, the copies whose stages fit in memory are placed: the runs of stages between
+best step known, the copies whose stages fit in memory are placed on each way to form the TP
+groups (`exact.inventories`, else the survivors' default groups): the runs of stages between
 boundaries that send nothing across nodes (or send as fast there as inside a node), longest first,
-each on the first node with enough free groups of each of its types, else stage by stage (the
-previous stage's node first, then the node with the most free groups of that type). Every plan is
-priced by the performance model with its best reliefs. A heuristic: its plans are incumbents only.
+each on the first node with enough free groups of each of its types, else cut at its cheapest
+boundary (`_place`); the placement whose crossings add the least send time is priced by the
+performance model with its best reliefs. A heuristic: its plans are incumbents only.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import operator
 from collections import Counter
 
 import numpy as np
@@ -33,6 +36,7 @@ from chameleon_opt.perf.comm import Link, ring_allreduce_time
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.exact import inventories
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.polish import spread_and_priced
 
@@ -42,39 +46,58 @@ CANDIDATE_BUDGET = 50_000
 about 18,000; of two types: 3.5 x 10^6)."""
 
 
-def _runs(model: PerfModel, bounds: tuple[int, ...]) -> list[tuple[int, int]]:
-    """The pipeline's runs of stages [start, end) joined by boundaries whose send costs more across
-    nodes than inside one: kept in one node, those sends stay on the intra-node link."""
+def _penalties(model: PerfModel, bounds: tuple[int, ...]) -> list[float]:
+    """Per boundary s (between stages s - 1 and s; index 0 unused): what its send costs more across
+    nodes than inside one (0: no bytes, or no slower)."""
+    return [0.0] + [max(model.boundary_send_on(model.inter, bounds[s] - 1)
+                        - model.boundary_send_on(model.intra, bounds[s] - 1), 0.0) for s in range(1, len(bounds) - 1)]
+
+
+def _runs(penalty: list[float]) -> list[tuple[int, int]]:
+    """The pipeline's runs of stages [start, end) joined by boundaries that cost more across nodes:
+    kept in one node, those sends stay on the intra-node link."""
     runs, start = [], 0
-    for s in range(1, len(bounds) - 1):
-        layer = bounds[s] - 1
-        if model.boundary_send_on(model.inter, layer) <= model.boundary_send_on(model.intra, layer):
+    for s in range(1, len(penalty)):
+        if penalty[s] <= 0.0:
             runs.append((start, s))
             start = s
-    return runs + [(start, len(bounds) - 1)]
+    return runs + [(start, len(penalty))]
 
 
-def _place(types: tuple[str, ...], runs: list[tuple[int, int]], copies: int,
-           free: dict[int, dict[str, list[tuple[int, ...]]]]) -> list[list[tuple[int, ...]]] | None:
-    """Groups for `copies` copies of a pipeline of these stage types (see the module docstring);
-    None when the survivors lack groups of some type. `free` (per node, per type) is consumed."""
+def _place(types: tuple[str, ...], penalty: list[float], copies: int,
+           free: dict[int, dict[str, list[tuple[int, ...]]]]) -> tuple[list[list[tuple[int, ...]]], float] | None:
+    """Groups for `copies` copies of a pipeline of these stage types (see the module docstring),
+    with what their node crossings add to the sends; None when the groups lack some type. `free`
+    (per node, per type, its groups) is consumed. A run no node holds is cut at its cheapest
+    boundary (32-64-device seed 0: nodes of at most three fast groups, four-stage runs cut at the
+    boundary that sends 1 MB, not 100 MB), down to single stages on the node with the most free
+    groups of their type."""
     placed: list[dict[int, tuple[int, ...]]] = [{} for _ in range(copies)]  # per copy: each stage's group
     where: list[dict[int, int]] = [{} for _ in range(copies)]  # per copy: each stage's node
-    items = sorted(((j, run) for j in range(copies) for run in runs),
-                   key=lambda item: (item[1][0] - item[1][1], item[0]))
-    for j, (start, end) in items:  # the longest runs first: they need the most of one node
+
+    def run(j: int, start: int, end: int) -> bool:
         need = Counter(types[start:end])
         node = next((n for n, pools in free.items() if all(len(pools.get(t, ())) >= k for t, k in need.items())), None)
+        if node is None and end - start > 1:
+            cut = min(range(start + 1, end), key=lambda s: (penalty[s], s))
+            return run(j, start, cut) and run(j, cut, end)
+        if node is None:
+            holders = [n for n, pools in free.items() if pools.get(types[start])]
+            if not holders:
+                return False
+            node = max(holders, key=lambda n: (len(free[n][types[start]]), -n))
         for s in range(start, end):
-            if node is None or not free[node].get(types[s]):
-                holders = [n for n, pools in free.items() if pools.get(types[s])]
-                if not holders:
-                    return None
-                previous = where[j].get(s - 1) if s > start else None
-                node = previous if previous in holders else max(holders, key=lambda n: (len(free[n][types[s]]), -n))
             where[j][s] = node
             placed[j][s] = free[node][types[s]].pop(0)
-    return [[copy[s] for s in range(len(types))] for copy in placed]
+        return True
+
+    # the longest runs first: they need the most of one node
+    items = sorted(((j, r) for j in range(copies) for r in _runs(penalty)),
+                   key=lambda item: (item[1][0] - item[1][1], item[0]))
+    if not all(run(j, start, end) for j, (start, end) in items):
+        return None
+    cost = sum(penalty[s] for j in range(copies) for s in range(1, len(types)) if where[j][s] != where[j][s - 1])
+    return [[copy[s] for s in range(len(types))] for copy in placed], cost
 
 
 def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
@@ -82,11 +105,14 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
     """(plan, exact step) of the copy plans found below `incumbent`, fastest first (see the
     module docstring); empty past `deadline` or beyond CANDIDATE_BUDGET."""
     tp, total, layers = instance.plan.tensor_parallel, instance.global_micro_batches, instance.workload.num_layers
-    groups = survivor_groups(instance, failed, tp)
-    if not groups:
+    options = [groups for groups in inventories(instance, model, failed, tp, deadline) or
+               [survivor_groups(instance, failed, tp)] if groups]
+    if not options:
         return []
-    names = {g: model.stage_device(g).name for g in groups}
-    available = Counter(names.values())
+    groups = options[0]  # every inventory forms as many groups, as many in each node
+    names = {g: model.stage_device(g).name for option in options for g in option}
+    counts = [Counter(names[g] for g in option) for option in options]
+    available = functools.reduce(operator.or_, counts)  # per type: the most groups of it any inventory has
     kinds = sorted(available)
     longest = min(layers, len(groups))
     if sum(len(kinds) ** s * math.comb(layers - 1, s - 1) * min(total, len(groups) // s)
@@ -136,9 +162,11 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
                 candidates += [(float(e), types, tuple(int(x) for x in cut), copies)
                                for e, cut in zip(estimate, cuts)]
     candidates.sort()
-    by_node: dict[int, dict[str, list[tuple[int, ...]]]] = {}
-    for g in groups:
-        by_node.setdefault(instance.node_of(g[0]), {}).setdefault(names[g], []).append(g)
+    layouts: list[dict[int, dict[str, list[tuple[int, ...]]]]] = []  # per inventory: per node, per type, its groups
+    for option in options:
+        layouts.append({})
+        for g in option:
+            layouts[-1].setdefault(instance.node_of(g[0]), {}).setdefault(names[g], []).append(g)
     fits: dict[tuple, bool] = {}
 
     def fit(name: str, first: int, end: int, s: int, stages: int, m: int, copies: int) -> bool:
@@ -159,10 +187,14 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
         stages, m = len(types), -(-total // copies)
         if not all(fit(t, bounds[s], bounds[s + 1], s, stages, m, copies) for s, t in enumerate(types)):
             continue
-        placed = _place(types, _runs(model, bounds), copies,
-                        {n: {t: list(gs) for t, gs in pools.items()} for n, pools in by_node.items()})
-        if placed is None:
+        penalty, used = _penalties(model, bounds), Counter(types)
+        placements = [_place(types, penalty, copies, {n: {t: list(gs) for t, gs in pools.items()}
+                                                      for n, pools in layout.items()})
+                      for have, layout in zip(counts, layouts) if all(have[t] >= k * copies for t, k in used.items())]
+        placements = [found for found in placements if found is not None]
+        if not placements:
             continue
+        placed = min(placements, key=lambda found: found[1])[0]  # the inventory whose crossings cost least
         pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
                      for seq in placed]
         priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
