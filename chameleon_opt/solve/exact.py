@@ -38,8 +38,9 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   least `_largest_stage` bytes), on the inter-node link when no node can hold a slot of every
   pipeline, and of the layers whose holders already sit on two nodes or on a node without an
   unused group for each pipeline to come. A partial plan is also cut when the root floor of every
-  pipeline count it may end with meets the incumbent (`by_count`). Leaves: PerfModel.evaluate
-  after choose_reliefs.
+  pipeline count it may end with meets the incumbent (`by_count`); per count the root floor also
+  splits plans by which layers ring inside a node (`ExactSearch.floor`: column, spanning, held and
+  isolated-stage floors). Leaves: PerfModel.evaluate after choose_reliefs.
 When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
 first, the caller reports its own valid bound instead.
 """
