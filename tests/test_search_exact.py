@@ -605,3 +605,65 @@ def test_runs_of_stages_in_a_node_fit_its_groups_of_each_kind():
 
     data, failed = random_instance(13, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(18.826018271187756, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed, optimum", [(4, 24.45571829298903), (0, 30.63225519864571)])
+def test_copy_plans_keep_paying_sends_inside_nodes(seed, optimum):
+    """32-64-device seed 4 (7 nodes of 5, 19 fast and 14 slow groups, 8 micro-batches): its optimum
+    is eight fast-slow-fast copies of split (0, 4, 5, 6) whose first boundary sends 1 MB and whose
+    second sends nothing; the branch and bound grows its first pipeline from the fastest groups and
+    had not met it in 20 s (24.4565). The copy plans build it directly: each copy's fast-slow run
+    in one node, its last stage anywhere (24.45571829298903 is the branch and bound's root floor
+    there, so no plan is faster). Seed 0 (TP 2, nodes of at most three fast groups on the default
+    grouping, the branch and bound's inventory has more): two five-stage fast copies, their runs
+    cut at the boundary that sends 1 MB, not 100 MB; 30.63225519864571 is the branch and bound's
+    proven optimum (1.5-3.7 s)."""
+    from chameleon_opt.solve.copies import _penalties, _runs, copy_plans
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(seed, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    found = copy_plans(instance, failed, model, Deadline.after(5.0))
+    assert found and found[0][1] <= optimum * (1 + 1e-9), found[0][1] if found else None
+    plan = found[0][0]
+    assert check_plan(instance, plan, failed).ok
+    assert model.evaluate(plan, failed).iteration_time_s == found[0][1]
+    if seed == 4:
+        assert _runs(_penalties(model, (0, 4, 5, 6))) == [(0, 2), (2, 3)]  # layer 3 sends 1 MB, layer 4 nothing
+        assert _runs(_penalties(model, (0, 3, 6))) == [(0, 1), (1, 2)]  # layer 2 sends nothing
+        for pipe in plan.pipelines:  # the stages joined by the 1 MB send share a node
+            assert [(stage.first, stage.end) for stage in pipe.stages] == [(0, 4), (4, 5), (5, 6)]
+            assert instance.node_of(pipe.stages[0].devices[0]) == instance.node_of(pipe.stages[1].devices[0])
+
+
+def test_isolated_floor_meets_the_column_optimum():
+    """32-64-device seed 22 (three pipelines of one micro-batch, nodes of at most four groups): its
+    optimum is a column plan (each stage's three replicas in one node, every boundary crossing
+    nodes). Ringing layer 0, 2, 3 or 4 across nodes costs 26.886 s or more, so a faster plan keeps
+    them all inside nodes, and then one pipeline has the stages of three of them alone in their
+    nodes (each such layer's node holds at most one more group); with every layer inside nodes
+    (the column floor) or layer 1 or 5 across as well, the floor meets the column plan (the root
+    floor was 26.3532, 0.56% low). A floor, so never above a plan that fits."""
+    from chameleon_opt.solve.columns import column_plans
+    from chameleon_opt.solve.exact import ExactSearch, Relaxation, inventories
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(22, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plans = column_plans(instance, failed, model, Deadline.after(5.0))
+    assert plans and check_plan(instance, plans[0][0], failed).ok
+    options = [groups for groups in inventories(instance, model, failed, 1) if groups]
+    relaxation = Relaxation(model, options, instance.global_micro_batches,
+                            [d for d in range(instance.num_devices) if d not in failed])
+    assert relaxation.build(Deadline.never())
+    search = ExactSearch(instance, model, options[0], 1, relaxation)
+    three = search.isolated(3, Deadline.never(), 0.0, math.inf)
+    assert three >= plans[0][1] * (1 - 1e-9), (three, plans[0][1])  # the plans of three pipelines
+    floor = min(ExactSearch(instance, model, groups, 1, relaxation).floor(Deadline.never()) for groups in options)
+    assert plans[0][1] * (1 - 1e-6) <= floor <= plans[0][1] * (1 + 1e-9), (floor, plans[0][1])

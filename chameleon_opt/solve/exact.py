@@ -38,8 +38,9 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   least `_largest_stage` bytes), on the inter-node link when no node can hold a slot of every
   pipeline, and of the layers whose holders already sit on two nodes or on a node without an
   unused group for each pipeline to come. A partial plan is also cut when the root floor of every
-  pipeline count it may end with meets the incumbent (`by_count`). Leaves: PerfModel.evaluate
-  after choose_reliefs.
+  pipeline count it may end with meets the incumbent (`by_count`); per count the root floor also
+  splits plans by which layers ring inside a node (`ExactSearch.floor`: column, spanning, held and
+  isolated-stage floors). Leaves: PerfModel.evaluate after choose_reliefs.
 When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
 first, the caller reports its own valid bound instead.
 """
@@ -361,6 +362,10 @@ class Relaxation:
         self._coupled: dict[tuple, list[float]] = {}
         # per (layer, kind): split_lower with that layer's stage of another kind (`lower_times`'s `held`)
         self._held: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
+        self._move_cache: dict[int, list] = {}  # per least stage count: `counted_table`'s steps (`_moves`)
+        self._pairs: dict[tuple[int, int], dict] = {}  # per (runs, least crossings): `lower_times`' pairs
+        # per (layers, q): split_lower with the stages of some q of those layers crossing at both ends
+        self._isolated: dict[tuple[tuple[int, ...], int], dict[tuple[int, ...], np.ndarray]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -458,7 +463,7 @@ class Relaxation:
 
     def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None, least: int = 0,
                 crossing: bool = False, forced: tuple[int, int] = (0, 0), crossed: tuple[int, ...] = (),
-                held: int | None = None) -> list[float] | None:
+                held: int | None = None, isolate: tuple[tuple[int, ...], int] | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -474,10 +479,11 @@ class Relaxation:
         nodes (a slot's rings take the inter-node link: at least one ring of all its bytes there, the
         ring time being affine in the bytes with a non-negative constant); `forced`: see
         `counted_table` (with `held`, a layer: the forced pipelines' stage holding it is of another
-        kind, `lower_times`); `crossed`: these layers' rings cross nodes (a slot holding some of them
-        rings at least their bytes on the inter-node link, as with `crossing`)."""
+        kind, `lower_times`; with `isolate`, (layers, q): the stages holding some q of these layers
+        cross nodes at both their boundaries); `crossed`: these layers' rings cross nodes (a slot
+        holding some of them rings at least their bytes on the inter-node link, as with `crossing`)."""
         runs = self.most_per_node if runs is None else runs
-        key = (pipelines, runs, least, crossing, forced, crossed, held)
+        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate)
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -505,6 +511,13 @@ class Relaxation:
                     return None
                 self._held[held, kind] = found[1]
             forcing = self._held[held, kind]
+        elif rounds and isolate is not None:
+            if isolate not in self._isolated:
+                found = self.lower_times(deadline, self.most_per_node, 0, isolate=isolate)
+                if found is None:
+                    return None
+                self._isolated[isolate] = found[1]
+            forcing = self._isolated[isolate]
         priced, mixed = {}, {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
         for v, per_split in self.split_lower[runs, least].items():
             grad_bytes, update, crossing_bytes = extras[sum(v)]
@@ -512,7 +525,7 @@ class Relaxation:
                          self.ring_time(c, pipelines, self.model.inter)) for g, c in zip(grad_bytes, crossing_bytes)]
             extra = (np.array(rings) + update)[:, None]
             priced[v] = [math.inf] + (per_split + extra).min(axis=0).tolist()
-            if forcing is not None:  # the held layer's stage of another kind than `kind`
+            if forcing is not None:  # the held layer's stage of another kind than `kind`, or isolated stages
                 mixed[v] = [math.inf] + (np.maximum(per_split, forcing[v]) + extra).min(axis=0).tolist()
             else:  # some stage of another kind
                 mixed[v] = priced[v] if v[kind] < sum(v) else [math.inf] * (self.total + 1)
@@ -522,7 +535,8 @@ class Relaxation:
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
 
-    def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None
+    def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None,
+                    isolate: tuple[tuple[int, ...], int] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
@@ -539,7 +553,10 @@ class Relaxation:
         bound also skips the simulations that cannot lower the minimum. A split counts only where
         every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
         micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layer l, kind k): only
-        orders whose stage holding l is of another kind than k count, by the closed form alone."""
+        orders whose stage holding l is of another kind than k count, by the closed form alone.
+        `isolate` (layers, q): the stages holding some q of these layers each cross nodes at both
+        their boundaries (every crossing set with those boundaries added: a placement's crossings
+        hold a minimal set and those, and sends only grow with crossings), by the closed form alone."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -553,17 +570,19 @@ class Relaxation:
         inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
         intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
         cheap = np.minimum(intra, inter)
-        orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
-        pairs = {}  # per kinds of a pipeline: the (node-crossing boundaries, order of kinds) tried
-        for stages, splits in self.splits.items():
-            crossings = _crossing_sets(stages, runs, least)
-            for v in self.profiles[stages]:
-                if len(crossings) * len(splits) > CROSSING_BUDGET:  # every send cheap
-                    pairs[v] = [((), order) for order in orders[v]]
-                elif 2 ** (stages - 1) * len(splits) > CROSSING_BUDGET:  # a node's groups, any kinds
-                    pairs[v] = [(crossing, order) for crossing in crossings for order in orders[v]]
-                else:  # each run of stages within one node's groups of each kind
-                    pairs[v] = self._placements(stages, runs, least, orders[v])
+        pairs = self._pairs.get((runs, least), {})  # per kinds of a pipeline: the (crossings, order of kinds) tried
+        if not pairs:
+            orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
+            for stages, splits in self.splits.items():
+                crossings = _crossing_sets(stages, runs, least)
+                for v in self.profiles[stages]:
+                    if len(crossings) * len(splits) > CROSSING_BUDGET:  # every send cheap
+                        pairs[v] = [((), order) for order in orders[v]]
+                    elif 2 ** (stages - 1) * len(splits) > CROSSING_BUDGET:  # a node's groups, any kinds
+                        pairs[v] = [(crossing, order) for crossing in crossings for order in orders[v]]
+                    else:  # each run of stages within one node's groups of each kind
+                        pairs[v] = self._placements(stages, runs, least, orders[v])
+            self._pairs[runs, least] = pairs
         units = sum(len(splits) * sum(len(pairs[v]) for v in self.profiles[s]) * s * m
                     for s, splits in self.splits.items() for m in range(1, self.total + 1))
         simulate = self.virtual > 1 or units <= LOWER_SIMULATION_UNITS
@@ -589,7 +608,17 @@ class Relaxation:
                     lower[profile] = [math.inf] * (self.total + 1)
                     split_lower[profile] = np.full((len(splits), self.total), np.inf)
                     continue
-                if pinned is None:
+                if isolate is not None:  # per q of the layers: their stages cross at both boundaries
+                    per_split = np.full((len(splits), self.total), np.inf)
+                    for chosen in itertools.combinations(isolate[0], isolate[1]):
+                        alone = np.zeros((len(splits), stages + 1), dtype=bool)  # boundary t: before stage t
+                        for layer in chosen:
+                            stage = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding it, per split
+                            alone[np.arange(len(splits)), stage] = alone[np.arange(len(splits)), stage + 1] = True
+                        per_split = np.minimum(per_split, self._least_times(
+                            ranges, fits, b, pairs[profile], cheap, inter, False, alone[:, 1:-1])[1])
+                    best = np.concatenate([[np.inf], per_split.min(axis=0)])
+                elif pinned is None:
                     best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate)
                 else:  # per stage t holding the layer: the splits where it does, with the orders allowed there
                     layer, kind = pinned
@@ -629,23 +658,26 @@ class Relaxation:
 
     def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
                      pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
-                     simulate: bool) -> tuple[np.ndarray, np.ndarray]:
+                     simulate: bool, crossing: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(best, per_split): best[m], the least time of m micro-batches over every split (`b`),
         crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
         whether it fits in memory with m micro-batches (`fits`: kind, split, stage, m - 1); and
         per_split[i, m - 1], a lower bound on that time on split i alone (its candidates' least
         closed form, and never below best[m]: no extra simulation). The closed-form bound of
         every candidate comes first (numpy); the simulation then visits candidates by it, skipping
-        those whose bound cannot lower the minimum (plain 1F1B only: interleaving is simulated)."""
+        those whose bound cannot lower the minimum (plain 1F1B only: interleaving is simulated).
+        `crossing` (split, boundary): boundaries that also cross nodes on that split."""
         stages, total = b.shape[1] - 1, self.total
         counts = np.arange(1, total + 1)
         position = np.arange(stages)
         warmup = np.arange(stages - 1, -1, -1)  # k_s = S - s - 1
         forwards, backwards, fitting = [], [], []
-        for crossing, order in pairs:
+        for crossed, order in pairs:
             sends = cheap[b[:, 1:-1] - 1].copy() if stages > 1 else np.zeros((len(b), 0))
-            for s in crossing:
+            for s in crossed:
                 sends[:, s] = inter[b[:, s + 1] - 1]
+            if crossing is not None and stages > 1:
+                sends = np.where(crossing, inter[b[:, 1:-1] - 1], sends)
             placed = ranges[np.array(order), :, position]  # (stages, splits, forward/backward)
             forward, backward = placed[:, :, 0].T.copy(), placed[:, :, 1].T.copy()
             forward[:, :-1] += sends
@@ -719,6 +751,41 @@ class Relaxation:
         completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
         return capped.tolist(), completion.tolist()
 
+    def _moves(self, least: int, items: list[tuple[int, np.ndarray, int, np.ndarray]], comps: np.ndarray,
+               level: np.ndarray) -> list[tuple[np.ndarray, list[tuple[np.ndarray, int]], np.ndarray, np.ndarray,
+                                               np.ndarray, np.ndarray]]:
+        """Per group count g: its states (`rows`), per kind the states with a group of it to idle, and
+        every (state, item) pair where the item fits the state, as arrays sorted by state: the item's
+        index, the state it leaves, where each state's pairs start, that state's index among `rows`.
+        What `counted_table` steps over each round; it depends on the items' kinds only (every table
+        lists them in `profiles` order, those of at least `least` stages), so it is built once per
+        `least`."""
+        if least in self._move_cache:
+            return self._move_cache[least]
+        levels = []
+        for g in range(1, self.groups + 1):
+            rows = np.flatnonzero(level == g)
+            parts = comps[rows]
+            index, where, source = [], [], []
+            for k, (stages, profile, offset, _) in enumerate(items):
+                if stages > g:
+                    continue
+                hit = np.flatnonzero((parts >= profile).all(axis=1))
+                index.append(np.full(hit.size, k))
+                where.append(hit)
+                source.append(rows[hit] - offset)
+            where_all = np.concatenate(where) if where else np.zeros(0, dtype=int)
+            order = np.argsort(where_all, kind="stable")
+            where_all = where_all[order]
+            starts = np.flatnonzero(np.concatenate([[True], where_all[1:] != where_all[:-1]])) if where_all.size \
+                else np.zeros(0, dtype=int)
+            idle = [(parts[:, k] >= 1, stride) for k, stride in enumerate(self.stride)]
+            levels.append((rows, idle, np.concatenate(index)[order] if index else np.zeros(0, dtype=int),
+                           np.concatenate(source)[order] if source else np.zeros(0, dtype=int),
+                           starts, where_all[starts]))
+        self._move_cache[least] = levels
+        return levels
+
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
                       rounds: int | None = None, deadline: Deadline = Deadline.never(),
                       mixed: dict[tuple[int, ...], list[float]] | None = None, forced: int = 0
@@ -734,25 +801,26 @@ class Relaxation:
         comps, level, shift, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
         special = [item for item in self._programme(mixed)[3] if item[0] >= least] if forced else items
-        previous = np.full((len(comps), total + 1), np.inf)
+        times = np.array([item[3] for item in items]).reshape(len(items), total)
+        special_times = np.array([item[3] for item in special]).reshape(len(special), total) if forced else times
+        levels = [(rows, idle, source, starts, targets, (times[index], special_times[index]))
+                  for rows, idle, index, source, starts, targets in self._moves(least, items, comps, level)]
+        # tables carry one more column, always inf: where `shift` points when m > n
+        previous = np.full((len(comps), total + 2), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
         for round_ in range(min(self.groups, total) if rounds is None else rounds):
             if deadline.expired():
                 return None
-            round_items = special if round_ < forced else items
-            table = np.full((len(comps), total + 1), np.inf)
-            for g in range(1, self.groups + 1):
-                rows = np.flatnonzero(level == g)
-                parts = comps[rows]
+            table = np.full((len(comps), total + 2), np.inf)
+            for rows, idle, source, starts, targets, priced in levels:
                 best = np.full((rows.size, total + 1), np.inf)
-                for stages, offset, times, fit in _fitting(round_items, parts, g):
-                    rest = np.concatenate([previous[rows[fit] - offset], np.full((int(fit.sum()), 1), np.inf)], axis=1)
-                    best[fit] = np.minimum(best[fit], np.maximum(rest[:, shift], times[None, None, :]).min(axis=2))
-                for k, stride in enumerate(self.stride):  # groups may idle
-                    fewer = parts[:, k] >= 1
-                    best[fewer] = np.minimum(best[fewer], table[rows[fewer] - stride])
-                table[rows] = best
+                if source.size:  # per state: the least over its items of max(item's time, the rest's table)
+                    value = np.maximum(previous[source][:, shift], priced[int(round_ < forced)][:, None, :]).min(axis=2)
+                    best[targets] = np.minimum.reduceat(value, starts, axis=0)
+                for fewer, stride in idle:  # groups may idle
+                    best[fewer] = np.minimum(best[fewer], table[rows[fewer] - stride, :total + 1])
+                table[rows, :total + 1] = best
             counted.append(table[:, total].tolist())
             previous = table
         return counted
@@ -877,6 +945,7 @@ class ExactSearch:
                     spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
                 value = max(value, self.held(p, refine, value, floor))
+                value = max(value, self.isolated(p, refine, value, floor))
             self.by_count[p] = max(self.by_count[p], value)
             floor = min(floor, value)
         return floor
@@ -941,6 +1010,53 @@ class ExactSearch:
             if table is None:
                 break
             best = max(best, min(local[layer], table[self.root]))
+        return best
+
+    def isolated(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from which layers ring inside a node, while it may raise
+        `value` below `floor`. A layer l whose P holders share a node (of n groups, n >= P) has at
+        least r = 2P - n of them alone there among their pipeline's stages (the node's other n - P
+        groups each serve at most one pipeline's stage), and those cross nodes at both their
+        boundaries; n is at most the largest node of at least P groups. With the layers by their
+        crossing floor descending (the coupled table with l's ring across nodes), a plan either
+        rings one of the first k across nodes (at least the k-th's floor) or keeps all k inside
+        nodes (k from the most whose floor exceeds `value`, down): then k r such stages fall on P
+        pipelines, so one pipeline isolates the stages of at least q = ceil(k r / P) of those layers
+        (the coupled table with one pipeline so priced, `Relaxation.lower_times`' `isolate`); and
+        either every layer rings inside a node (`columns`) or one of the others rings across nodes
+        (that table with its ring across as well). The lesser holds for every plan, for each k.
+        32-64-device seed 22: three pipelines, nodes of four groups; layers 0, 2, 3 and 4 ring
+        across nodes at 26.886 s or more, so below that the plan keeps them all inside nodes."""
+        relaxation = self.relaxation
+        wide = [n for n in (sum(groups.values()) for groups in self.node_groups().values()) if n >= pipelines]
+        alone = 2 * pipelines - max(wide, default=2 * pipelines)
+        if alone <= 0:
+            return 0.0
+        across = {}
+        for layer in range(self.layers):
+            table = relaxation.coupled(pipelines, refine, crossed=(layer,))
+            if table is None:
+                return 0.0
+            across[layer] = table[self.root]
+        order = sorted(across, key=across.get, reverse=True)
+        best, columns = 0.0, None
+        # from the most layers whose ring across alone raises `value` (the most constrained first: 32-64
+        # seed 22's four; the refine deadline may stop the rest), down to one
+        for k in range(sum(across[layer] > value for layer in order), 0, -1):
+            if max(best, value) >= floor:
+                break
+            isolate = (tuple(sorted(order[:k])), -(-k * alone // pipelines))
+            table = relaxation.coupled(pipelines, refine, forced=(0, 1), isolate=isolate)
+            if table is None:
+                break
+            local = table[self.root]
+            if local < across[order[k - 1]]:  # every layer inside nodes (`columns`), or another one across
+                columns = self.columns(pipelines, refine) if columns is None else columns
+                others = [relaxation.coupled(pipelines, refine, forced=(0, 1), isolate=isolate, crossed=(layer,))
+                          for layer in order[k:]]
+                if all(other is not None for other in others):
+                    local = max(local, min([columns] + [other[self.root] for other in others]))
+            best = max(best, min(across[order[k - 1]], local))
         return best
 
     def columns(self, pipelines: int, refine: Deadline) -> float:

@@ -10,7 +10,8 @@ with a bound that says how far from optimal it may be.
    groups and polished on the exact model (reliefs, micro-batch rebalancing, neighbouring mixes,
    layer splits: solve/polish.py). With several reliefs the relief-free templates compete too;
 3. pipelines of mixed device types (solve/mixed.py) and, up to EXACT_GROUPS groups, column plans
-   (solve/columns.py: each layer range's stages in one node); the incumbent's stages then trade TP
+   (solve/columns.py: each layer range's stages in one node) and copy plans (solve/copies.py: P
+   copies of one pipeline, its paying sends inside nodes); the incumbent's stages then trade TP
    groups of their device type while the exact step falls (`polish_placement`);
 4. branch and bound over the whole space when it is small (solve/exact.py), else the paper's
    enumeration (solve/enumerator.py) as one more incumbent while the survivors form at most
@@ -51,6 +52,7 @@ from chameleon_opt.solve.polish import (polish_placement, polish_splits, polish_
                                         relieved)
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.templates import Template, build_templates
+from chameleon_opt.solve.copies import copy_plans
 
 
 TEMPLATE_SHARE = 0.5  # of the search's time, for the template path (the rest: exact search, bound)
@@ -60,6 +62,7 @@ MIN_SEARCH_S = 0.02  # less time left than this: the search does not start (NO_S
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
 ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
 ENUMERATION_GROUPS = 64  # beyond this many TP groups it cannot finish in seconds (bench/solver_scaling.py)
+COPIES_SHARE = 0.05  # of what is left, for copy plans (solve/copies.py, up to EXACT_GROUPS groups; 10-20 ms at 64)
 PLACEMENT_SHARE = 0.1  # of what is left, for the placement polish of the incumbent (up to EXACT_GROUPS groups)
 EXACT_SHARE = 0.95  # of what is left, for the branch and bound (the rest: the relaxation bound if it stops, 3-45 ms up to 64 devices; past the deadline its own floor stands)
 HOMOGENEOUS_SHARE = 0.7  # of what is left before the branch and bound, for the one-type whole-layer bound (0.05-0.3 s)
@@ -283,6 +286,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if columns and columns[0][1] < value * (1 - 1e-12):
             plan, value, used = columns[0][0], columns[0][1], "columns"
             notes.append("a column plan (the stages of each layer range in one node) is faster")
+    if len(groups) <= EXACT_GROUPS and not deadline.expired():  # P copies of one pipeline
+        copies = copy_plans(instance, failed, model, deadline.share(COPIES_SHARE), value)
+        if copies and copies[0][1] < value * (1 - 1e-12):
+            plan, value, used = copies[0][0], copies[0][1], "copies"
+            notes.append(f"copies of one pipeline are faster ({len(copies[0][0].pipelines)} pipelines)")
     if plan is not None and len(groups) <= EXACT_GROUPS and not deadline.expired():
         placed, placed_value = polish_placement(model, plan, failed, deadline.share(PLACEMENT_SHARE))
         if placed_value < value * (1 - 1e-12):

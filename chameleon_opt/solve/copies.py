@@ -1,0 +1,204 @@
+"""Copy plans: P copies of one pipeline (a device type per stage, one layer split), each run of
+stages joined by a paying send placed inside one node.
+
+Why: on small heterogeneous clusters the best plan is often P identical pipelines that mix device
+types (32-64-device seed 4: eight fast-slow-fast pipelines, each fast-slow pair in one node). The
+branch and bound grows its first pipeline depth first from the fastest groups, so such a plan comes
+late (seed 4: not within 20 s); the template path keeps one device type per pipeline, the mixed
+path puts the largest memory in front, and column plans place by layer, not by send. Each copy's
+gradient slots then form one ring per stage (identical holders), and its sends stay inside nodes
+where the nodes allow.
+
+Construction: every (device types along the pipeline, layer split, copies P) is ranked by an
+estimate (the closed-form 1F1B floor of the per-type stage times at the fastest relief with
+intra-node sends and ceil(total / P) micro-batches, the slowest stage's optimizer step, the largest
+stage's ring over P replicas on the faster link); in that order, while the estimate is below the
+best step known, the copies whose stages fit in memory are placed on each way to form the TP
+groups (`exact.inventories`, else the survivors' default groups): the runs of stages between
+boundaries that send nothing across nodes (or send as fast there as inside a node), longest first,
+each on the first node with enough free groups of each of its types, else cut at its cheapest
+boundary (`_place`); the placement whose crossings add the least send time is priced by the
+performance model with its best reliefs. A heuristic: its plans are incumbents only.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import operator
+from collections import Counter
+
+import numpy as np
+
+from chameleon_opt.instance.load import Instance
+from chameleon_opt.perf.comm import Link, ring_allreduce_time
+from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.plan import Pipeline, Plan, Stage
+from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.exact import inventories
+from chameleon_opt.solve.groups import survivor_groups
+from chameleon_opt.solve.polish import spread_and_priced
+
+CANDIDATE_BUDGET = 50_000
+"""Most (device types along a pipeline, layer split, copies) candidates ranked; beyond, no copy plans
+(32-64-device instances of two device types: at most 4,000; 13 layers of one type and 8 micro-batches:
+about 18,000; of two types: 3.5 x 10^6)."""
+
+
+def _penalties(model: PerfModel, bounds: tuple[int, ...]) -> list[float]:
+    """Per boundary s (between stages s - 1 and s; index 0 unused): what its send costs more across
+    nodes than inside one (0: no bytes, or no slower)."""
+    return [0.0] + [max(model.boundary_send_on(model.inter, bounds[s] - 1)
+                        - model.boundary_send_on(model.intra, bounds[s] - 1), 0.0) for s in range(1, len(bounds) - 1)]
+
+
+def _runs(penalty: list[float]) -> list[tuple[int, int]]:
+    """The pipeline's runs of stages [start, end) joined by boundaries that cost more across nodes:
+    kept in one node, those sends stay on the intra-node link."""
+    runs, start = [], 0
+    for s in range(1, len(penalty)):
+        if penalty[s] <= 0.0:
+            runs.append((start, s))
+            start = s
+    return runs + [(start, len(penalty))]
+
+
+def _place(types: tuple[str, ...], penalty: list[float], copies: int,
+           free: dict[int, dict[str, list[tuple[int, ...]]]]) -> tuple[list[list[tuple[int, ...]]], float] | None:
+    """Groups for `copies` copies of a pipeline of these stage types (see the module docstring),
+    with what their node crossings add to the sends; None when the groups lack some type. `free`
+    (per node, per type, its groups) is consumed. A run no node holds is cut at its cheapest
+    boundary (32-64-device seed 0: nodes of at most three fast groups, four-stage runs cut at the
+    boundary that sends 1 MB, not 100 MB), down to single stages on the node with the most free
+    groups of their type."""
+    placed: list[dict[int, tuple[int, ...]]] = [{} for _ in range(copies)]  # per copy: each stage's group
+    where: list[dict[int, int]] = [{} for _ in range(copies)]  # per copy: each stage's node
+
+    def run(j: int, start: int, end: int) -> bool:
+        need = Counter(types[start:end])
+        node = next((n for n, pools in free.items() if all(len(pools.get(t, ())) >= k for t, k in need.items())), None)
+        if node is None and end - start > 1:
+            cut = min(range(start + 1, end), key=lambda s: (penalty[s], s))
+            return run(j, start, cut) and run(j, cut, end)
+        if node is None:
+            holders = [n for n, pools in free.items() if pools.get(types[start])]
+            if not holders:
+                return False
+            node = max(holders, key=lambda n: (len(free[n][types[start]]), -n))
+        for s in range(start, end):
+            where[j][s] = node
+            placed[j][s] = free[node][types[s]].pop(0)
+        return True
+
+    # the longest runs first: they need the most of one node
+    items = sorted(((j, r) for j in range(copies) for r in _runs(penalty)),
+                   key=lambda item: (item[1][0] - item[1][1], item[0]))
+    if not all(run(j, start, end) for j, (start, end) in items):
+        return None
+    cost = sum(penalty[s] for j in range(copies) for s in range(1, len(types)) if where[j][s] != where[j][s - 1])
+    return [[copy[s] for s in range(len(types))] for copy in placed], cost
+
+
+def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
+                  incumbent: float = math.inf) -> list[tuple[Plan, float]]:
+    """(plan, exact step) of the copy plans found below `incumbent`, fastest first (see the
+    module docstring); empty past `deadline` or beyond CANDIDATE_BUDGET."""
+    tp, total, layers = instance.plan.tensor_parallel, instance.global_micro_batches, instance.workload.num_layers
+    options = [groups for groups in inventories(instance, model, failed, tp, deadline) or
+               [survivor_groups(instance, failed, tp)] if groups]
+    if not options:
+        return []
+    groups = options[0]  # every inventory forms as many groups, as many in each node
+    names = {g: model.stage_device(g).name for option in options for g in option}
+    counts = [Counter(names[g] for g in option) for option in options]
+    available = functools.reduce(operator.or_, counts)  # per type: the most groups of it any inventory has
+    kinds = sorted(available)
+    longest = min(layers, len(groups))
+    if sum(len(kinds) ** s * math.comb(layers - 1, s - 1) * min(total, len(groups) // s)
+           for s in range(1, longest + 1)) > CANDIDATE_BUDGET:
+        return []
+    sample = {name: next(g for g in groups if names[g] == name) for name in kinds}
+    relief = model.fastest_relief
+    # per type: per layer forward + backward split as (forward, backward) prefix sums, optimizer steps
+    forward, backward, update = {}, {}, {}
+    for name, g in sample.items():
+        times = [model.stage_times(g, layer, layer + 1, relief)[:2] for layer in range(layers)]
+        forward[name] = np.cumsum([0.0] + [t[0] for t in times])
+        backward[name] = np.cumsum([0.0] + [t[1] for t in times])
+        update[name] = np.cumsum([0.0] + [model.optimizer_time(g, layer, layer + 1, relief) for layer in range(layers)])
+    sends = np.array([model.boundary_send_on(model.intra, layer) for layer in range(layers)])
+    sizes = np.cumsum(np.concatenate([[0.0], model.workload.params * model.grad_bytes / tp]))
+    per_node = Counter(instance.node_of(g[0]) for g in groups)
+    faster = Link(max(model.intra.bandwidth, model.inter.bandwidth), min(model.intra.latency, model.inter.latency))
+    candidates = []
+    for stages in range(1, longest + 1):
+        if deadline.expired():
+            return []
+        cuts = np.array([(0,) + cut + (layers,) for cut in itertools.combinations(range(1, layers), stages - 1)])
+        first, end = cuts[:, :-1], cuts[:, 1:]
+        send = np.zeros_like(first, dtype=float)
+        send[:, :-1] = sends[end[:, :-1] - 1]
+        largest = (sizes[end] - sizes[first]).max(axis=1)
+        warmup = np.arange(stages - 1, -1, -1)
+        for types in itertools.product(kinds, repeat=stages):
+            used = Counter(types)
+            most = min(min(total, len(groups) // stages), *(available[t] // k for t, k in used.items()))
+            if most < 1:
+                continue
+            f = np.stack([forward[t][end[:, s]] - forward[t][first[:, s]] for s, t in enumerate(types)], axis=1) + send
+            b = np.stack([backward[t][end[:, s]] - backward[t][first[:, s]] for s, t in enumerate(types)], axis=1)
+            b[:, 1:] += send[:, :-1]
+            step = np.stack([update[t][end[:, s]] - update[t][first[:, s]] for s, t in enumerate(types)],
+                            axis=1).max(axis=1)
+            whole = (f + b).sum(axis=1)
+            for copies in range(1, most + 1):
+                m = -(-total // copies)
+                # the closed-form 1F1B floor: W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s, its largest stage
+                floor = (whole[:, None] + (m - 1) * b + np.maximum(m - 1 - warmup, 0) * f).max(axis=1)
+                link = faster if copies <= max(per_node.values()) else model.inter
+                ring = np.array([ring_allreduce_time(float(x), copies, link) for x in largest]) if copies > 1 else 0.0
+                estimate = floor + step / model.optimizer_shards(copies) + ring
+                candidates += [(float(e), types, tuple(int(x) for x in cut), copies)
+                               for e, cut in zip(estimate, cuts)]
+    candidates.sort()
+    layouts: list[dict[int, dict[str, list[tuple[int, ...]]]]] = []  # per inventory: per node, per type, its groups
+    for option in options:
+        layouts.append({})
+        for g in option:
+            layouts[-1].setdefault(instance.node_of(g[0]), {}).setdefault(names[g], []).append(g)
+    fits: dict[tuple, bool] = {}
+
+    def fit(name: str, first: int, end: int, s: int, stages: int, m: int, copies: int) -> bool:
+        """Whether a stage of this type fits in memory under some relief (memoised)."""
+        key = (name, first, end, s, stages, m, copies)
+        if key not in fits:
+            g = sample[name]
+            capacity = model.stage_device(g).memory_gib * GIB
+            fits[key] = any(model.stage_memory(g, first, end, s, stages, m, 0.0, copies, r)[0] <= capacity
+                            for r in model.relief_options)
+        return fits[key]
+
+    found: list[tuple[Plan, float]] = []
+    best = incumbent
+    for estimate, types, bounds, copies in candidates:
+        if estimate >= best * (1 - 1e-9) or deadline.expired():
+            break
+        stages, m = len(types), -(-total // copies)
+        if not all(fit(t, bounds[s], bounds[s + 1], s, stages, m, copies) for s, t in enumerate(types)):
+            continue
+        penalty, used = _penalties(model, bounds), Counter(types)
+        placements = [_place(types, penalty, copies, {n: {t: list(gs) for t, gs in pools.items()}
+                                                      for n, pools in layout.items()})
+                      for have, layout in zip(counts, layouts) if all(have[t] >= k * copies for t, k in used.items())]
+        placements = [found for found in placements if found is not None]
+        if not placements:
+            continue
+        placed = min(placements, key=lambda found: found[1])[0]  # the inventory whose crossings cost least
+        pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
+                     for seq in placed]
+        priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
+        if priced is not None:
+            found.append(priced)
+            best = min(best, priced[1])
+    return sorted(found, key=lambda item: item[1])
