@@ -101,7 +101,7 @@ def _place(types: tuple[str, ...], penalty: list[float], copies: int,
 
 
 def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
-                  incumbent: float = math.inf) -> list[tuple[Plan, float]]:
+               incumbent: float = math.inf) -> list[tuple[Plan, float]]:
     """(plan, exact step) of the copy plans found below `incumbent`, fastest first (see the
     module docstring); empty past `deadline` or beyond CANDIDATE_BUDGET."""
     tp, total, layers = instance.plan.tensor_parallel, instance.global_micro_batches, instance.workload.num_layers

@@ -41,6 +41,7 @@ from chameleon_opt.solve.constructive import (Mix, best_counts, bound_guided_mix
                                               micro_batch_cap, mix_rank, modelled_time, neighbour_mixes,
                                               restricted_mix)
 from chameleon_opt.solve.columns import column_plans
+from chameleon_opt.solve.copies import copy_plans
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.enumerator import enumerate_plans
 from chameleon_opt.solve.exact import EXACT_GROUPS, exact_search
@@ -52,7 +53,6 @@ from chameleon_opt.solve.polish import (polish_placement, polish_splits, polish_
                                         relieved)
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.templates import Template, build_templates
-from chameleon_opt.solve.copies import copy_plans
 
 
 TEMPLATE_SHARE = 0.5  # of the search's time, for the template path (the rest: exact search, bound)
