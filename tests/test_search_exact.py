@@ -667,3 +667,26 @@ def test_isolated_floor_meets_the_column_optimum():
     assert three >= plans[0][1] * (1 - 1e-9), (three, plans[0][1])  # the plans of three pipelines
     floor = min(ExactSearch(instance, model, groups, 1, relaxation).floor(Deadline.never()) for groups in options)
     assert plans[0][1] * (1 - 1e-6) <= floor <= plans[0][1] * (1 + 1e-9), (floor, plans[0][1])
+
+
+def test_placement_polish_takes_crossings_out_of_equally_slow_pipelines():
+    """8-24-device seed 220 (bench/brute_force.py): four slow-fast-fast-fast pipelines whose first
+    boundary (1 MB) crosses nodes in some of them. The three two-micro-batch pipelines are equally
+    slow, so a swap that takes the crossing out of one leaves the step as it is; the polish takes it
+    for the shorter sum of pipeline times and reaches the brute force's optimum, 20.261553 s."""
+    from bench.brute_force import random_instance
+    from chameleon_opt.solve.polish import polish_placement
+
+    data, failed = random_instance(220, (8, 24))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    devices = [(1, 0, 6, 13), (7, 3, 9, 15), (8, 4, 10, 16), (12, 5, 11, 17)]  # 7->3, 8->4, 12->5 cross
+    bounds = (0, 1, 3, 4, 5)
+    plan = Plan(1, tuple(Pipeline(tuple(Stage((d,), bounds[s], bounds[s + 1]) for s, d in enumerate(row)), m)
+                         for row, m in zip(devices, (2, 2, 2, 1))))
+    before = model.evaluate(plan, failed).iteration_time_s
+    assert before == pytest.approx(20.263563356375283, rel=1e-12)
+    polished, after = polish_placement(model, plan, failed, Deadline.never())
+    assert after == pytest.approx(20.261553356375284, rel=1e-12)
+    assert model.evaluate(polished, failed).iteration_time_s == pytest.approx(after, rel=1e-12)
+    assert check_plan(instance, polished, failed).ok
