@@ -67,15 +67,16 @@ def rebalance_exact(model: PerfModel, plan: Plan, deadline: Deadline) -> Plan:
     tp = plan.tensor_parallel
     shares = [p.micro_batches for p in plan.pipelines]
     cache: dict[tuple, float] = {}
+    shapes = []  # per pipeline, what its 1F1B time depends on: each stage's layers and type, each crossing
+    for pipe in plan.pipelines:
+        nodes = [model.instance.node_of(st.devices[0]) for st in pipe.stages]
+        shapes.append((tuple((st.first, st.end, model.stage_device(st.devices).name) for st in pipe.stages),
+                       tuple(a != b for a, b in zip(nodes, nodes[1:]))))
 
     def exact(j: int, m: int) -> float:
-        pipe = plan.pipelines[j]
-        nodes = [model.instance.node_of(st.devices[0]) for st in pipe.stages]
-        key = (tuple((st.first, st.end, model.stage_device(st.devices).name) for st in pipe.stages),
-               tuple(a != b for a, b in zip(nodes, nodes[1:])), m)  # what its 1F1B time depends on
-        if key not in cache:
-            cache[key] = pipeline_exact(model, Pipeline(pipe.stages, m), tp) if m > 0 else 0.0
-        return cache[key]
+        if (shapes[j], m) not in cache:
+            cache[shapes[j], m] = pipeline_exact(model, Pipeline(plan.pipelines[j].stages, m), tp) if m > 0 else 0.0
+        return cache[shapes[j], m]
 
     while not deadline.expired():
         times = [exact(j, m) for j, m in enumerate(shares)]
