@@ -38,8 +38,11 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   least `_largest_stage` bytes), on the inter-node link when no node can hold a slot of every
   pipeline, and of the layers whose holders already sit on two nodes or on a node without an
   unused group for each pipeline to come. A partial plan is also cut when the root floor of every
-  pipeline count it may end with meets the incumbent (`by_count`). Leaves: PerfModel.evaluate
-  after choose_reliefs.
+  pipeline count it may end with meets the incumbent (`by_count`). The plan's last pipeline (no
+  plan of more pipelines can beat the incumbent) runs every micro-batch left, so it stops growing
+  once the floor of pipelines whose first stages have its kinds, in order (`prefix_lower`: the
+  least closed-form 1F1B time over the orders that start so, any split and crossings), meets the
+  incumbent. Leaves: PerfModel.evaluate after choose_reliefs.
 When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
 first, the caller reports its own valid bound instead.
 """
@@ -352,6 +355,9 @@ class Relaxation:
         # (`lower_times`)
         self.split_lower: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
         self.cover: list[list[float]] = []
+        # prefix_lower[kinds][m]: a floor on the time of every pipeline whose first stages are of these kinds,
+        # in this order, running m micro-batches (`_least_times`; plain 1F1B only: empty when interleaved)
+        self.prefix_lower: dict[tuple[int, ...], list[float]] = {}
         self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
         # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
@@ -400,10 +406,12 @@ class Relaxation:
 
     def build(self, deadline: Deadline) -> bool:
         """Fills the tables; False when `deadline` passed first."""
-        found = self.lower_times(deadline, self.most_per_node)
+        prefixes: dict[tuple[int, ...], np.ndarray] | None = {} if self.virtual == 1 else None
+        found = self.lower_times(deadline, self.most_per_node, prefixes=prefixes)
         if found is None:
             return False
         lower, self.split_lower[self.most_per_node, 0] = found
+        self.prefix_lower = {kinds: [math.inf] + times.tolist() for kinds, times in (prefixes or {}).items()}
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
@@ -522,7 +530,8 @@ class Relaxation:
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
 
-    def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None
+    def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None,
+                    prefixes: dict[tuple[int, ...], np.ndarray] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
@@ -539,7 +548,8 @@ class Relaxation:
         bound also skips the simulations that cannot lower the minimum. A split counts only where
         every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
         micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layer l, kind k): only
-        orders whose stage holding l is of another kind than k count, by the closed form alone."""
+        orders whose stage holding l is of another kind than k count, by the closed form alone.
+        `prefixes`: filled by `_least_times` (unpinned only)."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -590,7 +600,8 @@ class Relaxation:
                     split_lower[profile] = np.full((len(splits), self.total), np.inf)
                     continue
                 if pinned is None:
-                    best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate)
+                    best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate,
+                                                        prefixes)
                 else:  # per stage t holding the layer: the splits where it does, with the orders allowed there
                     layer, kind = pinned
                     per_split = np.full((len(splits), self.total), np.inf)
@@ -629,14 +640,20 @@ class Relaxation:
 
     def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
                      pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
-                     simulate: bool) -> tuple[np.ndarray, np.ndarray]:
+                     simulate: bool, prefixes: dict[tuple[int, ...], np.ndarray] | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
         """(best, per_split): best[m], the least time of m micro-batches over every split (`b`),
         crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
         whether it fits in memory with m micro-batches (`fits`: kind, split, stage, m - 1); and
         per_split[i, m - 1], a lower bound on that time on split i alone (its candidates' least
         closed form, and never below best[m]: no extra simulation). The closed-form bound of
         every candidate comes first (numpy); the simulation then visits candidates by it, skipping
-        those whose bound cannot lower the minimum (plain 1F1B only: interleaving is simulated)."""
+        those whose bound cannot lower the minimum (plain 1F1B only: interleaving is simulated).
+        `prefixes` (plain 1F1B only): per leading kinds of the orders tried (every length), lowered to
+        the least closed form by m - 1 of the candidates whose order starts with them. Each closed form
+        is at most its candidate's 1F1B time (the longest path passes through those operations), and
+        the candidates of an order cover every split and node placement, so a pipeline whose first
+        stages are of those kinds takes at least that long, whatever its further stages."""
         stages, total = b.shape[1] - 1, self.total
         counts = np.arange(1, total + 1)
         position = np.arange(stages)
@@ -660,6 +677,11 @@ class Relaxation:
         fit = np.concatenate(fitting)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
         per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
+        if prefixes is not None:
+            for (_, order), times in zip(pairs, closed.reshape(len(pairs), len(b), total).min(axis=1)):
+                for k in range(1, stages + 1):
+                    known = prefixes.get(order[:k])
+                    prefixes[order[:k]] = times if known is None else np.minimum(known, times)
         best = np.full(total + 1, np.inf)
         if not simulate:
             best[1:] = closed.min(axis=0)
@@ -1107,6 +1129,16 @@ class ExactSearch:
             """A floor on every plan of lo..hi pipelines."""
             return runs[lo][min(hi, self.most_pipelines) - lo] if lo <= self.most_pipelines else math.inf
         anything = fewest[self.longest, self.total]  # every pipeline allowed (the first one's)
+        prefix_times: dict[tuple[str, ...], list[float]] = {}
+        nothing = [0.0] * (self.total + 1)
+
+        def prefix_time(types: tuple[str, ...]) -> list[float]:
+            """By m: a floor on the time of a pipeline whose first stages have these device types
+            (`Relaxation.prefix_lower`; 0 where it has none)."""
+            if types not in prefix_times:
+                kinds = tuple(self.relaxation.kind_of[name] for name in types)
+                prefix_times[types] = self.relaxation.prefix_lower.get(kinds, nothing)
+            return prefix_times[types]
         best: list = [incumbent, None]
         floor = self.floor() if floor is None else floor
         stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
@@ -1195,17 +1227,21 @@ class ExactSearch:
             if coming == math.inf or by_counts(len(chosen) + int(coming), len(chosen) + min(n_left, g_left)) \
                     >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # the plans of as many pipelines as can follow are no better
-            grow([], [], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring)
+            # the pipeline to come is the last when no plan of more pipelines can beat the incumbent
+            final = min(n_left, g_left) < 2 or by_counts(len(chosen) + 2, len(chosen) + min(n_left, g_left)) \
+                >= best[0] * (1 - PRUNE_TOLERANCE)
+            grow([], [], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring, final)
 
         def grow(classes: list[int], seq: list[tuple[int, ...]], shape: tuple[tuple[str, ...], tuple[bool, ...]],
                  nodes: tuple[int, ...], n_left: int, g_left: int, state: int, after: int, worst: float, opt: float,
-                 grad: float, last: tuple | None, last_nodes: tuple[int, ...], ring: float) -> None:
+                 grad: float, last: tuple | None, last_nodes: tuple[int, ...], ring: float, final: bool) -> None:
             """`shape`, `nodes`: the pipeline's so far (its stages' device types and node changes, their
             nodes); `state`: the groups of each kind left before this pipeline, `after`: once its stages
-            so far are taken. Pipelines of equal keys come with non-decreasing node tuples: swapping
-            two of them and renaming the nodes by first use gives the same plan with a smaller tuple
-            first, so the lexicographically least such sequence, which every plan has, obeys both
-            this and the family rule (`allowed`)."""
+            so far are taken; `final`: it is the plan's last pipeline, so it runs every micro-batch left.
+            Pipelines of equal keys come with non-decreasing node tuples: swapping two of them and
+            renaming the nodes by first use gives the same plan with a smaller tuple first, so the
+            lexicographically least such sequence, which every plan has, obeys both this and the
+            family rule (`allowed`)."""
             if not stats["complete"] or stats["met"]:
                 return
             stats["nodes"] += 1
@@ -1213,6 +1249,9 @@ class ExactSearch:
                 stats["complete"] = False
                 return
             stages = len(classes)
+            if final and stages and max(worst, prefix_time(shape[0])[n_left]) + opt + ring \
+                    >= best[0] * (1 - PRUNE_TOLERANCE):
+                return  # the last pipeline is too slow, whatever its further stages, split and crossings
             if stages and not self.overlapped:
                 # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on), and at least
                 # `coming` pipelines, this one included, are still to be chosen, each with a holder of
@@ -1318,7 +1357,7 @@ class ExactSearch:
                 before = filled[0]
                 grow(classes + [c], seq + [group], (shape[0] + (self.class_type[c],), shape[1] + (
                     (node != nodes[-1],) if stages else ())), nodes + (node,), n_left, g_left, state,
-                    after - self.class_stride[c], worst, opt, grad, last, last_nodes, ring)
+                    after - self.class_stride[c], worst, opt, grad, last, last_nodes, ring, final)
                 taken[c] -= 1
                 touched[node] -= 1
                 opened[self.family_of[node]] -= not touched[node]
