@@ -38,11 +38,12 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   least `_largest_stage` bytes), on the inter-node link when no node can hold a slot of every
   pipeline, and of the layers whose holders already sit on two nodes or on a node without an
   unused group for each pipeline to come. A partial plan is also cut when the root floor of every
-  pipeline count it may end with meets the incumbent (`by_count`). The plan's last pipeline (no
-  plan of more pipelines can beat the incumbent) runs every micro-batch left, so it stops growing
-  once the floor of pipelines whose first stages have its kinds, in order (`prefix_lower`: the
-  least closed-form 1F1B time over the orders that start so, any split and crossings), meets the
-  incumbent. Leaves: PerfModel.evaluate after choose_reliefs.
+  pipeline count it may end with meets the incumbent (`by_count`). A pipeline stops growing once
+  its first stages' kinds, in order, make it or the others too slow: it takes at least
+  `prefix_lower` (the least closed-form 1F1B time over the orders that start so, any split and
+  crossings) with the m micro-batches it runs, the others at least the cover of the rest on the
+  groups left, for every m (only every micro-batch left when no plan of more pipelines can beat
+  the incumbent: it is the last). Leaves: PerfModel.evaluate after choose_reliefs.
 When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
 first, the caller reports its own valid bound instead.
 """
@@ -1129,16 +1130,22 @@ class ExactSearch:
             """A floor on every plan of lo..hi pipelines."""
             return runs[lo][min(hi, self.most_pipelines) - lo] if lo <= self.most_pipelines else math.inf
         anything = fewest[self.longest, self.total]  # every pipeline allowed (the first one's)
-        prefix_times: dict[tuple[str, ...], list[float]] = {}
-        nothing = [0.0] * (self.total + 1)
+        cover = np.array(self.relaxation.cover)  # by state, micro-batches
+        prefix_floors: dict[tuple[str, ...], tuple[list[float], list[list[float]]]] = {}
 
-        def prefix_time(types: tuple[str, ...]) -> list[float]:
-            """By m: a floor on the time of a pipeline whose first stages have these device types
-            (`Relaxation.prefix_lower`; 0 where it has none)."""
-            if types not in prefix_times:
-                kinds = tuple(self.relaxation.kind_of[name] for name in types)
-                prefix_times[types] = self.relaxation.prefix_lower.get(kinds, nothing)
-            return prefix_times[types]
+        def prefix_floor(types: tuple[str, ...]) -> tuple[list[float], list[list[float]]]:
+            """(times, others) for a pipeline whose first stages have these device types: times[m], a
+            floor on its time with m micro-batches (`Relaxation.prefix_lower`; 0 where it has none),
+            and others[state][n], on the slowest pipeline time of every completion in which it runs
+            some m of the n micro-batches left and the groups of `state` (those left once its first
+            stages are taken; its further stages only leave fewer) the rest (`cover`)."""
+            kinds = tuple(self.relaxation.kind_of[name] for name in types)
+            times = self.relaxation.prefix_lower.get(kinds, [0.0] * (self.total + 1))
+            others = np.full(cover.shape, np.inf)
+            for m in range(1, self.total + 1):
+                others[:, m:] = np.minimum(others[:, m:], np.maximum(times[m], cover[:, :self.total + 1 - m]))
+            prefix_floors[types] = times, others.tolist()
+            return prefix_floors[types]
         best: list = [incumbent, None]
         floor = self.floor() if floor is None else floor
         stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
@@ -1249,9 +1256,11 @@ class ExactSearch:
                 stats["complete"] = False
                 return
             stages = len(classes)
-            if final and stages and max(worst, prefix_time(shape[0])[n_left]) + opt + ring \
-                    >= best[0] * (1 - PRUNE_TOLERANCE):
-                return  # the last pipeline is too slow, whatever its further stages, split and crossings
+            if stages:
+                times, others = prefix_floors.get(shape[0]) or prefix_floor(shape[0])
+                if max(worst, times[n_left] if final else others[after][n_left]) + opt + ring \
+                        >= best[0] * (1 - PRUNE_TOLERANCE):
+                    return  # too slow, whatever this pipeline's further stages, split and crossings
             if stages and not self.overlapped:
                 # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on), and at least
                 # `coming` pipelines, this one included, are still to be chosen, each with a holder of
