@@ -40,7 +40,12 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   unused group for each pipeline to come. A partial plan is also cut when the root floor of every
   pipeline count it may end with meets the incumbent (`by_count`); per count the root floor also
   splits plans by which layers ring inside a node (`ExactSearch.floor`: column, spanning, held and
-  isolated-stage floors). Leaves: PerfModel.evaluate after choose_reliefs.
+  isolated-stage floors). A pipeline stops growing once its first stages' kinds, in order, make it
+  or the others too slow: it takes at least `prefix_lower` (the least closed-form 1F1B time over
+  the orders that start so, any split and crossings) with the m micro-batches it runs, the others
+  at least the cover of the rest on the groups left, for every m (only every micro-batch left when
+  no plan of more pipelines can beat the incumbent: it is the last). Leaves: PerfModel.evaluate
+  after choose_reliefs.
 When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
 first, the caller reports its own valid bound instead.
 """
@@ -353,6 +358,9 @@ class Relaxation:
         # (`lower_times`)
         self.split_lower: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
         self.cover: list[list[float]] = []
+        # prefix_lower[kinds][m]: a floor on the time of every pipeline whose first stages are of these kinds,
+        # in this order, running m micro-batches (`_least_times`; plain 1F1B only: empty when interleaved)
+        self.prefix_lower: dict[tuple[int, ...], list[float]] = {}
         self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
         # counted[s][P][state]: with the pipelines counted and each of at least s + 1 stages, when affordable
@@ -405,10 +413,12 @@ class Relaxation:
 
     def build(self, deadline: Deadline) -> bool:
         """Fills the tables; False when `deadline` passed first."""
-        found = self.lower_times(deadline, self.most_per_node)
+        prefixes: dict[tuple[int, ...], np.ndarray] | None = {} if self.virtual == 1 else None
+        found = self.lower_times(deadline, self.most_per_node, prefixes=prefixes)
         if found is None:
             return False
         lower, self.split_lower[self.most_per_node, 0] = found
+        self.prefix_lower = {kinds: [math.inf] + times.tolist() for kinds, times in (prefixes or {}).items()}
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
@@ -536,7 +546,8 @@ class Relaxation:
         return self._coupled[key]
 
     def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None,
-                    isolate: tuple[tuple[int, ...], int] | None = None
+                    isolate: tuple[tuple[int, ...], int] | None = None,
+                    prefixes: dict[tuple[int, ...], np.ndarray] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
@@ -556,7 +567,8 @@ class Relaxation:
         orders whose stage holding l is of another kind than k count, by the closed form alone.
         `isolate` (layers, q): the stages holding some q of these layers each cross nodes at both
         their boundaries (every crossing set with those boundaries added: a placement's crossings
-        hold a minimal set and those, and sends only grow with crossings), by the closed form alone."""
+        hold a minimal set and those, and sends only grow with crossings), by the closed form alone.
+        `prefixes`: filled by `_least_times` (unpinned, not isolated only)."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -619,7 +631,8 @@ class Relaxation:
                             ranges, fits, b, pairs[profile], cheap, inter, False, alone[:, 1:-1])[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif pinned is None:
-                    best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate)
+                    best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate,
+                                                        prefixes=prefixes)
                 else:  # per stage t holding the layer: the splits where it does, with the orders allowed there
                     layer, kind = pinned
                     per_split = np.full((len(splits), self.total), np.inf)
@@ -658,7 +671,8 @@ class Relaxation:
 
     def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
                      pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
-                     simulate: bool, crossing: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     simulate: bool, crossing: np.ndarray | None = None,
+                     prefixes: dict[tuple[int, ...], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(best, per_split): best[m], the least time of m micro-batches over every split (`b`),
         crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
         whether it fits in memory with m micro-batches (`fits`: kind, split, stage, m - 1); and
@@ -666,7 +680,12 @@ class Relaxation:
         closed form, and never below best[m]: no extra simulation). The closed-form bound of
         every candidate comes first (numpy); the simulation then visits candidates by it, skipping
         those whose bound cannot lower the minimum (plain 1F1B only: interleaving is simulated).
-        `crossing` (split, boundary): boundaries that also cross nodes on that split."""
+        `crossing` (split, boundary): boundaries that also cross nodes on that split.
+        `prefixes` (plain 1F1B only): per leading kinds of the orders tried (every length), lowered to
+        the least closed form by m - 1 of the candidates whose order starts with them. Each closed form
+        is at most its candidate's 1F1B time (the longest path passes through those operations), and
+        the candidates of an order cover every split and node placement, so a pipeline whose first
+        stages are of those kinds takes at least that long, whatever its further stages."""
         stages, total = b.shape[1] - 1, self.total
         counts = np.arange(1, total + 1)
         position = np.arange(stages)
@@ -692,6 +711,11 @@ class Relaxation:
         fit = np.concatenate(fitting)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
         per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
+        if prefixes is not None:
+            for (_, order), times in zip(pairs, closed.reshape(len(pairs), len(b), total).min(axis=1)):
+                for k in range(1, stages + 1):
+                    known = prefixes.get(order[:k])
+                    prefixes[order[:k]] = times if known is None else np.minimum(known, times)
         best = np.full(total + 1, np.inf)
         if not simulate:
             best[1:] = closed.min(axis=0)
@@ -1223,6 +1247,22 @@ class ExactSearch:
             """A floor on every plan of lo..hi pipelines."""
             return runs[lo][min(hi, self.most_pipelines) - lo] if lo <= self.most_pipelines else math.inf
         anything = fewest[self.longest, self.total]  # every pipeline allowed (the first one's)
+        cover = np.array(self.relaxation.cover)  # by state, micro-batches
+        prefix_floors: dict[tuple[str, ...], tuple[list[float], list[list[float]]]] = {}
+
+        def prefix_floor(types: tuple[str, ...]) -> tuple[list[float], list[list[float]]]:
+            """(times, others) for a pipeline whose first stages have these device types: times[m], a
+            floor on its time with m micro-batches (`Relaxation.prefix_lower`; 0 where it has none),
+            and others[state][n], on the slowest pipeline time of every completion in which it runs
+            some m of the n micro-batches left and the groups of `state` (those left once its first
+            stages are taken; its further stages only leave fewer) the rest (`cover`)."""
+            kinds = tuple(self.relaxation.kind_of[name] for name in types)
+            times = self.relaxation.prefix_lower.get(kinds, [0.0] * (self.total + 1))
+            others = np.full(cover.shape, np.inf)
+            for m in range(1, self.total + 1):
+                others[:, m:] = np.minimum(others[:, m:], np.maximum(times[m], cover[:, :self.total + 1 - m]))
+            prefix_floors[types] = times, others.tolist()
+            return prefix_floors[types]
         best: list = [incumbent, None]
         floor = self.floor() if floor is None else floor
         stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
@@ -1311,17 +1351,21 @@ class ExactSearch:
             if coming == math.inf or by_counts(len(chosen) + int(coming), len(chosen) + min(n_left, g_left)) \
                     >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # the plans of as many pipelines as can follow are no better
-            grow([], [], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring)
+            # the pipeline to come is the last when no plan of more pipelines can beat the incumbent
+            final = min(n_left, g_left) < 2 or by_counts(len(chosen) + 2, len(chosen) + min(n_left, g_left)) \
+                >= best[0] * (1 - PRUNE_TOLERANCE)
+            grow([], [], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring, final)
 
         def grow(classes: list[int], seq: list[tuple[int, ...]], shape: tuple[tuple[str, ...], tuple[bool, ...]],
                  nodes: tuple[int, ...], n_left: int, g_left: int, state: int, after: int, worst: float, opt: float,
-                 grad: float, last: tuple | None, last_nodes: tuple[int, ...], ring: float) -> None:
+                 grad: float, last: tuple | None, last_nodes: tuple[int, ...], ring: float, final: bool) -> None:
             """`shape`, `nodes`: the pipeline's so far (its stages' device types and node changes, their
             nodes); `state`: the groups of each kind left before this pipeline, `after`: once its stages
-            so far are taken. Pipelines of equal keys come with non-decreasing node tuples: swapping
-            two of them and renaming the nodes by first use gives the same plan with a smaller tuple
-            first, so the lexicographically least such sequence, which every plan has, obeys both
-            this and the family rule (`allowed`)."""
+            so far are taken; `final`: it is the plan's last pipeline, so it runs every micro-batch left.
+            Pipelines of equal keys come with non-decreasing node tuples: swapping two of them and
+            renaming the nodes by first use gives the same plan with a smaller tuple first, so the
+            lexicographically least such sequence, which every plan has, obeys both this and the
+            family rule (`allowed`)."""
             if not stats["complete"] or stats["met"]:
                 return
             stats["nodes"] += 1
@@ -1329,6 +1373,11 @@ class ExactSearch:
                 stats["complete"] = False
                 return
             stages = len(classes)
+            if stages:
+                times, others = prefix_floors.get(shape[0]) or prefix_floor(shape[0])
+                if max(worst, times[n_left] if final else others[after][n_left]) + opt + ring \
+                        >= best[0] * (1 - PRUNE_TOLERANCE):
+                    return  # too slow, whatever this pipeline's further stages, split and crossings
             if stages and not self.overlapped:
                 # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on), and at least
                 # `coming` pipelines, this one included, are still to be chosen, each with a holder of
@@ -1434,7 +1483,7 @@ class ExactSearch:
                 before = filled[0]
                 grow(classes + [c], seq + [group], (shape[0] + (self.class_type[c],), shape[1] + (
                     (node != nodes[-1],) if stages else ())), nodes + (node,), n_left, g_left, state,
-                    after - self.class_stride[c], worst, opt, grad, last, last_nodes, ring)
+                    after - self.class_stride[c], worst, opt, grad, last, last_nodes, ring, final)
                 taken[c] -= 1
                 touched[node] -= 1
                 opened[self.family_of[node]] -= not touched[node]
