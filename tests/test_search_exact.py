@@ -667,3 +667,22 @@ def test_isolated_floor_meets_the_column_optimum():
     assert three >= plans[0][1] * (1 - 1e-9), (three, plans[0][1])  # the plans of three pipelines
     floor = min(ExactSearch(instance, model, groups, 1, relaxation).floor(Deadline.never()) for groups in options)
     assert plans[0][1] * (1 - 1e-6) <= floor <= plans[0][1] * (1 + 1e-9), (floor, plans[0][1])
+
+
+def test_column_plans_cut_by_the_incumbent():
+    """32-64-device seed 45: its optimum 11.335293 is a column plan, its copy plans stop at 11.369543.
+    The caller passes its best step so the column walk skips candidates whose estimate cannot beat it
+    (seed 4's walk took 0.5 s uncut; the search's column share was too short for seed 45's optimum):
+    given the copies' step it still finds the optimum, and given 0 it prices nothing."""
+    from chameleon_opt.solve.columns import column_plans
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(45, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plans = column_plans(instance, failed, model, Deadline.after(5.0), 11.36954271040385)
+    assert plans and plans[0][1] == pytest.approx(11.33529271040385, rel=1e-9)
+    assert check_plan(instance, plans[0][0], failed).ok
+    assert column_plans(instance, failed, model, Deadline.after(5.0), 0.0) == []
