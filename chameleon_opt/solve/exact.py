@@ -97,10 +97,14 @@ SHORT_SHARE = 0.3
 REGULAR_SHARE = 0.15
 """Of the branch and bound's time, at most this much for its first run, over plans whose pipelines
 all have the first one's layer split (`ExactSearch.solve`)."""
-REFINE_SHARE = 0.2
+REFINE_SHARE = 0.5
 """Of the exact search's time, at most this much refines the inventories' floors before the branch and
-bound (`ExactSearch.floor` with a deadline: tables built on demand; tens of ms below 24 devices, up
-to 0.5 s at 56); an inventory whose refined floor meets the incumbent is not searched."""
+bound (`ExactSearch.floor` with a deadline: tables built on demand; tens of ms below 24 devices, under
+0.3 s on 54 of 60 random 32-64-device instances, 0.5-1.4 s on the two of 64 devices and 7 micro-batches);
+an inventory whose refined floor meets the incumbent is not searched. Only a slow floor uses it all,
+and its tree rarely finishes in the rest without it (32-64 seed 56: the floor meets the plan)."""
+CHUNK_ELEMENTS = 1_000_000
+"""Most (pair, n) elements one step of `Relaxation.counted_table` holds at once (8 MB an array)."""
 PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
@@ -755,40 +759,41 @@ class Relaxation:
         completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
         return capped.tolist(), completion.tolist()
 
-    def _moves(self, least: int, items: list[tuple[int, np.ndarray, int, np.ndarray]], comps: np.ndarray,
-               level: np.ndarray) -> list[tuple[np.ndarray, list[tuple[np.ndarray, int]], np.ndarray, np.ndarray,
-                                               np.ndarray, np.ndarray]]:
-        """Per group count g: its states (`rows`), per kind the states with a group of it to idle, and
-        every (state, item) pair where the item fits the state, as arrays sorted by state: the item's
-        index, the state it leaves, where each state's pairs start, that state's index among `rows`.
-        What `counted_table` steps over each round; it depends on the items' kinds only (every table
-        lists them in `profiles` order, those of at least `least` stages), so it is built once per
-        `least`."""
+    def _moves(self, least: int, items: list[tuple[int, np.ndarray, int, np.ndarray]], comps: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, np.ndarray, np.ndarray]]]:
+        """Every (state, item) pair where the item fits the state, sorted by state, as arrays: the
+        item's index, the state it leaves; and chunks of whole states' pairs (at most CHUNK_ELEMENTS
+        pair x n elements each, one state at least): first pair, end pair, where each state's
+        pairs start (from the first) and the states. What `counted_table` steps over each
+        round; it depends on the items' kinds only (every table lists them in `profiles` order,
+        those of at least `least` stages), so it is built once per `least`."""
         if least in self._move_cache:
             return self._move_cache[least]
-        levels = []
-        for g in range(1, self.groups + 1):
-            rows = np.flatnonzero(level == g)
-            parts = comps[rows]
-            index, where, source = [], [], []
-            for k, (stages, profile, offset, _) in enumerate(items):
-                if stages > g:
-                    continue
-                hit = np.flatnonzero((parts >= profile).all(axis=1))
-                index.append(np.full(hit.size, k))
-                where.append(hit)
-                source.append(rows[hit] - offset)
-            where_all = np.concatenate(where) if where else np.zeros(0, dtype=int)
-            order = np.argsort(where_all, kind="stable")
-            where_all = where_all[order]
-            starts = np.flatnonzero(np.concatenate([[True], where_all[1:] != where_all[:-1]])) if where_all.size \
-                else np.zeros(0, dtype=int)
-            idle = [(parts[:, k] >= 1, stride) for k, stride in enumerate(self.stride)]
-            levels.append((rows, idle, np.concatenate(index)[order] if index else np.zeros(0, dtype=int),
-                           np.concatenate(source)[order] if source else np.zeros(0, dtype=int),
-                           starts, where_all[starts]))
-        self._move_cache[least] = levels
-        return levels
+        index, source, target = [], [], []
+        reachable = comps.sum(axis=1) <= self.groups  # no inventory has more groups
+        for k, (_, profile, offset, _) in enumerate(items):
+            hit = np.flatnonzero((comps >= profile).all(axis=1) & reachable)
+            index.append(np.full(hit.size, k))
+            source.append(hit - offset)
+            target.append(hit)
+        empty = np.zeros(0, dtype=int)
+        target_all = np.concatenate(target) if target else empty
+        order = np.argsort(target_all, kind="stable")
+        target_all = target_all[order]
+        starts = np.flatnonzero(np.concatenate([[True], target_all[1:] != target_all[:-1]])) if target_all.size \
+            else empty
+        limit = max(1, CHUNK_ELEMENTS // (self.total + 1))
+        ends = np.append(starts[1:], target_all.size)
+        chunks, first = [], 0
+        while first < starts.size:  # whole states, at least one, up to `limit` pairs
+            last = max(first + 1, int(np.searchsorted(ends, starts[first] + limit, side="right")))
+            lo, hi = int(starts[first]), int(ends[last - 1])
+            chunks.append((lo, hi, starts[first:last] - lo, target_all[starts[first:last]]))
+            first = last
+        moves = (np.concatenate(index)[order] if index else empty, np.concatenate(source)[order] if source else empty,
+                 chunks)
+        self._move_cache[least] = moves
+        return moves
 
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
                       rounds: int | None = None, deadline: Deadline = Deadline.never(),
@@ -800,33 +805,38 @@ class Relaxation:
         count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P up to
         `rounds` (default: every P); None when `deadline` passes first. The first `forced` rounds
         price their pipeline by `mixed` instead (a multiset: at least that many of the P pipelines
-        are priced so, `coupled`)."""
+        are priced so, `coupled`). Each round prices every fitting (state, item) pair at once from
+        the last round's table, then lets groups idle: a state's value is the least over the states
+        below it (fewer of some kinds), a running minimum along each kind's axis of the state grid
+        (the same values as a pass over states by group count, minima being exact)."""
         total = self.total
-        comps, level, shift, items = self._programme(lower)
+        comps, _, _, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
         special = [item for item in self._programme(mixed)[3] if item[0] >= least] if forced else items
         times = np.array([item[3] for item in items]).reshape(len(items), total)
         special_times = np.array([item[3] for item in special]).reshape(len(special), total) if forced else times
-        levels = [(rows, idle, source, starts, targets, (times[index], special_times[index]))
-                  for rows, idle, index, source, starts, targets in self._moves(least, items, comps, level)]
-        # tables carry one more column, always inf: where `shift` points when m > n
-        previous = np.full((len(comps), total + 2), np.inf)
+        index, source, chunks = self._moves(least, items, comps)
+        priced = (times[index], special_times[index])
+        grid = tuple(c + 1 for c in self.kind_count) + (total + 1,)
+        previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
         for round_ in range(min(self.groups, total) if rounds is None else rounds):
             if deadline.expired():
                 return None
-            table = np.full((len(comps), total + 2), np.inf)
-            for rows, idle, source, starts, targets, priced in levels:
-                best = np.full((rows.size, total + 1), np.inf)
-                if source.size:  # per state: the least over its items of max(item's time, the rest's table)
-                    value = np.maximum(previous[source][:, shift], priced[int(round_ < forced)][:, None, :]).min(axis=2)
-                    best[targets] = np.minimum.reduceat(value, starts, axis=0)
-                for fewer, stride in idle:  # groups may idle
-                    best[fewer] = np.minimum(best[fewer], table[rows[fewer] - stride, :total + 1])
-                table[rows, :total + 1] = best
-            counted.append(table[:, total].tolist())
-            previous = table
+            pick = priced[int(round_ < forced)]
+            best = np.full((len(comps), total + 1), np.inf)
+            for lo, hi, starts, targets in chunks:  # per state: least over its items of max(item, the rest)
+                rest, item_times = previous[source[lo:hi]], pick[lo:hi]
+                value = np.full((hi - lo, total + 1), np.inf)
+                for m in range(1, total + 1):  # the item runs m of the n micro-batches, the rest n - m
+                    np.minimum(value[:, m:], np.maximum(rest[:, :total + 1 - m], item_times[:, m - 1:m]), out=value[:, m:])
+                best[targets] = np.minimum.reduceat(value, starts, axis=0)
+            below = best.reshape(grid)  # a view of `best`: groups may idle
+            for axis in range(len(grid) - 1):
+                np.minimum.accumulate(below, axis=axis, out=below)
+            counted.append(best[:, total].tolist())
+            previous = best
         return counted
 
 
