@@ -746,3 +746,23 @@ def test_counted_table_matches_the_state_by_state_programme(seed, monkeypatch):
             pairs = [(g, w) for g, w in zip(got[p + 1], want[p]) if w is not None]
             assert [g for g, _ in pairs] == [w for _, w in pairs], (least, forced, p + 1)
         assert any(math.isfinite(w) for w in want[0] if w is not None)  # not a table of inf alone
+
+
+@pytest.mark.parametrize("seed, floor, best", [(31, 20.80832895394394, 20.80832895394394),
+                                               (55, 13.571745017757067, 13.571745017757067),
+                                               (0, 30.53225519864571, 30.63225519864571)])
+def test_neighboured_floor_counts_a_node_of_one_kind(seed, floor, best):
+    """32-64-device seeds 31, 55 and 0: a layer whose P holders share a node puts a neighbouring stage
+    of each plain pipeline (all of one kind) there too, two groups of that kind per pipeline, so
+    with nodes of few groups of a kind some pipelines have a stage of another kind next to the
+    layer's or cross nodes on both sides of it (`ExactSearch.neighboured`; the isolated stage now
+    simulated). Seed 31 (three fast 4-stage columns, nodes of at most five fast groups): its floor
+    was 20.79030 (the send after layer 4 on the intra-node link), now its column plan's; 55:
+    13.569735 -> its plan's; 0: 30.432255 -> 30.532255, below its proven optimum 30.632255 (ringing
+    layer 4 across costs that; keeping it inside, a pipeline pays a 100 MB send across nodes)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(seed, (32, 64))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
+    assert floor <= best * (1 + 1e-12)

@@ -39,8 +39,8 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   pipeline, and of the layers whose holders already sit on two nodes or on a node without an
   unused group for each pipeline to come. A partial plan is also cut when the root floor of every
   pipeline count it may end with meets the incumbent (`by_count`); per count the root floor also
-  splits plans by which layers ring inside a node (`ExactSearch.floor`: column, spanning, held and
-  isolated-stage floors). Leaves: PerfModel.evaluate after choose_reliefs.
+  splits plans by which layers ring inside a node (`ExactSearch.floor`: column, spanning, held,
+  isolated-stage and neighboured floors). Leaves: PerfModel.evaluate after choose_reliefs.
 When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
 first, the caller reports its own valid bound instead.
 """
@@ -370,6 +370,7 @@ class Relaxation:
         self._coupled: dict[tuple, list[float]] = {}
         # per (layer, kind): split_lower with that layer's stage of another kind (`lower_times`'s `held`)
         self._held: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
+        self._near: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}  # `lower_times`' reach 1
         self._move_cache: dict[int, list] = {}  # per least stage count: `counted_table`'s steps (`_moves`)
         self._pairs: dict[tuple[int, int], dict] = {}  # per (runs, least crossings): `lower_times`' pairs
         # per (layers, q): split_lower with the stages of some q of those layers crossing at both ends
@@ -471,7 +472,8 @@ class Relaxation:
 
     def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None, least: int = 0,
                 crossing: bool = False, forced: tuple[int, int] = (0, 0), crossed: tuple[int, ...] = (),
-                held: int | None = None, isolate: tuple[tuple[int, ...], int] | None = None) -> list[float] | None:
+                held: int | None = None, isolate: tuple[tuple[int, ...], int] | None = None,
+                either: bool = False) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -488,10 +490,11 @@ class Relaxation:
         ring time being affine in the bytes with a non-negative constant); `forced`: see
         `counted_table` (with `held`, a layer: the forced pipelines' stage holding it is of another
         kind, `lower_times`; with `isolate`, (layers, q): the stages holding some q of these layers
-        cross nodes at both their boundaries); `crossed`: these layers' rings cross nodes (a slot
+        cross nodes at both their boundaries, or with `either` (one layer), the stage holding it or
+        one next to it is of another kind than `kind` instead); `crossed`: these layers' rings cross nodes (a slot
         holding some of them rings at least their bytes on the inter-node link, as with `crossing`)."""
         runs = self.most_per_node if runs is None else runs
-        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate)
+        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, either)
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -526,6 +529,14 @@ class Relaxation:
                     return None
                 self._isolated[isolate] = found[1]
             forcing = self._isolated[isolate]
+            if either:  # or the stage holding the layer, or one next to it, of another kind: the lesser
+                near = (isolate[0][0], kind)
+                if near not in self._near:
+                    found = self.lower_times(deadline, self.most_per_node, 0, near, reach=1)
+                    if found is None:
+                        return None
+                    self._near[near] = found[1]
+                forcing = {v: np.minimum(times, self._near[near][v]) for v, times in forcing.items()}
         priced, mixed = {}, {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
         for v, per_split in self.split_lower[runs, least].items():
             grad_bytes, update, crossing_bytes = extras[sum(v)]
@@ -544,7 +555,7 @@ class Relaxation:
         return self._coupled[key]
 
     def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None,
-                    isolate: tuple[tuple[int, ...], int] | None = None
+                    isolate: tuple[tuple[int, ...], int] | None = None, reach: int = 0
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
@@ -561,10 +572,12 @@ class Relaxation:
         bound also skips the simulations that cannot lower the minimum. A split counts only where
         every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
         micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layer l, kind k): only
-        orders whose stage holding l is of another kind than k count, by the closed form alone.
+        orders whose stage holding l is of another kind than k count, by the closed form alone (with
+        `reach` r: some stage within r of it is).
         `isolate` (layers, q): the stages holding some q of these layers each cross nodes at both
         their boundaries (every crossing set with those boundaries added: a placement's crossings
-        hold a minimal set and those, and sends only grow with crossings), by the closed form alone."""
+        hold a minimal set and those, and sends only grow with crossings), simulated while the
+        simulations of every choice of q stay within LOWER_SIMULATION_UNITS, else by the closed form."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -618,13 +631,16 @@ class Relaxation:
                     continue
                 if isolate is not None:  # per q of the layers: their stages cross at both boundaries
                     per_split = np.full((len(splits), self.total), np.inf)
+                    # simulated where affordable for every choice: the closed form can miss the sends
+                    # (32-64 seed 0: two 100 MB sends across nodes, 30.038 closed, 30.1275 with none)
+                    exact = simulate and math.comb(len(isolate[0]), isolate[1]) * units <= LOWER_SIMULATION_UNITS
                     for chosen in itertools.combinations(isolate[0], isolate[1]):
                         alone = np.zeros((len(splits), stages + 1), dtype=bool)  # boundary t: before stage t
                         for layer in chosen:
                             stage = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding it, per split
                             alone[np.arange(len(splits)), stage] = alone[np.arange(len(splits)), stage + 1] = True
                         per_split = np.minimum(per_split, self._least_times(
-                            ranges, fits, b, pairs[profile], cheap, inter, False, alone[:, 1:-1])[1])
+                            ranges, fits, b, pairs[profile], cheap, inter, exact, alone[:, 1:-1])[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif pinned is None:
                     best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate)
@@ -633,7 +649,8 @@ class Relaxation:
                     per_split = np.full((len(splits), self.total), np.inf)
                     holding = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding `layer` on each split
                     for t in range(stages):
-                        allowed = [pair for pair in pairs[profile] if pair[1][t] != kind]
+                        near = range(max(t - reach, 0), min(t + reach, stages - 1) + 1)
+                        allowed = [pair for pair in pairs[profile] if any(pair[1][u] != kind for u in near)]
                         rows = np.flatnonzero(holding == t)
                         if allowed and rows.size:
                             per_split[rows] = self._least_times(ranges[:, rows], fits[:, rows], b[rows],
@@ -830,7 +847,8 @@ class Relaxation:
                 rest, item_times = previous[source[lo:hi]], pick[lo:hi]
                 value = np.full((hi - lo, total + 1), np.inf)
                 for m in range(1, total + 1):  # the item runs m of the n micro-batches, the rest n - m
-                    np.minimum(value[:, m:], np.maximum(rest[:, :total + 1 - m], item_times[:, m - 1:m]), out=value[:, m:])
+                    paired = np.maximum(rest[:, :total + 1 - m], item_times[:, m - 1:m])
+                    np.minimum(value[:, m:], paired, out=value[:, m:])
                 best[targets] = np.minimum.reduceat(value, starts, axis=0)
             below = best.reshape(grid)  # a view of `best`: groups may idle
             for axis in range(len(grid) - 1):
@@ -961,6 +979,7 @@ class ExactSearch:
                 value = max(value, min(spanning, columns))
                 value = max(value, self.held(p, refine, value, floor))
                 value = max(value, self.isolated(p, refine, value, floor))
+                value = max(value, self.neighboured(p, refine, value, floor))
             self.by_count[p] = max(self.by_count[p], value)
             floor = min(floor, value)
         return floor
@@ -1072,6 +1091,49 @@ class ExactSearch:
                 if all(other is not None for other in others):
                     local = max(local, min([columns] + [other[self.root] for other in others]))
             best = max(best, min(across[order[k - 1]], local))
+        return best
+
+    def neighboured(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from which layer's holders share a node, while it may raise
+        `value` below `floor`. If layer l's P holders sit on one node N (n groups, f_k of kind k),
+        call a pipeline plain when all its stages are of kind k and its stage holding l shares N with
+        a neighbouring stage of its own: a plain pipeline puts two groups of kind k in N and one
+        group besides the P holders, so at most min(f_k // 2, n - P) pipelines are plain (the most
+        over the nodes of at least P groups). Every other one has a stage of another kind or its
+        stage holding l crosses nodes at each boundary it has (`coupled`'s `either`: priced by the
+        lesser), so the coupled table with P - that many such pipelines floors those plans; a plan
+        either does that or rings l across nodes (the coupled table with l's ring across). With the
+        layers by that second floor descending, each gives the lesser of the two, for each kind k.
+        32-64-device seed 0: two five-stage fast pipelines, nodes of at most three fast groups, and
+        the sends around layers 2 and 4 are 100 MB: ringing layer 4 (500 MB) across costs 30.632 s,
+        keeping it in a node makes one pipeline pay a slow stage or two 100 MB sends across nodes."""
+        relaxation = self.relaxation
+        wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
+        forced = []
+        for kind in range(len(relaxation.kind_count)):
+            plain = max((min(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind) // 2,
+                             sum(groups.values()) - pipelines) for groups in wide), default=pipelines)
+            if pipelines - plain > 0:
+                forced.append((kind, pipelines - plain))
+        if not forced:
+            return 0.0
+        across = {}
+        for layer in range(self.layers):
+            table = relaxation.coupled(pipelines, refine, crossed=(layer,))
+            if table is None:
+                return 0.0
+            across[layer] = table[self.root]
+        best = 0.0
+        for layer in sorted(across, key=across.get, reverse=True):
+            if across[layer] <= max(best, value) or max(best, value) >= floor:
+                break  # later layers keep a lower first term
+            kept = 0.0
+            for kind_rounds in forced:
+                table = relaxation.coupled(pipelines, refine, forced=kind_rounds, isolate=((layer,), 1), either=True)
+                if table is None:
+                    return best
+                kept = max(kept, table[self.root])
+            best = max(best, min(across[layer], kept))
         return best
 
     def columns(self, pipelines: int, refine: Deadline) -> float:
