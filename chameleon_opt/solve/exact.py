@@ -1096,12 +1096,12 @@ class ExactSearch:
     def neighboured(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
         """Floor of the plans of P pipelines from which layer's holders share a node, while it may raise
         `value` below `floor`. If layer l's P holders sit on one node N (n groups, f_k of kind k),
-        call a pipeline plain when all its stages are of kind k and its stage holding l shares N with
-        a neighbouring stage of its own: a plain pipeline puts two groups of kind k in N and one
-        group besides the P holders, so at most min(f_k // 2, n - P) pipelines are plain (the most
-        over the nodes of at least P groups). Every other one has a stage of another kind or its
-        stage holding l crosses nodes at each boundary it has (`coupled`'s `either`: priced by the
-        lesser), so the coupled table with P - that many such pipelines floors those plans; a plan
+        call a pipeline plain when its stage holding l and a neighbouring stage of its own sharing
+        N are both of kind k: a plain pipeline puts two groups of kind k in N and one group besides
+        the P holders, so at most min(f_k // 2, n - P) pipelines are plain (the most over the nodes
+        of at least P groups). Every other one has its stage holding l or one next to it of another
+        kind, or that stage crosses nodes at each boundary it has (`coupled`'s `either`: priced by
+        the lesser), so the coupled table with P - that many such pipelines floors those plans; a plan
         either does that or rings l across nodes (the coupled table with l's ring across). With the
         layers by that second floor descending, each gives the lesser of the two, for each kind k.
         32-64-device seed 0: two five-stage fast pipelines, nodes of at most three fast groups, and
