@@ -374,7 +374,7 @@ class Relaxation:
         self._move_cache: dict[int, list] = {}  # per least stage count: `counted_table`'s steps (`_moves`)
         self._pairs: dict[tuple[int, int], dict] = {}  # per (runs, least crossings): `lower_times`' pairs
         # per (layers, q): split_lower with the stages of some q of those layers crossing at both ends
-        self._isolated: dict[tuple[tuple[int, ...], int], dict[tuple[int, ...], np.ndarray]] = {}
+        self._isolated: dict[tuple[tuple[tuple[int, ...], int], bool], dict[tuple[int, ...], np.ndarray]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -473,7 +473,7 @@ class Relaxation:
     def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None, least: int = 0,
                 crossing: bool = False, forced: tuple[int, int] = (0, 0), crossed: tuple[int, ...] = (),
                 held: int | None = None, isolate: tuple[tuple[int, ...], int] | None = None,
-                either: bool = False) -> list[float] | None:
+                neighbours: int = 0) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -490,11 +490,12 @@ class Relaxation:
         ring time being affine in the bytes with a non-negative constant); `forced`: see
         `counted_table` (with `held`, a layer: the forced pipelines' stage holding it is of another
         kind, `lower_times`; with `isolate`, (layers, q): the stages holding some q of these layers
-        cross nodes at both their boundaries, or with `either` (one layer), the stage holding it or
-        one next to it is of another kind than `kind` instead); `crossed`: these layers' rings cross nodes (a slot
+        cross nodes at both their boundaries; with `neighbours` r, one layer: that stage crosses nodes
+        at every boundary it has (r = 1) or at one at least (r = 2), or it or one next to it is of
+        another kind than `kind`, the lesser); `crossed`: these layers' rings cross nodes (a slot
         holding some of them rings at least their bytes on the inter-node link, as with `crossing`)."""
         runs = self.most_per_node if runs is None else runs
-        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, either)
+        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours)
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -523,13 +524,14 @@ class Relaxation:
                 self._held[held, kind] = found[1]
             forcing = self._held[held, kind]
         elif rounds and isolate is not None:
-            if isolate not in self._isolated:
-                found = self.lower_times(deadline, self.most_per_node, 0, isolate=isolate)
+            sided = neighbours == 2
+            if (isolate, sided) not in self._isolated:
+                found = self.lower_times(deadline, self.most_per_node, 0, isolate=isolate, sided=sided)
                 if found is None:
                     return None
-                self._isolated[isolate] = found[1]
-            forcing = self._isolated[isolate]
-            if either:  # or the stage holding the layer, or one next to it, of another kind: the lesser
+                self._isolated[isolate, sided] = found[1]
+            forcing = self._isolated[isolate, sided]
+            if neighbours:  # or the stage holding the layer, or one next to it, of another kind: the lesser
                 near = (isolate[0][0], kind)
                 if near not in self._near:
                     found = self.lower_times(deadline, self.most_per_node, 0, near, reach=1)
@@ -555,7 +557,7 @@ class Relaxation:
         return self._coupled[key]
 
     def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None,
-                    isolate: tuple[tuple[int, ...], int] | None = None, reach: int = 0
+                    isolate: tuple[tuple[int, ...], int] | None = None, reach: int = 0, sided: bool = False
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
@@ -577,7 +579,9 @@ class Relaxation:
         `isolate` (layers, q): the stages holding some q of these layers each cross nodes at both
         their boundaries (every crossing set with those boundaries added: a placement's crossings
         hold a minimal set and those, and sends only grow with crossings), simulated while the
-        simulations of every choice of q stay within LOWER_SIMULATION_UNITS, else by the closed form."""
+        simulations of every choice of q stay within LOWER_SIMULATION_UNITS, else by the closed form;
+        `sided`: each at one of its boundaries at least (the least over the sides; a first or last
+        stage's outer side is no boundary, so it is not constrained)."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -633,12 +637,16 @@ class Relaxation:
                     per_split = np.full((len(splits), self.total), np.inf)
                     # simulated where affordable for every choice: the closed form can miss the sends
                     # (32-64 seed 0: two 100 MB sends across nodes, 30.038 closed, 30.1275 with none)
-                    exact = simulate and math.comb(len(isolate[0]), isolate[1]) * units <= LOWER_SIMULATION_UNITS
-                    for chosen in itertools.combinations(isolate[0], isolate[1]):
+                    sides = [(0,), (1,)] if sided else [(0, 1)]  # the boundaries before / after it to cross
+                    choices = [(chosen, each) for chosen in itertools.combinations(isolate[0], isolate[1])
+                               for each in itertools.product(sides, repeat=isolate[1])]
+                    exact = simulate and len(choices) * units <= LOWER_SIMULATION_UNITS
+                    for chosen, each in choices:
                         alone = np.zeros((len(splits), stages + 1), dtype=bool)  # boundary t: before stage t
-                        for layer in chosen:
+                        for layer, offsets in zip(chosen, each):
                             stage = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding it, per split
-                            alone[np.arange(len(splits)), stage] = alone[np.arange(len(splits)), stage + 1] = True
+                            for offset in offsets:
+                                alone[np.arange(len(splits)), stage + offset] = True
                         per_split = np.minimum(per_split, self._least_times(
                             ranges, fits, b, pairs[profile], cheap, inter, exact, alone[:, 1:-1])[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
@@ -1096,25 +1104,30 @@ class ExactSearch:
     def neighboured(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
         """Floor of the plans of P pipelines from which layer's holders share a node, while it may raise
         `value` below `floor`. If layer l's P holders sit on one node N (n groups, f_k of kind k),
-        call a pipeline plain when its stage holding l and a neighbouring stage of its own sharing
-        N are both of kind k: a plain pipeline puts two groups of kind k in N and one group besides
-        the P holders, so at most min(f_k // 2, n - P) pipelines are plain (the most over the nodes
-        of at least P groups). Every other one has its stage holding l or one next to it of another
-        kind, or that stage crosses nodes at each boundary it has (`coupled`'s `either`: priced by
-        the lesser), so the coupled table with P - that many such pipelines floors those plans; a plan
-        either does that or rings l across nodes (the coupled table with l's ring across). With the
-        layers by that second floor descending, each gives the lesser of the two, for each kind k.
-        32-64-device seed 0: two five-stage fast pipelines, nodes of at most three fast groups, and
-        the sends around layers 2 and 4 are 100 MB: ringing layer 4 (500 MB) across costs 30.632 s,
-        keeping it in a node makes one pipeline pay a slow stage or two 100 MB sends across nodes."""
+        call a pipeline r-plain when its stage holding l and r neighbouring stages of its own that
+        share N are all of kind k (r = 1: one side; r = 2: both sides): it puts r + 1 groups of
+        kind k in N and r groups besides the P holders, so at most min(f_k // (r + 1), (n - P) // r)
+        pipelines are r-plain (the most over the nodes of at least P groups). Every other one has
+        its stage holding l or one next to it of another kind, or that stage crosses nodes at every
+        boundary it has (r = 1) or at one at least (r = 2; a first or last stage counts), priced by
+        the lesser (`coupled`'s `neighbours`), so the coupled table with P - that many such
+        pipelines floors those plans; a plan either does that or rings l across nodes (the coupled
+        table with l's ring across). With the layers by that second floor descending, each gives the
+        lesser of the two, for each kind k and r. 32-64-device seed 0: two five-stage fast
+        pipelines, nodes of at most three fast groups, and the sends around layers 2 and 4 are 100
+        MB: ringing layer 4 (500 MB) across costs 30.632 s, keeping it in a node makes one pipeline
+        pay a slow stage or two 100 MB sends across nodes. Seed 89: two pipelines, nodes of at most
+        five fast groups: two pipelines cannot both hold layer 2 between two stages in its node."""
         relaxation = self.relaxation
         wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
-        forced = []
+        forced = []  # (kind, pipelines priced so, r)
         for kind in range(len(relaxation.kind_count)):
-            plain = max((min(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind) // 2,
-                             sum(groups.values()) - pipelines) for groups in wide), default=pipelines)
-            if pipelines - plain > 0:
-                forced.append((kind, pipelines - plain))
+            for reach in (1, 2):
+                plain = max((min(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
+                                 // (reach + 1), (sum(groups.values()) - pipelines) // reach) for groups in wide),
+                            default=pipelines)
+                if pipelines - plain > 0:
+                    forced.append((kind, pipelines - plain, reach))
         if not forced:
             return 0.0
         across = {}
@@ -1128,8 +1141,9 @@ class ExactSearch:
             if across[layer] <= max(best, value) or max(best, value) >= floor:
                 break  # later layers keep a lower first term
             kept = 0.0
-            for kind_rounds in forced:
-                table = relaxation.coupled(pipelines, refine, forced=kind_rounds, isolate=((layer,), 1), either=True)
+            for kind, rounds, reach in forced:
+                table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), isolate=((layer,), 1),
+                                           neighbours=reach)
                 if table is None:
                     return best
                 kept = max(kept, table[self.root])
