@@ -39,19 +39,20 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   pipeline, and of the layers whose holders already sit on two nodes or on a node without an
   unused group for each pipeline to come. A partial plan is also cut when the root floor of every
   pipeline count it may end with meets the incumbent (`by_count`); per count the root floor also
-  splits plans by which layers ring inside a node (`ExactSearch.floor`: column, spanning, held and
-  isolated-stage floors). A pipeline stops growing once its first stages' kinds, in order, make it
-  or the others too slow: it takes at least `prefix_lower` (the least closed-form 1F1B time over
-  the orders that start so, any split and crossings) with the m micro-batches it runs, the others
-  at least the cover of the rest on the groups left, for every m (only every micro-batch left when
-  no plan of more pipelines can beat the incumbent: it is the last). Leaves: PerfModel.evaluate
-  after choose_reliefs.
+  splits plans by which layers ring inside a node (`ExactSearch.floor`: column, spanning, held,
+  isolated-stage and neighboured floors). A pipeline stops growing once its first stages' kinds, in
+  order, make it or the others too slow: it takes at least `prefix_lower` (the least closed-form
+  1F1B time over the orders that start so, any split and crossings) with the m micro-batches it
+  runs, the others at least the cover of the rest on the groups left, for every m (only every
+  micro-batch left when no plan of more pipelines can beat the incumbent: it is the last). Leaves:
+  PerfModel.evaluate after choose_reliefs.
 When the tree is exhausted the incumbent is optimal over the space; if the deadline stops it
 first, the caller reports its own valid bound instead.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import Counter
@@ -91,19 +92,24 @@ or beyond CROSSING_BUDGET (split, order of kinds) pairs, the relaxation lets eve
 fastest device type."""
 GROUPING_BUDGET = 2_000
 """Most groupings of one node's survivors into TP groups enumerated before giving up exactness."""
-INVENTORY_BUDGET = 64
+INVENTORY_BUDGET = 256
 """Most inventories (combinations of the nodes' distinct groupings) searched: each is a branch and
 bound of its own, so their count is checked before any is built (a product over 50 heterogeneous
-nodes has 2^50 of them)."""
+nodes has 2^50 of them). 32-64 seed 45 (TP 2, seven nodes of fast and slow devices) has 192: its
+floors and trees take 0.5 s, and at 64 its bound was the relaxation's, 0.2% low."""
 SHORT_SHARE = 0.3
 """Of the branch and bound's time, at most this much for its runs capped at shorter pipelines."""
 REGULAR_SHARE = 0.15
 """Of the branch and bound's time, at most this much for its first run, over plans whose pipelines
 all have the first one's layer split (`ExactSearch.solve`)."""
-REFINE_SHARE = 0.2
+REFINE_SHARE = 0.5
 """Of the exact search's time, at most this much refines the inventories' floors before the branch and
-bound (`ExactSearch.floor` with a deadline: tables built on demand; tens of ms below 24 devices, up
-to 0.5 s at 56); an inventory whose refined floor meets the incumbent is not searched."""
+bound (`ExactSearch.floor` with a deadline: tables built on demand; tens of ms below 24 devices, under
+0.3 s on 54 of 60 random 32-64-device instances, 0.5-1.4 s on the two of 64 devices and 7 micro-batches);
+an inventory whose refined floor meets the incumbent is not searched. Only a slow floor uses it all,
+and its tree rarely finishes in the rest without it (32-64 seed 56: the floor meets the plan)."""
+CHUNK_ELEMENTS = 1_000_000
+"""Most (pair, n) elements one step of `Relaxation.counted_table` holds at once (8 MB an array)."""
 PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
@@ -251,8 +257,10 @@ def _orders(profile: tuple[int, ...]) -> list[tuple[int, ...]]:
             for rest in _orders(profile[:kind] + (k - 1,) + profile[kind + 1:])]
 
 
-def _largest_stage(sizes: list[float], stages: int) -> float:
-    """The least largest part of any split of `sizes` into at most `stages` contiguous parts."""
+@functools.lru_cache(maxsize=1024)
+def _largest_stage(sizes: tuple[float, ...], stages: int) -> float:
+    """The least largest part of any split of `sizes` into at most `stages` contiguous parts (cached:
+    every inventory's floor asks the same, 0.26 s of 32-64 seed 45's 192 inventories uncached)."""
     prefix = list(itertools.accumulate(sizes, initial=0.0))
     best = [prefix[end] for end in range(len(sizes) + 1)]  # best[end]: one part over [0, end)
     for _ in range(stages - 1):
@@ -370,10 +378,11 @@ class Relaxation:
         self._coupled: dict[tuple, list[float]] = {}
         # per (layer, kind): split_lower with that layer's stage of another kind (`lower_times`'s `held`)
         self._held: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
+        self._near: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}  # `lower_times`' reach 1
         self._move_cache: dict[int, list] = {}  # per least stage count: `counted_table`'s steps (`_moves`)
         self._pairs: dict[tuple[int, int], dict] = {}  # per (runs, least crossings): `lower_times`' pairs
         # per (layers, q): split_lower with the stages of some q of those layers crossing at both ends
-        self._isolated: dict[tuple[tuple[int, ...], int], dict[tuple[int, ...], np.ndarray]] = {}
+        self._isolated: dict[tuple[tuple[tuple[int, ...], int], bool], dict[tuple[int, ...], np.ndarray]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -473,7 +482,8 @@ class Relaxation:
 
     def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None, least: int = 0,
                 crossing: bool = False, forced: tuple[int, int] = (0, 0), crossed: tuple[int, ...] = (),
-                held: int | None = None, isolate: tuple[tuple[int, ...], int] | None = None) -> list[float] | None:
+                held: int | None = None, isolate: tuple[tuple[int, ...], int] | None = None,
+                neighbours: int = 0) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -490,10 +500,12 @@ class Relaxation:
         ring time being affine in the bytes with a non-negative constant); `forced`: see
         `counted_table` (with `held`, a layer: the forced pipelines' stage holding it is of another
         kind, `lower_times`; with `isolate`, (layers, q): the stages holding some q of these layers
-        cross nodes at both their boundaries); `crossed`: these layers' rings cross nodes (a slot
+        cross nodes at both their boundaries; with `neighbours` r, one layer: that stage crosses nodes
+        at every boundary it has (r = 1) or at one at least (r = 2), or it or one next to it is of
+        another kind than `kind`, the lesser); `crossed`: these layers' rings cross nodes (a slot
         holding some of them rings at least their bytes on the inter-node link, as with `crossing`)."""
         runs = self.most_per_node if runs is None else runs
-        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate)
+        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours)
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -522,12 +534,21 @@ class Relaxation:
                 self._held[held, kind] = found[1]
             forcing = self._held[held, kind]
         elif rounds and isolate is not None:
-            if isolate not in self._isolated:
-                found = self.lower_times(deadline, self.most_per_node, 0, isolate=isolate)
+            sided = neighbours == 2
+            if (isolate, sided) not in self._isolated:
+                found = self.lower_times(deadline, self.most_per_node, 0, isolate=isolate, sided=sided)
                 if found is None:
                     return None
-                self._isolated[isolate] = found[1]
-            forcing = self._isolated[isolate]
+                self._isolated[isolate, sided] = found[1]
+            forcing = self._isolated[isolate, sided]
+            if neighbours:  # or the stage holding the layer, or one next to it, of another kind: the lesser
+                near = (isolate[0][0], kind)
+                if near not in self._near:
+                    found = self.lower_times(deadline, self.most_per_node, 0, near, reach=1)
+                    if found is None:
+                        return None
+                    self._near[near] = found[1]
+                forcing = {v: np.minimum(times, self._near[near][v]) for v, times in forcing.items()}
         priced, mixed = {}, {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
         for v, per_split in self.split_lower[runs, least].items():
             grad_bytes, update, crossing_bytes = extras[sum(v)]
@@ -546,7 +567,7 @@ class Relaxation:
         return self._coupled[key]
 
     def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None,
-                    isolate: tuple[tuple[int, ...], int] | None = None,
+                    isolate: tuple[tuple[int, ...], int] | None = None, reach: int = 0, sided: bool = False,
                     prefixes: dict[tuple[int, ...], np.ndarray] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
@@ -564,11 +585,15 @@ class Relaxation:
         bound also skips the simulations that cannot lower the minimum. A split counts only where
         every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
         micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layer l, kind k): only
-        orders whose stage holding l is of another kind than k count, by the closed form alone.
+        orders whose stage holding l is of another kind than k count, by the closed form alone (with
+        `reach` r: some stage within r of it is).
         `isolate` (layers, q): the stages holding some q of these layers each cross nodes at both
         their boundaries (every crossing set with those boundaries added: a placement's crossings
-        hold a minimal set and those, and sends only grow with crossings), by the closed form alone.
-        `prefixes`: filled by `_least_times` (unpinned, not isolated only)."""
+        hold a minimal set and those, and sends only grow with crossings), simulated while the
+        simulations of every choice of q stay within LOWER_SIMULATION_UNITS, else by the closed form;
+        `sided`: each at one of its boundaries at least (the least over the sides; a first or last
+        stage's outer side is no boundary, so it is not constrained). `prefixes`: filled by
+        `_least_times` (unpinned, not isolated only)."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -622,13 +647,20 @@ class Relaxation:
                     continue
                 if isolate is not None:  # per q of the layers: their stages cross at both boundaries
                     per_split = np.full((len(splits), self.total), np.inf)
-                    for chosen in itertools.combinations(isolate[0], isolate[1]):
+                    # simulated where affordable for every choice: the closed form can miss the sends
+                    # (32-64 seed 0: two 100 MB sends across nodes, 30.038 closed, 30.1275 with none)
+                    sides = [(0,), (1,)] if sided else [(0, 1)]  # the boundaries before / after it to cross
+                    choices = [(chosen, each) for chosen in itertools.combinations(isolate[0], isolate[1])
+                               for each in itertools.product(sides, repeat=isolate[1])]
+                    exact = simulate and len(choices) * units <= LOWER_SIMULATION_UNITS
+                    for chosen, each in choices:
                         alone = np.zeros((len(splits), stages + 1), dtype=bool)  # boundary t: before stage t
-                        for layer in chosen:
+                        for layer, offsets in zip(chosen, each):
                             stage = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding it, per split
-                            alone[np.arange(len(splits)), stage] = alone[np.arange(len(splits)), stage + 1] = True
+                            for offset in offsets:
+                                alone[np.arange(len(splits)), stage + offset] = True
                         per_split = np.minimum(per_split, self._least_times(
-                            ranges, fits, b, pairs[profile], cheap, inter, False, alone[:, 1:-1])[1])
+                            ranges, fits, b, pairs[profile], cheap, inter, exact, alone[:, 1:-1])[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif pinned is None:
                     best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate,
@@ -638,7 +670,8 @@ class Relaxation:
                     per_split = np.full((len(splits), self.total), np.inf)
                     holding = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding `layer` on each split
                     for t in range(stages):
-                        allowed = [pair for pair in pairs[profile] if pair[1][t] != kind]
+                        near = range(max(t - reach, 0), min(t + reach, stages - 1) + 1)
+                        allowed = [pair for pair in pairs[profile] if any(pair[1][u] != kind for u in near)]
                         rows = np.flatnonzero(holding == t)
                         if allowed and rows.size:
                             per_split[rows] = self._least_times(ranges[:, rows], fits[:, rows], b[rows],
@@ -775,40 +808,41 @@ class Relaxation:
         completion = np.minimum.accumulate(here[::-1], axis=0)[::-1]
         return capped.tolist(), completion.tolist()
 
-    def _moves(self, least: int, items: list[tuple[int, np.ndarray, int, np.ndarray]], comps: np.ndarray,
-               level: np.ndarray) -> list[tuple[np.ndarray, list[tuple[np.ndarray, int]], np.ndarray, np.ndarray,
-                                               np.ndarray, np.ndarray]]:
-        """Per group count g: its states (`rows`), per kind the states with a group of it to idle, and
-        every (state, item) pair where the item fits the state, as arrays sorted by state: the item's
-        index, the state it leaves, where each state's pairs start, that state's index among `rows`.
-        What `counted_table` steps over each round; it depends on the items' kinds only (every table
-        lists them in `profiles` order, those of at least `least` stages), so it is built once per
-        `least`."""
+    def _moves(self, least: int, items: list[tuple[int, np.ndarray, int, np.ndarray]], comps: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int, np.ndarray, np.ndarray]]]:
+        """Every (state, item) pair where the item fits the state, sorted by state, as arrays: the
+        item's index, the state it leaves; and chunks of whole states' pairs (at most CHUNK_ELEMENTS
+        pair x n elements each, one state at least): first pair, end pair, where each state's
+        pairs start (from the first) and the states. What `counted_table` steps over each
+        round; it depends on the items' kinds only (every table lists them in `profiles` order,
+        those of at least `least` stages), so it is built once per `least`."""
         if least in self._move_cache:
             return self._move_cache[least]
-        levels = []
-        for g in range(1, self.groups + 1):
-            rows = np.flatnonzero(level == g)
-            parts = comps[rows]
-            index, where, source = [], [], []
-            for k, (stages, profile, offset, _) in enumerate(items):
-                if stages > g:
-                    continue
-                hit = np.flatnonzero((parts >= profile).all(axis=1))
-                index.append(np.full(hit.size, k))
-                where.append(hit)
-                source.append(rows[hit] - offset)
-            where_all = np.concatenate(where) if where else np.zeros(0, dtype=int)
-            order = np.argsort(where_all, kind="stable")
-            where_all = where_all[order]
-            starts = np.flatnonzero(np.concatenate([[True], where_all[1:] != where_all[:-1]])) if where_all.size \
-                else np.zeros(0, dtype=int)
-            idle = [(parts[:, k] >= 1, stride) for k, stride in enumerate(self.stride)]
-            levels.append((rows, idle, np.concatenate(index)[order] if index else np.zeros(0, dtype=int),
-                           np.concatenate(source)[order] if source else np.zeros(0, dtype=int),
-                           starts, where_all[starts]))
-        self._move_cache[least] = levels
-        return levels
+        index, source, target = [], [], []
+        reachable = comps.sum(axis=1) <= self.groups  # no inventory has more groups
+        for k, (_, profile, offset, _) in enumerate(items):
+            hit = np.flatnonzero((comps >= profile).all(axis=1) & reachable)
+            index.append(np.full(hit.size, k))
+            source.append(hit - offset)
+            target.append(hit)
+        empty = np.zeros(0, dtype=int)
+        target_all = np.concatenate(target) if target else empty
+        order = np.argsort(target_all, kind="stable")
+        target_all = target_all[order]
+        starts = np.flatnonzero(np.concatenate([[True], target_all[1:] != target_all[:-1]])) if target_all.size \
+            else empty
+        limit = max(1, CHUNK_ELEMENTS // (self.total + 1))
+        ends = np.append(starts[1:], target_all.size)
+        chunks, first = [], 0
+        while first < starts.size:  # whole states, at least one, up to `limit` pairs
+            last = max(first + 1, int(np.searchsorted(ends, starts[first] + limit, side="right")))
+            lo, hi = int(starts[first]), int(ends[last - 1])
+            chunks.append((lo, hi, starts[first:last] - lo, target_all[starts[first:last]]))
+            first = last
+        moves = (np.concatenate(index)[order] if index else empty, np.concatenate(source)[order] if source else empty,
+                 chunks)
+        self._move_cache[least] = moves
+        return moves
 
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
                       rounds: int | None = None, deadline: Deadline = Deadline.never(),
@@ -820,33 +854,39 @@ class Relaxation:
         count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P up to
         `rounds` (default: every P); None when `deadline` passes first. The first `forced` rounds
         price their pipeline by `mixed` instead (a multiset: at least that many of the P pipelines
-        are priced so, `coupled`)."""
+        are priced so, `coupled`). Each round prices every fitting (state, item) pair at once from
+        the last round's table, then lets groups idle: a state's value is the least over the states
+        below it (fewer of some kinds), a running minimum along each kind's axis of the state grid
+        (the same values as a pass over states by group count, minima being exact)."""
         total = self.total
-        comps, level, shift, items = self._programme(lower)
+        comps, _, _, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
         special = [item for item in self._programme(mixed)[3] if item[0] >= least] if forced else items
         times = np.array([item[3] for item in items]).reshape(len(items), total)
         special_times = np.array([item[3] for item in special]).reshape(len(special), total) if forced else times
-        levels = [(rows, idle, source, starts, targets, (times[index], special_times[index]))
-                  for rows, idle, index, source, starts, targets in self._moves(least, items, comps, level)]
-        # tables carry one more column, always inf: where `shift` points when m > n
-        previous = np.full((len(comps), total + 2), np.inf)
+        index, source, chunks = self._moves(least, items, comps)
+        priced = (times[index], special_times[index])
+        grid = tuple(c + 1 for c in self.kind_count) + (total + 1,)
+        previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
         for round_ in range(min(self.groups, total) if rounds is None else rounds):
             if deadline.expired():
                 return None
-            table = np.full((len(comps), total + 2), np.inf)
-            for rows, idle, source, starts, targets, priced in levels:
-                best = np.full((rows.size, total + 1), np.inf)
-                if source.size:  # per state: the least over its items of max(item's time, the rest's table)
-                    value = np.maximum(previous[source][:, shift], priced[int(round_ < forced)][:, None, :]).min(axis=2)
-                    best[targets] = np.minimum.reduceat(value, starts, axis=0)
-                for fewer, stride in idle:  # groups may idle
-                    best[fewer] = np.minimum(best[fewer], table[rows[fewer] - stride, :total + 1])
-                table[rows, :total + 1] = best
-            counted.append(table[:, total].tolist())
-            previous = table
+            pick = priced[int(round_ < forced)]
+            best = np.full((len(comps), total + 1), np.inf)
+            for lo, hi, starts, targets in chunks:  # per state: least over its items of max(item, the rest)
+                rest, item_times = previous[source[lo:hi]], pick[lo:hi]
+                value = np.full((hi - lo, total + 1), np.inf)
+                for m in range(1, total + 1):  # the item runs m of the n micro-batches, the rest n - m
+                    paired = np.maximum(rest[:, :total + 1 - m], item_times[:, m - 1:m])
+                    np.minimum(value[:, m:], paired, out=value[:, m:])
+                best[targets] = np.minimum.reduceat(value, starts, axis=0)
+            below = best.reshape(grid)  # a view of `best`: groups may idle
+            for axis in range(len(grid) - 1):
+                np.minimum.accumulate(below, axis=axis, out=below)
+            counted.append(best[:, total].tolist())
+            previous = best
         return counted
 
 
@@ -926,7 +966,8 @@ class ExactSearch:
         grad = (self.model.workload.params * self.model.grad_bytes / self.tp).tolist()
         longest = min(self.groups, self.layers)
         # per shortest stage count s: the largest stage's gradient bytes and optimizer step at least
-        largest = {s: (_largest_stage(grad, s), _largest_stage(relaxation.update, s)) for s in range(1, longest + 1)}
+        largest = {s: (_largest_stage(tuple(grad), s), _largest_stage(tuple(relaxation.update), s))
+                   for s in range(1, longest + 1)}
 
         def counted(p: int, build: Deadline | None, least_ring: float = 0.0) -> float:
             """P pipelines: the least over the shortest one's stage count s of its table (`level`:
@@ -970,6 +1011,7 @@ class ExactSearch:
                 value = max(value, min(spanning, columns))
                 value = max(value, self.held(p, refine, value, floor))
                 value = max(value, self.isolated(p, refine, value, floor))
+                value = max(value, self.neighboured(p, refine, value, floor))
             self.by_count[p] = max(self.by_count[p], value)
             floor = min(floor, value)
         return floor
@@ -1081,6 +1123,55 @@ class ExactSearch:
                 if all(other is not None for other in others):
                     local = max(local, min([columns] + [other[self.root] for other in others]))
             best = max(best, min(across[order[k - 1]], local))
+        return best
+
+    def neighboured(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from which layer's holders share a node, while it may raise
+        `value` below `floor`. If layer l's P holders sit on one node N (n groups, f_k of kind k),
+        call a pipeline r-plain when its stage holding l and r neighbouring stages of its own that
+        share N are all of kind k (r = 1: one side; r = 2: both sides): it puts r + 1 groups of
+        kind k in N and r groups besides the P holders, so at most min(f_k // (r + 1), (n - P) // r)
+        pipelines are r-plain (the most over the nodes of at least P groups). Every other one has
+        its stage holding l or one next to it of another kind, or that stage crosses nodes at every
+        boundary it has (r = 1) or at one at least (r = 2; a first or last stage counts), priced by
+        the lesser (`coupled`'s `neighbours`), so the coupled table with P - that many such
+        pipelines floors those plans; a plan either does that or rings l across nodes (the coupled
+        table with l's ring across). With the layers by that second floor descending, each gives the
+        lesser of the two, for each kind k and r. 32-64-device seed 0: two five-stage fast
+        pipelines, nodes of at most three fast groups, and the sends around layers 2 and 4 are 100
+        MB: ringing layer 4 (500 MB) across costs 30.632 s, keeping it in a node makes one pipeline
+        pay a slow stage or two 100 MB sends across nodes. Seed 89: two pipelines, nodes of at most
+        five fast groups: two pipelines cannot both hold layer 2 between two stages in its node."""
+        relaxation = self.relaxation
+        wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
+        forced = []  # (kind, pipelines priced so, r)
+        for kind in range(len(relaxation.kind_count)):
+            for reach in (1, 2):
+                plain = max((min(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
+                                 // (reach + 1), (sum(groups.values()) - pipelines) // reach) for groups in wide),
+                            default=pipelines)
+                if pipelines - plain > 0:
+                    forced.append((kind, pipelines - plain, reach))
+        if not forced:
+            return 0.0
+        across = {}
+        for layer in range(self.layers):
+            table = relaxation.coupled(pipelines, refine, crossed=(layer,))
+            if table is None:
+                return 0.0
+            across[layer] = table[self.root]
+        best = 0.0
+        for layer in sorted(across, key=across.get, reverse=True):
+            if across[layer] <= max(best, value) or max(best, value) >= floor:
+                break  # later layers keep a lower first term
+            kept = 0.0
+            for kind, rounds, reach in forced:
+                table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), isolate=((layer,), 1),
+                                           neighbours=reach)
+                if table is None:
+                    return best
+                kept = max(kept, table[self.root])
+            best = max(best, min(across[layer], kept))
         return best
 
     def columns(self, pipelines: int, refine: Deadline) -> float:
@@ -1228,7 +1319,7 @@ class ExactSearch:
         inter = self.model.inter
         holders = [Counter() for _ in range(self.layers)]  # per layer: nodes of the chosen pipelines' holders
         node_size = {node: sum(groups.values()) for node, groups in self.node_groups().items()}
-        largest_grad = [0.0] + [_largest_stage(layer_grad, k) for k in range(1, self.layers + 1)]
+        largest_grad = [0.0] + [_largest_stage(tuple(layer_grad), k) for k in range(1, self.layers + 1)]
         heaviest = list(itertools.accumulate(layer_grad, max, initial=0.0))  # heaviest[k]: of layers 0..k - 1
         rings: dict[tuple[float, int], float] = {}
 

@@ -9,9 +9,10 @@ with a bound that says how far from optimal it may be.
    the chosen backend unless the incumbent already meets the bound; the mix is lowered onto TP
    groups and polished on the exact model (reliefs, micro-batch rebalancing, neighbouring mixes,
    layer splits: solve/polish.py). With several reliefs the relief-free templates compete too;
-3. pipelines of mixed device types (solve/mixed.py) and, up to EXACT_GROUPS groups, column plans
-   (solve/columns.py: each layer range's stages in one node) and copy plans (solve/copies.py: P
-   copies of one pipeline, its paying sends inside nodes); the incumbent's stages then trade TP
+3. pipelines of mixed device types (solve/mixed.py) and, up to EXACT_GROUPS groups, copy plans
+   (solve/copies.py: P copies of one pipeline, its paying sends inside nodes) and column plans
+   (solve/columns.py: each layer range's stages in one node; candidates whose estimate cannot beat
+   the incumbent skipped, so the cheap copies go first); the incumbent's stages then trade TP
    groups of their device type while the exact step falls (`polish_placement`);
 4. branch and bound over the whole space when it is small (solve/exact.py), else the paper's
    enumeration (solve/enumerator.py) as one more incumbent while the survivors form at most
@@ -57,7 +58,7 @@ from chameleon_opt.solve.templates import Template, build_templates
 
 TEMPLATE_SHARE = 0.5  # of the search's time, for the template path (the rest: exact search, bound)
 MIXED_SHARE = 0.3  # of what is left after it, for pipelines of mixed device types
-COLUMN_SHARE = 0.03  # of what is left after them, for column plans (solve/columns.py, up to EXACT_GROUPS groups)
+COLUMN_SHARE = 0.15  # of what is left after the copies, for column plans (solve/columns.py, up to EXACT_GROUPS groups; up to 0.24 s at 64: 0.03 cut 32-64 seed 45's optimum)
 MIN_SEARCH_S = 0.02  # less time left than this: the search does not start (NO_SOLUTION, stopped early)
 POLISH_CANDIDATES = 24  # neighbouring mixes evaluated exactly after the solve
 ENUMERATION_SHARE = 0.25  # of the time limit, for the paper's enumeration as an extra incumbent
@@ -281,16 +282,16 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if mixed and mixed[0][1] < value * (1 - 1e-12):
             plan, value, used = mixed[0][0], mixed[0][1], "mixed"
             notes.append(f"a pipeline set of mixed device types is faster ({len(mixed[0][0].pipelines)} pipelines)")
-    if len(groups) <= EXACT_GROUPS and not deadline.expired():  # stage columns in one node each
-        columns = column_plans(instance, failed, model, deadline.share(COLUMN_SHARE))
-        if columns and columns[0][1] < value * (1 - 1e-12):
-            plan, value, used = columns[0][0], columns[0][1], "columns"
-            notes.append("a column plan (the stages of each layer range in one node) is faster")
     if len(groups) <= EXACT_GROUPS and not deadline.expired():  # P copies of one pipeline
         copies = copy_plans(instance, failed, model, deadline.share(COPIES_SHARE), value)
         if copies and copies[0][1] < value * (1 - 1e-12):
             plan, value, used = copies[0][0], copies[0][1], "copies"
             notes.append(f"copies of one pipeline are faster ({len(copies[0][0].pipelines)} pipelines)")
+    if len(groups) <= EXACT_GROUPS and not deadline.expired():  # stage columns in one node each, cut by the copies' step
+        columns = column_plans(instance, failed, model, deadline.share(COLUMN_SHARE), value)
+        if columns and columns[0][1] < value * (1 - 1e-12):
+            plan, value, used = columns[0][0], columns[0][1], "columns"
+            notes.append("a column plan (the stages of each layer range in one node) is faster")
     if plan is not None and len(groups) <= EXACT_GROUPS and not deadline.expired():
         placed, placed_value = polish_placement(model, plan, failed, deadline.share(PLACEMENT_SHARE))
         if placed_value < value * (1 - 1e-12):
