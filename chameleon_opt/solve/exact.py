@@ -69,6 +69,7 @@ from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.bounds import MemoryRelaxation
 from chameleon_opt.solve.deadline import Deadline
+from chameleon_opt.solve.frames import on_fresh_chunk
 
 EXACT_GROUPS = 64
 """Most surviving TP groups the branch and bound is tried on; beyond, the scale path's bound stands."""
@@ -1587,18 +1588,22 @@ class ExactSearch:
         # dropped inventory had slow ones: seed 5 of the 32-64-device probe). A small tree whose leaves pile a stage's
         # replicas into few nodes (intra-node rings, which the placement-blind relaxation cannot see);
         # only an incumbent, never a proof.
+        def root() -> None:
+            """The whole tree from its root, on a data-stack chunk of its own (solve/frames.py)."""
+            on_fresh_chunk(lambda: master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0))
+
         window[0], regular[0] = deadline.share(REGULAR_SHARE), True
-        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0)
+        root()
         regular[0] = False
         for short in range(1, self.longest):
             if deadline.expired():
                 break
             window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
-            master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0)
+            root()
             if stats["complete"]:  # later runs take only first (longest) pipelines of more stages
                 searched[0] = short
         window[0], cap[0], stats["complete"] = deadline, self.longest, True
-        master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0)
+        root()
         complete = stats["complete"] or stats["met"]
         reason = (f"branch and bound over {len(self.prices)} priced pipeline shapes, {stats['nodes']} nodes, "
                   f"{stats['leaves']} plans evaluated" + ("" if complete else " (stopped early)")
