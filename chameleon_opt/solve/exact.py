@@ -312,6 +312,22 @@ class Priced:
     grad_bytes: float
 
 
+def _by_micro_batches(splits: list[tuple[tuple[int, ...], Priced]]
+                      ) -> list[list[tuple[float, float, tuple[int, ...], float]]]:
+    """A shape's priced splits (`ExactSearch.price`) regrouped by micro-batch count: row m holds
+    (schedule time, optimizer step, boundaries, largest stage's gradient bytes) of every split that
+    runs m micro-batches, fastest first (the master's floors grow with the time, so it stops at the
+    first that is cut); the rows end at the largest m any split runs."""
+    rows: list[list[tuple[float, float, tuple[int, ...], float]]] = [[]]
+    for bounds, priced in splits:
+        for m, time_s, optimizer_s in priced.times:
+            rows.extend([] for _ in range(m + 1 - len(rows)))
+            rows[m].append((time_s, optimizer_s, bounds, priced.grad_bytes))
+    for row in rows:
+        row.sort()
+    return rows
+
+
 def _fitting(items: list[tuple[int, np.ndarray, int, np.ndarray]], parts: np.ndarray, groups: int
              ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     """The cover programmes' pipeline items (`_programme`) that fit some state of `parts` (states of
@@ -1223,38 +1239,40 @@ class ExactSearch:
         return sum(math.comb(layers - 1, s - 1) for s in range(1, longest + 1))
 
     # -- bounds ----------------------------------------------------------------------------------
-    def reach_table(self, lower: dict[tuple[int, ...], list[float]], limit: float) -> dict[tuple[int, int], list[int]]:
-        """reach[S, m][g]: the most micro-batches g groups can run in pipelines whose (stages,
+    def reach_table(self, lower: dict[tuple[int, ...], list[float]], limit: float) -> list[list[list[int]]]:
+        """reach[S][m][g]: the most micro-batches g groups can run in pipelines whose (stages,
         micro-batches) come at or before (S, m) in key order and whose relaxed time (of any kinds)
         is below `limit` (an unbounded knapsack over that prefix of the items). Since the master
         lists pipelines in non-increasing key order, the pipelines after one keyed (S, m) must fit
-        within it."""
-        reach: dict[tuple[int, int], list[int]] = {}
+        within it. Nested lists (row 0 of S and of m unused): the master reads them at every node."""
+        reach: list[list[list[int]]] = [[]]
         best = [0] * (self.groups + 1)
         for stages in range(1, self.longest + 1):
+            reach.append([[]])
             for m in range(1, self.total + 1):
                 if min(lower[v][m] for v in self.relaxation.profiles[stages]) < limit:
                     for g in range(stages, self.groups + 1):
                         best[g] = max(best[g], best[g - stages] + m)
-                reach[stages, m] = list(best)
+                reach[stages].append(list(best))
         return reach
 
     def fewest_table(self, lower: dict[tuple[int, ...], list[float]], limit: float
-                     ) -> dict[tuple[int, int], list[list[float]]]:
-        """fewest[S, m][g][n]: the fewest pipelines, keyed at or before (S, m) and of relaxed time
+                     ) -> list[list[list[list[float]]]]:
+        """fewest[S][m][g][n]: the fewest pipelines, keyed at or before (S, m) and of relaxed time
         below `limit`, that run exactly n micro-batches on at most g groups (inf: none do; an
         unbounded knapsack as `reach_table`). The pipelines after one keyed (S, m) are at least that
-        many: every one of them adds a replica to every layer's ring."""
-        fewest: dict[tuple[int, int], list[list[float]]] = {}
+        many: every one of them adds a replica to every layer's ring. Nested lists as `reach_table`'s."""
+        fewest: list[list[list[list[float]]]] = [[]]
         best = [[0.0] + [math.inf] * self.total for _ in range(self.groups + 1)]
         for stages in range(1, self.longest + 1):
+            fewest.append([[]])
             for m in range(1, self.total + 1):
                 if min(lower[v][m] for v in self.relaxation.profiles[stages]) < limit:
                     for g in range(stages, self.groups + 1):
                         row, source = best[g], best[g - stages]
                         for n in range(m, self.total + 1):
                             row[n] = min(row[n], source[n - m] + 1)
-                fewest[stages, m] = [list(row) for row in best]
+                fewest[stages].append([list(row) for row in best])
         return fewest
 
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
@@ -1338,7 +1356,7 @@ class ExactSearch:
         def by_counts(lo: int, hi: int) -> float:
             """A floor on every plan of lo..hi pipelines."""
             return runs[lo][min(hi, self.most_pipelines) - lo] if lo <= self.most_pipelines else math.inf
-        anything = fewest[self.longest, self.total]  # every pipeline allowed (the first one's)
+        anything = fewest[self.longest][self.total]  # every pipeline allowed (the first one's)
         cover = np.array(self.relaxation.cover)  # by state, micro-batches
         prefix_floors: dict[tuple[str, ...], tuple[list[float], list[list[float]]]] = {}
 
@@ -1360,7 +1378,7 @@ class ExactSearch:
         stats = {"leaves": 0, "nodes": 0, "complete": True, "met": floor >= incumbent * (1 - PRUNE_TOLERANCE)}
         window, cap = [deadline], [self.longest]  # the current run's deadline and longest pipeline
         searched = [0]  # plans whose longest pipeline has at most this many stages: exhausted by a capped run
-        by_shape: dict[tuple, list[tuple[tuple[int, ...], Priced]]] = {}  # a shape's splits with their prices
+        by_shape: dict[tuple, list[list[tuple[float, float, tuple[int, ...], float]]]] = {}  # `_by_micro_batches`
         regular = [False]  # the current run copies the first pipeline's shape and split (`copy` below)
         filled = [0]  # pipelines a regular run completed (at full length), to stop at the first placement
         taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
@@ -1376,8 +1394,18 @@ class ExactSearch:
                 best[0], best[1] = relieved[1].iteration_time_s, relieved[0]
                 stats["met"] = floor >= best[0] * (1 - PRUNE_TOLERANCE)
 
+        sole = [-1] * self.layers  # per layer: the one node holding it in the chosen pipelines, -1 none, -2 several
+        spans: dict[tuple[int, int], int] = {}  # the chosen pipelines' stage layer ranges (first, end): how many
+        ring_bounds: dict[tuple[int, float], float] = {}  # `ring_bound` by (replicas, gradient bytes), memoised
+        bits = [[sum(1 << layer for layer in range(first, end)) for end in range(self.layers + 1)]
+                for first in range(self.layers + 1)]  # bits[f][e]: layers f..e - 1 as a bit set
+        running: dict[int, list[float]] = {}  # per bit set of crossing layers: their gradient bytes below each layer
+        # per set of chosen pipelines (a stack, `hold`): each node's layers that cross unless a stage there holds
+        # them, and the crossing floor by (crossing layers, candidate's bounds, replicas)
+        memo: list[tuple[dict[int, int], dict[tuple[int, tuple[int, ...], int], float]]] = [({}, {})]
+
         def ring_floor(pipelines: int, grad_bytes: float, nodes: tuple[int, ...], bounds: tuple[int, ...],
-                       future: float, groups_after: int) -> float:
+                       future: float, groups_after: int, value: float, cut: float) -> float:
             """A floor on the gradient all-reduce once the candidate (its stages' `nodes`, `bounds`)
             joins with at least `future` pipelines to come (`fewest_table`) on `groups_after` groups:
             every slot reduces its layers over at least `pipelines` + `future` replicas; a layer whose
@@ -1385,36 +1413,69 @@ class ExactSearch:
             does one whose holders share a node with fewer unused groups than pipelines to come (each
             of them needs a holder there for the ring to stay inside it); and one of those pipelines
             has at most groups_after / future stages, so one of its slots holds at least
-            `_largest_stage` of the gradients (the brute force's future bound)."""
+            `_largest_stage` of the gradients (the brute force's future bound). When that last floor
+            alone brings the candidate's `value` to `cut`, it is returned as is: the caller cuts the
+            candidate either way, and the crossing layers (a third of the search's time) are skipped."""
             if self.overlapped:
                 return 0.0
             pipelines += int(future)
             if pipelines <= 1:
                 return 0.0
-            spanning = [0.0]
-            for s, node in enumerate(nodes):
-                for layer in range(bounds[s], bounds[s + 1]):
-                    known = holders[layer]
-                    crosses = len(known) > 1 or (known and node not in known) or \
-                        (future and node_size[node] - touched[node] < future)
-                    spanning.append(spanning[-1] + (layer_grad[layer] if crosses else 0.0))
-            most = 0.0
-            for seq, b, _ in chosen:
-                most = max(most, max(spanning[b[s + 1]] - spanning[b[s]] for s in range(len(seq))))
-            most = max(most, max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(nodes))))
             if future:
                 shortest = min(int(groups_after // future), self.layers)
                 if shortest == 0:
                     return math.inf  # the pipelines still needed do not fit in the groups left
                 grad_bytes = max(grad_bytes, largest_grad[shortest])
-            return max(self.relaxation.ring_time(most, pipelines, inter), self.ring_bound(pipelines, grad_bytes))
+            largest = ring_bounds.get((pipelines, grad_bytes))
+            if largest is None:
+                largest = ring_bounds[pipelines, grad_bytes] = self.ring_bound(pipelines, grad_bytes)
+            if value + largest >= cut:
+                return largest
+            others, floors = memo[-1]
+            crossing = 0  # the layers that cross nodes, as a bit set
+            for s, node in enumerate(nodes):
+                part = bits[bounds[s]][bounds[s + 1]]
+                if not future or node_size[node] - touched[node] >= future:  # else the whole stage crosses
+                    held = others.get(node)
+                    if held is None:
+                        held = others[node] = sum(1 << layer for layer, holder in enumerate(sole)
+                                                  if holder not in (-1, node))
+                    part &= held
+                crossing |= part
+            known = floors.get((crossing, bounds, pipelines))
+            if known is None:
+                spanning = running.get(crossing)
+                if spanning is None:  # spanning[l]: the crossing layers' gradient bytes below layer l
+                    spanning, crossed = [0.0], 0.0
+                    for layer, nbytes in enumerate(layer_grad):
+                        if crossing >> layer & 1:
+                            crossed += nbytes
+                        spanning.append(crossed)
+                    running[crossing] = spanning
+                most = max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(bounds) - 1))
+                for first, end in spans:
+                    most = max(most, spanning[end] - spanning[first])
+                known = floors[crossing, bounds, pipelines] = self.relaxation.ring_time(most, pipelines, inter)
+            return max(known, largest)
 
         def hold(nodes: tuple[int, ...], bounds: tuple[int, ...], step: int) -> None:
+            """Adds (step 1) or removes (-1) a chosen pipeline's stages from `holders`, `sole`, `spans`, with
+            the memo of the ring floor's crossings (`memo`) of the pipelines chosen with it."""
+            if step < 0:
+                memo.pop()
+            else:
+                memo.append(({}, {}))
             for s, node in enumerate(nodes):
-                for layer in range(bounds[s], bounds[s + 1]):
-                    holders[layer][node] += step
-                    if not holders[layer][node]:
-                        del holders[layer][node]
+                span = bounds[s], bounds[s + 1]
+                spans[span] = spans.get(span, 0) + step
+                if not spans[span]:
+                    del spans[span]
+                for layer in range(*span):
+                    known = holders[layer]
+                    known[node] += step
+                    if not known[node]:
+                        del known[node]
+                    sole[layer] = (next(iter(known)) if len(known) == 1 else -2) if known else -1
 
         opened = [0] * self.families  # per family: its nodes in use, always its first ones (`allowed`)
 
@@ -1437,9 +1498,9 @@ class ExactSearch:
             if stats["leaves"] >= leaf_budget or window[0].expired():
                 stats["complete"] = False
                 return
-            if last is not None and reach[last[0], last[1]][g_left] < n_left:
+            if last is not None and reach[last[0]][last[1]][g_left] < n_left:
                 return  # the pipelines allowed after `last` cannot run what is left
-            coming = fewest[last[0], last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
+            coming = fewest[last[0]][last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
             if coming == math.inf or by_counts(len(chosen) + int(coming), len(chosen) + min(n_left, g_left)) \
                     >= best[0] * (1 - PRUNE_TOLERANCE):
                 return  # the plans of as many pipelines as can follow are no better
@@ -1477,7 +1538,7 @@ class ExactSearch:
                 # that holds every chosen holder of l and has an unused group for each pipeline after
                 # this one; where none does, it crosses nodes, whatever the split (32-64-device seed 3:
                 # 1 Gb/s between nodes; 8-24-device seed 21: nodes of 7 groups, 7-8 pipelines).
-                coming = fewest[last[0], last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
+                coming = fewest[last[0]][last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
                 if coming == math.inf:
                     return  # no pipelines allowed from here on run the micro-batches left
                 base, cut = max(worst, completion[stages][state][n_left]) + opt, best[0] * (1 - PRUNE_TOLERANCE)
@@ -1492,9 +1553,9 @@ class ExactSearch:
                              if node_size[node] - touched[node] >= coming - 1}
                     earliest, crossing = min(first.values(), default=self.layers), 0.0
                     for layer in range(min(stages, self.layers)):
-                        known = holders[layer]
-                        if layer_grad[layer] > crossing and len(known) <= 1 and (
-                                first.get(next(iter(known)), self.layers) if known else earliest) > layer:
+                        holder = sole[layer]
+                        if layer_grad[layer] > crossing and holder != -2 and (
+                                first.get(holder, self.layers) if holder >= 0 else earliest) > layer:
                             crossing = layer_grad[layer]
                     if crossing and base + max(ring, inter_ring(crossing, replicas)) >= cut:
                         return
@@ -1502,46 +1563,58 @@ class ExactSearch:
                 filled[0] += 1
             if stages and (last is not None or stages > searched[0]):
                 pipelines = len(chosen) + 1
-                repeats = nodes < last_nodes  # a key equal to `last` would repeat a plan
                 candidates = []  # every split and micro-batch count that may beat the incumbent, by bound
-                splits = by_shape.get(shape)
-                if splits is None:  # each split of this shape priced once (the same wherever it is placed)
+                per_m = by_shape.get(shape)
+                if per_m is None:  # each split of this shape priced once (the same wherever it is placed)
                     splits = []
                     for bounds in self.splits[stages]:
                         if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
                             stats["complete"] = False
                             return
                         splits.append((bounds, self.price(seq, shape, bounds, best[0] * (1 - PRUNE_TOLERANCE))))
-                    by_shape[shape] = splits
-                for bounds, priced in splits:
-                    for m, time_s, optimizer_s in priced.times:
-                        if m > n_left:
+                    per_m = by_shape[shape] = _by_micro_batches(splits)
+                # Keys (stages, m, shape, bounds) come in non-increasing order (one equal to `last` only on
+                # nodes that do not repeat a plan: `repeats`); a regular run takes `last`'s split instead.
+                top, only, tied_m, repeats = min(n_left, len(per_m) - 1), None, 0, False
+                if last is not None and regular[0]:
+                    if (stages, shape[1]) != (last[0], last[2][1]) or not all(
+                            self.stands_in[a, b] for a, b in zip(shape[0], last[2][0])):
+                        top = 0  # a regular run: the first pipeline's shape (or dominating types), split
+                    only = last[3]
+                elif last is not None and stages == last[0]:  # (m, shape, bounds) at most last's
+                    top = min(top, last[1] - (shape > last[2]))
+                    if shape == last[2]:
+                        tied_m, repeats = last[1], nodes < last_nodes  # a key equal to `last` would repeat a plan
+                cut, g_after, row = best[0] * (1 - PRUNE_TOLERANCE), g_left - stages, capped[stages][after]
+                for m in range(1, top + 1):
+                    entries = per_m[m]
+                    if not entries:
+                        continue
+                    rest = n_left - m
+                    if rest and reach[stages][m][g_after] < rest:
+                        continue  # key order: what follows runs at most this much
+                    fixed = row[rest]  # later pipelines: <= stages
+                    if max(worst, fixed) + opt + ring >= cut:
+                        continue  # every split's value is at least this
+                    future = fewest[stages][m][g_after][rest] if rest else 0
+                    if future == math.inf or by_counts(pipelines + int(future), pipelines + min(rest, g_after)) >= cut:
+                        continue  # no pipelines allowed after this one run exactly the rest, or as many
+                    for time_s, optimizer_s, bounds, grad_bytes in entries:  # by time: the values only grow
+                        new_worst = max(worst, time_s)
+                        if max(new_worst, fixed) + opt + ring >= cut:
                             break
-                        key = (stages, m, shape, bounds)
-                        if regular[0] and last is not None:
-                            if (stages, shape[1], bounds) != (last[0], last[2][1], last[3]) or not all(
-                                    self.stands_in[a, b] for a, b in zip(shape[0], last[2][0])):
-                                break  # a regular run: the first pipeline's shape (or dominating types), split
-                        elif last is not None and key >= last:
-                            if key > last:
-                                break  # keys grow with m
-                            if repeats:
-                                continue
-                        new_worst, new_opt = max(worst, time_s), max(opt, optimizer_s)
-                        new_grad = max(grad, priced.grad_bytes)
-                        rest = n_left - m
-                        if rest and reach[stages, m][g_left - stages] < rest:
-                            continue  # key order: what follows runs at most this much
-                        value = max(new_worst, capped[stages][after][rest]) + new_opt  # later: <= stages
-                        if value + ring >= best[0] * (1 - PRUNE_TOLERANCE):
+                        if (only is not None and bounds != only) or (m == tied_m and (
+                                bounds > last[3] or (bounds == last[3] and repeats))):
                             continue
-                        future = fewest[stages, m][g_left - stages][rest] if rest else 0
-                        if future == math.inf or by_counts(pipelines + int(future), pipelines + min(
-                                rest, g_left - stages)) >= best[0] * (1 - PRUNE_TOLERANCE):
-                            continue  # no pipelines allowed after this one run exactly the rest, or as many
-                        new_ring = ring_floor(pipelines, new_grad, nodes, bounds, future, g_left - stages)
-                        if value + new_ring < best[0] * (1 - PRUNE_TOLERANCE):
-                            candidates.append((value + new_ring, key, new_worst, new_opt, new_grad, new_ring))
+                        new_opt = max(opt, optimizer_s)
+                        value = max(new_worst, fixed) + new_opt
+                        if value + ring >= cut:
+                            continue
+                        new_grad = max(grad, grad_bytes)
+                        new_ring = ring_floor(pipelines, new_grad, nodes, bounds, future, g_after, value, cut)
+                        if value + new_ring < cut:
+                            candidates.append((value + new_ring, (stages, m, shape, bounds), new_worst, new_opt,
+                                               new_grad, new_ring))
                 candidates.sort()  # the most promising first: good plans early, and the rest cut by them
                 for value, key, new_worst, new_opt, new_grad, new_ring in candidates:
                     if value >= best[0] * (1 - PRUNE_TOLERANCE):
