@@ -849,3 +849,17 @@ def test_neighboured_floor_counts_a_node_of_one_kind(seed, floor, best):
     data, failed = random_instance(seed, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
     assert floor <= best * (1 + 1e-12)
+
+
+def test_copy_plans_take_a_group_of_each_type_from_any_inventory():
+    """8-24-device seed 156 (TP 2 over fast and slow devices): the first way to form the TP groups has
+    no group of a type another way forms, and the copy plans took their per-type sample from the
+    first only (StopIteration, a crash of the whole search). Now OPTIMAL at the brute force's optimum."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(156, (8, 24))
+    instance = build_instance(data)
+    result = search_plan(instance, failed, Deadline.after(10.0))
+    assert result.status is Status.OPTIMAL
+    assert result.objective == pytest.approx(18.567142179808137, rel=1e-9)

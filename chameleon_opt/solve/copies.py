@@ -118,7 +118,9 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
     if sum(len(kinds) ** s * math.comb(layers - 1, s - 1) * min(total, len(groups) // s)
            for s in range(1, longest + 1)) > CANDIDATE_BUDGET:
         return []
-    sample = {name: next(g for g in groups if names[g] == name) for name in kinds}
+    # a group of each type from any inventory: the first may form none of a type another forms
+    # (8-24-device seed 156: TP 2 over fast and slow devices, mixed groups in some inventories only)
+    sample = {name: next(g for option in options for g in option if names[g] == name) for name in kinds}
     relief = model.fastest_relief
     # per type: per layer forward + backward split as (forward, backward) prefix sums, optimizer steps
     forward, backward, update = {}, {}, {}
