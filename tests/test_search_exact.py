@@ -863,3 +863,16 @@ def test_copy_plans_take_a_group_of_each_type_from_any_inventory():
     result = search_plan(instance, failed, Deadline.after(10.0))
     assert result.status is Status.OPTIMAL
     assert result.objective == pytest.approx(18.567142179808137, rel=1e-9)
+
+
+def test_forced_kind_floors_take_every_kind():
+    """32-64-device probe seed 173 (four one-micro-batch pipelines, TP 2): nodes of four groups hold at
+    most 2 slow and 3 fast, so a layer whose four holders share a node has a slow holder (the fast
+    kind's r = 1) besides two fast ones (the slow kind's r = 2, free). Forcing only the kind of the
+    larger r left the floor at 12.0882; taking every kind, it meets the optimum the exhausted tree
+    proves (12.638133239512374: every layer rings across nodes)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(173, (32, 64))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(12.638133239512374, rel=1e-9)

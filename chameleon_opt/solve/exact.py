@@ -1043,27 +1043,41 @@ class ExactSearch:
         pipelines, nodes of at most four fast groups; seed 21: nodes of 3 and 5 fast groups among 7."""
         relaxation = self.relaxation
         forced = self.forced(pipelines)
-        if forced is None:
+        if not forced:
             return 0.0
         crossing = relaxation.coupled(pipelines, refine, crossing=True)
         if crossing is None:
             return 0.0
-        local = relaxation.coupled(pipelines, refine, forced=forced)
-        return min(crossing[self.root], local[self.root]) if local is not None else 0.0
+        local = self.local(pipelines, refine, forced)
+        return min(crossing[self.root], local) if local is not None else 0.0
 
-    def forced(self, pipelines: int) -> tuple[int, int] | None:
-        """(kind k, r): a layer whose P holders share a node has at least r = P - f_k of them of
-        another kind than k, f_k the most groups of kind k on a node of at least P groups (the k of
-        the largest r); None when r <= 0 for every kind or the relaxation has one kind."""
+    def forced(self, pipelines: int) -> list[tuple[int, int]]:
+        """Every (kind k, r) with r > 0: a layer whose P holders share a node has at least r = P - f_k
+        of them of another kind than k, f_k the most groups of kind k on a node of at least P groups.
+        Each kind's r holds at once, so the floors of them all stand together (`local`): 32-64 seed
+        173's nodes hold at most 2 slow and 3 fast of four groups, and only the fast kind's r = 1 (a
+        slow holder) costs anything. Empty when the relaxation has one kind."""
         relaxation = self.relaxation
         if len(relaxation.kind_count) < 2:
-            return None  # one kind for all types: no kind to force
+            return []  # one kind for all types: no kind to force
         wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
-        forced = [pipelines - max((sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
-                                   for groups in wide), default=pipelines)
+        forced = [(kind, pipelines - max((sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
+                                          for groups in wide), default=pipelines))
                   for kind in range(len(relaxation.kind_count))]
-        kind = max(range(len(forced)), key=forced.__getitem__)
-        return (kind, forced[kind]) if forced[kind] > 0 else None
+        return [(kind, r) for kind, r in forced if r > 0]
+
+    def local(self, pipelines: int, refine: Deadline, forced: list[tuple[int, int]], held: int | None = None
+              ) -> float | None:
+        """The largest over `forced`'s kinds of the coupled table with r pipelines whose stage holding
+        layer `held` (any layer when None) is of another kind than k: each floors every plan of P
+        pipelines keeping that layer's holders in one node. None when a table is out of reach."""
+        best = 0.0
+        for kind, rounds in forced:
+            table = self.relaxation.coupled(pipelines, refine, forced=(kind, rounds), held=held)
+            if table is None:
+                return None
+            best = max(best, table[self.root])
+        return best
 
     def held(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
         """Floor of the plans of P pipelines from where their layers' rings cross nodes, while it may
@@ -1076,14 +1090,14 @@ class ExactSearch:
         154: a slow group holding layer 2 or 3 costs 16.4 or 16.2 s, layer 1 14.8 s, so below that
         layers 1-3 ring across nodes (the optimum's 0.256 s)."""
         relaxation, forced = self.relaxation, self.forced(pipelines)
-        if forced is None:
+        if not forced:
             return 0.0
         local = {}
         for layer in range(self.layers):
-            table = relaxation.coupled(pipelines, refine, forced=forced, held=layer)
-            if table is None:
+            kept = self.local(pipelines, refine, forced, layer)
+            if kept is None:
                 return 0.0
-            local[layer] = table[self.root]
+            local[layer] = kept
         best, crossed = 0.0, []
         for layer in sorted(local, key=local.get, reverse=True):
             if local[layer] <= max(best, value) or max(best, value) >= floor:
