@@ -849,3 +849,16 @@ def test_neighboured_floor_counts_a_node_of_one_kind(seed, floor, best):
     data, failed = random_instance(seed, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
     assert floor <= best * (1 + 1e-12)
+
+
+def test_paired_floor_counts_the_boundaries_nodes_can_keep_inside():
+    """32-64-device seed 91: seven four-stage fast pipelines (one micro-batch each) on nodes of at most
+    three fast groups. Each crosses nodes once at least; the nodes keep at most B = 13 fast boundaries
+    inside (a node of f fast groups, f - 1), so at most six pipelines cross only once and one crosses
+    twice (`ExactSearch.paired`): the root floor rises from 17.264282792521644 (every pipeline
+    crossing once) to 17.26449279252164, the plan the branch and bound proves optimal in 17 s."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(91, (32, 64))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(17.26449279252164, rel=1e-9)
