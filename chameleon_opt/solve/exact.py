@@ -379,6 +379,7 @@ class Relaxation:
         # per (layer, kind): split_lower with that layer's stage of another kind (`lower_times`'s `held`)
         self._held: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
         self._near: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}  # `lower_times`' reach 1
+        self._paired: dict[tuple, list[float]] = {}  # `paired_level` by (P, least stages, forced, paired)
         self._move_cache: dict[int, list] = {}  # per least stage count: `counted_table`'s steps (`_moves`)
         self._pairs: dict[tuple[int, int], dict] = {}  # per (runs, least crossings): `lower_times`' pairs
         # per (layers, q): split_lower with the stages of some q of those layers crossing at both ends
@@ -460,6 +461,34 @@ class Relaxation:
             return self._levels[least], True
         below = max((k for k in self._levels if k < least), default=len(self.counted))
         return (self._levels[below] if below in self._levels else self.counted[below - 1]), False
+
+    def paired_level(self, pipelines: int, least: int, deadline: Deadline, forced: tuple[int, int],
+                     paired: tuple[int, int]) -> list[float] | None:
+        """`level(least)`'s row of P pipelines with `forced` = (kind, R): R of them, if of at least s
+        stages all of that kind, cross nodes at least c times (`paired` = (c, s); `ExactSearch.paired`).
+        Pipeline times alone: the caller adds the ring and step of `least` stages, so a pipeline that
+        crosses more cannot buy a smaller ring of its own with a finer split (`coupled` prices each
+        pipeline's own ring). None beyond COUNTED_BUDGET or past `deadline`."""
+        key = (pipelines, least, forced, paired)
+        if key in self._paired:
+            return self._paired[key]
+        if not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
+            return None
+        crossings, stages = paired
+        if (self.most_per_node, crossings) not in self.split_lower:
+            found = self.lower_times(deadline, self.most_per_node, crossings)
+            if found is None:
+                return None
+            self.split_lower[self.most_per_node, crossings] = found[1]
+        kind, rounds = forced
+        crossing = self.split_lower[self.most_per_node, crossings]
+        mixed = {v: times if v[kind] < sum(v) or sum(v) < stages else [math.inf] + crossing[v].min(axis=0).tolist()
+                 for v, times in self.lower.items()}
+        table = self.counted_table(self.lower, least, pipelines, deadline, mixed, rounds)
+        if table is None:
+            return None
+        self._paired[key] = table[pipelines]
+        return self._paired[key]
 
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines one of whose stages holds
@@ -1196,12 +1225,21 @@ class ExactSearch:
         of kind k, crossing nodes fewer than c times keeps at least s - c >= s0 - c boundaries inside
         nodes, so at most B_k // (s0 - c) pipelines are so; the other P - that many are of another
         kind somewhere, shorter than s0 stages, or cross at least c times (`coupled`'s `paired`),
-        which floors every plan of P pipelines. c runs above the crossings a pipeline of s0 stages
-        must make anyway (runs of at most a node's groups). 32-64-device seed 91: seven four-stage fast
-        pipelines on nodes of at most three fast groups; B = 13 lets six cross once, the seventh
-        crosses twice (17.264283 -> 17.264493, its plan)."""
+        which floors every plan of P pipelines, priced with rings of their own (`coupled`) or with the
+        shortest one's stage count (`Relaxation.paired_level`: a forced pipeline cannot then take a
+        finer split for a smaller ring of its own). c runs above the crossings a pipeline of s0
+        stages must make anyway (runs of at most a node's groups). 32-64-device seed 91: seven
+        four-stage fast pipelines on nodes of at most three fast groups; B = 13 lets six cross once,
+        the seventh crosses twice (17.264283 -> 17.264493, its plan); 94 (three stages, nodes of at
+        most two fast groups, B = 5): 19.469159 -> 19.469369 (its plan) by the counted form."""
         relaxation = self.relaxation
         per_node = self.node_groups()
+        grad = (self.model.workload.params * self.model.grad_bytes / self.tp).tolist()
+        shards = self.model.optimizer_shards(pipelines)
+        # per shortest stage count s: the ring and step one of its stages pays at least (`floor`)
+        extra = {s: self.ring_bound(pipelines, _largest_stage(tuple(grad), s))
+                 + _largest_stage(tuple(relaxation.update), s) / shards
+                 for s in range(1, min(self.groups // pipelines, self.layers) + 1)}
         best = 0.0
         for kind in range(len(relaxation.kind_count)):
             shared = sum(max(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind) - 1, 0)
@@ -1216,6 +1254,16 @@ class ExactSearch:
                     if table is None:
                         return best
                     best = max(best, table[self.root])
+                    if max(best, value) >= floor:
+                        continue
+                    # or with the pipeline times counted by the shortest one's stage count (`floor`'s counted)
+                    least = math.inf
+                    for shortest, paid in extra.items():
+                        row = relaxation.paired_level(pipelines, shortest, refine, (kind, rounds), (crossings, stages))
+                        if row is None:
+                            return best
+                        least = min(least, row[self.root] + paid)
+                    best = max(best, least)
         return best
 
     def columns(self, pipelines: int, refine: Deadline) -> float:
