@@ -876,3 +876,20 @@ def test_forced_kind_floors_take_every_kind():
 
     data, failed = random_instance(173, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(12.638133239512374, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed, floor", [(91, 17.26449279252164), (94, 19.469368831075595)])
+def test_paired_floor_counts_the_boundaries_nodes_can_keep_inside(seed, floor):
+    """32-64-device seeds 91 and 94: seven fast pipelines (one micro-batch each) of four stages on nodes
+    of at most three fast groups (91), of three stages on nodes of at most two (94). The nodes keep at
+    most B fast boundaries inside (a node of f fast groups, f - 1: 13 and 5), so at most
+    B // (s - c) of them cross fewer than c = 2 times (`ExactSearch.paired`); one crossing more is
+    paid by the slowest pipeline. 91: 17.264282792521644 -> its plan (the tree proves it in 17 s);
+    94: 19.469158831075596 -> its plan once the two forced pipelines' times are counted with the
+    ring of the shortest stage count (`Relaxation.paired_level`: priced with rings of their own,
+    they took finer splits and smaller rings)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(seed, (32, 64))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)

@@ -396,6 +396,7 @@ class Relaxation:
         # per (layer, kind): split_lower with that layer's stage of another kind (`lower_times`'s `held`)
         self._held: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
         self._near: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}  # `lower_times`' reach 1
+        self._paired: dict[tuple, list[float]] = {}  # `paired_level` by (P, least stages, forced, paired)
         self._move_cache: dict[int, list] = {}  # per least stage count: `counted_table`'s steps (`_moves`)
         self._pairs: dict[tuple[int, int], dict] = {}  # per (runs, least crossings): `lower_times`' pairs
         # per (layers, q): split_lower with the stages of some q of those layers crossing at both ends
@@ -478,6 +479,34 @@ class Relaxation:
         below = max((k for k in self._levels if k < least), default=len(self.counted))
         return (self._levels[below] if below in self._levels else self.counted[below - 1]), False
 
+    def paired_level(self, pipelines: int, least: int, deadline: Deadline, forced: tuple[int, int],
+                     paired: tuple[int, int]) -> list[float] | None:
+        """`level(least)`'s row of P pipelines with `forced` = (kind, R): R of them, if of at least s
+        stages all of that kind, cross nodes at least c times (`paired` = (c, s); `ExactSearch.paired`).
+        Pipeline times alone: the caller adds the ring and step of `least` stages, so a pipeline that
+        crosses more cannot buy a smaller ring of its own with a finer split (`coupled` prices each
+        pipeline's own ring). None beyond COUNTED_BUDGET or past `deadline`."""
+        key = (pipelines, least, forced, paired)
+        if key in self._paired:
+            return self._paired[key]
+        if not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
+            return None
+        crossings, stages = paired
+        if (self.most_per_node, crossings) not in self.split_lower:
+            found = self.lower_times(deadline, self.most_per_node, crossings)
+            if found is None:
+                return None
+            self.split_lower[self.most_per_node, crossings] = found[1]
+        kind, rounds = forced
+        crossing = self.split_lower[self.most_per_node, crossings]
+        mixed = {v: times if v[kind] < sum(v) or sum(v) < stages else [math.inf] + crossing[v].min(axis=0).tolist()
+                 for v, times in self.lower.items()}
+        table = self.counted_table(self.lower, least, pipelines, deadline, mixed, rounds)
+        if table is None:
+            return None
+        self._paired[key] = table[pipelines]
+        return self._paired[key]
+
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines one of whose stages holds
         `grad_bytes` (a slot reduces its layers over every pipeline's holder of them, and buckets
@@ -500,7 +529,7 @@ class Relaxation:
     def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None, least: int = 0,
                 crossing: bool = False, forced: tuple[int, int] = (0, 0), crossed: tuple[int, ...] = (),
                 held: int | None = None, isolate: tuple[tuple[int, ...], int] | None = None,
-                neighbours: int = 0) -> list[float] | None:
+                neighbours: int = 0, paired: tuple[int, int] | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -519,10 +548,12 @@ class Relaxation:
         kind, `lower_times`; with `isolate`, (layers, q): the stages holding some q of these layers
         cross nodes at both their boundaries; with `neighbours` r, one layer: that stage crosses nodes
         at every boundary it has (r = 1) or at one at least (r = 2), or it or one next to it is of
-        another kind than `kind`, the lesser); `crossed`: these layers' rings cross nodes (a slot
-        holding some of them rings at least their bytes on the inter-node link, as with `crossing`)."""
+        another kind than `kind`, the lesser; with `paired` (c, s): a pipeline of at least s stages all
+        of kind `kind` crosses nodes at least c times, `ExactSearch.paired`); `crossed`: these layers'
+        rings cross nodes (a slot holding some of them rings at least their bytes on the inter-node
+        link, as with `crossing`)."""
         runs = self.most_per_node if runs is None else runs
-        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours)
+        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired)
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -543,6 +574,11 @@ class Relaxation:
             extras[stages] = grad_bytes, update / self.model.optimizer_shards(pipelines), crossing_bytes
         kind, rounds = forced
         forcing = None
+        if rounds and paired is not None and (runs, paired[0]) not in self.split_lower:
+            found = self.lower_times(deadline, runs, paired[0])
+            if found is None:
+                return None
+            self.split_lower[runs, paired[0]] = found[1]
         if rounds and held is not None:
             if (held, kind) not in self._held:
                 found = self.lower_times(deadline, self.most_per_node, 0, (held, kind))
@@ -575,6 +611,10 @@ class Relaxation:
             priced[v] = [math.inf] + (per_split + extra).min(axis=0).tolist()
             if forcing is not None:  # the held layer's stage of another kind than `kind`, or isolated stages
                 mixed[v] = [math.inf] + (np.maximum(per_split, forcing[v]) + extra).min(axis=0).tolist()
+            elif paired is not None:  # all of kind `kind` and at least s stages: at least c crossings
+                crossings, stages = paired
+                mixed[v] = priced[v] if v[kind] < sum(v) or sum(v) < stages else \
+                    [math.inf] + (self.split_lower[runs, crossings][v] + extra).min(axis=0).tolist()
             else:  # some stage of another kind
                 mixed[v] = priced[v] if v[kind] < sum(v) else [math.inf] * (self.total + 1)
         table = self.counted_table(priced, 1, pipelines, deadline, mixed, rounds)
@@ -1029,6 +1069,8 @@ class ExactSearch:
                 value = max(value, self.held(p, refine, value, floor))
                 value = max(value, self.isolated(p, refine, value, floor))
                 value = max(value, self.neighboured(p, refine, value, floor))
+            if refine is not None and value < floor:
+                value = max(value, self.paired(p, refine, value, floor))
             self.by_count[p] = max(self.by_count[p], value)
             floor = min(floor, value)
         return floor
@@ -1203,6 +1245,56 @@ class ExactSearch:
                     return best
                 kept = max(kept, table[self.root])
             best = max(best, min(across[layer], kept))
+        return best
+
+    def paired(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from how few neighbouring stages can share a node, while it
+        may raise `value` below `floor`. Two consecutive stages of one pipeline either cross nodes or
+        share one; in a node whose f_k groups are of kind k, the pipelines of kind k alone hold runs of
+        consecutive stages there on distinct groups, so at most max(f_k - 1, 0) of their boundaries
+        share it (a run of r groups has r - 1), B_k over the nodes. A pipeline of s >= s0 stages, all
+        of kind k, crossing nodes fewer than c times keeps at least s - c >= s0 - c boundaries inside
+        nodes, so at most B_k // (s0 - c) pipelines are so; the other P - that many are of another
+        kind somewhere, shorter than s0 stages, or cross at least c times (`coupled`'s `paired`),
+        which floors every plan of P pipelines, priced with rings of their own (`coupled`) or with the
+        shortest one's stage count (`Relaxation.paired_level`: a forced pipeline cannot then take a
+        finer split for a smaller ring of its own). c runs above the crossings a pipeline of s0
+        stages must make anyway (runs of at most a node's groups). 32-64-device seed 91: seven
+        four-stage fast pipelines on nodes of at most three fast groups; B = 13 lets six cross once,
+        the seventh crosses twice (17.264283 -> 17.264493, its plan); 94 (three stages, nodes of at
+        most two fast groups, B = 5): 19.469159 -> 19.469369 (its plan) by the counted form."""
+        relaxation = self.relaxation
+        per_node = self.node_groups()
+        grad = (self.model.workload.params * self.model.grad_bytes / self.tp).tolist()
+        shards = self.model.optimizer_shards(pipelines)
+        # per shortest stage count s: the ring and step one of its stages pays at least (`floor`)
+        extra = {s: self.ring_bound(pipelines, _largest_stage(tuple(grad), s))
+                 + _largest_stage(tuple(relaxation.update), s) / shards
+                 for s in range(1, min(self.groups // pipelines, self.layers) + 1)}
+        best = 0.0
+        for kind in range(len(relaxation.kind_count)):
+            shared = sum(max(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind) - 1, 0)
+                         for groups in per_node.values())
+            for stages in range(2, self.longest + 1):
+                for crossings in range(-(-stages // relaxation.most_per_node), stages):
+                    rounds = pipelines - shared // (stages - crossings)
+                    if rounds <= 0 or max(best, value) >= floor:
+                        continue
+                    table = relaxation.coupled(pipelines, refine, forced=(kind, rounds),
+                                               paired=(crossings, stages))
+                    if table is None:
+                        return best
+                    best = max(best, table[self.root])
+                    if max(best, value) >= floor:
+                        continue
+                    # or with the pipeline times counted by the shortest one's stage count (`floor`'s counted)
+                    least = math.inf
+                    for shortest, paid in extra.items():
+                        row = relaxation.paired_level(pipelines, shortest, refine, (kind, rounds), (crossings, stages))
+                        if row is None:
+                            return best
+                        least = min(least, row[self.root] + paid)
+                    best = max(best, least)
         return best
 
     def columns(self, pipelines: int, refine: Deadline) -> float:
