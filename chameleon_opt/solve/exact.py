@@ -1151,6 +1151,17 @@ class ExactSearch:
             best = max(best, min(local[layer], table[self.root]))
         return best
 
+    def _across(self, pipelines: int, refine: Deadline) -> dict[int, float] | None:
+        """Per layer, the root floor of P pipelines whose plans ring that layer across nodes
+        (`Relaxation.coupled` with it crossed); None when a table runs out of time."""
+        across = {}
+        for layer in range(self.layers):
+            table = self.relaxation.coupled(pipelines, refine, crossed=(layer,))
+            if table is None:
+                return None
+            across[layer] = table[self.root]
+        return across
+
     def isolated(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
         """Floor of the plans of P pipelines from which layers ring inside a node, while it may raise
         `value` below `floor`. A layer l whose P holders share a node (of n groups, n >= P) has at
@@ -1171,12 +1182,9 @@ class ExactSearch:
         alone = 2 * pipelines - max(wide, default=2 * pipelines)
         if alone <= 0:
             return 0.0
-        across = {}
-        for layer in range(self.layers):
-            table = relaxation.coupled(pipelines, refine, crossed=(layer,))
-            if table is None:
-                return 0.0
-            across[layer] = table[self.root]
+        across = self._across(pipelines, refine)
+        if across is None:
+            return 0.0
         order = sorted(across, key=across.get, reverse=True)
         best, columns = 0.0, None
         # from the most layers whose ring across alone raises `value` (the most constrained first: 32-64
@@ -1227,12 +1235,9 @@ class ExactSearch:
                     forced.append((kind, pipelines - plain, reach))
         if not forced:
             return 0.0
-        across = {}
-        for layer in range(self.layers):
-            table = relaxation.coupled(pipelines, refine, crossed=(layer,))
-            if table is None:
-                return 0.0
-            across[layer] = table[self.root]
+        across = self._across(pipelines, refine)
+        if across is None:
+            return 0.0
         best = 0.0
         for layer in sorted(across, key=across.get, reverse=True):
             if across[layer] <= max(best, value) or max(best, value) >= floor:
