@@ -525,12 +525,9 @@ def test_column_floor_keeps_the_pipelines_on_nodes_that_hold_one_stage_of_each(s
     assert _root_floor(build_instance(data), failed) == pytest.approx(optimum, rel=1e-9)
 
 
-def test_growing_pipeline_pays_the_ring_of_a_layer_it_must_hold_on_another_node():
-    """32-64-device probe seed 3 (16 nodes of 3 devices, 1 Gb/s between them, 2 pipelines): a
-    later pipeline's stages 0..l hold layer l, so once none of them sits on the one node holding
-    layer l so far, that layer's ring crosses nodes whatever the split. Charged while the pipeline
-    grows (it was only charged once its split was chosen), the proof from the optimum visits about
-    8,500 nodes instead of 261,000 (0.3 s instead of 3.5 s)."""
+def proof_nodes(seed: int, devices: tuple[int, int], optimum: float) -> int:
+    """Nodes the branch and bound visits proving a brute-force instance's known optimum (bench/brute_force.py)
+    from it: it must finish within 60 s and return that optimum."""
     import re
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -538,12 +535,21 @@ def test_growing_pipeline_pays_the_ring_of_a_layer_it_must_hold_on_another_node(
 
     from chameleon_opt.solve.exact import exact_search
 
-    data, failed = random_instance(3, (32, 64))
+    data, failed = random_instance(seed, devices)
     instance = build_instance(data)
-    outcome = exact_search(instance, PerfModel(instance), failed, 21.459273684381515 * (1 + 1e-9), Deadline.after(60.0))
+    outcome = exact_search(instance, PerfModel(instance), failed, optimum * (1 + 1e-9), Deadline.after(60.0))
     assert outcome is not None and outcome.complete
-    assert outcome.objective == pytest.approx(21.459273684381515, rel=1e-9)
-    assert int(re.search(r"(\d+) nodes", outcome.reason).group(1)) < 50_000
+    assert outcome.objective == pytest.approx(optimum, rel=1e-9)
+    return int(re.search(r"(\d+) nodes", outcome.reason).group(1))
+
+
+def test_growing_pipeline_pays_the_ring_of_a_layer_it_must_hold_on_another_node():
+    """32-64-device probe seed 3 (16 nodes of 3 devices, 1 Gb/s between them, 2 pipelines): a
+    later pipeline's stages 0..l hold layer l, so once none of them sits on the one node holding
+    layer l so far, that layer's ring crosses nodes whatever the split. Charged while the pipeline
+    grows (it was only charged once its split was chosen), the proof from the optimum visits about
+    8,500 nodes instead of 261,000 (0.3 s instead of 3.5 s)."""
+    assert proof_nodes(3, (32, 64), 21.459273684381515) < 50_000
 
 
 @pytest.mark.parametrize("seed, pipelines, columns, floor, optimum", [
@@ -581,18 +587,7 @@ def test_pipelines_still_to_come_need_room_where_a_layer_is_held():
     nodes unless that node has an unused group for each pipeline still to come (at least
     `fewest_table`'s count), and those pipelines add replicas and a slot of their own to the ring.
     Without that, the proof from the optimum had not finished in 10 s (1.3M nodes)."""
-    import re
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    from chameleon_opt.solve.exact import exact_search
-
-    data, failed = random_instance(21, (8, 24))
-    instance = build_instance(data)
-    outcome = exact_search(instance, PerfModel(instance), failed, 21.680845607585795 * (1 + 1e-9), Deadline.after(60.0))
-    assert outcome is not None and outcome.complete
-    assert int(re.search(r"(\d+) nodes", outcome.reason).group(1)) < 600_000
+    assert proof_nodes(21, (8, 24), 21.680845607585795) < 600_000
 
 
 def test_runs_of_stages_in_a_node_fit_its_groups_of_each_kind():
@@ -732,19 +727,7 @@ def test_pipeline_is_cut_by_the_floor_of_its_first_stages():
     the other groups cannot run fast enough (`Relaxation.prefix_lower`; the last pipeline runs them
     all), no further stage is tried. The proof from the optimum took 1.06M nodes (6.4 s) without
     that; 130k with it."""
-    import re
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    from chameleon_opt.solve.exact import exact_search
-
-    data, failed = random_instance(146, (8, 24))
-    instance = build_instance(data)
-    outcome = exact_search(instance, PerfModel(instance), failed, 19.470551913409682 * (1 + 1e-9), Deadline.after(60.0))
-    assert outcome is not None and outcome.complete
-    assert outcome.objective == pytest.approx(19.470551913409682, rel=1e-9)
-    assert int(re.search(r"(\d+) nodes", outcome.reason).group(1)) < 300_000
+    assert proof_nodes(146, (8, 24), 19.470551913409682) < 300_000
 
 
 def test_column_plans_cut_by_the_incumbent():
