@@ -9,9 +9,12 @@ losing any node, the first included, does not take the store with it), with a no
     for node in 0 1 2; do
       TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes 2:3 --nproc-per-node 1 --max-restarts 1 \\
           --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29611 --rdzv-id job1 \\
-          --rdzv-conf is_host=false,last_call_timeout=2 --monitor-interval 0.5 \\
-          examples/torchrun_shrink.py --workdir /tmp/run --device $node --steps 8 --kill 1@4 &
+          --rdzv-conf is_host=false,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2 \\
+          --monitor-interval 0.5 examples/torchrun_shrink.py --workdir /tmp/run --device $node --steps 8 --kill 1@4 &
     done
+
+The keep-alive settings decide how soon the rendezvous drops a lost node: c10d's defaults (a
+heartbeat every 5 s, 3 missed) keep the survivors waiting 15 s for it before they re-form; here 2 s.
 
 `--kill NODE@STEP` loses that node before that step: its worker SIGKILLs its agent and itself.
 The survivors' collective fails; each hands its model and optimizer state to its restarted self

@@ -44,7 +44,7 @@ def test_world_shrinks_from_3_to_2_and_training_continues(tmp_path):
             agents.append(subprocess.Popen(
                 [str(bindir / "torchrun"), "--nnodes", "2:3", "--nproc-per-node", "1", "--max-restarts", "1",
                  "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
-                 "--rdzv-conf", "is_host=false,last_call_timeout=2", "--monitor-interval", "0.5", str(EXAMPLE),
+                 "--rdzv-conf", "is_host=false,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=2", "--monitor-interval", "0.5", str(EXAMPLE),
                  "--workdir", str(tmp_path), "--device", str(node), "--steps", str(STEPS), "--kill", KILL],
                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outputs = [agent.communicate(timeout=400)[0] for agent in agents]
