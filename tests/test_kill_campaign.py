@@ -1,6 +1,6 @@
-"""bench/kill_campaign.py on two fixed seeds (one scenario each, runtime-cpu-4): a hybrid's
-switch hit by a kill, and every replica of a stage (kills in different steps: test_runtime.py's
-three failures; the campaign itself runs more in bench/kill_campaign.py: the suite's time). Each run goes
+"""bench/kill_campaign.py on a fixed seed (one scenario, runtime-cpu-4): a hybrid's switch hit by a
+kill (every replica of a stage killed is test_runtime.py's lost-layers cases, kills in different steps
+its three failures; the campaign itself runs more in bench/kill_campaign.py: the suite's time). The run goes
 through `chameleon-solve demo --json` in its own session and must end as the planner predicts
 (exit 0 with failure-free losses, or exit 5 naming the lost layers), without hanging and without
 leaving a process behind. And, without a process, the HF replay's reading of the HF controller
@@ -30,12 +30,12 @@ def campaign_module() -> Any:
     return module
 
 
-def test_fixed_seeds_pass() -> None:
+def test_fixed_seed_passes() -> None:
     module = campaign_module()
     lines: list[str] = []
-    results = module.campaign([4, 13], 1, lines.append)
-    assert [row["scenario"].split()[3] for row in results["runs"]] == ["hybrid-switch", "every-replica"]
-    assert results["passed"] == results["scenarios"] == 2, "\n".join(lines)
+    results = module.campaign([4], 1, lines.append)
+    assert [row["scenario"].split()[3] for row in results["runs"]] == ["hybrid-switch"]
+    assert results["passed"] == results["scenarios"] == 1, "\n".join(lines)
     assert {row["exit"] for row in results["runs"]} <= {0, 5}
 
 
