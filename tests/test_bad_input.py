@@ -495,3 +495,24 @@ def test_a_lone_surrogate_in_a_name_is_printed_escaped(tmp_path: Path) -> None:
         done = run_cli(command, str(path))
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         assert "bad\\ud800name" in done.stdout
+
+
+@pytest.mark.parametrize("bad, where", [
+    (float("nan"), "table[17][1]"), (1e31, "table[17][1]"), (-1e-31, "table[17][1]"), (1 << 63, "table[17][1]"),
+    (-(1 << 63) - 1, "table[17][1]"),
+])
+def test_long_tables_are_checked_as_blocks_and_the_refused_value_named(bad: Any, where: str) -> None:
+    """A long table (numpy reads it as one block) refuses what the item-by-item walk refuses, and
+    names the value's place; 64-bit integers and in-range floats, mixed, pass."""
+    from chameleon_opt.instance.load import _check_numbers
+
+    table = [[1.5, 3, 0.0] for _ in range(40)]
+    table[5][1] = (1 << 63) - 1
+    table[6][1] = -(1 << 63)
+    _check_numbers({"table": table}, "t.json")
+    table[17][1] = bad
+    with pytest.raises(ChameleonError, match=r"t\.json: " + where.replace("[", r"\[").replace("]", r"\]")):
+        _check_numbers({"table": table}, "t.json")
+    flat = [2] * 20 + [bad]
+    with pytest.raises(ChameleonError, match=r"\[20\]"):
+        _check_numbers(flat, "t.json")

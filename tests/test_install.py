@@ -44,9 +44,10 @@ def test_wheel_in_fresh_venv_runs_bundled_instances(tmp_path: Path) -> None:
     wheel = next((tmp_path / "dist").glob("chameleon_opt-*.whl"))
 
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)  # this environment's pip installs into it (`--python`): no ensurepip, 4 s
     python = env_dir / "bin" / "python"
-    _run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel], cwd=tmp_path)
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", "--no-index", wheel],
+         cwd=tmp_path)
     site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                      cwd=tmp_path).stdout.strip())
     (site / "zz_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -106,21 +107,60 @@ def _check_numbers(data: Any, path: Path | str | None) -> None:
     """NaN, infinities (JSON's `NaN`, `1e400`, YAML's `.inf`), floats beyond FLOAT_RANGE and
     integers beyond 64 bits pass pydantic's float and int types but make the model's sums and
     products inf or NaN, which no result and no JSON output can carry, so they are refused first.
-    Iterative with a visited set: YAML aliases can make the document share or cycle."""
+    Iterative with a visited set: YAML aliases can make the document share or cycle. Leaves are
+    checked where their container is read and each container carries its trail of keys as a linked
+    pair (key, parent's trail), so the path is spelled out only for the value refused: profile
+    tables hold thousands of numbers, and a workload file is read at every instance built from it;
+    a long list that numpy reads as one block of floats or 64-bit integers is checked at once (a
+    float's NaN fails the range test; numpy keeps an integer beyond 64 bits as an object, and one of
+    2^63 .. 2^64 beside floats becomes a float of that size, which the block test leaves to the walk),
+    and walked item by item only when the block test does not pass it."""
     low, high = FLOAT_RANGE
-    stack: list[tuple[Any, list[Any]]] = [(data, [])]
+    Trail = tuple[Any, Any] | None
+
+    def bad(value: Any) -> bool:
+        if isinstance(value, float):
+            return not (value == 0 or low <= abs(value) <= high)
+        return isinstance(value, int) and not isinstance(value, bool) and not -(1 << 63) <= value < 1 << 63
+
+    def refuse(value: Any, trail: Trail) -> None:
+        keys: list[Any] = []
+        while trail is not None:
+            key, trail = trail
+            keys.append(key)
+        where = _path_text(keys[::-1])
+        if isinstance(value, float):
+            raise InputError(path, where, f"got {value!r}", f"use 0 or a magnitude between {low:g} and {high:g}")
+        raise InputError(path, where, "integer beyond 64 bits", "use a value below 2^63")
+
+    def in_range_block(items: list[Any]) -> bool:
+        try:
+            block = np.asarray(items)
+        except (ValueError, OverflowError):  # ragged nesting
+            return False
+        if block.dtype.kind in "biu":
+            return block.dtype.kind != "u" or bool(np.all(block < 1 << 63))
+        if block.dtype.kind != "f":
+            return False
+        size = np.abs(block)  # below 2^63: no integer of 64 bits or more hides in it as a float
+        return bool(np.all((size == 0) | ((size >= low) & (size <= high) & (size < 2.0 ** 63))))
+
+    if bad(data):
+        refuse(data, None)
+    stack: list[tuple[Any, Trail]] = [(data, None)] if isinstance(data, (dict, list, tuple)) else []
     seen: set[int] = set()
     while stack:
-        node, keys = stack.pop()
-        if isinstance(node, float) and not (node == 0 or low <= abs(node) <= high):
-            raise InputError(path, _path_text(keys), f"got {node!r}",
-                             f"use 0 or a magnitude between {low:g} and {high:g}")
-        if isinstance(node, int) and not isinstance(node, bool) and not -(1 << 63) <= node < 1 << 63:
-            raise InputError(path, _path_text(keys), "integer beyond 64 bits", "use a value below 2^63")
-        if isinstance(node, (dict, list, tuple)) and id(node) not in seen:
-            seen.add(id(node))
-            items = node.items() if isinstance(node, dict) else enumerate(node)
-            stack.extend((value, keys + [key]) for key, value in items)
+        node, trail = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, list) and len(node) >= 16 and in_range_block(node):
+            continue
+        for key, value in (node.items() if isinstance(node, dict) else enumerate(node)):
+            if isinstance(value, (dict, list, tuple)):
+                stack.append((value, (key, trail)))
+            elif bad(value):
+                refuse(value, (key, trail))
 
 
 def _fix_for(error: dict[str, Any]) -> tuple[str, str]:
