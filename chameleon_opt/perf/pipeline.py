@@ -42,57 +42,77 @@ class OneFOneBSchedule:
         return float(np.max(self.backward_end[0])) if self.backward_end.size else 0.0
 
 
-def one_f_one_b_schedule(forward_s: Sequence[float], backward_s: Sequence[float],
-                         micro_batches: int) -> OneFOneBSchedule:
-    """Eq. 11: every operation's start and end on the longest paths of the 1F1B operation graph.
+def _one_f_one_b_ends(forward_s: Sequence[float], backward_s: Sequence[float],
+                      micro_batches: int) -> tuple[list[list[float]], list[list[float]]]:
+    """End times of every forward and backward, [stage][micro_batch], on Eq. 11's longest paths.
 
     An operation starts when the previous operation of its stage (in 1F1B order) has ended, and
     - a forward, when the forward of the same micro-batch on the previous stage has ended;
     - a backward, when the backward of the same micro-batch on the next stage has ended.
-    Durations may include blocking sends (the performance model adds them). Exact for any stage
-    times; equals Eq. 9 when stages are identical."""
+    Each stage runs its order until it waits on a neighbour, round after round. Python lists with
+    -1 for "not yet ended" (times are never negative) and each stage's state in locals: numpy's
+    per-element access was 4x slower, and the model prices pipelines of 16 stages x 2,000
+    micro-batches (64,000 operations) inside the search."""
     stages = len(forward_s)
-    micro_batches = max(micro_batches, 0)
-    # Python lists in the loop (None: not yet run), arrays at the end: numpy's per-element access
-    # and isnan made this 4x slower, and a 16-stage pipeline of 2,000 micro-batches is 64,000 steps.
-    f_start: list[list[float | None]] = [[None] * micro_batches for _ in range(stages)]
-    f_end: list[list[float | None]] = [[None] * micro_batches for _ in range(stages)]
-    b_start: list[list[float | None]] = [[None] * micro_batches for _ in range(stages)]
-    b_end: list[list[float | None]] = [[None] * micro_batches for _ in range(stages)]
+    if min(forward_s, default=0.0) < 0 or min(backward_s, default=0.0) < 0:
+        raise ValueError("stage times must be non-negative")
+    f_end = [[-1.0] * micro_batches for _ in range(stages)]
+    b_end = [[-1.0] * micro_batches for _ in range(stages)]
     orders = [one_f_one_b_order(s, stages, micro_batches) for s in range(stages)]
     position = [0] * stages
     clock = [0.0] * stages
     remaining = 2 * stages * micro_batches
+    last = stages - 1
     while remaining:
         progressed = False
         for s in range(stages):
-            order = orders[s]
-            while position[s] < len(order):
-                forward, m = order[position[s]]
+            order, at, now = orders[s], position[s], clock[s]
+            own_forward, own_backward = f_end[s], b_end[s]
+            upstream = f_end[s - 1] if s else own_forward       # read only when s > 0
+            downstream = b_end[s + 1] if s < last else own_forward  # the last stage waits on its own forward
+            while at < len(order):
+                forward, m = order[at]
                 if forward:
-                    ready = 0.0 if s == 0 else f_end[s - 1][m]
+                    ready = upstream[m] if s else 0.0
+                    if ready < 0:
+                        break
+                    now = (now if now > ready else ready) + forward_s[s]
+                    own_forward[m] = now
                 else:
-                    ready = f_end[s][m] if s == stages - 1 else b_end[s + 1][m]
-                if ready is None:
-                    break
-                start = max(clock[s], ready)
-                clock[s] = start + (forward_s[s] if forward else backward_s[s])
-                (f_start if forward else b_start)[s][m] = start
-                (f_end if forward else b_end)[s][m] = clock[s]
-                position[s] += 1
-                remaining -= 1
+                    ready = downstream[m]
+                    if ready < 0:
+                        break
+                    now = (now if now > ready else ready) + backward_s[s]
+                    own_backward[m] = now
+                at += 1
+            if at != position[s]:
+                remaining -= at - position[s]
+                position[s], clock[s] = at, now
                 progressed = True
         if not progressed:  # impossible for a valid 1F1B order; guards against an infinite loop
             raise RuntimeError("1F1B dependency cycle")
-    arrays = (np.array(t, dtype=float).reshape(stages, micro_batches) for t in (f_start, f_end, b_start, b_end))
-    return OneFOneBSchedule(*arrays)
+    return f_end, b_end
+
+
+def one_f_one_b_schedule(forward_s: Sequence[float], backward_s: Sequence[float],
+                         micro_batches: int) -> OneFOneBSchedule:
+    """Eq. 11: every operation's start and end on the longest paths of the 1F1B operation graph
+    (`_one_f_one_b_ends`; a start is its end less its duration, within one rounding). Durations may
+    include blocking sends (the performance model adds them). Exact for any stage times; equals
+    Eq. 9 when stages are identical."""
+    stages, micro_batches = len(forward_s), max(micro_batches, 0)
+    f_end, b_end = (np.array(t, dtype=float).reshape(stages, micro_batches)
+                    for t in _one_f_one_b_ends(forward_s, backward_s, micro_batches))
+    f_start = f_end - np.asarray(forward_s, dtype=float).reshape(stages, 1)
+    b_start = b_end - np.asarray(backward_s, dtype=float).reshape(stages, 1)
+    return OneFOneBSchedule(f_start, f_end, b_start, b_end)
 
 
 def one_f_one_b_time(forward_s: Sequence[float], backward_s: Sequence[float], micro_batches: int) -> float:
-    """Eq. 11: the makespan of one_f_one_b_schedule (0 without micro-batches)."""
-    if micro_batches <= 0:
+    """Eq. 11: the makespan, when the first stage's last backward ends (0 without micro-batches)."""
+    if micro_batches <= 0 or not forward_s:
         return 0.0
-    return one_f_one_b_schedule(forward_s, backward_s, micro_batches).makespan_s
+    return max(_one_f_one_b_ends(forward_s, backward_s, micro_batches)[1][0])
 
 
 def reroute_eq12_time(stages: int, micro_batches: float, failed_per_stage: Sequence[int], data_parallel: int,
