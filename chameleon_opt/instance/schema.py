@@ -208,7 +208,8 @@ class Training(Strict):
         None, description="the stack whose kernels the activations, loss buffers and selective recomputation "
         "follow (workload/activations.py): megatron (Korthikanti et al.'s counts), torchtitan (fp32 RMSNorm "
         "input, flash attention, per-op selective checkpointing, fp32 loss buffers, unfused element-wise "
-        "chains) or torchtitan-compiled (its blocks under torch.compile: chains fused); `import torchtitan` "
+        "chains) or torchtitan-compiled (its blocks under torch.compile: chains fused but the complex rotary's, "
+        "which Inductor runs as an ATen fallback); `import torchtitan` "
         "sets it. Default: the framework calibration's, else megatron; a compiled form of the calibration's "
         "stack is kept")
     compiled_loss: bool = Field(

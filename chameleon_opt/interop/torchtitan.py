@@ -443,8 +443,8 @@ def _loss_chunks(r: _Reader) -> int:
 
 def _compiled(r: _Reader, compile_: dict[str, Any]) -> tuple[bool, bool]:
     """(blocks compiled, loss compiled) under torch.compile: `compile.components` (default model and
-    loss, torchtitan's Compile config) with Inductor, which fuses the element-wise chains
-    (activations.TORCHTITAN_COMPILED, COMPILED_LOSS_LOGIT_BYTES); another backend does not fuse."""
+    loss, torchtitan's Compile config) with Inductor, which fuses the element-wise chains but the
+    complex rotary's (activations.TORCHTITAN_COMPILED, COMPILED_LOSS_LOGIT_BYTES); another backend does not fuse."""
     if not compile_.get("enable"):
         return False, False
     components = compile_.get("components", ["model", "loss"])
@@ -457,7 +457,7 @@ def _compiled(r: _Reader, compile_: dict[str, Any]) -> tuple[bool, bool]:
                        "use backend = \"inductor\", or compile.enable = false")
     if "model" in components:
         r.assumptions.append("torch.compile of the blocks (Inductor): their element-wise chains timed as fused "
-                             "kernels; without per-op checkpointing their saved set is the fused kernels' (norm "
+                             "kernels but the complex rotary's (an ATen fallback: its eager casts kept); without per-op checkpointing their saved set is the fused kernels' (norm "
                              "input, both SwiGLU matmul outputs and their product; not measured)")
     if "loss" in components:
         r.assumptions.append("compiled loss: the half-precision logits and their gradient at the loss, 4 bytes "

@@ -120,7 +120,7 @@ class FrameworkCalibration:
         that term is fitted on fused stacks (Megatron-LM, llm-foundry), whose chains are one kernel."""
         fit = self.devices.get(device)
         kernels = self.stack_kernels()
-        if fit is None or kernels is None or kernels.elementwise != "eager":
+        if fit is None or kernels is None or kernels.elementwise == "fused":
             return np.zeros(workload.num_layers)
         nbytes = workload.unfused_elementwise_bytes_per_sample(tp, kernels)
         return nbytes / (fit.memory_bandwidth_gbps * 1e9 * ELEMENTWISE_HBM_SHARE)

@@ -63,9 +63,10 @@ class Kernels:
     count_lse: bool = True
     selective: Literal["core", "op-mm"] = "core"
     logit_bytes: float | None = None
-    elementwise: Literal["fused", "eager"] = "fused"
+    elementwise: Literal["fused", "eager", "rotary"] = "fused"
     """eager: the block's element-wise chains (RMSNorm, rotary, SwiGLU's gate, K/V repeats) run as
-    separate PyTorch kernels, each a round trip through HBM (unfused_elementwise_bytes_per_token)."""
+    separate PyTorch kernels, each a round trip through HBM (unfused_elementwise_bytes_per_token).
+    rotary: every chain fused but the complex rotary embedding's (TORCHTITAN_COMPILED)."""
 
     def with_attention(self, attention: str) -> "Kernels":
         """The same stack with another attention kernel (the instance's `attention` setting)."""
@@ -102,7 +103,7 @@ def unfused_elementwise_bytes_per_token(a: Architecture, k: Kernels, act: float)
       twice) and the attention output's transpose(1, 2).contiguous() copy (act q + act q).
     Not counted: the loss's fp32 cast of the logits (Megatron's cross-entropy casts too) and the
     residual adds (one kernel in both stacks)."""
-    if k.elementwise != "eager":
+    if k.elementwise == "fused":
         return 0.0
     h, q, kv, f = a.hidden, a.q_dim, a.kv_dim, a.ffn
     fp32 = 4.0
@@ -114,6 +115,8 @@ def unfused_elementwise_bytes_per_token(a: Architecture, k: Kernels, act: float)
     swiglu = (swiglu_chain - 3 * act) if a.gated_mlp else 0.0   # 4
     repeat = 2 * act * (kv + q) if q != kv else 0.0
     transpose = 2 * act * q
+    if k.elementwise == "rotary":  # under torch.compile: Inductor's complex fallback (TORCHTITAN_COMPILED)
+        return rotary * (q + kv)
     return 2 * norm * h + rotary * (q + kv) + swiglu * f + repeat + transpose
 
 
@@ -150,11 +153,17 @@ and the reserved peak this model gives (gradients counted, 14 B) within 2.1% on 
 
 TORCHTITAN_COMPILED = Kernels("torchtitan-compiled", norm="fused", attention="flash", attention_dropout=False,
                               hidden_dropout=False, mlp="fused", selective="op-mm", logit_bytes=14.0,
-                              elementwise="fused")
+                              elementwise="rotary")
 """torchtitan's Llama with its blocks under torch.compile (compile.components "model": each
 TransformerBlock compiled whole, fullgraph, apply_compile in parallelize_llama.py). Inductor fuses
 every element-wise chain between two matmuls (or SDPA) into one kernel, so the chains cost what a
-fused stack's do (no unfused traffic: elementwise fused); its partitioner saves the chains' inputs,
+fused stack's do, except the rotary embedding's: torchtitan's Llama rotates Q and K by a complex
+multiply (view_as_complex(x.float()) * freqs_cis, view_as_real, type_as), and Inductor generates no
+code for complex dtypes: it runs the multiply as an ATen fallback kernel (torch/_inductor/lowering.py,
+unsupported_input_tensor: "Torchinductor does not support code generation for complex operators";
+torchtitan issue #15 reports it for this rotary), so the fp32 cast before it and the bf16 cast after it
+are kernels of their own, each a round trip through HBM: the eager count of that chain (16 B per
+element of Q and K beyond a fused rotary; elementwise "rotary"). Its partitioner saves the chains' inputs,
 not their fp32 intermediates, and recomputes them in the backward: RMSNorm keeps its bf16 input as
 Megatron's fused norm does, SwiGLU the two matmul outputs and the product that w2 reads (the fused
 gated count; the partitioner may recompute the product, so an upper count). Not measured on a

@@ -181,7 +181,7 @@ class Workload:
         stack runs beyond their fused equivalents (activations.unfused_elementwise_bytes_per_token;
         zero for fused stacks). Divided by t: torchtitan's TP shards the norms' sequence too."""
         chosen = kernels or MEGATRON
-        if self.architecture is None or chosen.elementwise != "eager":
+        if self.architecture is None or chosen.elementwise == "fused":
             return np.zeros(self.num_layers)
         a = self.architecture
         block = self.sequence_length * unfused_elementwise_bytes_per_token(a, chosen, float(self.dtype_bytes)) / tp
