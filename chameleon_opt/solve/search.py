@@ -312,7 +312,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if paper_value < value * (1 - 1e-12):
             plan, value, used = paper_plan, paper_value, "enumeration"
             notes.append(f"the paper's enumeration ({paper.status.value}) found a faster plan")
-    if whole is not None and whole.value < value * (1 - OPTIMALITY_TOLERANCE) and not deadline.expired():
+    # An exhausted branch and bound already proved its incumbent (or the plan it was given) optimal: the
+    # bound-guided sets could not beat it (32-64 seed 164 spent 1.4 s of its 1.85 s there after the proof).
+    proven = exact is not None and exact.complete
+    if whole is not None and not proven and whole.value < value * (1 - OPTIMALITY_TOLERANCE) \
+            and not deadline.expired():
         built = shape_plans(instance, model, failed, whole, deadline.share(0.9), plan)  # only incumbents
         if built and built[0][1] < value * (1 - 1e-12):
             plan, value, used = built[0][0], built[0][1], "bound-guided pipeline sets"
