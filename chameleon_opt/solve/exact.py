@@ -465,7 +465,7 @@ class Relaxation:
         largest built below it (a lower table: fewer stages allowed) and False."""
         if least <= len(self.counted):
             return self.counted[least - 1], True
-        if least not in self._levels and deadline is not None and self.counted:
+        if least not in self._levels and deadline is not None and not deadline.expired() and self.counted:
             items = sum(len(self.profiles[stages]) for stages in range(least, self.longest + 1))
             cost = self.round_steps * min(self.groups, self.total) * items \
                 // max(sum(map(len, self.profiles.values())), 1)
@@ -489,7 +489,7 @@ class Relaxation:
         key = (pipelines, least, forced, paired)
         if key in self._paired:
             return self._paired[key]
-        if not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
+        if deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
         crossings, stages = paired
         if (self.most_per_node, crossings) not in self.split_lower:
@@ -556,7 +556,7 @@ class Relaxation:
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired)
         if key in self._coupled:
             return self._coupled[key]
-        if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
+        if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
         if (runs, least) not in self.split_lower:
             found = self.lower_times(deadline, runs, least)
@@ -1850,6 +1850,9 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
         for k, index in enumerate(pending):  # each gets an even share of what is left
             if floors[index] >= objective * (1 - PRUNE_TOLERANCE):
                 continue  # a plan found on another inventory meets this one's floor: nothing here beats it
+            if deadline.expired():  # unsearched (a tree's set-up alone costs ms)
+                stopped.append(index)
+                continue
             outcome = searches[index].solve(objective, deadline.share(1 / (len(pending) - k)), floor=floors[index])
             leaves, reason = leaves + outcome.leaves, outcome.reason
             floors[index] = max(floors[index], outcome.bound)
