@@ -1824,10 +1824,32 @@ class _Ops:
         return self.backward_s
 
 
-def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], incumbent: float,
-                 deadline: Deadline) -> ExactOutcome | None:
-    """Branch and bound over every inventory of TP groups; None when the space is too large to
-    be searched exactly (then the caller keeps its incumbent and its relaxation bound)."""
+@dataclass
+class Inventories:
+    """Every inventory's branch and bound with its floor (`exact_floors`), kept between calls: the floors
+    are refined against the first incumbent, which they may prove before any other incumbent search
+    runs (`search_plan`), and the trees searched later (`exact_search`)."""
+
+    searches: list[ExactSearch]
+    floors: list[float]
+    prices: dict[tuple, Priced]
+
+    def refine(self, incumbent: float, deadline: Deadline) -> bool:
+        """Raises the floors below the incumbent, the most promising first, each only up to it
+        (`ExactSearch.floor`'s cap; tables built before are kept); True when every floor meets it
+        (PRUNE_TOLERANCE): no plan of the space is then faster than the incumbent."""
+        cap = incumbent * (1 - PRUNE_TOLERANCE)
+        for index in sorted(range(len(self.searches)), key=self.floors.__getitem__):
+            if self.floors[index] < cap:
+                self.floors[index] = max(self.floors[index], self.searches[index].floor(deadline, cap))
+        return min(self.floors, default=math.inf) >= cap
+
+
+def exact_floors(instance: Instance, model: PerfModel, failed: frozenset[int], deadline: Deadline
+                 ) -> Inventories | ExactOutcome | None:
+    """Every inventory's search and unrefined floor; None when the space is too large to be searched
+    exactly, an outcome (its objective inf: the caller's incumbent stands) when there is nothing to
+    search or the relaxation's tables ran out of time."""
     tp = instance.plan.tensor_parallel
     live_groups = (instance.num_devices - len(failed)) // tp
     longest = min(instance.workload.num_layers, live_groups)
@@ -1839,19 +1861,29 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
         return None
     options = [groups for groups in options if groups]
     if not options:
-        return ExactOutcome(None, incumbent, True, 0, 0, "no TP group survives", math.inf)
+        return ExactOutcome(None, math.inf, True, 0, 0, "no TP group survives", math.inf)
     relaxation = Relaxation(model, options, instance.global_micro_batches,
                             [d for d in range(instance.num_devices) if d not in failed])
     if not relaxation.build(deadline):
-        return ExactOutcome(None, incumbent, False, 0, 0, "the relaxation's tables ran out of time", 0.0)
+        return ExactOutcome(None, math.inf, False, 0, 0, "the relaxation's tables ran out of time", 0.0)
     prices: dict[tuple, Priced] = {}  # shared: the inventories realise the same shapes
     searches = sorted((ExactSearch(instance, model, groups, tp, relaxation, prices) for groups in options),
                       key=ExactSearch.floor)  # the most promising first: good incumbents early
+    return Inventories(searches, [search.floor() for search in searches], prices)
+
+
+def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], incumbent: float,
+                 deadline: Deadline, prepared: Inventories | ExactOutcome | None = None) -> ExactOutcome | None:
+    """Branch and bound over every inventory of TP groups; None when the space is too large to
+    be searched exactly (then the caller keeps its incumbent and its relaxation bound). `prepared`:
+    `exact_floors`' answer for these survivors, when the caller has one."""
+    prepared = exact_floors(instance, model, failed, deadline) if prepared is None else prepared
+    if not isinstance(prepared, Inventories):
+        return prepared if prepared is None else replace(prepared, objective=incumbent)
+    searches, floors, prices = prepared.searches, prepared.floors, prepared.prices
     plan, objective, leaves, reason = None, incumbent, 0, ""
-    floors = [search.floor() for search in searches]  # each inventory's relaxation floor (its part of the space)
-    refine = deadline.share(REFINE_SHARE)  # the floors' tables built on demand, the most promising first
-    for index in sorted(range(len(searches)), key=floors.__getitem__):
-        floors[index] = max(floors[index], searches[index].floor(refine, incumbent * (1 - PRUNE_TOLERANCE)))
+    # each inventory's relaxation floor (its part of the space), the tables built on demand
+    prepared.refine(incumbent, deadline.share(REFINE_SHARE))
     # an inventory whose floor meets the incumbent would be cut at its root (PRUNE_TOLERANCE): searched
     pending = [index for index in range(len(searches)) if floors[index] < objective * (1 - PRUNE_TOLERANCE)]
     for _ in range(2):  # a second pass resumes the inventories stopped early, with the better incumbent
