@@ -199,7 +199,7 @@ def _covers(mine: tuple[str, ...], theirs: tuple[str, ...], better: dict[tuple[s
 def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp: int,
                 deadline: Deadline = Deadline.never()) -> list[list[tuple[int, ...]]] | None:
     """Distinct sets of TP groups the survivors can form (one per combination of the nodes'
-    group-type multisets, less those dominated: a node's multiset whose groups each map to their
+    group-type multisets up to renaming nodes, less those dominated: a node's multiset whose groups each map to their
     own group of another multiset of the same node with a type that dominates theirs, `_dominates`,
     is dropped, since every plan on it has one no slower on the other); None when a node has too
     many groupings to enumerate, when the combinations number more than INVENTORY_BUDGET (counted
@@ -238,7 +238,14 @@ def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp
         if combinations > INVENTORY_BUDGET:
             return None
         per_node.append(list(distinct.values()))
-    return [[g for node in choice for g in node] for choice in itertools.product(*per_node)]
+    # Combinations equal up to renaming nodes (the same group types on each node, nodes in another order)
+    # are one: the model sees a node only through its links, the same between every two nodes, so each
+    # plan on one maps onto a plan on the other with the same step (32-64 seed 119: 64 -> 7, 155: 144 -> 48).
+    found: dict[tuple, list[tuple[int, ...]]] = {}
+    for choice in itertools.product(*per_node):
+        key = tuple(sorted(tuple(sorted(Counter(model.stage_device(g).name for g in node).items())) for node in choice))
+        found.setdefault(key, [g for node in choice for g in node])
+    return list(found.values())
 
 
 def _profiles(counts: list[int], stages: int) -> list[tuple[int, ...]]:
