@@ -2,7 +2,7 @@
 by the performance model itself.
 
 The space (the `space` named in `plan --json`): TP groups formed inside each node from any of its
-survivors (every grouping whose group types differ is tried), pipelines as ordered sequences of
+survivors (every grouping whose group types differ is tried, once up to renaming nodes), pipelines as ordered sequences of
 groups of any device types, survivors left idle, every contiguous layer split, every micro-batch
 allocation; 1F1B; step = PerfModel.evaluate (exact 1F1B longest path + gradient all-reduce +
 optimizer step), memory checked at the exact replica count.
