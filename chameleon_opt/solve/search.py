@@ -310,7 +310,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     if plan is not None and not deadline.expired() and not floored:
         whole = homogeneous_bound(instance, model, failed, deadline.share(HOMOGENEOUS_SHARE), value)
     exact = None
-    if not deadline.expired():
+    if not deadline.expired() or floored:  # floored: no tree left to search, the proof stands at the deadline
         exact = exact_search(instance, model, failed, value, deadline.share(EXACT_SHARE), prepared)
     if exact is None and len(groups) <= ENUMERATION_GROUPS and not deadline.expired():
         share = min(budget_s * ENUMERATION_SHARE, deadline.left())
