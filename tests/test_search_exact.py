@@ -431,6 +431,38 @@ def test_dominated_inventories_are_dropped_and_the_optimum_kept():
     assert outcome.complete and outcome.objective == pytest.approx(best, rel=1e-9)
 
 
+def test_inventories_equal_up_to_renaming_nodes_are_searched_once():
+    """Two nodes of two fast and two slow devices, TP 2, the slow type with more memory (neither
+    dominates): each node forms fast + slow groups or two slow ones, four combinations, of which
+    (fast + slow, slow + slow) and (slow + slow, fast + slow) are one up to renaming the nodes: three
+    are left, and the exact search still equals the brute force over every grouping."""
+    from chameleon_opt.solve.exact import exact_search, inventories
+
+    fast, slow = [[1.0, 2.0, 0.0]] * 2, [[2.0, 4.0, 0.0]] * 2
+    data = {
+        "format": 1, "name": "renamed-inventories",
+        "cluster": {"nodes": 2, "devices_per_node": 4,
+                    "device_type": {"name": "fast", "memory_gib": 40.0, "peak_tflops": 2, "reserved_gib": 0},
+                    "network": {"intra_node_gbps": 100, "inter_node_gbps": 10},
+                    "overrides": [{"devices": [2, 3, 6, 7], "device_type": {
+                        "name": "slow", "memory_gib": 100.0, "peak_tflops": 1, "reserved_gib": 0}}]},
+        "workload": {"inline": {"name": "toy", "layer_bytes": {
+            "params": [10 ** 7] * 2, "activation_bytes_per_sample": [10 ** 7] * 2,
+            "boundary_bytes_per_sample": [10 ** 6] * 2},
+            "profiles": [{"device_type": "fast", "times": {"1": {"2": fast}}},
+                         {"device_type": "slow", "times": {"1": {"2": slow}}}]}},
+        "training": {"global_batch": 4, "micro_batch_size": 1},
+        "plan": {"tensor_parallel": 2, "layout": {"pipeline_parallel": 1, "data_parallel": 4}},
+    }
+    instance, failed = build_instance(data), frozenset()
+    model = PerfModel(instance)
+    found = inventories(instance, model, failed, 2)
+    assert found is not None and len(found) == 3  # of 4
+    outcome = exact_search(instance, model, failed, math.inf, Deadline.never())
+    best, _ = brute_force(instance, failed)
+    assert outcome.complete and outcome.objective == pytest.approx(best, rel=1e-9)
+
+
 def _root_floor(instance, failed: frozenset[int]) -> float:
     """The branch and bound's refined floor over every inventory (no deadline: every table built)."""
     from chameleon_opt.solve.exact import ExactSearch, Relaxation, inventories

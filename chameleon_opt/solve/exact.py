@@ -2,7 +2,7 @@
 by the performance model itself.
 
 The space (the `space` named in `plan --json`): TP groups formed inside each node from any of its
-survivors (every grouping whose group types differ is tried), pipelines as ordered sequences of
+survivors (every grouping whose group types differ is tried, once up to renaming nodes), pipelines as ordered sequences of
 groups of any device types, survivors left idle, every contiguous layer split, every micro-batch
 allocation; 1F1B; step = PerfModel.evaluate (exact 1F1B longest path + gradient all-reduce +
 optimizer step), memory checked at the exact replica count.
@@ -70,6 +70,7 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.bounds import MemoryRelaxation
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.frames import on_fresh_chunk
+from chameleon_opt.solve.polish import polish_step_splits
 
 EXACT_GROUPS = 64
 """Most surviving TP groups the branch and bound is tried on; beyond, the scale path's bound stands."""
@@ -109,6 +110,8 @@ bound (`ExactSearch.floor` with a deadline: tables built on demand; tens of ms b
 0.3 s on 54 of 60 random 32-64-device instances, 0.5-1.4 s on the two of 64 devices and 7 micro-batches);
 an inventory whose refined floor meets the incumbent is not searched. Only a slow floor uses it all,
 and its tree rarely finishes in the rest without it (32-64 seed 56: the floor meets the plan)."""
+STEP_POLISH_SHARE = 0.1
+"""Of what is left, at most this much polishes each better plan a tree finds (`polish_step_splits`)."""
 CHUNK_ELEMENTS = 1_000_000
 """Most (pair, n) elements one step of `Relaxation.counted_table` holds at once (8 MB an array)."""
 PRUNE_TOLERANCE = 1e-9
@@ -196,7 +199,7 @@ def _covers(mine: tuple[str, ...], theirs: tuple[str, ...], better: dict[tuple[s
 def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp: int,
                 deadline: Deadline = Deadline.never()) -> list[list[tuple[int, ...]]] | None:
     """Distinct sets of TP groups the survivors can form (one per combination of the nodes'
-    group-type multisets, less those dominated: a node's multiset whose groups each map to their
+    group-type multisets up to renaming nodes, less those dominated: a node's multiset whose groups each map to their
     own group of another multiset of the same node with a type that dominates theirs, `_dominates`,
     is dropped, since every plan on it has one no slower on the other); None when a node has too
     many groupings to enumerate, when the combinations number more than INVENTORY_BUDGET (counted
@@ -235,7 +238,14 @@ def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp
         if combinations > INVENTORY_BUDGET:
             return None
         per_node.append(list(distinct.values()))
-    return [[g for node in choice for g in node] for choice in itertools.product(*per_node)]
+    # Combinations equal up to renaming nodes (the same group types on each node, nodes in another order)
+    # are one: the model sees a node only through its links, the same between every two nodes, so each
+    # plan on one maps onto a plan on the other with the same step (32-64 seed 119: 64 -> 7, 155: 144 -> 48).
+    found: dict[tuple, list[tuple[int, ...]]] = {}
+    for choice in itertools.product(*per_node):
+        key = tuple(sorted(tuple(sorted(Counter(model.stage_device(g).name for g in node).items())) for node in choice))
+        found.setdefault(key, [g for node in choice for g in node])
+    return list(found.values())
 
 
 def _profiles(counts: list[int], stages: int) -> list[tuple[int, ...]]:
@@ -465,7 +475,7 @@ class Relaxation:
         largest built below it (a lower table: fewer stages allowed) and False."""
         if least <= len(self.counted):
             return self.counted[least - 1], True
-        if least not in self._levels and deadline is not None and self.counted:
+        if least not in self._levels and deadline is not None and not deadline.expired() and self.counted:
             items = sum(len(self.profiles[stages]) for stages in range(least, self.longest + 1))
             cost = self.round_steps * min(self.groups, self.total) * items \
                 // max(sum(map(len, self.profiles.values())), 1)
@@ -489,7 +499,7 @@ class Relaxation:
         key = (pipelines, least, forced, paired)
         if key in self._paired:
             return self._paired[key]
-        if not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
+        if deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
         crossings, stages = paired
         if (self.most_per_node, crossings) not in self.split_lower:
@@ -556,7 +566,7 @@ class Relaxation:
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired)
         if key in self._coupled:
             return self._coupled[key]
-        if deadline is None or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
+        if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
         if (runs, least) not in self.split_lower:
             found = self.lower_times(deadline, runs, least)
@@ -1002,7 +1012,7 @@ class ExactSearch:
         # per pipeline count P: a floor on every plan of exactly P pipelines (`floor`; 0 where none is known)
         self.by_count: dict[int, float] = {}
 
-    def floor(self, refine: Deadline | None = None) -> float:
+    def floor(self, refine: Deadline | None = None, cap: float = math.inf) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
         counted (`Relaxation.counted`), min over P pipelines and the shortest one's stage count s
         (at most G / P) of the least makespan of P pipelines of at least s stages each, plus the
@@ -1016,7 +1026,10 @@ class ExactSearch:
         floor also splits plans by whether some layer's ring crosses nodes (see below). The tables this needs beyond `Relaxation.build`'s
         (`Relaxation.level`, `Relaxation.coupled`: tenths of a second at 50 groups) are built only
         given `refine`, a deadline (`exact_search` asks before its branch and bound);
-        without it the floor uses the tables built so far."""
+        without it the floor uses the tables built so far. Raising a count's floor stops at `cap`
+        (the incumbent, less PRUNE_TOLERANCE): a floor there already cuts every plan of that count,
+        and the inventory once every count's does, so more tables decide nothing (32-64 seeds 4, 21,
+        56, 94, 123: 0.7-0.8 s of refining before)."""
         relaxation = self.relaxation
         if not relaxation.counted:
             return relaxation.cover[self.root][self.total]
@@ -1045,13 +1058,16 @@ class ExactSearch:
             self.by_count[p] = max(self.by_count.get(p, 0.0), value)
         floor = math.inf
         for p in sorted(cheap, key=cheap.get):
-            if cheap[p] >= floor:
-                break  # every P left is at least the floor already (its own tables only raise it)
+            limit = min(floor, cap)  # P's floor raised past this changes neither the result nor a cut
+            if cheap[p] >= limit:
+                floor = min(floor, cheap[p])
+                break  # every P left is at least that already (its own tables only raise it)
             coupled = relaxation.coupled(p, refine)  # first: one table, and it often decides
             value = max(cheap[p], coupled[self.root] if coupled is not None else 0.0)
-            if refine is not None:
+            if refine is not None and value < limit:
                 value = max(value, counted(p, refine))
-            if refine is not None and 2 <= p <= self.most_per_node and not self.overlapped and min(grad) > 0:
+            if refine is not None and value < limit and 2 <= p <= self.most_per_node and not self.overlapped \
+                    and min(grad) > 0:
                 # Rings inside nodes (the counted floor's link here) or node crossings, not both: either
                 # some layer's P holders span nodes, and its slot's ring takes the inter-node link with
                 # at least that layer's bytes (`spanning`), or every layer's holders share a node, which
@@ -1062,15 +1078,15 @@ class ExactSearch:
                 # pipelines fit only the one node of 8, 12.4584 -> 12.4906, the optimum).
                 spanning = max(coupled[self.root] if coupled is not None else 0.0,
                                counted(p, refine, relaxation.ring_time(min(grad), p, self.model.inter)))
-                columns = self.columns(p, refine) if value < min(spanning, floor) else 0.0
-                if value < min(spanning, floor) and columns > spanning:
+                columns = self.columns(p, refine) if value < min(spanning, limit) else 0.0
+                if value < min(spanning, limit) and columns > spanning:
                     spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
-                value = max(value, self.held(p, refine, value, floor))
-                value = max(value, self.isolated(p, refine, value, floor))
-                value = max(value, self.neighboured(p, refine, value, floor))
-            if refine is not None and value < floor:
-                value = max(value, self.paired(p, refine, value, floor))
+                for split in (self.held, self.isolated, self.neighboured):  # each builds tables before it checks
+                    if value < limit:
+                        value = max(value, split(p, refine, value, limit))
+            if refine is not None and value < limit:
+                value = max(value, self.paired(p, refine, value, limit))
             self.by_count[p] = max(self.by_count[p], value)
             floor = min(floor, value)
         return floor
@@ -1588,13 +1604,14 @@ class ExactSearch:
                         del known[node]
                     sole[layer] = (next(iter(known)) if len(known) == 1 else -2) if known else -1
 
-        opened = [0] * self.families  # per family: its nodes in use, always its first ones (`allowed`)
-
-        def allowed(c: int) -> bool:
-            """Symmetry: a node no group uses yet may be taken only as its family's first such node
-            (the nodes in use in a family are then always its first ones, by rank)."""
-            node = self.class_node[c]
-            return touched[node] > 0 or self.family_rank[node] == opened[self.family_of[node]]
+        opened = [0] * self.families  # per family: its nodes in use, always its first ones (by rank)
+        # Symmetry: a node no group uses yet may be taken only as its family's first such node (the nodes
+        # in use in a family are then always its first ones, by rank). Per class, read once per child in
+        # `grow` (lists, not attribute and dict look-ups: a tenth of the tree's time).
+        pools, class_node, class_type, class_stride = self.pools, self.class_node, self.class_type, self.class_stride
+        pool_size = [len(pool) for pool in pools]
+        class_family = [self.family_of[node] for node in self.class_node]
+        class_rank = [self.family_rank[node] for node in self.class_node]
 
         def master(n_left: int, g_left: int, state: int, worst: float, opt: float, grad: float,
                    last: tuple | None, last_nodes: tuple[int, ...], ring: float) -> None:
@@ -1745,24 +1762,23 @@ class ExactSearch:
             if copy:  # the first pipeline's type at this stage, else one that dominates it (stands in)
                 order = sorted(order, key=lambda c: self.class_type[c] != last[2][0][stages])
             for c in order:  # fastest device types first: good plans (and cuts) come early
-                pool = self.pools[c]
-                if taken[c] == len(pool) or not allowed(c):
+                node = class_node[c]
+                if taken[c] == pool_size[c] or (not touched[node] and class_rank[c] != opened[class_family[c]]):
+                    continue  # the pool is used up, or an untouched node that is not its family's next
+                if copy and (not self.stands_in[class_type[c], last[2][0][stages]] or (stages and (
+                        node != class_node[classes[-1]]) != last[2][1][stages - 1])):
                     continue
-                if copy and (not self.stands_in[self.class_type[c], last[2][0][stages]] or (stages and (
-                        self.class_node[c] != self.class_node[classes[-1]]) != last[2][1][stages - 1])):
-                    continue
-                group = pool[taken[c]]
+                group = pools[c][taken[c]]
                 taken[c] += 1
-                node = self.class_node[c]
-                opened[self.family_of[node]] += not touched[node]
+                opened[class_family[c]] += not touched[node]
                 touched[node] += 1
                 before = filled[0]
-                grow(classes + [c], seq + [group], (shape[0] + (self.class_type[c],), shape[1] + (
+                grow(classes + [c], seq + [group], (shape[0] + (class_type[c],), shape[1] + (
                     (node != nodes[-1],) if stages else ())), nodes + (node,), n_left, g_left, state,
-                    after - self.class_stride[c], worst, opt, grad, last, last_nodes, ring, final)
+                    after - class_stride[c], worst, opt, grad, last, last_nodes, ring, final)
                 taken[c] -= 1
                 touched[node] -= 1
-                opened[self.family_of[node]] -= not touched[node]
+                opened[class_family[c]] -= not touched[node]
                 if copy and filled[0] > before:
                     return  # the lowest nodes that fit: stages of equal layers pile into nodes in order
 
@@ -1815,10 +1831,32 @@ class _Ops:
         return self.backward_s
 
 
-def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], incumbent: float,
-                 deadline: Deadline) -> ExactOutcome | None:
-    """Branch and bound over every inventory of TP groups; None when the space is too large to
-    be searched exactly (then the caller keeps its incumbent and its relaxation bound)."""
+@dataclass
+class Inventories:
+    """Every inventory's branch and bound with its floor (`exact_floors`), kept between calls: the floors
+    are refined against the first incumbent, which they may prove before any other incumbent search
+    runs (`search_plan`), and the trees searched later (`exact_search`)."""
+
+    searches: list[ExactSearch]
+    floors: list[float]
+    prices: dict[tuple, Priced]
+
+    def refine(self, incumbent: float, deadline: Deadline) -> bool:
+        """Raises the floors below the incumbent, the most promising first, each only up to it
+        (`ExactSearch.floor`'s cap; tables built before are kept); True when every floor meets it
+        (PRUNE_TOLERANCE): no plan of the space is then faster than the incumbent."""
+        cap = incumbent * (1 - PRUNE_TOLERANCE)
+        for index in sorted(range(len(self.searches)), key=self.floors.__getitem__):
+            if self.floors[index] < cap:
+                self.floors[index] = max(self.floors[index], self.searches[index].floor(deadline, cap))
+        return min(self.floors, default=math.inf) >= cap
+
+
+def exact_floors(instance: Instance, model: PerfModel, failed: frozenset[int], deadline: Deadline
+                 ) -> Inventories | ExactOutcome | None:
+    """Every inventory's search and unrefined floor; None when the space is too large to be searched
+    exactly, an outcome (its objective inf: the caller's incumbent stands) when there is nothing to
+    search or the relaxation's tables ran out of time."""
     tp = instance.plan.tensor_parallel
     live_groups = (instance.num_devices - len(failed)) // tp
     longest = min(instance.workload.num_layers, live_groups)
@@ -1830,19 +1868,29 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
         return None
     options = [groups for groups in options if groups]
     if not options:
-        return ExactOutcome(None, incumbent, True, 0, 0, "no TP group survives", math.inf)
+        return ExactOutcome(None, math.inf, True, 0, 0, "no TP group survives", math.inf)
     relaxation = Relaxation(model, options, instance.global_micro_batches,
                             [d for d in range(instance.num_devices) if d not in failed])
     if not relaxation.build(deadline):
-        return ExactOutcome(None, incumbent, False, 0, 0, "the relaxation's tables ran out of time", 0.0)
+        return ExactOutcome(None, math.inf, False, 0, 0, "the relaxation's tables ran out of time", 0.0)
     prices: dict[tuple, Priced] = {}  # shared: the inventories realise the same shapes
     searches = sorted((ExactSearch(instance, model, groups, tp, relaxation, prices) for groups in options),
                       key=ExactSearch.floor)  # the most promising first: good incumbents early
+    return Inventories(searches, [search.floor() for search in searches], prices)
+
+
+def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], incumbent: float,
+                 deadline: Deadline, prepared: Inventories | ExactOutcome | None = None) -> ExactOutcome | None:
+    """Branch and bound over every inventory of TP groups; None when the space is too large to
+    be searched exactly (then the caller keeps its incumbent and its relaxation bound). `prepared`:
+    `exact_floors`' answer for these survivors, when the caller has one."""
+    prepared = exact_floors(instance, model, failed, deadline) if prepared is None else prepared
+    if not isinstance(prepared, Inventories):
+        return prepared if prepared is None else replace(prepared, objective=incumbent)
+    searches, floors, prices = prepared.searches, prepared.floors, prepared.prices
     plan, objective, leaves, reason = None, incumbent, 0, ""
-    floors = [search.floor() for search in searches]  # each inventory's relaxation floor (its part of the space)
-    refine = deadline.share(REFINE_SHARE)  # the floors' tables built on demand, the most promising first
-    for index in sorted(range(len(searches)), key=floors.__getitem__):
-        floors[index] = max(floors[index], searches[index].floor(refine))
+    # each inventory's relaxation floor (its part of the space), the tables built on demand
+    prepared.refine(incumbent, deadline.share(REFINE_SHARE))
     # an inventory whose floor meets the incumbent would be cut at its root (PRUNE_TOLERANCE): searched
     pending = [index for index in range(len(searches)) if floors[index] < objective * (1 - PRUNE_TOLERANCE)]
     for _ in range(2):  # a second pass resumes the inventories stopped early, with the better incumbent
@@ -1850,11 +1898,20 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
         for k, index in enumerate(pending):  # each gets an even share of what is left
             if floors[index] >= objective * (1 - PRUNE_TOLERANCE):
                 continue  # a plan found on another inventory meets this one's floor: nothing here beats it
+            if deadline.expired():  # unsearched (a tree's set-up alone costs ms)
+                stopped.append(index)
+                continue
             outcome = searches[index].solve(objective, deadline.share(1 / (len(pending) - k)), floor=floors[index])
             leaves, reason = leaves + outcome.leaves, outcome.reason
             floors[index] = max(floors[index], outcome.bound)
             if outcome.plan is not None:
                 plan, objective = outcome.plan, outcome.objective
+                # a boundary moved one layer on the whole step, at once (ms): a lower incumbent cuts the
+                # inventories left (32-64 seed 155: a tree's 18.494912 is one move from 18.494752, the
+                # floor of its 143 other inventories)
+                moved, value = polish_step_splits(model, plan, failed, deadline.share(STEP_POLISH_SHARE))
+                if value < objective * (1 - 1e-12):
+                    plan, objective = moved, value
             if not outcome.complete:
                 stopped.append(index)
         pending = stopped

@@ -45,7 +45,7 @@ from chameleon_opt.solve.columns import column_plans
 from chameleon_opt.solve.copies import copy_plans
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.enumerator import enumerate_plans
-from chameleon_opt.solve.exact import EXACT_GROUPS, exact_search
+from chameleon_opt.solve.exact import EXACT_GROUPS, Inventories, exact_floors, exact_search
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.homogeneous import HomogeneousBound, homogeneous_bound, shape_plans
 from chameleon_opt.solve.levels import LevelModel, level_model, lp_lower_bound, solve_level_model
@@ -66,6 +66,7 @@ ENUMERATION_GROUPS = 64  # beyond this many TP groups it cannot finish in second
 COPIES_SHARE = 0.05  # of what is left, for copy plans (solve/copies.py, up to EXACT_GROUPS groups; 10-20 ms at 64)
 PLACEMENT_SHARE = 0.1  # of what is left, for the placement polish of the incumbent (up to EXACT_GROUPS groups)
 EXACT_SHARE = 0.95  # of what is left, for the branch and bound (the rest: the relaxation bound if it stops, 3-45 ms up to 64 devices; past the deadline its own floor stands)
+EARLY_REFINE_SHARE = 0.25  # of what is left after the column plans, for the branch and bound's floors against their incumbent
 HOMOGENEOUS_SHARE = 0.7  # of what is left before the branch and bound, for the one-type whole-layer bound (0.05-0.3 s)
 OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
 SPACE = ("pipelines of TP groups formed inside nodes from any survivors (idle allowed), stages of any "
@@ -292,7 +293,13 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if columns and columns[0][1] < value * (1 - 1e-12):
             plan, value, used = columns[0][0], columns[0][1], "columns"
             notes.append("a column plan (the stages of each layer range in one node) is faster")
-    if plan is not None and len(groups) <= EXACT_GROUPS and not deadline.expired():
+    # The branch and bound's floors against the incumbent so far (each inventory's only up to it): when
+    # every one meets it, it is optimal, and the searches for other incumbents (placement polish,
+    # whole-layer shapes) are skipped. Tables built here serve the branch and bound's own refining below.
+    prepared = exact_floors(instance, model, failed, deadline.share(EXACT_SHARE)) \
+        if plan is not None and len(groups) <= EXACT_GROUPS and not deadline.expired() else None
+    floored = isinstance(prepared, Inventories) and prepared.refine(value, deadline.share(EARLY_REFINE_SHARE))
+    if plan is not None and len(groups) <= EXACT_GROUPS and not deadline.expired() and not floored:
         placed, placed_value = polish_placement(model, plan, failed, deadline.share(PLACEMENT_SHARE))
         if placed_value < value * (1 - 1e-12):
             plan, value, used = placed, placed_value, f"{used}, placement polish"
@@ -300,11 +307,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     # One device type: whole-layer splits priced by 1F1B path families (solve/homogeneous.py; tens of ms
     # below 16 layers, 0.1-0.4 s at 38 layers and 256 micro-batches), before the branch and bound.
     whole: HomogeneousBound | None = None
-    if plan is not None and not deadline.expired():
+    if plan is not None and not deadline.expired() and not floored:
         whole = homogeneous_bound(instance, model, failed, deadline.share(HOMOGENEOUS_SHARE), value)
     exact = None
-    if not deadline.expired():
-        exact = exact_search(instance, model, failed, value, deadline.share(EXACT_SHARE))
+    if not deadline.expired() or floored:  # floored: no tree left to search, the proof stands at the deadline
+        exact = exact_search(instance, model, failed, value, deadline.share(EXACT_SHARE), prepared)
     if exact is None and len(groups) <= ENUMERATION_GROUPS and not deadline.expired():
         share = min(budget_s * ENUMERATION_SHARE, deadline.left())
         paper = enumerate_plans(instance, failed, deadline.within(max(share, 0.01)), model=model)
@@ -312,7 +319,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         if paper_value < value * (1 - 1e-12):
             plan, value, used = paper_plan, paper_value, "enumeration"
             notes.append(f"the paper's enumeration ({paper.status.value}) found a faster plan")
-    if whole is not None and whole.value < value * (1 - OPTIMALITY_TOLERANCE) and not deadline.expired():
+    # An exhausted branch and bound already proved its incumbent (or the plan it was given) optimal: the
+    # bound-guided sets could not beat it (32-64 seed 164 spent 1.4 s of its 1.85 s there after the proof).
+    proven = exact is not None and exact.complete
+    if whole is not None and not proven and whole.value < value * (1 - OPTIMALITY_TOLERANCE) \
+            and not deadline.expired():
         built = shape_plans(instance, model, failed, whole, deadline.share(0.9), plan)  # only incumbents
         if built and built[0][1] < value * (1 - 1e-12):
             plan, value, used = built[0][0], built[0][1], "bound-guided pipeline sets"
