@@ -876,3 +876,15 @@ def test_paired_floor_counts_the_boundaries_nodes_can_keep_inside(seed, floor):
 
     data, failed = random_instance(seed, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
+
+
+def test_kept_floor_counts_the_slow_holders_of_two_layers_inside_nodes():
+    """8-24-device seed 220 (four slow-fast-fast-fast pipelines, nodes of four groups with at most three
+    fast): ringing layer 3 across nodes costs the optimum, keeping it inside one slow layer-3 stage,
+    and keeping layer 1 inside as well two slow stages holding layers 1 or 3 (two nodes, at most six
+    fast holders of eight: `ExactSearch.kept`). The root floor was 19.3532 (layer 4's ring alone
+    across); it now meets the brute force's optimum, never above it."""
+    from bench.brute_force import random_instance
+
+    data, failed = random_instance(220, (8, 24))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(20.261553356375284, rel=1e-9)

@@ -393,8 +393,8 @@ class Relaxation:
         # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
         # by (P, longest run, fewest crossings, every ring crossing, forced kinds, least ring, held layer)
         self._coupled: dict[tuple, list[float]] = {}
-        # per (layer, kind): split_lower with that layer's stage of another kind (`lower_times`'s `held`)
-        self._held: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
+        # per ((layers, q), kind): split_lower with q of those layers' stages of another kind (`lower_times`' `pinned`)
+        self._held: dict[tuple[tuple[tuple[int, ...], int], int], dict[tuple[int, ...], np.ndarray]] = {}
         self._near: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}  # `lower_times`' reach 1
         self._paired: dict[tuple, list[float]] = {}  # `paired_level` by (P, least stages, forced, paired)
         self._move_cache: dict[int, list] = {}  # per least stage count: `counted_table`'s steps (`_moves`)
@@ -507,6 +507,16 @@ class Relaxation:
         self._paired[key] = table[pipelines]
         return self._paired[key]
 
+    def shareable(self, first: int, second: int) -> bool:
+        """Whether some pipeline can hold these two layers in one stage: a split putting them together
+        fits the relaxed memory (`split_lower` finite) for some kinds and micro-batch count."""
+        for v, per_split in self.split_lower[self.most_per_node, 0].items():
+            b = np.array(self.splits[sum(v)])
+            together = (b[:, 1:] > first).argmax(axis=1) == (b[:, 1:] > second).argmax(axis=1)
+            if np.isfinite(per_split[together]).any():
+                return True
+        return False
+
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines one of whose stages holds
         `grad_bytes` (a slot reduces its layers over every pipeline's holder of them, and buckets
@@ -528,7 +538,7 @@ class Relaxation:
 
     def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None, least: int = 0,
                 crossing: bool = False, forced: tuple[int, int] = (0, 0), crossed: tuple[int, ...] = (),
-                held: int | None = None, isolate: tuple[tuple[int, ...], int] | None = None,
+                held: tuple[tuple[int, ...], int] | None = None, isolate: tuple[tuple[int, ...], int] | None = None,
                 neighbours: int = 0, paired: tuple[int, int] | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
@@ -544,8 +554,8 @@ class Relaxation:
         `least`: every pipeline crosses nodes at least that often; `crossing`: every ring crosses
         nodes (a slot's rings take the inter-node link: at least one ring of all its bytes there, the
         ring time being affine in the bytes with a non-negative constant); `forced`: see
-        `counted_table` (with `held`, a layer: the forced pipelines' stage holding it is of another
-        kind, `lower_times`; with `isolate`, (layers, q): the stages holding some q of these layers
+        `counted_table` (with `held`, (layers, q): at least q of the forced pipelines' stages holding
+        these layers are of another kind, `lower_times`' `pinned`; with `isolate`, (layers, q): the stages holding some q of these layers
         cross nodes at both their boundaries; with `neighbours` r, one layer: that stage crosses nodes
         at every boundary it has (r = 1) or at one at least (r = 2), or it or one next to it is of
         another kind than `kind`, the lesser; with `paired` (c, s): a pipeline of at least s stages all
@@ -581,7 +591,7 @@ class Relaxation:
             self.split_lower[runs, paired[0]] = found[1]
         if rounds and held is not None:
             if (held, kind) not in self._held:
-                found = self.lower_times(deadline, self.most_per_node, 0, (held, kind))
+                found = self.lower_times(deadline, self.most_per_node, 0, (held[0], kind, held[1]))
                 if found is None:
                     return None
                 self._held[held, kind] = found[1]
@@ -597,7 +607,7 @@ class Relaxation:
             if neighbours:  # or the stage holding the layer, or one next to it, of another kind: the lesser
                 near = (isolate[0][0], kind)
                 if near not in self._near:
-                    found = self.lower_times(deadline, self.most_per_node, 0, near, reach=1)
+                    found = self.lower_times(deadline, self.most_per_node, 0, ((near[0],), kind, 1), reach=1)
                     if found is None:
                         return None
                     self._near[near] = found[1]
@@ -623,7 +633,8 @@ class Relaxation:
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
 
-    def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None,
+    def lower_times(self, deadline: Deadline, runs: int, least: int = 0,
+                    pinned: tuple[tuple[int, ...], int, int] | None = None,
                     isolate: tuple[tuple[int, ...], int] | None = None, reach: int = 0, sided: bool = False,
                     prefixes: dict[tuple[int, ...], np.ndarray] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
@@ -641,9 +652,10 @@ class Relaxation:
         per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
         bound also skips the simulations that cannot lower the minimum. A split counts only where
         every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
-        micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layer l, kind k): only
-        orders whose stage holding l is of another kind than k count, by the closed form alone (with
-        `reach` r: some stage within r of it is).
+        micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layers L, kind k, q):
+        only orders in which at least q of the stages holding L's layers (distinct stages: one holding
+        two of them counts once) are of another kind than k count, by the closed form alone (with
+        `reach` r, one layer: some stage within r of it is).
         `isolate` (layers, q): the stages holding some q of these layers each cross nodes at both
         their boundaries (every crossing set with those boundaries added: a placement's crossings
         hold a minimal set and those, and sends only grow with crossings), simulated while the
@@ -722,14 +734,17 @@ class Relaxation:
                 elif pinned is None:
                     best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate,
                                                         prefixes=prefixes)
-                else:  # per stage t holding the layer: the splits where it does, with the orders allowed there
-                    layer, kind = pinned
+                else:  # per set of stages holding the layers: the splits where they do, the orders allowed there
+                    layers, kind, least_other = pinned
                     per_split = np.full((len(splits), self.total), np.inf)
-                    holding = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding `layer` on each split
-                    for t in range(stages):
-                        near = range(max(t - reach, 0), min(t + reach, stages - 1) + 1)
-                        allowed = [pair for pair in pairs[profile] if any(pair[1][u] != kind for u in near)]
-                        rows = np.flatnonzero(holding == t)
+                    # the stages holding the layers on each split, as a sorted set (a stage may hold several)
+                    holding = [tuple(sorted(set(row))) for row in
+                               np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in layers], axis=1).tolist()]
+                    for held_by in sorted(set(holding)):
+                        near = [range(max(t - reach, 0), min(t + reach, stages - 1) + 1) for t in held_by]
+                        allowed = [pair for pair in pairs[profile]
+                                   if sum(any(pair[1][u] != kind for u in span) for span in near) >= least_other]
+                        rows = np.flatnonzero([stages_of == held_by for stages_of in holding])
                         if allowed and rows.size:
                             per_split[rows] = self._least_times(ranges[:, rows], fits[:, rows], b[rows],
                                                                 allowed, cheap, inter, False)[1]
@@ -1069,6 +1084,7 @@ class ExactSearch:
                 value = max(value, self.held(p, refine, value, floor))
                 value = max(value, self.isolated(p, refine, value, floor))
                 value = max(value, self.neighboured(p, refine, value, floor))
+                value = max(value, self.kept(p, refine, value, floor))
             if refine is not None and value < floor:
                 value = max(value, self.paired(p, refine, value, floor))
             self.by_count[p] = max(self.by_count[p], value)
@@ -1108,14 +1124,16 @@ class ExactSearch:
                   for kind in range(len(relaxation.kind_count))]
         return [(kind, r) for kind, r in forced if r > 0]
 
-    def local(self, pipelines: int, refine: Deadline, forced: list[tuple[int, int]], held: int | None = None
-              ) -> float | None:
+    def local(self, pipelines: int, refine: Deadline, forced: list[tuple[int, int]], held: int | None = None,
+              crossed: tuple[int, ...] = ()) -> float | None:
         """The largest over `forced`'s kinds of the coupled table with r pipelines whose stage holding
         layer `held` (any layer when None) is of another kind than k: each floors every plan of P
-        pipelines keeping that layer's holders in one node. None when a table is out of reach."""
+        pipelines keeping that layer's holders in one node (and ringing the `crossed` layers across
+        nodes). None when a table is out of reach."""
         best = 0.0
         for kind, rounds in forced:
-            table = self.relaxation.coupled(pipelines, refine, forced=(kind, rounds), held=held)
+            table = self.relaxation.coupled(pipelines, refine, forced=(kind, rounds), crossed=crossed,
+                                            held=None if held is None else ((held,), 1))
             if table is None:
                 return None
             best = max(best, table[self.root])
@@ -1250,6 +1268,82 @@ class ExactSearch:
                     return best
                 kept = max(kept, table[self.root])
             best = max(best, min(across[layer], kept))
+        return best
+
+    def kept(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from pairs of layers whose rings stay inside nodes, while it
+        may raise `value` below `floor`. For layers a and b, a plan either rings a across nodes (the
+        coupled table with a's ring across), or keeps a's holders in one node and rings b across (the
+        `local` table of a with b's ring across), or keeps both inside nodes (`both`); the least of
+        the three holds for every plan, for each pair. 8-24-device seed 220: four pipelines on nodes of
+        four groups, at most three fast; keeping layer 3 (the largest ring) inside a node costs one
+        slow layer-3 stage, and keeping layer 1 as well costs two slow stages holding layers 1 or 3
+        (on two nodes, at most six fast holders of eight), which no plan of one pipeline of one
+        micro-batch and three of two absorbs."""
+        forced = self.forced(pipelines)
+        if not forced:
+            return 0.0
+        across = self._across(pipelines, refine)
+        if across is None:
+            return 0.0
+        order = sorted(across, key=across.get, reverse=True)
+        best = 0.0
+        for first in order:
+            if across[first] <= max(best, value):
+                break  # later layers keep a lower first term
+            for second in order:
+                if second == first or max(best, value) >= floor:
+                    continue
+                one = self.local(pipelines, refine, forced, first, crossed=(second,))
+                if one is None:
+                    return best
+                if min(across[first], one) <= max(best, value):
+                    continue
+                both = self.both(pipelines, refine, (min(first, second), max(first, second)))
+                if both is None:
+                    return best
+                best = max(best, min(across[first], one, both))
+        return best
+
+    def both(self, pipelines: int, refine: Deadline, layers: tuple[int, int]) -> float | None:
+        """Floor of the plans of P pipelines keeping the P holders of each of these two layers in one
+        node (of at least P groups; None when a table is out of reach). Per kind k: on two nodes, at
+        most the two largest counts of kind-k groups among such nodes hold them, so at least R = 2P
+        minus that of the holders are of another kind; on one node N, its P holders of each, which
+        are 2P groups when no stage can hold both layers (`Relaxation.shareable`, then N needs 2P
+        groups) and at least P otherwise, so R is that minus N's kind-k groups. R such stages (each
+        pipeline's distinct stages holding the layers) fall either on at least min(R, P) pipelines or,
+        fewer pipelines taking more than one, two on one: the lesser of those two coupled tables. Infinite
+        when no node, nor two, can hold them."""
+        relaxation = self.relaxation
+        wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
+        shared = relaxation.shareable(*layers)
+        best = 0.0
+        for kind in range(len(relaxation.kind_count)):
+            counts = [(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind),
+                       sum(groups.values())) for groups in wide]
+            two = sorted((f for f, _ in counts), reverse=True)
+            others = [2 * pipelines - two[0] - two[1]] if len(two) >= 2 else []
+            for f, size in counts:
+                if shared:
+                    others.append(pipelines - f)
+                elif size >= 2 * pipelines:
+                    others.append(2 * pipelines - f)
+            if not others:
+                return math.inf  # no node, nor two, can hold both layers' holders
+            rounds = min(others)
+            if rounds <= 0:
+                continue
+            table = relaxation.coupled(pipelines, refine, forced=(kind, min(rounds, pipelines)), held=(layers, 1))
+            if table is None:
+                return None
+            value = table[self.root]
+            if rounds >= 2:
+                table = relaxation.coupled(pipelines, refine, forced=(kind, 1), held=(layers, 2))
+                if table is None:
+                    return None
+                value = min(value, table[self.root])
+            best = max(best, value)
         return best
 
     def paired(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
