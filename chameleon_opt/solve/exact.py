@@ -1094,10 +1094,11 @@ class ExactSearch:
         floor also splits plans by whether some layer's ring crosses nodes (see below). The tables this needs beyond `Relaxation.build`'s
         (`Relaxation.level`, `Relaxation.coupled`: tenths of a second at 50 groups) are built only
         given `refine`, a deadline (`exact_search` asks before its branch and bound);
-        without it the floor uses the tables built so far. `target` (the incumbent): every P whose
-        floor is below it is refined, not only those below the least floor so far; each P's floor
-        (`by_count`) that meets it cuts every plan of P pipelines from the tree (8-24-device seed 16:
-        the plans of three and four pipelines are 6.3e-7 apart, so both must be floored)."""
+        without it the floor uses the tables built so far. `target` (the incumbent): once the floor is
+        known, in the refine time left, every P whose floor is still below it is refined up to it, not
+        only those below the least floor so far: each P's floor (`by_count`) that meets it cuts every
+        plan of P pipelines from the tree (8-24-device seed 16: the plans of three and four pipelines
+        are 6.3e-7 apart, so both must be floored)."""
         relaxation = self.relaxation
         if not relaxation.counted:
             return relaxation.cover[self.root][self.total]
@@ -1124,11 +1125,8 @@ class ExactSearch:
         cheap = {p: counted(p, None) for p in range(1, len(relaxation.counted[0]))}  # on the tables built
         for p, value in cheap.items():
             self.by_count[p] = max(self.by_count.get(p, 0.0), value)
-        floor = math.inf
-        for p in sorted(cheap, key=cheap.get):
-            cap = max(floor, target)  # raising a P's floor past this changes neither the floor nor a cut
-            if cheap[p] >= cap:
-                break  # every P left is at least the floor already (its own tables only raise it)
+        def refined(p: int, cap: float) -> float:
+            """P's floor from its own tables, raised while below `cap` (its methods stop there)."""
             coupled = relaxation.coupled(p, refine)  # first: one table, and it often decides
             value = max(cheap[p], coupled[self.root] if coupled is not None else 0.0)
             if refine is not None:
@@ -1156,8 +1154,21 @@ class ExactSearch:
             if refine is not None and value < cap:
                 value = max(value, self.paired(p, refine, value, cap))
             self.by_count[p] = max(self.by_count[p], value)
-            floor = min(floor, value)
-        return floor
+            return value
+
+        floor = math.inf
+        for p in sorted(cheap, key=cheap.get):
+            if cheap[p] >= floor:
+                break  # every P left is at least the floor already (its own tables only raise it)
+            floor = min(floor, refined(p, floor))
+        if refine is None or target <= floor:
+            return floor
+        # then, in the time left, every P still below the incumbent up to it (tables built above are cached)
+        for p in sorted(cheap, key=self.by_count.get):
+            if self.by_count[p] >= target or refine.expired():
+                break
+            refined(p, target)
+        return max(floor, min(self.by_count[p] for p in cheap))
 
     def spanning(self, pipelines: int, refine: Deadline) -> float:
         """Floor of the plans of P pipelines in which some layer's P holders span nodes (0 when its
@@ -1343,7 +1354,8 @@ class ExactSearch:
         may raise `value` below `floor`. For layers a and b, a plan either rings a across nodes (the
         coupled table with a's ring across), or keeps a's holders in one node and rings b across (the
         `local` table of a with b's ring across), or keeps both inside nodes (`both`); the least of
-        the three holds for every plan, for each pair. 8-24-device seed 220: four pipelines on nodes of
+        the three holds for every plan, for each pair (a: the layer whose ring across costs the most).
+        8-24-device seed 220: four pipelines on nodes of
         four groups, at most three fast; keeping layer 3 (the largest ring) inside a node costs one
         slow layer-3 stage, and keeping layer 1 as well costs two slow stages holding layers 1 or 3
         (on two nodes, at most six fast holders of eight), which no plan of one pipeline of one
@@ -1356,9 +1368,8 @@ class ExactSearch:
             return 0.0
         order = sorted(across, key=across.get, reverse=True)
         best = 0.0
-        for first in order:
-            if across[first] <= max(best, value):
-                break  # later layers keep a lower first term
+        first = order[0]  # the costliest ring across (every pair took 0.3 s at 32-64 seed 198, for nothing)
+        if across[first] > value:
             for second in order:
                 if second == first or max(best, value) >= floor:
                     continue
@@ -1381,8 +1392,8 @@ class ExactSearch:
         are 2P groups when no stage can hold both layers (`Relaxation.shareable`, then N needs 2P
         groups) and at least P otherwise, so R is that minus N's kind-k groups. R such stages (each
         pipeline's distinct stages holding the layers) fall either on at least min(R, P) pipelines or,
-        fewer pipelines taking more than one, two on one: the lesser of those two coupled tables. Infinite
-        when no node, nor two, can hold them."""
+        fewer pipelines taking more than one, two on one: the lesser of those two coupled tables.
+        Infinite when no node, nor two, can hold them."""
         relaxation = self.relaxation
         wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
         shared = relaxation.shareable(*layers)
