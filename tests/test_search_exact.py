@@ -908,3 +908,45 @@ def test_paired_floor_counts_the_boundaries_nodes_can_keep_inside(seed, floor):
 
     data, failed = random_instance(seed, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
+
+
+def test_kept_floor_counts_the_slow_holders_of_two_layers_inside_nodes():
+    """8-24-device seed 220 (four slow-fast-fast-fast pipelines, nodes of four groups with at most three
+    fast): ringing layer 3 across nodes costs the optimum, keeping it inside one slow layer-3 stage,
+    and keeping layer 1 inside as well two slow stages holding layers 1 or 3 (two nodes, at most six
+    fast holders of eight: `ExactSearch.kept`). The root floor was 19.3532 (layer 4's ring alone
+    across); it now meets the brute force's optimum, never above it."""
+    from bench.brute_force import random_instance
+
+    data, failed = random_instance(220, (8, 24))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(20.261553356375284, rel=1e-9)
+
+
+def test_single_stage_floor_meets_the_three_and_four_pipeline_optima():
+    """8-24-device seed 16 (TP 2, nodes of 4, 4 and 3 groups): the slowest pipeline of the optimum runs
+    every layer on one fast stage, so every layer ringing inside a node does so on that stage's node
+    (`ExactSearch.single`), and its slot rings layer 4 across nodes and the rest inside
+    (`Relaxation.stage_ring`: 0.10665 s, the model's). The floors of three and four pipelines were
+    34.3249 and 34.3278 (the optima 34.409116 and 34.408900: no tree proved it in 10 s); now they meet
+    them, never above."""
+    from bench.brute_force import random_instance
+    from chameleon_opt.solve.exact import ExactSearch, Relaxation, inventories
+
+    data, failed = random_instance(16, (8, 24))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    options = [groups for groups in inventories(instance, model, failed, 2) if groups]
+    relaxation = Relaxation(model, options, instance.global_micro_batches,
+                            [d for d in range(instance.num_devices) if d not in failed])
+    assert relaxation.build(Deadline.never())
+    search = ExactSearch(instance, model, options[0], 2, relaxation)
+    assert search.floor(Deadline.never(), 34.40889954839115) == pytest.approx(34.40889954839115, rel=1e-9)
+    assert 34.408899548 <= search.by_count[3] <= 34.409116215057814 * (1 + 1e-12)
+    assert search.by_count[4] <= 34.40889954839115 * (1 + 1e-12)
+    pairs = [((0, 1), (12, 13)), ((2, 3), (18, 20)), ((4, 7), (21, 23))]  # layers 0-3 on node 0, layer 4 off it
+    plan = Plan(2, tuple(Pipeline((Stage(a, 0, 4), Stage(b, 4, 5)), m) for (a, b), m in zip(pairs, (2, 2, 1)))
+                + (Pipeline((Stage((5, 6), 0, 5),), 2),))
+    estimate = model.evaluate(plan, failed)
+    assert estimate.iteration_time_s == pytest.approx(34.40889954839115, rel=1e-12)
+    grad = relaxation.grad
+    assert relaxation.stage_ring(4, sum(grad), grad[4]) == pytest.approx(estimate.data_parallel_s, rel=1e-12)

@@ -37,10 +37,12 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   pipelines there will be (at least `fewest_table`'s count more; one of them has a stage of at
   least `_largest_stage` bytes), on the inter-node link when no node can hold a slot of every
   pipeline, and of the layers whose holders already sit on two nodes or on a node without an
-  unused group for each pipeline to come. A partial plan is also cut when the root floor of every
-  pipeline count it may end with meets the incumbent (`by_count`); per count the root floor also
-  splits plans by which layers ring inside a node (`ExactSearch.floor`: column, spanning, held,
-  isolated-stage and neighboured floors). A pipeline stops growing once its first stages' kinds, in
+  unused group for each pipeline to come (per stage: those layers' bytes across and the rest on the
+  faster link, `Relaxation.stage_ring`). A partial plan is also cut when the root floor of every
+  pipeline count it may end with meets the incumbent (`by_count`, each count's refined up to the
+  incumbent); per count the root floor also splits plans by which layers ring inside a node
+  (`ExactSearch.floor`: column, spanning, held, isolated-stage, neighboured, kept-pair and
+  one-stage-pipeline floors). A pipeline stops growing once its first stages' kinds, in
   order, make it or the others too slow: it takes at least `prefix_lower` (the least closed-form
   1F1B time over the orders that start so, any split and crossings) with the m micro-batches it
   runs, the others at least the cover of the rest on the groups left, for every m (only every
@@ -114,6 +116,9 @@ STEP_POLISH_SHARE = 0.1
 """Of what is left, at most this much polishes each better plan a tree finds (`polish_step_splits`)."""
 CHUNK_ELEMENTS = 1_000_000
 """Most (pair, n) elements one step of `Relaxation.counted_table` holds at once (8 MB an array)."""
+SINGLE_LAYERS = 6
+"""Most layers `ExactSearch.single` splits plans over (every set of layers whose rings stay inside a
+node: 2^6 - 1 sets)."""
 PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
@@ -403,8 +408,8 @@ class Relaxation:
         # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
         # by (P, longest run, fewest crossings, every ring crossing, forced kinds, least ring, held layer)
         self._coupled: dict[tuple, list[float]] = {}
-        # per (layer, kind): split_lower with that layer's stage of another kind (`lower_times`'s `held`)
-        self._held: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
+        # per ((layers, q), kind): split_lower with q of those layers' stages of another kind (`lower_times`' `pinned`)
+        self._held: dict[tuple[tuple[tuple[int, ...], int], int], dict[tuple[int, ...], np.ndarray]] = {}
         self._near: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}  # `lower_times`' reach 1
         self._paired: dict[tuple, list[float]] = {}  # `paired_level` by (P, least stages, forced, paired)
         self._move_cache: dict[int, list] = {}  # per least stage count: `counted_table`'s steps (`_moves`)
@@ -517,12 +522,37 @@ class Relaxation:
         self._paired[key] = table[pipelines]
         return self._paired[key]
 
+    def shareable(self, first: int, second: int) -> bool:
+        """Whether some pipeline can hold these two layers in one stage: a split putting them together
+        fits the relaxed memory (`split_lower` finite) for some kinds and micro-batch count."""
+        for v, per_split in self.split_lower[self.most_per_node, 0].items():
+            b = np.array(self.splits[sum(v)])
+            together = (b[:, 1:] > first).argmax(axis=1) == (b[:, 1:] > second).argmax(axis=1)
+            if np.isfinite(per_split[together]).any():
+                return True
+        return False
+
     def ring_bound(self, pipelines: int, grad_bytes: float) -> float:
         """Least gradient all-reduce of a plan with this many pipelines one of whose stages holds
         `grad_bytes` (a slot reduces its layers over every pipeline's holder of them, and buckets
         only add latency; the fastest link unless no node can hold a slot of every pipeline)."""
         link = self.best_link if pipelines <= self.most_per_node else self.model.inter
         return self.ring_time(grad_bytes, pipelines, link)
+
+    def stage_ring(self, pipelines: int, nbytes: float, crossed: float) -> float:
+        """Least all-reduce of a slot holding `nbytes` of gradients, `crossed` of them in layers whose
+        rings cross nodes, with this many pipelines. A slot reduces its groups (layers of one replica
+        set) one after another (PerfModel.slot_reduce_times), the crossed ones' on the inter-node
+        link; the ring time is affine in the bytes with a non-negative constant, so merging the
+        groups on each link only lowers it: at least the crossed bytes' ring across plus the rest's on
+        `ring_bound`'s link, or, the rest crossing too, all of it across (y bytes more across cost at
+        least their time on the faster link, so the least is at one of the two ends)."""
+        if crossed <= 0:
+            return self.ring_bound(pipelines, nbytes)
+        inter = self.model.inter
+        link = self.best_link if pipelines <= self.most_per_node else inter
+        return min(self.ring_time(crossed, pipelines, inter) + self.ring_time(nbytes - crossed, pipelines, link),
+                   self.ring_time(nbytes, pipelines, inter))
 
     def ring_time(self, nbytes: float, pipelines: int, link: Link) -> float:
         """The least the model charges a slot that reduces `nbytes` of gradients over `pipelines`
@@ -538,8 +568,11 @@ class Relaxation:
 
     def coupled(self, pipelines: int, deadline: Deadline | None, runs: int | None = None, least: int = 0,
                 crossing: bool = False, forced: tuple[int, int] = (0, 0), crossed: tuple[int, ...] = (),
-                held: int | None = None, isolate: tuple[tuple[int, ...], int] | None = None,
-                neighbours: int = 0, paired: tuple[int, int] | None = None) -> list[float] | None:
+                held: tuple[tuple[int, ...], int] | None = None, isolate: tuple[tuple[int, ...], int] | None = None,
+                neighbours: int = 0, paired: tuple[int, int] | None = None,
+                within: tuple[tuple[int, ...], int, int] | None = None,
+                strict: tuple[int, int, int, int] | None = None,
+                shortest: int = 1) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -554,16 +587,21 @@ class Relaxation:
         `least`: every pipeline crosses nodes at least that often; `crossing`: every ring crosses
         nodes (a slot's rings take the inter-node link: at least one ring of all its bytes there, the
         ring time being affine in the bytes with a non-negative constant); `forced`: see
-        `counted_table` (with `held`, a layer: the forced pipelines' stage holding it is of another
-        kind, `lower_times`; with `isolate`, (layers, q): the stages holding some q of these layers
-        cross nodes at both their boundaries; with `neighbours` r, one layer: that stage crosses nodes
-        at every boundary it has (r = 1) or at one at least (r = 2), or it or one next to it is of
-        another kind than `kind`, the lesser; with `paired` (c, s): a pipeline of at least s stages all
-        of kind `kind` crosses nodes at least c times, `ExactSearch.paired`); `crossed`: these layers'
-        rings cross nodes (a slot holding some of them rings at least their bytes on the inter-node
-        link, as with `crossing`)."""
+        `counted_table` (with `held`, (layers, q): at least q of the forced pipelines' stages holding
+        these layers are of another kind, `lower_times`' `pinned`; with `isolate`, (layers, q): the
+        stages holding some q of these layers cross nodes at both their boundaries; with `neighbours`
+        r, one layer: that stage crosses nodes at every boundary it has (r = 1) or at one at least (r =
+        2), or it or one next to it is of another kind than `kind`, the lesser; with `paired` (c, s): a
+        pipeline of at least s stages all of kind `kind` crosses nodes at least c times,
+        `ExactSearch.paired`; with `within` (layers, t, u): every pipeline holds these layers on at
+        most t stages, the forced ones on at most u, and with `strict` (r, kind k, q, w) the first r
+        forced ones on at most w stages, at least q of them of another kind than k,
+        `ExactSearch.single`); `crossed`: these layers' rings cross nodes (a slot holding some of them
+        rings at least their bytes on the inter-node link, as with `crossing`: `stage_ring`);
+        `shortest`: every pipeline has at least that many stages."""
         runs = self.most_per_node if runs is None else runs
-        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired)
+        key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
+               shortest)
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -573,15 +611,26 @@ class Relaxation:
             if found is None:
                 return None
             self.split_lower[runs, least] = found[1]
-        prefix = {name: np.concatenate([[0.0], np.cumsum(values)]) for name, values in
-                  (("grad", self.grad), ("update", self.update),
-                   ("crossed", [g if layer in crossed else 0.0 for layer, g in enumerate(self.grad)]))}
-        extras = {}  # per stage count: (largest stage's gradient bytes, slowest stage's step, crossed bytes) per split
+        update_prefix = np.concatenate([[0.0], np.cumsum(self.update)])
+        # ring[first, end]: the least all-reduce of a stage holding layers first..end - 1 (`stage_ring`)
+        ring = np.zeros((self.layers + 1, self.layers + 1))
+        for first in range(self.layers):
+            for end in range(first + 1, self.layers + 1):
+                nbytes = sum(self.grad[first:end])
+                across = sum(self.grad[layer] for layer in crossed if first <= layer < end)
+                ring[first, end] = self.ring_time(nbytes, pipelines, self.model.inter) if crossing else \
+                    self.stage_ring(pipelines, nbytes, across)
+        extras = {}  # per stage count: (its slowest stage's all-reduce, slowest stage's step) per split
         for stages, splits in self.splits.items():
             b = np.array(splits)
-            grad_bytes, update, crossing_bytes = ((prefix[name][b[:, 1:]] - prefix[name][b[:, :-1]]).max(axis=1)
-                                                  for name in ("grad", "update", "crossed"))
-            extras[stages] = grad_bytes, update / self.model.optimizer_shards(pipelines), crossing_bytes
+            update = (update_prefix[b[:, 1:]] - update_prefix[b[:, :-1]]).max(axis=1)
+            # per split: how many stages hold `within`'s layers (0: no constraint)
+            holding = np.zeros(len(splits), dtype=int)
+            if within is not None:
+                held_by = np.sort(np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in within[0]], axis=1), axis=1)
+                holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
+            extras[stages] = (ring[b[:, :-1], b[:, 1:]].max(axis=1), update / self.model.optimizer_shards(pipelines),
+                              holding[:, None])
         kind, rounds = forced
         forcing = None
         if rounds and paired is not None and (runs, paired[0]) not in self.split_lower:
@@ -591,7 +640,7 @@ class Relaxation:
             self.split_lower[runs, paired[0]] = found[1]
         if rounds and held is not None:
             if (held, kind) not in self._held:
-                found = self.lower_times(deadline, self.most_per_node, 0, (held, kind))
+                found = self.lower_times(deadline, self.most_per_node, 0, (held[0], kind, held[1]))
                 if found is None:
                     return None
                 self._held[held, kind] = found[1]
@@ -607,17 +656,34 @@ class Relaxation:
             if neighbours:  # or the stage holding the layer, or one next to it, of another kind: the lesser
                 near = (isolate[0][0], kind)
                 if near not in self._near:
-                    found = self.lower_times(deadline, self.most_per_node, 0, near, reach=1)
+                    found = self.lower_times(deadline, self.most_per_node, 0, ((near[0],), kind, 1), reach=1)
                     if found is None:
                         return None
                     self._near[near] = found[1]
                 forcing = {v: np.minimum(times, self._near[near][v]) for v, times in forcing.items()}
-        priced, mixed = {}, {}  # per kinds of a pipeline: by m, its least time + ring + step over its splits
+        pinned: dict[tuple[int, ...], np.ndarray] = {}
+        if rounds and within is not None and strict is not None:
+            pin = ((within[0], strict[2]), strict[1])
+            if pin not in self._held:
+                found = self.lower_times(deadline, self.most_per_node, 0, (within[0], strict[1], strict[2]))
+                if found is None:
+                    return None
+                self._held[pin] = found[1]
+            pinned = self._held[pin]
+        # per kinds of a pipeline: by m, its least time + ring + step over its splits
+        priced, mixed, stricter = {}, {}, {}
         for v, per_split in self.split_lower[runs, least].items():
-            grad_bytes, update, crossing_bytes = extras[sum(v)]
-            rings = [max(self.ring_time(g, pipelines, self.model.inter) if crossing else self.ring_bound(pipelines, g),
-                         self.ring_time(c, pipelines, self.model.inter)) for g, c in zip(grad_bytes, crossing_bytes)]
-            extra = (np.array(rings) + update)[:, None]
+            rings, update, holding = extras[sum(v)]
+            extra = (rings + update)[:, None]
+            if within is not None:  # `within`'s layers on at most t stages (u forced, w strict), of any kind
+                barred = {most: np.where(holding <= most, 0.0, np.inf) for most in (within[1], within[2])
+                          + ((strict[3],) if strict is not None else ())}
+                priced[v] = [math.inf] + (per_split + extra + barred[within[1]]).min(axis=0).tolist()
+                mixed[v] = [math.inf] + (per_split + extra + barred[within[2]]).min(axis=0).tolist()
+                if strict is not None:  # and q of them of another kind
+                    stricter[v] = [math.inf] + (np.maximum(per_split, pinned[v]) + extra + barred[strict[3]]
+                                                ).min(axis=0).tolist()
+                continue
             priced[v] = [math.inf] + (per_split + extra).min(axis=0).tolist()
             if forcing is not None:  # the held layer's stage of another kind than `kind`, or isolated stages
                 mixed[v] = [math.inf] + (np.maximum(per_split, forcing[v]) + extra).min(axis=0).tolist()
@@ -627,13 +693,15 @@ class Relaxation:
                     [math.inf] + (self.split_lower[runs, crossings][v] + extra).min(axis=0).tolist()
             else:  # some stage of another kind
                 mixed[v] = priced[v] if v[kind] < sum(v) else [math.inf] * (self.total + 1)
-        table = self.counted_table(priced, 1, pipelines, deadline, mixed, rounds)
+        table = self.counted_table(priced, shortest, pipelines, deadline, mixed, rounds,
+                                   (stricter, strict[0]) if stricter else None)
         if table is None:
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
 
-    def lower_times(self, deadline: Deadline, runs: int, least: int = 0, pinned: tuple[int, int] | None = None,
+    def lower_times(self, deadline: Deadline, runs: int, least: int = 0,
+                    pinned: tuple[tuple[int, ...], int, int] | None = None,
                     isolate: tuple[tuple[int, ...], int] | None = None, reach: int = 0, sided: bool = False,
                     prefixes: dict[tuple[int, ...], np.ndarray] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
@@ -651,9 +719,10 @@ class Relaxation:
         per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
         bound also skips the simulations that cannot lower the minimum. A split counts only where
         every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
-        micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layer l, kind k): only
-        orders whose stage holding l is of another kind than k count, by the closed form alone (with
-        `reach` r: some stage within r of it is).
+        micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layers L, kind k, q):
+        only orders in which at least q of the stages holding L's layers (distinct stages: one holding
+        two of them counts once) are of another kind than k count, by the closed form alone (with
+        `reach` r, one layer: some stage within r of it is).
         `isolate` (layers, q): the stages holding some q of these layers each cross nodes at both
         their boundaries (every crossing set with those boundaries added: a placement's crossings
         hold a minimal set and those, and sends only grow with crossings), simulated while the
@@ -732,14 +801,17 @@ class Relaxation:
                 elif pinned is None:
                     best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate,
                                                         prefixes=prefixes)
-                else:  # per stage t holding the layer: the splits where it does, with the orders allowed there
-                    layer, kind = pinned
+                else:  # per set of stages holding the layers: the splits where they do, the orders allowed there
+                    layers, kind, least_other = pinned
                     per_split = np.full((len(splits), self.total), np.inf)
-                    holding = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding `layer` on each split
-                    for t in range(stages):
-                        near = range(max(t - reach, 0), min(t + reach, stages - 1) + 1)
-                        allowed = [pair for pair in pairs[profile] if any(pair[1][u] != kind for u in near)]
-                        rows = np.flatnonzero(holding == t)
+                    # the stages holding the layers on each split, as a sorted set (a stage may hold several)
+                    holding = [tuple(sorted(set(row))) for row in
+                               np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in layers], axis=1).tolist()]
+                    for held_by in sorted(set(holding)):
+                        near = [range(max(t - reach, 0), min(t + reach, stages - 1) + 1) for t in held_by]
+                        allowed = [pair for pair in pairs[profile]
+                                   if sum(any(pair[1][u] != kind for u in span) for span in near) >= least_other]
+                        rows = np.flatnonzero([stages_of == held_by for stages_of in holding])
                         if allowed and rows.size:
                             per_split[rows] = self._least_times(ranges[:, rows], fits[:, rows], b[rows],
                                                                 allowed, cheap, inter, False)[1]
@@ -913,7 +985,8 @@ class Relaxation:
 
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
                       rounds: int | None = None, deadline: Deadline = Deadline.never(),
-                      mixed: dict[tuple[int, ...], list[float]] | None = None, forced: int = 0
+                      mixed: dict[tuple[int, ...], list[float]] | None = None, forced: int = 0,
+                      strict: tuple[dict[tuple[int, ...], list[float]], int] | None = None
                       ) -> list[list[float]] | None:
         """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
         running the whole batch on at most the groups of `state` (the cover relaxation with the
@@ -921,10 +994,12 @@ class Relaxation:
         count it falls, `ExactSearch.floor`). The same programme as `cover_tables`, once per P up to
         `rounds` (default: every P); None when `deadline` passes first. The first `forced` rounds
         price their pipeline by `mixed` instead (a multiset: at least that many of the P pipelines
-        are priced so, `coupled`). Each round prices every fitting (state, item) pair at once from
-        the last round's table, then lets groups idle: a state's value is the least over the states
-        below it (fewer of some kinds), a running minimum along each kind's axis of the state grid
-        (the same values as a pass over states by group count, minima being exact)."""
+        are priced so, `coupled`), the first `strict` (pricing, rounds) of them by that pricing (at
+        least that many of those pipelines meet a stricter condition too, `ExactSearch.single`). Each
+        round prices every fitting (state, item) pair at once from the last round's table, then lets
+        groups idle: a state's value is the least over the states below it (fewer of some kinds), a
+        running minimum along each kind's axis of the state grid (the same values as a pass over states
+        by group count, minima being exact)."""
         total = self.total
         comps, _, _, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
@@ -933,6 +1008,9 @@ class Relaxation:
         special_times = np.array([item[3] for item in special]).reshape(len(special), total) if forced else times
         index, source, chunks = self._moves(least, items, comps)
         priced = (times[index], special_times[index])
+        if strict is not None:
+            strictest = [item for item in self._programme(strict[0])[3] if item[0] >= least]
+            priced += (np.array([item[3] for item in strictest]).reshape(len(strictest), total)[index],)
         grid = tuple(c + 1 for c in self.kind_count) + (total + 1,)
         previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
@@ -940,7 +1018,7 @@ class Relaxation:
         for round_ in range(min(self.groups, total) if rounds is None else rounds):
             if deadline.expired():
                 return None
-            pick = priced[int(round_ < forced)]
+            pick = priced[2 if strict is not None and round_ < strict[1] else int(round_ < forced)]
             best = np.full((len(comps), total + 1), np.inf)
             for lo, hi, starts, targets in chunks:  # per state: least over its items of max(item, the rest)
                 rest, item_times = previous[source[lo:hi]], pick[lo:hi]
@@ -1029,7 +1107,11 @@ class ExactSearch:
         without it the floor uses the tables built so far. Raising a count's floor stops at `cap`
         (the incumbent, less PRUNE_TOLERANCE): a floor there already cuts every plan of that count,
         and the inventory once every count's does, so more tables decide nothing (32-64 seeds 4, 21,
-        56, 94, 123: 0.7-0.8 s of refining before)."""
+        56, 94, 123: 0.7-0.8 s of refining before). Once the floor is known, in the refine time left,
+        every P whose floor is still below `cap` is refined up to it, not only those below the least
+        floor so far: each P's floor (`by_count`) that meets it cuts every plan of P pipelines from
+        the tree (8-24-device seed 16: the plans of three and four pipelines are 6.3e-7 apart, so both
+        must be floored)."""
         relaxation = self.relaxation
         if not relaxation.counted:
             return relaxation.cover[self.root][self.total]
@@ -1056,12 +1138,9 @@ class ExactSearch:
         cheap = {p: counted(p, None) for p in range(1, len(relaxation.counted[0]))}  # on the tables built
         for p, value in cheap.items():
             self.by_count[p] = max(self.by_count.get(p, 0.0), value)
-        floor = math.inf
-        for p in sorted(cheap, key=cheap.get):
-            limit = min(floor, cap)  # P's floor raised past this changes neither the result nor a cut
-            if cheap[p] >= limit:
-                floor = min(floor, cheap[p])
-                break  # every P left is at least that already (its own tables only raise it)
+
+        def refined(p: int, limit: float) -> float:
+            """P's floor from its own tables, raised while below `limit` (its methods stop there)."""
             coupled = relaxation.coupled(p, refine)  # first: one table, and it often decides
             value = max(cheap[p], coupled[self.root] if coupled is not None else 0.0)
             if refine is not None and value < limit:
@@ -1082,14 +1161,30 @@ class ExactSearch:
                 if value < min(spanning, limit) and columns > spanning:
                     spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
-                for split in (self.held, self.isolated, self.neighboured):  # each builds tables before it checks
+                # each builds tables before it checks
+                for split in (self.held, self.isolated, self.neighboured, self.kept, self.single):
                     if value < limit:
                         value = max(value, split(p, refine, value, limit))
             if refine is not None and value < limit:
                 value = max(value, self.paired(p, refine, value, limit))
             self.by_count[p] = max(self.by_count[p], value)
-            floor = min(floor, value)
-        return floor
+            return value
+
+        floor = math.inf
+        for p in sorted(cheap, key=cheap.get):
+            limit = min(floor, cap)  # P's floor raised past this changes neither the result nor a cut
+            if cheap[p] >= limit:
+                floor = min(floor, cheap[p])
+                break  # every P left is at least that already (its own tables only raise it)
+            floor = min(floor, refined(p, limit))
+        if refine is None or cap <= floor:
+            return floor
+        # then, in the time left, every P still below the incumbent up to it (tables built above are cached)
+        for p in sorted(cheap, key=self.by_count.get):
+            if self.by_count[p] >= cap or refine.expired():
+                break
+            refined(p, cap)
+        return max(floor, min(self.by_count[p] for p in cheap))
 
     def spanning(self, pipelines: int, refine: Deadline) -> float:
         """Floor of the plans of P pipelines in which some layer's P holders span nodes (0 when its
@@ -1124,14 +1219,16 @@ class ExactSearch:
                   for kind in range(len(relaxation.kind_count))]
         return [(kind, r) for kind, r in forced if r > 0]
 
-    def local(self, pipelines: int, refine: Deadline, forced: list[tuple[int, int]], held: int | None = None
-              ) -> float | None:
+    def local(self, pipelines: int, refine: Deadline, forced: list[tuple[int, int]], held: int | None = None,
+              crossed: tuple[int, ...] = ()) -> float | None:
         """The largest over `forced`'s kinds of the coupled table with r pipelines whose stage holding
         layer `held` (any layer when None) is of another kind than k: each floors every plan of P
-        pipelines keeping that layer's holders in one node. None when a table is out of reach."""
+        pipelines keeping that layer's holders in one node (and ringing the `crossed` layers across
+        nodes). None when a table is out of reach."""
         best = 0.0
         for kind, rounds in forced:
-            table = self.relaxation.coupled(pipelines, refine, forced=(kind, rounds), held=held)
+            table = self.relaxation.coupled(pipelines, refine, forced=(kind, rounds), crossed=crossed,
+                                            held=None if held is None else ((held,), 1))
             if table is None:
                 return None
             best = max(best, table[self.root])
@@ -1267,6 +1364,148 @@ class ExactSearch:
                 kept = max(kept, table[self.root])
             best = max(best, min(across[layer], kept))
         return best
+
+    def kept(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from pairs of layers whose rings stay inside nodes, while it
+        may raise `value` below `floor`. For layers a and b, a plan either rings a across nodes (the
+        coupled table with a's ring across), or keeps a's holders in one node and rings b across (the
+        `local` table of a with b's ring across), or keeps both inside nodes (`both`); the least of
+        the three holds for every plan, for each pair (a: the layer whose ring across costs the most).
+        8-24-device seed 220: four pipelines on nodes of
+        four groups, at most three fast; keeping layer 3 (the largest ring) inside a node costs one
+        slow layer-3 stage, and keeping layer 1 as well costs two slow stages holding layers 1 or 3
+        (on two nodes, at most six fast holders of eight), which no plan of one pipeline of one
+        micro-batch and three of two absorbs."""
+        forced = self.forced(pipelines)
+        if not forced:
+            return 0.0
+        across = self._across(pipelines, refine)
+        if across is None:
+            return 0.0
+        order = sorted(across, key=across.get, reverse=True)
+        best = 0.0
+        first = order[0]  # the costliest ring across (every pair took 0.3 s at 32-64 seed 198, for nothing)
+        if across[first] > value:
+            for second in order:
+                if second == first or max(best, value) >= floor:
+                    continue
+                one = self.local(pipelines, refine, forced, first, crossed=(second,))
+                if one is None:
+                    return best
+                if min(across[first], one) <= max(best, value):
+                    continue
+                both = self.both(pipelines, refine, (min(first, second), max(first, second)))
+                if both is None:
+                    return best
+                best = max(best, min(across[first], one, both))
+        return best
+
+    def both(self, pipelines: int, refine: Deadline, layers: tuple[int, int]) -> float | None:
+        """Floor of the plans of P pipelines keeping the P holders of each of these two layers in one
+        node (of at least P groups; None when a table is out of reach). Per kind k: on two nodes, at
+        most the two largest counts of kind-k groups among such nodes hold them, so at least R = 2P
+        minus that of the holders are of another kind; on one node N, its P holders of each, which
+        are 2P groups when no stage can hold both layers (`Relaxation.shareable`, then N needs 2P
+        groups) and at least P otherwise, so R is that minus N's kind-k groups. R such stages (each
+        pipeline's distinct stages holding the layers) fall either on at least min(R, P) pipelines or,
+        fewer pipelines taking more than one, two on one: the lesser of those two coupled tables.
+        Infinite when no node, nor two, can hold them."""
+        relaxation = self.relaxation
+        wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
+        shared = relaxation.shareable(*layers)
+        best = 0.0
+        for kind in range(len(relaxation.kind_count)):
+            counts = [(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind),
+                       sum(groups.values())) for groups in wide]
+            two = sorted((f for f, _ in counts), reverse=True)
+            others = [2 * pipelines - two[0] - two[1]] if len(two) >= 2 else []
+            for f, size in counts:
+                if shared:
+                    others.append(pipelines - f)
+                elif size >= 2 * pipelines:
+                    others.append(2 * pipelines - f)
+            if not others:
+                return math.inf  # no node, nor two, can hold both layers' holders
+            rounds = min(others)
+            if rounds <= 0:
+                continue
+            table = relaxation.coupled(pipelines, refine, forced=(kind, min(rounds, pipelines)), held=(layers, 1))
+            if table is None:
+                return None
+            value = table[self.root]
+            if rounds >= 2:
+                table = relaxation.coupled(pipelines, refine, forced=(kind, 1), held=(layers, 2))
+                if table is None:
+                    return None
+                value = min(value, table[self.root])
+            best = max(best, value)
+        return best
+
+    def single(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from whether one of them runs every layer on one stage, while
+        it may raise `value` below `floor` (0 when a table is out of reach or the layers are more than
+        SINGLE_LAYERS). Either none does (the coupled table of pipelines of two stages or more), or such
+        a pipeline S sits on a node N, and every layer whose P holders share a node (the set K) has
+        them on N, since S holds it there; every other layer rings across nodes. K empty: every ring
+        crosses. Else each pipeline j holds K's layers on d_j >= 1 stages, all on N: the d_j sum to at
+        most |N|, and at most f_k (N's kind-k groups) of those stages are of kind k. With n1 pipelines
+        of d = 1 (S among them, n1 >= 2P - |N|), the others have d >= 2, so the d sum to at least
+        2P - n1 and each d is at most t = |N| - 2P + n1 + 2; when R_k = 2P - n1 - f_k > 0, one of
+        those stages is of another kind than k, on one of the n1 pipelines or on another. Per K, N and
+        n1 the coupled table (every pipeline holding K's layers on at most t stages, n1 on one; the
+        layers outside K ringing across), raised to the lesser of the two tables with that stage of
+        another kind, floors those plans; the least over them all, and over the plans with no
+        one-stage pipeline, holds for every plan. 8-24-device seed 16: the slowest pipeline is
+        one fast stage of two micro-batches, on nodes of at most four groups (three fast): keeping
+        layers 0-3 inside node 0 makes a pipeline hold them on its slow group or on two stages."""
+        relaxation = self.relaxation
+        if self.layers > SINGLE_LAYERS or value >= floor:
+            return 0.0
+        none = relaxation.coupled(pipelines, refine, shortest=2)
+        across = relaxation.coupled(pipelines, refine, crossing=True)  # K empty
+        if none is None or across is None or none[self.root] <= value:
+            return 0.0
+        nodes = {(sum(groups.values()), tuple(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
+                                             for kind in range(len(relaxation.kind_count))))
+                 for groups in self.node_groups().values() if sum(groups.values()) >= pipelines}
+        best, kept = across[self.root], {}
+        for size in range(1, self.layers + 1 if nodes else 0):
+            for layers in itertools.combinations(range(self.layers), size):
+                table = relaxation.coupled(pipelines, refine, crossed=tuple(sorted(set(range(self.layers)) - set(layers))))
+                if table is None:
+                    return 0.0
+                kept[layers] = table[self.root]
+        for layers in sorted(kept, key=kept.get):
+            if min(best, none[self.root]) <= value:
+                return 0.0
+            if kept[layers] >= best:
+                break  # the rest ring more across, so none lowers `best`
+            crossed = tuple(sorted(set(range(self.layers)) - set(layers)))
+            least = math.inf  # over N and n1
+            for size, kinds in nodes:
+                for ones in range(max(2 * pipelines - size, 1), pipelines + 1):
+                    most = size - 2 * pipelines + ones + 2 if ones < pipelines else 1
+                    # each entry: tables of which the least floors these plans; the largest entry is taken
+                    entries: list[list[tuple[int, tuple[int, int, int, int] | None]]] = [[(ones, None)]]
+                    for kind, fast in enumerate(kinds):
+                        if 2 * pipelines - ones - fast > 0 and len(kinds) > 1:  # R_k > 0: among the n1, or not
+                            entries.append([(ones, (1, kind, 1, 1))]
+                                           + ([(ones + 1, (1, kind, 1, most))] if ones < pipelines else []))
+                    found = kept[layers]
+                    for entry in entries:
+                        if found >= min(best, least):
+                            break
+                        values = []
+                        for rounds, strict in entry:
+                            table = relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=crossed,
+                                                       within=(layers, most, 1), strict=strict)
+                            if table is None:
+                                return 0.0
+                            values.append(table[self.root])
+                        found = max(found, min(values))
+                    least = min(least, found)
+            best = min(best, least)
+        return min(none[self.root], best)
 
     def paired(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
         """Floor of the plans of P pipelines from how few neighbouring stages can share a node, while it
@@ -1467,6 +1706,7 @@ class ExactSearch:
         node_size = {node: sum(groups.values()) for node, groups in self.node_groups().items()}
         largest_grad = [0.0] + [_largest_stage(tuple(layer_grad), k) for k in range(1, self.layers + 1)]
         heaviest = list(itertools.accumulate(layer_grad, max, initial=0.0))  # heaviest[k]: of layers 0..k - 1
+        total_grad = list(itertools.accumulate(layer_grad, initial=0.0))  # total_grad[k]: of layers 0..k - 1
         rings: dict[tuple[float, int], float] = {}
 
         def inter_ring(nbytes: float, replicas: int) -> float:
@@ -1579,10 +1819,11 @@ class ExactSearch:
                             crossed += nbytes
                         spanning.append(crossed)
                     running[crossing] = spanning
-                most = max(spanning[bounds[s + 1]] - spanning[bounds[s]] for s in range(len(bounds) - 1))
-                for first, end in spans:
-                    most = max(most, spanning[end] - spanning[first])
-                known = floors[crossing, bounds, pipelines] = self.relaxation.ring_time(most, pipelines, inter)
+                # each stage's own all-reduce: its crossing layers' bytes across, the rest on the floor's link
+                known = max(self.relaxation.stage_ring(pipelines, total_grad[end] - total_grad[first],
+                                                       spanning[end] - spanning[first])
+                            for first, end in itertools.chain(zip(bounds, bounds[1:]), spans))
+                floors[crossing, bounds, pipelines] = known
             return max(known, largest)
 
         def hold(nodes: tuple[int, ...], bounds: tuple[int, ...], step: int) -> None:
