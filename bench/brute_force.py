@@ -913,7 +913,8 @@ def compare(seed: int, devices: tuple[int, int], time_limit_s: float, brute_limi
 
 
 def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else value
+    """A plain float for the JSON (a bound may be a numpy scalar), None when absent or infinite."""
+    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def judge(row: dict[str, Any]) -> dict[str, bool]:
@@ -938,7 +939,7 @@ def judge(row: dict[str, Any]) -> dict[str, bool]:
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     verdicts = [judge(r) for r in rows]
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
-    count = {name: sum(v[name] for v in verdicts) for name in verdicts[0]} if verdicts else {}
+    count = {name: sum(bool(v[name]) for v in verdicts) for name in verdicts[0]} if verdicts else {}
     worse = [{"seed": r["seed"], "devices": r["devices"], "tp": r["tp"], "hetero": r["hetero"],
               "memory": r["memory"], "layers": r["layers"], "micro_batches": r["micro_batches"],
               "ratio": r["ratio"], "status": r["status"], "brute": r["brute"], "objective": r["objective"],
