@@ -51,6 +51,14 @@ class SolveResult(Generic[T]):
     reason: str = ""              # why infeasible, or which fallback was used
     stopped_early: bool = False   # the deadline cut it before it could prove (or find) an answer
 
+    def __post_init__(self) -> None:
+        """Plain floats: floors computed with numpy come back as numpy scalars, whose comparisons
+        give numpy bools and whose sums numpy ints, which no JSON writer takes."""
+        for name in ("objective", "bound"):
+            value = getattr(self, name)
+            if value is not None and type(value) is not float:
+                object.__setattr__(self, name, float(value))
+
     @property
     def gap(self) -> float | None:
         return relative_gap(self.objective, self.bound)
