@@ -778,11 +778,18 @@ class Relaxation:
                                                                  tuple(c + 1 for c in chosen) + (stages,)))]
         found = []
         for order in orders:
+            held_in_node: dict[tuple[int, int], bool] = {}  # (start, end): one node's groups hold that run
+
+            def fits(start: int, end: int) -> bool:
+                if (start, end) not in held_in_node:
+                    kinds = Counter(order[start:end])
+                    held_in_node[start, end] = any(all(n <= held[k] for k, n in kinds.items())
+                                                   for held in self.node_kinds)
+                return held_in_node[start, end]
             valid = []
             for chosen in sets:
                 cuts = (0,) + tuple(c + 1 for c in chosen) + (stages,)
-                if all(any(all(order[start:end].count(k) <= held[k] for k in range(len(held)))
-                           for held in self.node_kinds) for start, end in zip(cuts, cuts[1:])):
+                if all(fits(start, end) for start, end in zip(cuts, cuts[1:])):
                     valid.append(set(chosen))
             found += [(tuple(sorted(chosen)), order) for chosen in valid if not any(other < chosen for other in valid)]
         return found
@@ -808,25 +815,27 @@ class Relaxation:
         counts = np.arange(1, total + 1)
         position = np.arange(stages)
         warmup = np.arange(stages - 1, -1, -1)  # k_s = S - s - 1
-        forwards, backwards, fitting = [], [], []
-        for crossed, order in pairs:
-            sends = cheap[b[:, 1:-1] - 1].copy() if stages > 1 else np.zeros((len(b), 0))
-            for s in crossed:
-                sends[:, s] = inter[b[:, s + 1] - 1]
-            if crossing is not None and stages > 1:
-                sends = np.where(crossing, inter[b[:, 1:-1] - 1], sends)
-            placed = ranges[np.array(order), :, position]  # (stages, splits, forward/backward)
-            forward, backward = placed[:, :, 0].T.copy(), placed[:, :, 1].T.copy()
-            forward[:, :-1] += sends
-            backward[:, 1:] += sends
-            forwards.append(forward)
-            backwards.append(backward)
-            fitting.append(fits[np.array(order), :, position].all(axis=0))  # (splits, m - 1)
-        forward, backward = np.concatenate(forwards), np.concatenate(backwards)
+        # every candidate at once, (pair, split, stage): one numpy pass instead of a loop over the pairs
+        orders = np.array([order for _, order in pairs]).reshape(len(pairs), stages)
+        crossed = np.zeros((len(pairs), stages - 1), dtype=bool)  # boundary s crosses nodes
+        for index, (chosen, _) in enumerate(pairs):
+            crossed[index, list(chosen)] = True
+        inner = b[:, 1:-1] - 1  # the last layer before each boundary, per split
+        sends = np.where(crossed[:, None, :], inter[inner][None], cheap[inner][None])
+        if crossing is not None and stages > 1:
+            sends = np.where(crossing[None], inter[inner][None], sends)
+        placed = ranges[orders, :, position]  # (pair, stage, split, forward/backward)
+        forward = placed[..., 0].transpose(0, 2, 1).copy()
+        backward = placed[..., 1].transpose(0, 2, 1).copy()
+        forward[:, :, :-1] += sends
+        backward[:, :, 1:] += sends
+        fitting = fits[orders, :, position].all(axis=1)  # (pair, split, m - 1)
+        forward = forward.reshape(-1, stages)
+        backward = backward.reshape(-1, stages)
         whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
         closed = (whole[:, None, None] + (counts - 1)[None, :, None] * backward[:, None, :]
                   + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
-        fit = np.concatenate(fitting)
+        fit = fitting.reshape(-1, total)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
         per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
         if prefixes is not None:
