@@ -56,7 +56,7 @@ import functools
 import itertools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -1038,8 +1038,6 @@ class ExactSearch:
         self.stands_in = {(a, b): a == b or _dominates(model, sample[a], sample[b]) for a in sample for b in sample}
         # per pipeline count P: a floor on every plan of exactly P pipelines (`floor`; 0 where none is known)
         self.by_count: dict[int, float] = {}
-        # (floor, P): (value, limit, result) of a split floor that finished before its deadline (`split`)
-        self.finished: dict[tuple[Callable, int], tuple[float, float, float]] = {}
 
     def floor(self, refine: Deadline | None = None, cap: float = math.inf) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
@@ -1113,27 +1111,12 @@ class ExactSearch:
                 value = max(value, min(spanning, columns))
                 for split in (self.held, self.isolated, self.neighboured):  # each builds tables before it checks
                     if value < limit:
-                        value = max(value, self.split(split, p, refine, value, limit))
+                        value = max(value, split(p, refine, value, limit))
             if refine is not None and value < limit:
-                value = max(value, self.split(self.paired, p, refine, value, limit))
+                value = max(value, self.paired(p, refine, value, limit))
             self.by_count[p] = max(self.by_count[p], value)
             floor = min(floor, value)
         return floor
-
-    def split(self, floor: Callable[[int, Deadline, float, float], float], pipelines: int, refine: Deadline,
-              value: float, limit: float) -> float:
-        """`floor(pipelines, refine, value, limit)`, remembered once it finished before `refine`: a later
-        refining (`Inventories.refine` runs twice, before the placement polish and before the trees)
-        with the same `value` and a limit no higher would compute the same or stop sooner, and the
-        result is a floor on every plan of P pipelines whatever stopped it. 32-64 seed 192: the
-        neighboured floor's 0.11 s of tables were built again for the same 23.484809."""
-        known = self.finished.get((floor, pipelines))
-        if known is not None and known[0] == value and limit <= known[1]:
-            return known[2]
-        result = floor(pipelines, refine, value, limit)
-        if not refine.expired():
-            self.finished[floor, pipelines] = (value, limit, result)
-        return result
 
     def spanning(self, pipelines: int, refine: Deadline) -> float:
         """Floor of the plans of P pipelines in which some layer's P holders span nodes (0 when its
