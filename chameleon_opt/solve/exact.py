@@ -244,26 +244,41 @@ def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp
     # Nodes offering the same multisets are interchangeable, so only multisets of their choices are built
     # and counted against INVENTORY_BUDGET (32-64 seed 285: eight nodes of two or three multisets each, 576
     # combinations in node order, 216 up to renaming alike nodes, 102 inventories).
+    # Each is built as the first combination in node order that realises it (each node of a class in turn
+    # takes the multiset left that it lists first), and they come in that order, as when every combination
+    # was walked: the trees' order, and so their incumbents, stay those of before (32-64 seed 155).
     def types(option: list[tuple[int, ...]]) -> tuple:
         return tuple(sorted(Counter(model.stage_device(g).name for g in option).items()))
 
-    alike: dict[tuple, list[list[list[tuple[int, ...]]]]] = {}
-    for options in per_node:
-        options = sorted(options, key=types)  # the c-th option: the same multiset on every node alike
-        alike.setdefault(tuple(types(option) for option in options), []).append(options)
-    for nodes in alike.values():
-        combinations *= math.comb(len(nodes) + len(nodes[0]) - 1, len(nodes))
+    kinds = [[types(option) for option in options] for options in per_node]  # per node, in its own order
+    alike: dict[tuple, list[int]] = {}  # the nodes offering each set of multisets
+    for node, names in enumerate(kinds):
+        alike.setdefault(tuple(sorted(names)), []).append(node)
+    for names, nodes in alike.items():
+        combinations *= math.comb(len(nodes) + len(names) - 1, len(nodes))
     if combinations > INVENTORY_BUDGET:
         return None
-    picks = [[[nodes[i][c] for i, c in enumerate(choice)]
-              for choice in itertools.combinations_with_replacement(range(len(nodes[0])), len(nodes))]
-             for nodes in alike.values()]
-    found: dict[tuple, list[tuple[int, ...]]] = {}
-    for choice in itertools.product(*picks):
-        chosen = [option for part in choice for option in part]
-        key = tuple(sorted(types(option) for option in chosen))
-        found.setdefault(key, [g for option in chosen for g in option])
-    return list(found.values())
+    parts = []  # per class, per multiset of its nodes' choices: (node, index of its option)
+    for names, nodes in alike.items():
+        part = []
+        for choice in itertools.combinations_with_replacement(names, len(nodes)):
+            left, assigned = list(choice), []
+            for node in nodes:
+                pick = min(left, key=kinds[node].index)
+                left.remove(pick)
+                assigned.append((node, kinds[node].index(pick)))
+            part.append(assigned)
+        parts.append(part)
+    found: dict[tuple, tuple[int, ...]] = {}  # per inventory up to renaming: its first combination in node order
+    for choice in itertools.product(*parts):
+        index = [0] * len(per_node)
+        for assigned in choice:
+            for node, i in assigned:
+                index[node] = i
+        key = tuple(sorted(kinds[node][i] for node, i in enumerate(index)))
+        if key not in found or tuple(index) < found[key]:
+            found[key] = tuple(index)
+    return [[g for node, i in enumerate(index) for g in per_node[node][i]] for index in sorted(found.values())]
 
 
 def _profiles(counts: list[int], stages: int) -> list[tuple[int, ...]]:
