@@ -431,11 +431,13 @@ def test_dominated_inventories_are_dropped_and_the_optimum_kept():
     assert outcome.complete and outcome.objective == pytest.approx(best, rel=1e-9)
 
 
-def test_inventories_equal_up_to_renaming_nodes_are_searched_once():
+def test_inventories_equal_up_to_renaming_nodes_are_searched_once(monkeypatch):
     """Two nodes of two fast and two slow devices, TP 2, the slow type with more memory (neither
     dominates): each node forms fast + slow groups or two slow ones, four combinations, of which
     (fast + slow, slow + slow) and (slow + slow, fast + slow) are one up to renaming the nodes: three
-    are left, and the exact search still equals the brute force over every grouping."""
+    are left, and the exact search still equals the brute force over every grouping. The budget
+    counts them up to renaming too: three fit a budget of three (32-64 seed 285 was dropped so)."""
+    from chameleon_opt.solve import exact
     from chameleon_opt.solve.exact import exact_search, inventories
 
     fast, slow = [[1.0, 2.0, 0.0]] * 2, [[2.0, 4.0, 0.0]] * 2
@@ -461,6 +463,10 @@ def test_inventories_equal_up_to_renaming_nodes_are_searched_once():
     outcome = exact_search(instance, model, failed, math.inf, Deadline.never())
     best, _ = brute_force(instance, failed)
     assert outcome.complete and outcome.objective == pytest.approx(best, rel=1e-9)
+    monkeypatch.setattr(exact, "INVENTORY_BUDGET", 3)
+    assert inventories(instance, model, failed, 2) == found
+    monkeypatch.setattr(exact, "INVENTORY_BUDGET", 2)
+    assert inventories(instance, model, failed, 2) is None
 
 
 def _root_floor(instance, failed: frozenset[int]) -> float:

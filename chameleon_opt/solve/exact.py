@@ -106,6 +106,9 @@ SHORT_SHARE = 0.3
 REGULAR_SHARE = 0.15
 """Of the branch and bound's time, at most this much for its first run, over plans whose pipelines
 all have the first one's layer split (`ExactSearch.solve`)."""
+FOCUS_SHARE = 0.3
+"""Of the branch and bound's time, at most this much for a regular run over the plans of the pipeline
+count with the least floor alone, when other counts are also below the incumbent (`ExactSearch.solve`)."""
 REFINE_SHARE = 0.5
 """Of the exact search's time, at most this much refines the inventories' floors before the branch and
 bound (`ExactSearch.floor` with a deadline: tables built on demand; tens of ms below 24 devices, under
@@ -207,8 +210,8 @@ def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp
     group-type multisets up to renaming nodes, less those dominated: a node's multiset whose groups each map to their
     own group of another multiset of the same node with a type that dominates theirs, `_dominates`,
     is dropped, since every plan on it has one no slower on the other); None when a node has too
-    many groupings to enumerate, when the combinations number more than INVENTORY_BUDGET (counted
-    before any is built), or past `deadline`."""
+    many groupings to enumerate, when the combinations up to renaming alike nodes number more than
+    INVENTORY_BUDGET (counted before any is built), or past `deadline`."""
     per_node: list[list[list[tuple[int, ...]]]] = []
     better: dict[tuple[str, str], bool] = {}  # (type a, type b): a group of type a dominates one of b
     sample: dict[str, tuple[int, ...]] = {}   # a group of each stage device type met so far
@@ -239,18 +242,48 @@ def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp
             if any(j != i and _covers(other, key, better) and (j < i or not _covers(key, other, better))
                    for j, other in enumerate(keys) if other in distinct):
                 del distinct[key]
-        combinations *= len(distinct)
-        if combinations > INVENTORY_BUDGET:
-            return None
         per_node.append(list(distinct.values()))
     # Combinations equal up to renaming nodes (the same group types on each node, nodes in another order)
     # are one: the model sees a node only through its links, the same between every two nodes, so each
     # plan on one maps onto a plan on the other with the same step (32-64 seed 119: 64 -> 7, 155: 144 -> 48).
-    found: dict[tuple, list[tuple[int, ...]]] = {}
-    for choice in itertools.product(*per_node):
-        key = tuple(sorted(tuple(sorted(Counter(model.stage_device(g).name for g in node).items())) for node in choice))
-        found.setdefault(key, [g for node in choice for g in node])
-    return list(found.values())
+    # Nodes offering the same multisets are interchangeable, so only multisets of their choices are built
+    # and counted against INVENTORY_BUDGET (32-64 seed 285: eight nodes of two or three multisets each, 576
+    # combinations in node order, 216 up to renaming alike nodes, 102 inventories).
+    # Each is built as the first combination in node order that realises it (each node of a class in turn
+    # takes the multiset left that it lists first), and they come in that order, as when every combination
+    # was walked: the trees' order, and so their incumbents, stay those of before (32-64 seed 155).
+    def types(option: list[tuple[int, ...]]) -> tuple:
+        return tuple(sorted(Counter(model.stage_device(g).name for g in option).items()))
+
+    kinds = [[types(option) for option in options] for options in per_node]  # per node, in its own order
+    alike: dict[tuple, list[int]] = {}  # the nodes offering each set of multisets
+    for node, names in enumerate(kinds):
+        alike.setdefault(tuple(sorted(names)), []).append(node)
+    for names, nodes in alike.items():
+        combinations *= math.comb(len(nodes) + len(names) - 1, len(nodes))
+    if combinations > INVENTORY_BUDGET:
+        return None
+    parts = []  # per class, per multiset of its nodes' choices: (node, index of its option)
+    for names, nodes in alike.items():
+        part = []
+        for choice in itertools.combinations_with_replacement(names, len(nodes)):
+            left, assigned = list(choice), []
+            for node in nodes:
+                pick = min(left, key=kinds[node].index)
+                left.remove(pick)
+                assigned.append((node, kinds[node].index(pick)))
+            part.append(assigned)
+        parts.append(part)
+    found: dict[tuple, tuple[int, ...]] = {}  # per inventory up to renaming: its first combination in node order
+    for choice in itertools.product(*parts):
+        index = [0] * len(per_node)
+        for assigned in choice:
+            for node, i in assigned:
+                index[node] = i
+        key = tuple(sorted(kinds[node][i] for node, i in enumerate(index)))
+        if key not in found or tuple(index) < found[key]:
+            found[key] = tuple(index)
+    return [[g for node, i in enumerate(index) for g in per_node[node][i]] for index in sorted(found.values())]
 
 
 def _profiles(counts: list[int], stages: int) -> list[tuple[int, ...]]:
@@ -832,11 +865,18 @@ class Relaxation:
                                                                  tuple(c + 1 for c in chosen) + (stages,)))]
         found = []
         for order in orders:
+            held_in_node: dict[tuple[int, int], bool] = {}  # (start, end): one node's groups hold that run
+
+            def fits(start: int, end: int) -> bool:
+                if (start, end) not in held_in_node:
+                    kinds = Counter(order[start:end])
+                    held_in_node[start, end] = any(all(n <= held[k] for k, n in kinds.items())
+                                                   for held in self.node_kinds)
+                return held_in_node[start, end]
             valid = []
             for chosen in sets:
                 cuts = (0,) + tuple(c + 1 for c in chosen) + (stages,)
-                if all(any(all(order[start:end].count(k) <= held[k] for k in range(len(held)))
-                           for held in self.node_kinds) for start, end in zip(cuts, cuts[1:])):
+                if all(fits(start, end) for start, end in zip(cuts, cuts[1:])):
                     valid.append(set(chosen))
             found += [(tuple(sorted(chosen)), order) for chosen in valid if not any(other < chosen for other in valid)]
         return found
@@ -862,25 +902,27 @@ class Relaxation:
         counts = np.arange(1, total + 1)
         position = np.arange(stages)
         warmup = np.arange(stages - 1, -1, -1)  # k_s = S - s - 1
-        forwards, backwards, fitting = [], [], []
-        for crossed, order in pairs:
-            sends = cheap[b[:, 1:-1] - 1].copy() if stages > 1 else np.zeros((len(b), 0))
-            for s in crossed:
-                sends[:, s] = inter[b[:, s + 1] - 1]
-            if crossing is not None and stages > 1:
-                sends = np.where(crossing, inter[b[:, 1:-1] - 1], sends)
-            placed = ranges[np.array(order), :, position]  # (stages, splits, forward/backward)
-            forward, backward = placed[:, :, 0].T.copy(), placed[:, :, 1].T.copy()
-            forward[:, :-1] += sends
-            backward[:, 1:] += sends
-            forwards.append(forward)
-            backwards.append(backward)
-            fitting.append(fits[np.array(order), :, position].all(axis=0))  # (splits, m - 1)
-        forward, backward = np.concatenate(forwards), np.concatenate(backwards)
+        # every candidate at once, (pair, split, stage): one numpy pass instead of a loop over the pairs
+        orders = np.array([order for _, order in pairs]).reshape(len(pairs), stages)
+        crossed = np.zeros((len(pairs), stages - 1), dtype=bool)  # boundary s crosses nodes
+        for index, (chosen, _) in enumerate(pairs):
+            crossed[index, list(chosen)] = True
+        inner = b[:, 1:-1] - 1  # the last layer before each boundary, per split
+        sends = np.where(crossed[:, None, :], inter[inner][None], cheap[inner][None])
+        if crossing is not None and stages > 1:
+            sends = np.where(crossing[None], inter[inner][None], sends)
+        placed = ranges[orders, :, position]  # (pair, stage, split, forward/backward)
+        forward = placed[..., 0].transpose(0, 2, 1).copy()
+        backward = placed[..., 1].transpose(0, 2, 1).copy()
+        forward[:, :, :-1] += sends
+        backward[:, :, 1:] += sends
+        fitting = fits[orders, :, position].all(axis=1)  # (pair, split, m - 1)
+        forward = forward.reshape(-1, stages)
+        backward = backward.reshape(-1, stages)
         whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
         closed = (whole[:, None, None] + (counts - 1)[None, :, None] * backward[:, None, :]
                   + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
-        fit = np.concatenate(fitting)
+        fit = fitting.reshape(-1, total)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
         per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
         if prefixes is not None:
@@ -1718,7 +1760,12 @@ class ExactSearch:
         # runs[lo][k]: the least floor of plans of lo..lo + k pipelines (`by_count`): a partial plan that
         # will have that many pipelines is cut when it meets the incumbent (`by_counts`)
         per_count = [self.by_count.get(p, 0.0) for p in range(self.most_pipelines + 1)]
-        runs = [list(itertools.accumulate(per_count[lo:], min)) for lo in range(len(per_count))]
+        runs: list[list[float]] = []
+
+        def count_floors(floors: list[float]) -> None:
+            """`runs` from these per-count floors."""
+            runs[:] = [list(itertools.accumulate(floors[lo:], min)) for lo in range(len(floors))]
+        count_floors(per_count)
 
         def by_counts(lo: int, hi: int) -> float:
             """A floor on every plan of lo..hi pipelines."""
@@ -2036,6 +2083,19 @@ class ExactSearch:
         window[0], regular[0] = deadline.share(REGULAR_SHARE), True
         root()
         regular[0] = False
+        # A regular run over the plans of the count with the least floor alone (the others' floors set to
+        # inf: an incumbent, never a proof): where the floor is tight its plans are the likeliest optimum
+        # (32-64 seed 198: four 6-stage copies meet the floor of 4 pipelines, 18.489604; the regular run
+        # over every count finds them after 34k nodes, 0.6 s, four times its share at 2 s; this one
+        # after 13k).
+        below = [p for p in range(1, self.most_pipelines + 1) if per_count[p] < best[0] * (1 - PRUNE_TOLERANCE)]
+        if len(below) > 1 and not stats["met"] and not deadline.expired():
+            focus = min(below, key=per_count.__getitem__)
+            count_floors([value if p == focus else math.inf for p, value in enumerate(per_count)])
+            window[0], stats["complete"], regular[0] = deadline.share(FOCUS_SHARE), True, True
+            root()
+            regular[0] = False
+            count_floors(per_count)
         for short in range(1, self.longest):
             if deadline.expired():
                 break
