@@ -111,16 +111,17 @@ def test_memory_floor_never_refuses_a_plan_that_fits() -> None:
 
 
 def test_campaign_subset_answers_in_time_and_soundly() -> None:
-    """30 seeded instances of bench/campaign.py's generator (4-512 devices, TP 1-8, mixed device
+    """20 seeded instances of bench/campaign.py's generator (4-512 devices, TP 1-8, mixed device
     types per node, memory ample to impossible, 1-3 failures), each decided within 0.5 s: every
-    answer in time (3x margin), every plan accepted by the checker, no other exception."""
+    answer in time (3x margin), every plan accepted by the checker, no other exception (the bench
+    runs 60 and more: the suite's time)."""
     outcomes = {}
-    for seed in range(1, 31):
+    for seed in range(1, 21):
         instance = build_instance(random_instance(seed), f"campaign-{seed}")
         outcome, wall, _ = _decide(instance, 0.5)
         assert wall < 1.5 + 0.5, (seed, wall)
         outcomes[seed] = outcome
-    assert sum(o == "ok" for o in outcomes.values()) >= 15, outcomes  # most draws are recoverable
+    assert sum(o == "ok" for o in outcomes.values()) >= 10, outcomes  # most draws are recoverable
 
 
 def test_out_of_time_is_no_solution_with_a_suggested_limit() -> None:
