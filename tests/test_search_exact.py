@@ -398,20 +398,17 @@ def test_crossing_sets_of_a_pipeline_that_must_cross():
                     assert all(end - start <= most for start, end in zip(cuts, cuts[1:])), (stages, most, c)
 
 
-def test_dominated_inventories_are_dropped_and_the_optimum_kept():
-    """Two nodes of four devices, TP 2, one slow device per node with the fast type's memory: each
-    node can pair the slow device with a fast one (one slow group) or leave it idle (two fast
-    groups, one device idle) - the all-fast grouping dominates, so one inventory is left of four,
-    and the exact search still equals the brute force over every grouping."""
-    from chameleon_opt.solve.exact import exact_search, inventories
 
+def two_type_nodes(name: str, slow_devices: list[int], fast_gib: float) -> Any:
+    """Two nodes of four devices, TP 2, two layers; `slow_devices` of a type twice as slow with
+    100 GiB, the others with `fast_gib`: the inventory tests' cluster."""
     fast, slow = [[1.0, 2.0, 0.0]] * 2, [[2.0, 4.0, 0.0]] * 2
-    data = {
-        "format": 1, "name": "dominated-inventories",
+    return build_instance({
+        "format": 1, "name": name,
         "cluster": {"nodes": 2, "devices_per_node": 4,
-                    "device_type": {"name": "fast", "memory_gib": 100.0, "peak_tflops": 2, "reserved_gib": 0},
+                    "device_type": {"name": "fast", "memory_gib": fast_gib, "peak_tflops": 2, "reserved_gib": 0},
                     "network": {"intra_node_gbps": 100, "inter_node_gbps": 10},
-                    "overrides": [{"devices": [1, 6], "device_type": {
+                    "overrides": [{"devices": slow_devices, "device_type": {
                         "name": "slow", "memory_gib": 100.0, "peak_tflops": 1, "reserved_gib": 0}}]},
         "workload": {"inline": {"name": "toy", "layer_bytes": {
             "params": [10 ** 7] * 2, "activation_bytes_per_sample": [10 ** 7] * 2,
@@ -420,8 +417,16 @@ def test_dominated_inventories_are_dropped_and_the_optimum_kept():
                          {"device_type": "slow", "times": {"1": {"2": slow}}}]}},
         "training": {"global_batch": 4, "micro_batch_size": 1},
         "plan": {"tensor_parallel": 2, "layout": {"pipeline_parallel": 1, "data_parallel": 4}},
-    }
-    instance, failed = build_instance(data), frozenset({0, 7})
+    })
+
+def test_dominated_inventories_are_dropped_and_the_optimum_kept():
+    """Two nodes of four devices, TP 2, one slow device per node with the fast type's memory: each
+    node can pair the slow device with a fast one (one slow group) or leave it idle (two fast
+    groups, one device idle) - the all-fast grouping dominates, so one inventory is left of four,
+    and the exact search still equals the brute force over every grouping."""
+    from chameleon_opt.solve.exact import exact_search, inventories
+
+    instance, failed = two_type_nodes("dominated-inventories", [1, 6], 100.0), frozenset({0, 7})
     model = PerfModel(instance)
     found = inventories(instance, model, failed, 2)
     assert found is not None and len(found) == 1
@@ -440,23 +445,7 @@ def test_inventories_equal_up_to_renaming_nodes_are_searched_once(monkeypatch):
     from chameleon_opt.solve import exact
     from chameleon_opt.solve.exact import exact_search, inventories
 
-    fast, slow = [[1.0, 2.0, 0.0]] * 2, [[2.0, 4.0, 0.0]] * 2
-    data = {
-        "format": 1, "name": "renamed-inventories",
-        "cluster": {"nodes": 2, "devices_per_node": 4,
-                    "device_type": {"name": "fast", "memory_gib": 40.0, "peak_tflops": 2, "reserved_gib": 0},
-                    "network": {"intra_node_gbps": 100, "inter_node_gbps": 10},
-                    "overrides": [{"devices": [2, 3, 6, 7], "device_type": {
-                        "name": "slow", "memory_gib": 100.0, "peak_tflops": 1, "reserved_gib": 0}}]},
-        "workload": {"inline": {"name": "toy", "layer_bytes": {
-            "params": [10 ** 7] * 2, "activation_bytes_per_sample": [10 ** 7] * 2,
-            "boundary_bytes_per_sample": [10 ** 6] * 2},
-            "profiles": [{"device_type": "fast", "times": {"1": {"2": fast}}},
-                         {"device_type": "slow", "times": {"1": {"2": slow}}}]}},
-        "training": {"global_batch": 4, "micro_batch_size": 1},
-        "plan": {"tensor_parallel": 2, "layout": {"pipeline_parallel": 1, "data_parallel": 4}},
-    }
-    instance, failed = build_instance(data), frozenset()
+    instance, failed = two_type_nodes("renamed-inventories", [2, 3, 6, 7], 40.0), frozenset()
     model = PerfModel(instance)
     found = inventories(instance, model, failed, 2)
     assert found is not None and len(found) == 3  # of 4
