@@ -60,6 +60,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -540,13 +541,11 @@ class Relaxation:
         if deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
         crossings, stages = paired
-        if (self.most_per_node, crossings) not in self.split_lower:
-            found = self.lower_times(deadline, self.most_per_node, crossings)
-            if found is None:
-                return None
-            self.split_lower[self.most_per_node, crossings] = found[1]
+        crossing = self._split_times(self.split_lower, (self.most_per_node, crossings), deadline, self.most_per_node,
+                                     crossings)
+        if crossing is None:
+            return None
         kind, rounds = forced
-        crossing = self.split_lower[self.most_per_node, crossings]
         mixed = {v: times if v[kind] < sum(v) or sum(v) < stages else [math.inf] + crossing[v].min(axis=0).tolist()
                  for v, times in self.lower.items()}
         table = self.counted_table(self.lower, least, pipelines, deadline, mixed, rounds)
@@ -639,11 +638,8 @@ class Relaxation:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
-        if (runs, least) not in self.split_lower:
-            found = self.lower_times(deadline, runs, least)
-            if found is None:
-                return None
-            self.split_lower[runs, least] = found[1]
+        if self._split_times(self.split_lower, (runs, least), deadline, runs, least) is None:
+            return None
         update_prefix = np.concatenate([[0.0], np.cumsum(self.update)])
         # ring[first, end]: the least all-reduce of a stage holding layers first..end - 1 (`stage_ring`)
         ring = np.zeros((self.layers + 1, self.layers + 1))
@@ -666,43 +662,33 @@ class Relaxation:
                               holding[:, None])
         kind, rounds = forced
         forcing = None
-        if rounds and paired is not None and (runs, paired[0]) not in self.split_lower:
-            found = self.lower_times(deadline, runs, paired[0])
-            if found is None:
-                return None
-            self.split_lower[runs, paired[0]] = found[1]
+        if rounds and paired is not None and \
+                self._split_times(self.split_lower, (runs, paired[0]), deadline, runs, paired[0]) is None:
+            return None
+        node_runs = self.most_per_node
         if rounds and held is not None:
-            if (held, kind) not in self._held:
-                found = self.lower_times(deadline, self.most_per_node, 0, (held[0], kind, held[1]))
-                if found is None:
-                    return None
-                self._held[held, kind] = found[1]
-            forcing = self._held[held, kind]
+            forcing = self._split_times(self._held, (held, kind), deadline, node_runs, pinned=(held[0], kind, held[1]))
+            if forcing is None:
+                return None
         elif rounds and isolate is not None:
             sided = neighbours == 2
-            if (isolate, sided) not in self._isolated:
-                found = self.lower_times(deadline, self.most_per_node, 0, isolate=isolate, sided=sided)
-                if found is None:
-                    return None
-                self._isolated[isolate, sided] = found[1]
-            forcing = self._isolated[isolate, sided]
+            forcing = self._split_times(self._isolated, (isolate, sided), deadline, node_runs, isolate=isolate,
+                                        sided=sided)
+            if forcing is None:
+                return None
             if neighbours:  # or the stage holding the layer, or one next to it, of another kind: the lesser
                 near = (isolate[0][0], kind)
-                if near not in self._near:
-                    found = self.lower_times(deadline, self.most_per_node, 0, ((near[0],), kind, 1), reach=1)
-                    if found is None:
-                        return None
-                    self._near[near] = found[1]
-                forcing = {v: np.minimum(times, self._near[near][v]) for v, times in forcing.items()}
+                nearby = self._split_times(self._near, near, deadline, node_runs, pinned=((near[0],), kind, 1), reach=1)
+                if nearby is None:
+                    return None
+                forcing = {v: np.minimum(times, nearby[v]) for v, times in forcing.items()}
         pinned: dict[tuple[int, ...], np.ndarray] = {}
         if rounds and within is not None and strict is not None:
-            pin = ((within[0], strict[2]), strict[1])
-            if pin not in self._held:
-                found = self.lower_times(deadline, self.most_per_node, 0, (within[0], strict[1], strict[2]))
-                if found is None:
-                    return None
-                self._held[pin] = found[1]
-            pinned = self._held[pin]
+            found = self._split_times(self._held, ((within[0], strict[2]), strict[1]), deadline, node_runs,
+                                      pinned=(within[0], strict[1], strict[2]))
+            if found is None:
+                return None
+            pinned = found
         # per kinds of a pipeline: by m, its least time + ring + step over its splits
         priced, mixed, stricter = {}, {}, {}
         for v, per_split in self.split_lower[runs, least].items():
@@ -732,6 +718,17 @@ class Relaxation:
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
+
+    def _split_times(self, cache: dict[Any, dict[tuple[int, ...], np.ndarray]], key: Any, deadline: Deadline,
+                     runs: int, least: int = 0, **options: Any) -> dict[tuple[int, ...], np.ndarray] | None:
+        """`lower_times`' per-split table for these arguments, built once into `cache[key]`; None when
+        `deadline` stopped it (the callers' tables are then not built either)."""
+        if key not in cache:
+            found = self.lower_times(deadline, runs, least, **options)
+            if found is None:
+                return None
+            cache[key] = found[1]
+        return cache[key]
 
     def lower_times(self, deadline: Deadline, runs: int, least: int = 0,
                     pinned: tuple[tuple[int, ...], int, int] | None = None,
