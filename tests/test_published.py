@@ -166,6 +166,21 @@ def test_megatron_deepspeed_oom_and_unnamed_rows_are_refused_by_name(rows: dict[
     assert to_run(rows["deepspeed-010"]).attention_kernel is None         # without FlashAttention
 
 
+def test_a_named_gpt3_size_without_dimensions_takes_its_scripts_configuration() -> None:
+    """The rebase README's 2.7B rows name 'GPT-3 2.7B' and no dimensions; its script lists the 2.7B block
+    (32 layers, hidden 2560, 32 heads), FFN 4 x hidden, the GPT-2 vocabulary. A row with no size the script
+    lists stays refused."""
+    row = _megatron_deepspeed_row("full")
+    row["model"] = {"name": "GPT-3 2.7B", "layers": None, "hidden": None, "heads": None, "kv_heads": None,
+                    "ffn_hidden": None, "vocab": None, "seq_len": 2048}
+    architecture = to_run(row).document["workload"]["inline"]["architecture"]
+    assert (architecture["layers"], architecture["hidden"], architecture["heads"], architecture["ffn"],
+            architecture["vocab"]) == (32, 2560, 32, 10240, 50257)
+    row["model"] = {**row["model"], "name": "GPT-3 5B"}
+    with pytest.raises(Refused, match="model.layers not stated"):
+        to_run(row)
+
+
 def test_megatron_2024_mfu_back_to_seconds_by_hand() -> None:
     """An MFU of Megatron-LM 2024's model FLOPs against the H100's 989.4 TFLOP/s dense bf16 peak: GPT 1.7B
     (24 x 2048, 4096 tokens, vocab 131072), 48 GPUs, batch 192, 41%."""

@@ -156,6 +156,32 @@ def _layers_per_stage(layers: int, pp: int) -> list[int] | None:
     return counts
 
 
+GPT3_SIZES = {  # size: (layers, hidden, heads)
+    "125M": (12, 768, 12), "350M": (24, 1024, 16), "760M": (24, 1536, 16), "1.3B": (24, 2048, 16),
+    "2.7B": (32, 2560, 32), "6.7B": (32, 4096, 32), "13B": (40, 5120, 40), "175B": (96, 12288, 96)}
+"""The 'GPT-3 XXX' configurations Megatron-DeepSpeed's rebase scripts list (examples_deepspeed/rebase/
+ds_pretrain_gpt_125M_flashattn.sh, the GPT-3 paper's Table 2.1), one of which a run uncomments."""
+GPT2_BPE_VOCAB = 50257
+"""The GPT-2 BPE vocabulary (gpt2-vocab.json) those scripts download; Megatron pads it (_padded_vocab)."""
+
+
+def _with_gpt3_dimensions(row: dict[str, Any]) -> dict[str, Any]:
+    """A Megatron-DeepSpeed row that names a 'GPT-3 <size>' model but leaves its dimensions blank, with the
+    dimensions of that size in the script it ran. Why: the rebase README's 2.7B pair ('scaling up the model
+    to 2.7B using the same script') states no dimensions, but that script lists the 2.7B configuration
+    (32 layers, hidden 2560, 32 heads; Megatron's default FFN of 4 x hidden, the GPT-2 vocabulary).
+    Every other row is returned as it is."""
+    import re
+    m = row["model"]
+    found = re.fullmatch(r"GPT-3 (\S+)", str(m.get("name") or ""))
+    if row["_source"] != "deepspeed" or not found or found.group(1) not in GPT3_SIZES or m.get("layers"):
+        return row
+    layers, hidden, heads = GPT3_SIZES[found.group(1)]
+    model = {**m, "layers": layers, "hidden": hidden, "heads": heads, "ffn_hidden": 4 * hidden,
+             "vocab": m.get("vocab") or GPT2_BPE_VOCAB}
+    return {**row, "model": model}
+
+
 def _refuse_unsupported(row: dict[str, Any]) -> None:
     p = row["parallel"]
     section = str(row["source"].get("section") or "")
@@ -297,6 +323,7 @@ def _measured(row: dict[str, Any], global_batch: int, gpus: int) -> tuple[float,
 
 def to_run(row: dict[str, Any]) -> PublishedRun:
     """The row as an instance and a measured step time (Refused when it cannot be priced faithfully)."""
+    row = _with_gpt3_dimensions(row)
     _refuse_unsupported(row)
     gpu = _gpu(row)
     fp8 = _fp8(row, gpu)
