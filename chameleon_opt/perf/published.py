@@ -16,6 +16,7 @@ else. fp8 rows carry their stack's recipe (FP8_RECIPES, perf/fp8.py) and form th
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,7 +172,6 @@ def _with_gpt3_dimensions(row: dict[str, Any]) -> dict[str, Any]:
     to 2.7B using the same script') states no dimensions, but that script lists the 2.7B configuration
     (32 layers, hidden 2560, 32 heads; Megatron's default FFN of 4 x hidden, the GPT-2 vocabulary).
     Every other row is returned as it is."""
-    import re
     m = row["model"]
     found = re.fullmatch(r"GPT-3 (\S+)", str(m.get("name") or ""))
     if row["_source"] != "deepspeed" or not found or found.group(1) not in GPT3_SIZES or m.get("layers"):
