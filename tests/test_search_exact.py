@@ -875,6 +875,24 @@ def test_copy_plans_take_a_group_of_each_type_from_any_inventory():
     assert result.objective == pytest.approx(18.567142179808137, rel=1e-9)
 
 
+def test_copy_plans_cut_runs_keep_the_large_nodes_for_the_long_pieces():
+    """32-64-device seed 380 (eight six-stage fast pipelines, one micro-batch each; three nodes of six fast
+    groups, five of five, two of four): five copies cross nodes once, where the send is smallest (after
+    layer 0). The one-stage pieces went on the first node with a free group, a node of five, so the
+    last copy found no five free groups and crossed twice (20.266003); now the long piece goes first
+    and the short one on the node it fills best: 20.265793, the floor (`long_runs`)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = random_instance(380, (32, 64))
+    instance = build_instance(data)
+    found = copy_plans(instance, failed, PerfModel(instance), Deadline.never(), math.inf)
+    assert found[0][1] == pytest.approx(20.265793499293455, rel=1e-12)
+    assert check_plan(instance, found[0][0], failed).ok
+
+
 def test_forced_kind_floors_take_every_kind():
     """32-64-device probe seed 173 (four one-micro-batch pipelines, TP 2): nodes of four groups hold at
     most 2 slow and 3 fast, so a layer whose four holders share a node has a slow holder (the fast
