@@ -923,6 +923,21 @@ def test_paired_floor_counts_the_boundaries_nodes_can_keep_inside(seed, floor):
     assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
 
 
+@pytest.mark.parametrize("seed, floor", [(328, 10.570211290278465), (379, 19.535811188944738)])
+def test_long_run_floor_counts_the_runs_nodes_can_hold(seed, floor):
+    """32-64-device seeds 328 (eight two-stage fast pipelines, TP 2, seven nodes of at most three fast
+    groups) and 379 (six five-stage fast pipelines, five nodes of four fast groups): a pipeline all of
+    one kind with L stages in a row in one node takes L of its groups, so at most sum(f // L) do
+    (`ExactSearch.long_runs`); 328's eighth pipeline crosses nodes (its ring counted with the shortest
+    stage count, `paired_level`'s `runs`), 379's sixth cannot cross only where the sends are smallest.
+    The floors were 10.568201 and 19.535601; both now meet the plans the search finds (OPTIMAL)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(seed, (32, 64))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
+
+
 def test_kept_floor_counts_the_slow_holders_of_two_layers_inside_nodes():
     """8-24-device seed 220 (four slow-fast-fast-fast pipelines, nodes of four groups with at most three
     fast): ringing layer 3 across nodes costs the optimum, keeping it inside one slow layer-3 stage,
