@@ -776,6 +776,23 @@ def test_column_plans_cut_by_the_incumbent():
     assert column_plans(instance, failed, model, Deadline.after(5.0), 0.0) == []
 
 
+def test_column_plans_keep_the_costliest_sends_inside_nodes():
+    """32-64-device seed 198 (four six-stage fast pipelines, nodes of 8, 8, 7 and 6 fast groups): its optimum
+    keeps columns 0-1 and 3-4 inside nodes, where the sends are costly, and crosses at the others. The
+    placements tried first varied the last columns only (18.685624); the merged placement
+    (`columns._merged`) builds the optimum, the floor the branch and bound proves (18.489604)."""
+    from chameleon_opt.solve.columns import column_plans
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(198, (32, 64))
+    instance = build_instance(data)
+    plans = column_plans(instance, failed, PerfModel(instance), Deadline.never())
+    assert plans[0][1] == pytest.approx(18.48960378219764, rel=1e-9)
+    assert check_plan(instance, plans[0][0], failed).ok
+
+
 def _counted_reference(relaxation, lower, least: int, rounds: int, mixed, forced: int) -> list[list[float | None]]:
     """counted[P][state] by the programme itself, state by state in order of group count: each state
     the least over the items that fit of max(item's time for m, the last round's table for n - m),
