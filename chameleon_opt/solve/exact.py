@@ -1656,7 +1656,13 @@ class ExactSearch:
         crossings each, on groups of at most K of those nodes (per device type, at most its K
         largest counts there). K = 1: the plan runs on one node's groups (seed 154's nodes hold at
         most four of its eleven fast groups); seed 120's two four-stage pipelines on nodes of at
-        most three fast groups must cross at every boundary (the floor had let them cross once)."""
+        most three fast groups must cross at every boundary (the floor had let them cross once).
+        Each run's layer has its P holders on the run's node, so a node of n groups holds at most n // P
+        runs, and a run on a node of f_k < P groups of kind k has P - f_k holders of another kind, in
+        as many pipelines: with the nodes counted n // P times each, some run sits on one whose f_k is at
+        most the K-th largest, so that many pipelines are not all of kind k (`coupled`'s `forced`;
+        32-64-device seed 356: seven pipelines, K = 4 and 5 runs need a node of six fast groups).
+        """
         runs = self.most_per_node - pipelines + 1
         relaxation, per_node = self.relaxation, self.node_groups()
         wide = [node for node, groups in per_node.items() if sum(groups.values()) >= pipelines]
@@ -1676,7 +1682,21 @@ class ExactSearch:
                 held = sorted((sum(n for name, n in per_node[node].items() if relaxation.kind_of[name] == kind)
                                for node in wide), reverse=True)
                 most[kind] = sum(held[:segments])
-            best = min(best, table[sum(relaxation.stride[kind] * n for kind, n in most.items())])
+            state = sum(relaxation.stride[kind] * n for kind, n in most.items())
+            value = table[state]
+            for kind in range(len(relaxation.kind_count) if value < best else 0):
+                slots = sorted((sum(n for name, n in per_node[node].items() if relaxation.kind_of[name] == kind)
+                                for node in wide for _ in range(sum(per_node[node].values()) // pipelines)),
+                               reverse=True)
+                if len(slots) < segments:
+                    value = math.inf  # no K runs fit the nodes
+                    break
+                others = pipelines - slots[segments - 1]
+                forced = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, min(others, pipelines))) \
+                    if others > 0 else None
+                if forced is not None:
+                    value = max(value, forced[state])
+            best = min(best, value)
         return best
 
     def node_groups(self) -> dict[int, Counter]:
