@@ -1696,8 +1696,38 @@ class ExactSearch:
                     if others > 0 else None
                 if forced is not None:
                     value = max(value, forced[state])
+            if value < best:
+                value = self._packed_runs(pipelines, refine, runs, segments, state, value)
             best = min(best, value)
         return best
+
+    def _packed_runs(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
+                     value: float) -> float:
+        """The column floor of K runs (`columns`: `value` at `state`) raised by how the runs' stages pack
+        into their nodes: a run of several layers on a node of n groups has a stage of each pipeline per
+        layer range it splits the run into, so at least 2P - n pipelines hold the whole run on one stage
+        (n at most the largest node). Per way to cut the layers into K runs, the largest over its runs of
+        the coupled table with that many such pipelines (`within`); the least over the ways. At most
+        SINGLE_LAYERS layers (2^(L-1) ways at most). 32-64-device seed 221: five pipelines, nodes of at
+        most seven groups, so three hold each two-layer run on one stage."""
+        relaxation, per_node = self.relaxation, self.node_groups()
+        whole = 2 * pipelines - max(sum(groups.values()) for groups in per_node.values())
+        if whole <= 0 or self.layers > SINGLE_LAYERS:
+            return value
+        least = math.inf
+        for cuts in itertools.combinations(range(1, self.layers), segments - 1):
+            bounds = (0,) + cuts + (self.layers,)
+            found = value
+            for first, end in zip(bounds[:-1], bounds[1:]):
+                if end - first < 2 or found >= least:
+                    continue
+                table = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(0, min(whole, pipelines)),
+                                           within=(tuple(range(first, end)), end - first, 1))
+                if table is None:
+                    return value
+                found = max(found, table[state])
+            least = min(least, found)
+        return max(value, least)
 
     def node_groups(self) -> dict[int, Counter]:
         """Per node: its groups of each stage device type."""
