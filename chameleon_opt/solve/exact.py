@@ -1616,10 +1616,12 @@ class ExactSearch:
         node takes L of that node's f_k kind-k groups for the run, and the pipelines' runs are disjoint,
         so at most x_L = sum over nodes of f_k // L pipelines have one; the other P - x_L are of another
         kind somewhere or hold no run longer than L - 1 (`coupled`'s `short_runs`: they cross nodes
-        where such runs must end). `paired` counts the boundaries kept inside nodes, which lets a node
-        of five fast groups and one of six hold two six-stage runs; and a crossing at a boundary of
-        small sends is cheaper than one elsewhere, which a run length pins down. 32-64-device seed 380:
-        eight six-stage fast pipelines, three nodes of six fast groups: five cross nodes."""
+        where such runs must end). `paired` counts the boundaries kept inside nodes, pooled over the
+        nodes; and a crossing at a boundary of small sends is cheaper than one elsewhere, which a run
+        length pins down. 32-64-device seed 380: eight six-stage fast pipelines, whose nodes keep 41 fast
+        boundaries inside (enough for eight pipelines that never cross), but only three nodes hold six
+        fast groups: five cross nodes. Seed 379: six five-stage fast pipelines, five nodes of four fast
+        groups: the sixth cannot cross only after layer 0, where the send is smallest."""
         relaxation = self.relaxation
         per_node = self.node_groups()
         best = 0.0
