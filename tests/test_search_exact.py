@@ -776,6 +776,23 @@ def test_column_plans_cut_by_the_incumbent():
     assert column_plans(instance, failed, model, Deadline.after(5.0), 0.0) == []
 
 
+def test_column_plans_keep_the_costliest_sends_inside_nodes():
+    """32-64-device seed 198 (four six-stage fast pipelines, nodes of 8, 8, 7 and 6 fast groups): its optimum
+    keeps columns 0-1 and 3-4 inside nodes, where the sends are costly, and crosses at the others. The
+    placements tried first varied the last columns only (18.685624); the merged placement
+    (`columns._merged`) builds the optimum, the floor the branch and bound proves (18.489604)."""
+    from chameleon_opt.solve.columns import column_plans
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(198, (32, 64))
+    instance = build_instance(data)
+    plans = column_plans(instance, failed, PerfModel(instance), Deadline.never())
+    assert plans[0][1] == pytest.approx(18.48960378219764, rel=1e-9)
+    assert check_plan(instance, plans[0][0], failed).ok
+
+
 def _counted_reference(relaxation, lower, least: int, rounds: int, mixed, forced: int) -> list[list[float | None]]:
     """counted[P][state] by the programme itself, state by state in order of group count: each state
     the least over the items that fit of max(item's time for m, the last round's table for n - m),
@@ -875,6 +892,24 @@ def test_copy_plans_take_a_group_of_each_type_from_any_inventory():
     assert result.objective == pytest.approx(18.567142179808137, rel=1e-9)
 
 
+def test_copy_plans_cut_runs_keep_the_large_nodes_for_the_long_pieces():
+    """32-64-device seed 380 (eight six-stage fast pipelines, one micro-batch each; three nodes of six fast
+    groups, five of five, two of four): five copies cross nodes once, where the send is smallest (after
+    layer 0). The one-stage pieces went on the first node with a free group, a node of five, so the
+    last copy found no five free groups and crossed twice (20.266003); now the long piece goes first
+    and the short one on the node it fills best: 20.265793, the floor (`long_runs`)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = random_instance(380, (32, 64))
+    instance = build_instance(data)
+    found = copy_plans(instance, failed, PerfModel(instance), Deadline.never(), math.inf)
+    assert found[0][1] == pytest.approx(20.265793499293455, rel=1e-12)
+    assert check_plan(instance, found[0][0], failed).ok
+
+
 def test_forced_kind_floors_take_every_kind():
     """32-64-device probe seed 173 (four one-micro-batch pipelines, TP 2): nodes of four groups hold at
     most 2 slow and 3 fast, so a layer whose four holders share a node has a slow holder (the fast
@@ -903,6 +938,49 @@ def test_paired_floor_counts_the_boundaries_nodes_can_keep_inside(seed, floor):
 
     data, failed = random_instance(seed, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed, floor", [(328, 10.570211290278465), (379, 19.535811188944738)])
+def test_long_run_floor_counts_the_runs_nodes_can_hold(seed, floor):
+    """32-64-device seeds 328 (eight two-stage fast pipelines, TP 2, seven nodes of at most three fast
+    groups) and 379 (six five-stage fast pipelines, five nodes of four fast groups): a pipeline all of
+    one kind with L stages in a row in one node takes L of its groups, so at most sum(f // L) do
+    (`ExactSearch.long_runs`); 328's eighth pipeline crosses nodes (its ring counted with the shortest
+    stage count, `paired_level`'s `runs`), 379's sixth cannot cross only where the sends are smallest.
+    The floors were 10.568201 and 19.535601; both now meet the plans the search finds (OPTIMAL)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(seed, (32, 64))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
+
+
+def test_column_floor_forces_a_slow_holder_on_runs_past_the_fast_nodes():
+    """32-64-device seed 333 (two pipelines, TP 2, nodes of at most three groups): its optimum is a column
+    plan over five nodes; the column floor pooled each kind's groups over the K nodes holding most of it,
+    so its plans of other run counts took fast groups that the nodes holding their runs lack. A run
+    on a node of f fast groups has P - f holders of another kind; with the nodes counted n // P times,
+    the K-th run sits on a node of at most the K-th largest f, so that many pipelines hold a slow stage
+    (`ExactSearch.columns`). The floor was 14.989312; it now meets the optimum its tree proved at a
+    10 s limit before this floor (14.992939)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(333, (32, 64))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(14.992938621683269, rel=1e-9)
+
+
+def test_column_floor_packs_each_run_of_layers_into_its_node():
+    """32-64-device seed 221 (five one-micro-batch pipelines, nodes of at most seven groups): its optimum is
+    a column plan of five runs, layers 1-2 on one stage of each pipeline. A run of several layers on a node
+    of n groups leaves at most n - P pipelines room for a second stage there, so 2P - n = 3 hold it on one
+    (`ExactSearch._packed_runs`); the column floor had let every pipeline split it. Floor
+    25.912306 -> 25.912516, the optimum its tree proved at a 10 s limit before this floor."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(221, (32, 64))
+    assert _root_floor(build_instance(data), failed) == pytest.approx(25.91251588123645, rel=1e-9)
 
 
 def test_kept_floor_counts_the_slow_holders_of_two_layers_inside_nodes():

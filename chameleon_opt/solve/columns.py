@@ -77,6 +77,42 @@ def _placements(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], 
     free[:] = saved
 
 
+def _merged(free: list[list[tuple[int, ...]]], speed: dict[tuple[int, ...], float], penalty: list[float],
+            count: int) -> list[list[tuple[int, ...]]] | None:
+    """One placement that keeps the costliest sends inside nodes: the columns fall into runs, each on one
+    node (its fastest free groups, `count` a column), and a boundary is kept inside a run, costliest send
+    first, while the runs still fit the nodes (each, longest first, on the node whose groups it takes are
+    fastest, then the fullest fit). The placements `_placements` yields first vary the last columns
+    only, so a node of room for two columns took columns 1 and 2 where the costly sends cross 0|1 and
+    3|4 (32-64-device seed 198: six four-group columns on nodes of 8, 8, 7 and 6 fast groups). None
+    when the single columns do not fit whole nodes."""
+
+    def assign(runs: list[tuple[int, int]]) -> list[list[tuple[int, ...]]] | None:
+        left = [list(groups) for groups in free]
+        placed: dict[int, list[tuple[int, ...]]] = {}
+        for start, end in sorted(runs, key=lambda run: (run[0] - run[1], run[0])):
+            size = (end - start) * count
+            fits = [n for n in range(len(left)) if len(left[n]) >= size]
+            if not fits:
+                return None
+            node = min(fits, key=lambda n: (speed[left[n][size - 1]], len(left[n]), n))
+            taken, left[node] = left[node][:size], left[node][size:]
+            for s in range(start, end):
+                placed[s] = taken[(s - start) * count:(s - start + 1) * count]
+        return [placed[s] for s in range(len(penalty))]
+
+    runs = [(s, s + 1) for s in range(len(penalty))]
+    if assign(runs) is None:
+        return None
+    for boundary in sorted((b for b in range(1, len(penalty)) if penalty[b] > 0), key=lambda b: (-penalty[b], b)):
+        left = next(run for run in runs if run[1] == boundary)
+        right = next(run for run in runs if run[0] == boundary)
+        joined = [run for run in runs if run not in (left, right)] + [(left[0], right[1])]
+        if assign(joined) is not None:
+            runs = sorted(joined)
+    return assign(runs)
+
+
 def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
                  incumbent: float = math.inf) -> list[tuple[Plan, float]]:
     """(plan, exact step) of the column plans that fit, fastest first (see the module docstring);
@@ -124,7 +160,11 @@ def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, d
     for estimate, stages, bounds, count in candidates:
         if estimate >= best or deadline.expired():
             break
-        for columns in itertools.islice(_placements([list(f) for f in free], names, speed, stages, count), PLACEMENTS):
+        penalty = [0.0] + [max(model.boundary_send_on(model.inter, bounds[s] - 1)
+                               - model.boundary_send_on(model.intra, bounds[s] - 1), 0.0) for s in range(1, stages)]
+        merged = _merged(free, speed, penalty, count)
+        for columns in itertools.chain([merged] if merged is not None else [], itertools.islice(
+                _placements([list(f) for f in free], names, speed, stages, count), PLACEMENTS)):
             if deadline.expired():
                 break
             pipelines = [Pipeline(tuple(Stage(sorted(columns[s], key=lambda g: (speed[g], g))[j], bounds[s],

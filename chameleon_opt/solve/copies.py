@@ -75,12 +75,18 @@ def _place(types: tuple[str, ...], penalty: list[float], copies: int,
     placed: list[dict[int, tuple[int, ...]]] = [{} for _ in range(copies)]  # per copy: each stage's group
     where: list[dict[int, int]] = [{} for _ in range(copies)]  # per copy: each stage's node
 
-    def run(j: int, start: int, end: int) -> bool:
+    def run(j: int, start: int, end: int, tight: bool = False) -> bool:
         need = Counter(types[start:end])
-        node = next((n for n, pools in free.items() if all(len(pools.get(t, ())) >= k for t, k in need.items())), None)
+        fits = [n for n, pools in free.items() if all(len(pools.get(t, ())) >= k for t, k in need.items())]
+        # a piece of a cut run: the node it fills best, so nodes of many free groups stay whole for the
+        # long pieces of the copies to come (32-64 seed 380: 1-stage pieces on nodes of four, 5-stage
+        # ones on nodes of five)
+        node = min(fits, key=lambda n: (sum(len(free[n].get(t, ())) for t in need), n)) if tight and fits \
+            else next(iter(fits), None)
         if node is None and end - start > 1:
             cut = min(range(start + 1, end), key=lambda s: (penalty[s], s))
-            return run(j, start, cut) and run(j, cut, end)
+            pieces = sorted(((start, cut), (cut, end)), key=lambda piece: piece[0] - piece[1])  # longer first
+            return all(run(j, first, last, True) for first, last in pieces)
         if node is None:
             holders = [n for n, pools in free.items() if pools.get(types[start])]
             if not holders:

@@ -529,20 +529,21 @@ class Relaxation:
         return (self._levels[below] if below in self._levels else self.counted[below - 1]), False
 
     def paired_level(self, pipelines: int, least: int, deadline: Deadline, forced: tuple[int, int],
-                     paired: tuple[int, int]) -> list[float] | None:
+                     paired: tuple[int, int], runs: int | None = None) -> list[float] | None:
         """`level(least)`'s row of P pipelines with `forced` = (kind, R): R of them, if of at least s
         stages all of that kind, cross nodes at least c times (`paired` = (c, s); `ExactSearch.paired`).
         Pipeline times alone: the caller adds the ring and step of `least` stages, so a pipeline that
         crosses more cannot buy a smaller ring of its own with a finer split (`coupled` prices each
-        pipeline's own ring). None beyond COUNTED_BUDGET or past `deadline`."""
-        key = (pipelines, least, forced, paired)
+        pipeline's own ring). `runs`: those pipelines hold no longer run of stages in one node (default:
+        a node's groups; `ExactSearch.long_runs`). None beyond COUNTED_BUDGET or past `deadline`."""
+        runs = self.most_per_node if runs is None else runs
+        key = (pipelines, least, forced, paired) + ((runs,) if runs != self.most_per_node else ())
         if key in self._paired:
             return self._paired[key]
         if deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
             return None
         crossings, stages = paired
-        crossing = self._split_times(self.split_lower, (self.most_per_node, crossings), deadline, self.most_per_node,
-                                     crossings)
+        crossing = self._split_times(self.split_lower, (runs, crossings), deadline, runs, crossings)
         if crossing is None:
             return None
         kind, rounds = forced
@@ -604,7 +605,7 @@ class Relaxation:
                 neighbours: int = 0, paired: tuple[int, int] | None = None,
                 within: tuple[tuple[int, ...], int, int] | None = None,
                 strict: tuple[int, int, int, int] | None = None,
-                shortest: int = 1) -> list[float] | None:
+                shortest: int = 1, short_runs: int | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -630,10 +631,11 @@ class Relaxation:
         forced ones on at most w stages, at least q of them of another kind than k,
         `ExactSearch.single`); `crossed`: these layers' rings cross nodes (a slot holding some of them
         rings at least their bytes on the inter-node link, as with `crossing`: `stage_ring`);
-        `shortest`: every pipeline has at least that many stages."""
+        `shortest`: every pipeline has at least that many stages; `short_runs` r: the forced pipelines, if
+        all of kind `kind`, hold no run of more than r stages in one node (`ExactSearch.long_runs`)."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
-               shortest)
+               shortest, short_runs)
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -664,6 +666,9 @@ class Relaxation:
         forcing = None
         if rounds and paired is not None and \
                 self._split_times(self.split_lower, (runs, paired[0]), deadline, runs, paired[0]) is None:
+            return None
+        if rounds and short_runs is not None and \
+                self._split_times(self.split_lower, (short_runs, 0), deadline, short_runs) is None:
             return None
         node_runs = self.most_per_node
         if rounds and held is not None:
@@ -710,6 +715,9 @@ class Relaxation:
                 crossings, stages = paired
                 mixed[v] = priced[v] if v[kind] < sum(v) or sum(v) < stages else \
                     [math.inf] + (self.split_lower[runs, crossings][v] + extra).min(axis=0).tolist()
+            elif short_runs is not None:  # all of kind `kind`: no run longer than r stages in one node
+                mixed[v] = priced[v] if v[kind] < sum(v) else \
+                    [math.inf] + (self.split_lower[short_runs, 0][v] + extra).min(axis=0).tolist()
             else:  # some stage of another kind
                 mixed[v] = priced[v] if v[kind] < sum(v) else [math.inf] * (self.total + 1)
         table = self.counted_table(priced, shortest, pipelines, deadline, mixed, rounds,
@@ -1204,6 +1212,8 @@ class ExactSearch:
                 for split in (self.held, self.isolated, self.neighboured, self.kept, self.single):
                     if value < limit:
                         value = max(value, split(p, refine, value, limit))
+            if refine is not None and value < limit:  # one table per run length: before the paired tables
+                value = max(value, self.long_runs(p, refine, value, limit))
             if refine is not None and value < limit:
                 value = max(value, self.paired(p, refine, value, limit))
             self.by_count[p] = max(self.by_count[p], value)
@@ -1564,12 +1574,7 @@ class ExactSearch:
         most two fast groups, B = 5): 19.469159 -> 19.469369 (its plan) by the counted form."""
         relaxation = self.relaxation
         per_node = self.node_groups()
-        grad = (self.model.workload.params * self.model.grad_bytes / self.tp).tolist()
-        shards = self.model.optimizer_shards(pipelines)
-        # per shortest stage count s: the ring and step one of its stages pays at least (`floor`)
-        extra = {s: self.ring_bound(pipelines, _largest_stage(tuple(grad), s))
-                 + _largest_stage(tuple(relaxation.update), s) / shards
-                 for s in range(1, min(self.groups // pipelines, self.layers) + 1)}
+        extra = self._least_extras(pipelines)
         best = 0.0
         for kind in range(len(relaxation.kind_count)):
             shared = sum(max(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind) - 1, 0)
@@ -1596,6 +1601,55 @@ class ExactSearch:
                     best = max(best, least)
         return best
 
+    def _least_extras(self, pipelines: int) -> dict[int, float]:
+        """Per shortest stage count s of P pipelines: the ring and optimizer step one of its stages pays
+        at least (`floor`'s counted form)."""
+        grad = (self.model.workload.params * self.model.grad_bytes / self.tp).tolist()
+        shards = self.model.optimizer_shards(pipelines)
+        return {s: self.ring_bound(pipelines, _largest_stage(tuple(grad), s))
+                + _largest_stage(tuple(self.relaxation.update), s) / shards
+                for s in range(1, min(self.groups // pipelines, self.layers) + 1)}
+
+    def long_runs(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from how few long runs of stages the nodes hold, while it may
+        raise `value` below `floor`. A pipeline all of kind k whose stages run L or more in a row in one
+        node takes L of that node's f_k kind-k groups for the run, and the pipelines' runs are disjoint,
+        so at most x_L = sum over nodes of f_k // L pipelines have one; the other P - x_L are of another
+        kind somewhere or hold no run longer than L - 1 (`coupled`'s `short_runs`: they cross nodes
+        where such runs must end). `paired` counts the boundaries kept inside nodes, pooled over the
+        nodes; and a crossing at a boundary of small sends is cheaper than one elsewhere, which a run
+        length pins down. 32-64-device seed 380: eight six-stage fast pipelines, whose nodes keep 41 fast
+        boundaries inside (enough for eight pipelines that never cross), but only three nodes hold six
+        fast groups: five cross nodes. Seed 379: six five-stage fast pipelines, five nodes of four fast
+        groups: the sixth cannot cross only after layer 0, where the send is smallest."""
+        relaxation = self.relaxation
+        per_node = self.node_groups()
+        best = 0.0
+        for kind in range(len(relaxation.kind_count)):
+            held = [sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
+                    for groups in per_node.values()]
+            for length in range(min(max(held, default=0), self.longest), 1, -1):
+                rounds = pipelines - sum(f // length for f in held)
+                if rounds <= 0 or max(best, value) >= floor:
+                    continue
+                forced = (kind, min(rounds, pipelines))
+                table = relaxation.coupled(pipelines, refine, forced=forced, short_runs=length - 1)
+                if table is None:
+                    return best
+                best = max(best, table[self.root])
+                if max(best, value) >= floor:
+                    continue
+                # or with the pipeline times counted by the shortest one's stage count (`paired`'s form: a
+                # forced pipeline cannot then take a finer split for a smaller ring of its own)
+                least = math.inf
+                for shortest, paid in self._least_extras(pipelines).items():
+                    row = relaxation.paired_level(pipelines, shortest, refine, forced, (0, 1), runs=length - 1)
+                    if row is None:
+                        return best
+                    least = min(least, row[self.root] + paid)
+                best = max(best, least)
+        return best
+
     def columns(self, pipelines: int, refine: Deadline) -> float:
         """Floor of the plans of P pipelines in which every layer's P holders share a node (0 when
         the first two tables are out of reach, K > 1 taken together when a later one is). No pipeline runs more than a node's groups - P + 1 stages in
@@ -1604,7 +1658,13 @@ class ExactSearch:
         crossings each, on groups of at most K of those nodes (per device type, at most its K
         largest counts there). K = 1: the plan runs on one node's groups (seed 154's nodes hold at
         most four of its eleven fast groups); seed 120's two four-stage pipelines on nodes of at
-        most three fast groups must cross at every boundary (the floor had let them cross once)."""
+        most three fast groups must cross at every boundary (the floor had let them cross once).
+        Each run's layer has its P holders on the run's node, so a node of n groups holds at most n // P
+        runs, and a run on a node of f_k < P groups of kind k has P - f_k holders of another kind, in
+        as many pipelines: with the nodes counted n // P times each, some run sits on one whose f_k is at
+        most the K-th largest, so that many pipelines are not all of kind k (`coupled`'s `forced`;
+        32-64-device seed 356: seven pipelines, K = 4 and 5 runs need a node of six fast groups).
+        """
         runs = self.most_per_node - pipelines + 1
         relaxation, per_node = self.relaxation, self.node_groups()
         wide = [node for node, groups in per_node.items() if sum(groups.values()) >= pipelines]
@@ -1624,8 +1684,52 @@ class ExactSearch:
                 held = sorted((sum(n for name, n in per_node[node].items() if relaxation.kind_of[name] == kind)
                                for node in wide), reverse=True)
                 most[kind] = sum(held[:segments])
-            best = min(best, table[sum(relaxation.stride[kind] * n for kind, n in most.items())])
+            state = sum(relaxation.stride[kind] * n for kind, n in most.items())
+            value = table[state]
+            for kind in range(len(relaxation.kind_count) if value < best else 0):
+                slots = sorted((sum(n for name, n in per_node[node].items() if relaxation.kind_of[name] == kind)
+                                for node in wide for _ in range(sum(per_node[node].values()) // pipelines)),
+                               reverse=True)
+                if len(slots) < segments:
+                    value = math.inf  # no K runs fit the nodes
+                    break
+                others = pipelines - slots[segments - 1]
+                forced = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, min(others, pipelines))) \
+                    if others > 0 else None
+                if forced is not None:
+                    value = max(value, forced[state])
+            if value < best:
+                value = self._packed_runs(pipelines, refine, runs, segments, state, value)
+            best = min(best, value)
         return best
+
+    def _packed_runs(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
+                     value: float) -> float:
+        """The column floor of K runs (`columns`: `value` at `state`) raised by how the runs' stages pack
+        into their nodes: a run of several layers on a node of n groups has a stage of each pipeline per
+        layer range it splits the run into, so at least 2P - n pipelines hold the whole run on one stage
+        (n at most the largest node). Per way to cut the layers into K runs, the largest over its runs of
+        the coupled table with that many such pipelines (`within`); the least over the ways. At most
+        SINGLE_LAYERS layers (2^(L-1) ways at most). 32-64-device seed 221: five pipelines, nodes of at
+        most seven groups, so three hold each two-layer run on one stage."""
+        relaxation, per_node = self.relaxation, self.node_groups()
+        whole = 2 * pipelines - max(sum(groups.values()) for groups in per_node.values())
+        if whole <= 0 or self.layers > SINGLE_LAYERS:
+            return value
+        least = math.inf
+        for cuts in itertools.combinations(range(1, self.layers), segments - 1):
+            bounds = (0,) + cuts + (self.layers,)
+            found = value
+            for first, end in zip(bounds[:-1], bounds[1:]):
+                if end - first < 2 or found >= least:
+                    continue
+                table = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(0, min(whole, pipelines)),
+                                           within=(tuple(range(first, end)), end - first, 1))
+                if table is None:
+                    return value
+                found = max(found, table[state])
+            least = min(least, found)
+        return max(value, least)
 
     def node_groups(self) -> dict[int, Counter]:
         """Per node: its groups of each stage device type."""
