@@ -42,7 +42,8 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   pipeline count it may end with meets the incumbent (`by_count`, each count's refined up to the
   incumbent); per count the root floor also splits plans by which layers ring inside a node
   (`ExactSearch.floor`: column, spanning, held, isolated-stage, neighboured, kept-pair and
-  one-stage-pipeline floors). A pipeline stops growing once its first stages' kinds, in
+  one-stage-pipeline floors, and `thresholds`: the slowest time and the largest ring on the same splits;
+  `boundaries`: sends between two stages of a kind kept inside nodes are counted). A pipeline stops growing once its first stages' kinds, in
   order, make it or the others too slow: it takes at least `prefix_lower` (the least closed-form
   1F1B time over the orders that start so, any split and crossings) with the m micro-batches it
   runs, the others at least the cover of the rest on the groups left, for every m (only every
@@ -450,6 +451,10 @@ class Relaxation:
         self._pairs: dict[tuple[int, int], dict] = {}  # per (runs, least crossings): `lower_times`' pairs
         # per (layers, q): split_lower with the stages of some q of those layers crossing at both ends
         self._isolated: dict[tuple[tuple[tuple[int, ...], int], bool], dict[tuple[int, ...], np.ndarray]] = {}
+        # per (layer, kind): split_lower with a send before that layer between two stages of that kind crossing
+        self._kept: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
+        # per P: every split's all-reduce + optimizer step floor (`coupled`), ascending
+        self.extra_values: dict[int, list[float]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -604,7 +609,8 @@ class Relaxation:
                 neighbours: int = 0, paired: tuple[int, int] | None = None,
                 within: tuple[tuple[int, ...], int, int] | None = None,
                 strict: tuple[int, int, int, int] | None = None,
-                shortest: int = 1) -> list[float] | None:
+                shortest: int = 1, kept: tuple[int, int] | None = None,
+                ring_cap: float | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -630,10 +636,14 @@ class Relaxation:
         forced ones on at most w stages, at least q of them of another kind than k,
         `ExactSearch.single`); `crossed`: these layers' rings cross nodes (a slot holding some of them
         rings at least their bytes on the inter-node link, as with `crossing`: `stage_ring`);
-        `shortest`: every pipeline has at least that many stages."""
+        `shortest`: every pipeline has at least that many stages; `kept` (layer l, the forced kind): a
+        forced pipeline whose stages on both sides of the send before l are of that kind crosses nodes
+        there (`lower_times`' `boundary`, `ExactSearch.boundaries`); `ring_cap` E: each pipeline priced at
+        its time alone, on the splits whose all-reduce and step are at most E (`ExactSearch.thresholds`).
+        The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained)."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
-               shortest)
+               shortest) + ((kept,) if kept is not None else ()) + ((ring_cap,) if ring_cap is not None else ())
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -660,6 +670,8 @@ class Relaxation:
                 holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
             extras[stages] = (ring[b[:, :-1], b[:, 1:]].max(axis=1), update / self.model.optimizer_shards(pipelines),
                               holding[:, None])
+        if not crossing and not crossed:
+            self.extra_values[pipelines] = sorted({float(x) for rings, update, _ in extras.values() for x in rings + update})
         kind, rounds = forced
         forcing = None
         if rounds and paired is not None and \
@@ -668,6 +680,10 @@ class Relaxation:
         node_runs = self.most_per_node
         if rounds and held is not None:
             forcing = self._split_times(self._held, (held, kind), deadline, node_runs, pinned=(held[0], kind, held[1]))
+            if forcing is None:
+                return None
+        elif rounds and kept is not None:
+            forcing = self._split_times(self._kept, kept, deadline, node_runs, boundary=kept)
             if forcing is None:
                 return None
         elif rounds and isolate is not None:
@@ -694,6 +710,8 @@ class Relaxation:
         for v, per_split in self.split_lower[runs, least].items():
             rings, update, holding = extras[sum(v)]
             extra = (rings + update)[:, None]
+            if ring_cap is not None:  # the splits within the cap, at their time alone
+                extra = np.where(extra <= ring_cap, 0.0, np.inf)
             if within is not None:  # `within`'s layers on at most t stages (u forced, w strict), of any kind
                 barred = {most: np.where(holding <= most, 0.0, np.inf) for most in (within[1], within[2])
                           + ((strict[3],) if strict is not None else ())}
@@ -733,7 +751,8 @@ class Relaxation:
     def lower_times(self, deadline: Deadline, runs: int, least: int = 0,
                     pinned: tuple[tuple[int, ...], int, int] | None = None,
                     isolate: tuple[tuple[int, ...], int] | None = None, reach: int = 0, sided: bool = False,
-                    prefixes: dict[tuple[int, ...], np.ndarray] | None = None
+                    prefixes: dict[tuple[int, ...], np.ndarray] | None = None,
+                    boundary: tuple[int, int] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
@@ -759,7 +778,8 @@ class Relaxation:
         simulations of every choice of q stay within LOWER_SIMULATION_UNITS, else by the closed form;
         `sided`: each at one of its boundaries at least (the least over the sides; a first or last
         stage's outer side is no boundary, so it is not constrained). `prefixes`: filled by
-        `_least_times` (unpinned, not isolated only)."""
+        `_least_times` (unpinned, not isolated only). `boundary` (layer l, kind k): where a split sends
+        before l between two stages of kind k, that send crosses nodes (`_kept_times`)."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -828,6 +848,9 @@ class Relaxation:
                         per_split = np.minimum(per_split, self._least_times(
                             ranges, fits, b, pairs[profile], cheap, inter, exact, alone[:, 1:-1])[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
+                elif boundary is not None:
+                    per_split = self._kept_times(ranges, fits, b, pairs[profile], cheap, inter, simulate, boundary)
+                    best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif pinned is None:
                     best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate,
                                                         prefixes=prefixes)
@@ -849,6 +872,34 @@ class Relaxation:
                 lower[profile] = best.tolist()
                 split_lower[profile] = per_split
         return lower, split_lower
+
+    def _kept_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
+                    pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
+                    simulate: bool, boundary: tuple[int, int]) -> np.ndarray:
+        """per_split[i, m - 1]: `_least_times`' floor on split i where, if the split sends before layer
+        l (`boundary` (l, k)) between two stages of kind k, that send crosses nodes: per position t of
+        that send, the orders with kind k on stages t and t + 1 take the crossing (added to their
+        minimal sets: sends only grow), the others and the splits with no send there are as before."""
+        layer, kind = boundary
+        stages = b.shape[1] - 1
+        per_split = np.full((len(b), self.total), np.inf)
+        inner = b[:, 1:-1] == layer  # (split, boundary): the send before `layer`
+        at = np.where(inner.any(axis=1), inner.argmax(axis=1), -1) if stages > 1 else np.full(len(b), -1)
+        for t in sorted(set(at.tolist())):
+            rows = np.flatnonzero(at == t)
+            kept = [pair for pair in pairs if t >= 0 and pair[1][t] == kind == pair[1][t + 1]]
+            rest = [pair for pair in pairs if pair not in kept]
+            found = per_split[rows]
+            if kept:
+                crossing = np.zeros((len(rows), stages - 1), dtype=bool)
+                crossing[:, t] = True
+                found = np.minimum(found, self._least_times(ranges[:, rows], fits[:, rows], b[rows], kept, cheap,
+                                                            inter, simulate, crossing)[1])
+            if rest:
+                found = np.minimum(found, self._least_times(ranges[:, rows], fits[:, rows], b[rows], rest, cheap,
+                                                            inter, simulate)[1])
+            per_split[rows] = found
+        return per_split
 
     def _placements(self, stages: int, runs: int, least: int, orders: list[tuple[int, ...]]
                     ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -1206,6 +1257,10 @@ class ExactSearch:
                         value = max(value, split(p, refine, value, limit))
             if refine is not None and value < limit:
                 value = max(value, self.paired(p, refine, value, limit))
+            if refine is not None and value < limit:
+                value = max(value, self.thresholds(p, refine, value, limit))
+            if refine is not None and value < limit:
+                value = max(value, self.boundaries(p, refine, value, limit))
             self.by_count[p] = max(self.by_count[p], value)
             return value
 
@@ -1594,6 +1649,64 @@ class ExactSearch:
                             return best
                         least = min(least, row[self.root] + paid)
                     best = max(best, least)
+        return best
+
+    def boundaries(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from how few sends between stages of one kind can stay in a
+        node, while it may raise `value` below `floor`. A pipeline that sends before layer l between
+        two stages of kind k inside a node puts two groups of kind k there, so at most the sum over the
+        nodes of f_k // 2 pipelines do; each other one has no send there, a stage of another kind on
+        one side of it, or sends it across nodes (`coupled`'s `kept`), which floors every plan of P
+        pipelines. 8-24-device seed 769: six two-stage fast pipelines whose 100 MB send stays in a
+        node beat the others by 0.018 s, and five fit in the nodes' fast groups (2, 2, 1, 2, 2, 1, 3)."""
+        relaxation, model = self.relaxation, self.model
+        per_node = self.node_groups()
+        gains = {layer: model.boundary_send_on(model.inter, layer - 1) - model.boundary_send_on(model.intra, layer - 1)
+                 for layer in range(1, self.layers)}
+        best = 0.0
+        for kind in range(len(relaxation.kind_count)):
+            inside = sum(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind) // 2
+                         for groups in per_node.values())
+            rounds = pipelines - inside
+            if rounds <= 0:
+                continue
+            for layer in sorted(gains, key=gains.get, reverse=True):
+                if gains[layer] <= 0 or max(best, value) >= floor:
+                    break
+                table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), kept=(layer, kind))
+                if table is None:
+                    return best
+                best = max(best, table[self.root], self.thresholds(pipelines, refine, max(best, value), floor,
+                                                                   forced=(kind, rounds), kept=(layer, kind)))
+        return best
+
+    def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
+                   forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None) -> float:
+        """Floor of the plans of P pipelines with the slowest time and the largest all-reduce + step
+        taken apart but on the same splits: a plan whose largest split value (its pipeline's stage
+        ring + step, `coupled`'s) is E runs every pipeline on a split of value at most E, so its step
+        is at least T(E) + E, T(E) the least makespan on such splits (`coupled`'s `ring_cap`); the
+        least over the values E, ascending, stopped once E + T(inf) reaches it or `floor` (the rest
+        are at least that). `coupled` charges each pipeline its own split's ring, so a fast split of
+        large stages in one pipeline beside small stages elsewhere was priced below either (8-24-device
+        seed 769: one pipeline holding layers 1-2 in one stage saves a 100 MB send, 9.4447 + 0.2134 s,
+        while the plan's ring is then that stage's, 0.13 s more)."""
+        relaxation = self.relaxation
+        values = relaxation.extra_values.get(pipelines)
+        free = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, ring_cap=math.inf) if values else None
+        if free is None:
+            return 0.0
+        base, best = free[self.root], math.inf
+        for cap in values:
+            least = cap + base  # every cap from here on gives at least this
+            if least >= min(best, floor):
+                return min(best, least)
+            table = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, ring_cap=cap)
+            if table is None:
+                return min(best, least)
+            best = min(best, cap + table[self.root])
+            if best <= value:
+                return best  # it cannot raise `value`
         return best
 
     def columns(self, pipelines: int, refine: Deadline) -> float:
