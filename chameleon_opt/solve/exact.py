@@ -453,6 +453,9 @@ class Relaxation:
         self._isolated: dict[tuple[tuple[tuple[int, ...], int], bool], dict[tuple[int, ...], np.ndarray]] = {}
         # per (layer, kind): split_lower with a send before that layer between two stages of that kind crossing
         self._kept: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
+        # per (runs, least crossings, sends C, sends F): split_lower on the splits sending before C's layers
+        # (across nodes) and before none of F's (`lower_times`' `pattern`)
+        self._patterned: dict[tuple, dict[tuple[int, ...], np.ndarray]] = {}
         # per P: every split's all-reduce + optimizer step floor (`coupled`), ascending
         self.extra_values: dict[int, list[float]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
@@ -610,7 +613,9 @@ class Relaxation:
                 within: tuple[tuple[int, ...], int, int] | None = None,
                 strict: tuple[int, int, int, int] | None = None,
                 shortest: int = 1, kept: tuple[int, int] | None = None,
-                ring_cap: float | None = None) -> list[float] | None:
+                ring_cap: float | None = None,
+                pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]] | None = None
+                ) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -640,10 +645,14 @@ class Relaxation:
         forced pipeline whose stages on both sides of the send before l are of that kind crosses nodes
         there (`lower_times`' `boundary`, `ExactSearch.boundaries`); `ring_cap` E: each pipeline priced at
         its time alone, on the splits whose all-reduce and step are at most E (`ExactSearch.thresholds`).
-        The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained)."""
+        The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained).
+        `pattern` (C, F, G): every pipeline sends before some layer of each group of C, across nodes,
+        and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), else
+        they are priced as `held` says."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
-               shortest) + ((kept,) if kept is not None else ()) + ((ring_cap,) if ring_cap is not None else ())
+               shortest) + ((kept,) if kept is not None else ()) + ((ring_cap,) if ring_cap is not None else ()) \
+            + ((pattern,) if pattern is not None else ())
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -705,9 +714,17 @@ class Relaxation:
             if found is None:
                 return None
             pinned = found
+        source, alternative = self.split_lower[runs, least], None
+        if pattern is not None:  # the splits with those sends (across) and without those
+            sends, barred, alone = pattern
+            source = self._patterned_times(runs, least, sends, barred, deadline)
+            if rounds and alone and source is not None:
+                alternative = self._patterned_times(runs, least, sends, barred + alone, deadline)
+            if source is None or (rounds and alone and alternative is None):
+                return None
         # per kinds of a pipeline: by m, its least time + ring + step over its splits
         priced, mixed, stricter = {}, {}, {}
-        for v, per_split in self.split_lower[runs, least].items():
+        for v, per_split in source.items():
             rings, update, holding = extras[sum(v)]
             extra = (rings + update)[:, None]
             if ring_cap is not None:  # the splits within the cap, at their time alone
@@ -722,7 +739,9 @@ class Relaxation:
                                                 ).min(axis=0).tolist()
                 continue
             priced[v] = [math.inf] + (per_split + extra).min(axis=0).tolist()
-            if forcing is not None:  # the held layer's stage of another kind than `kind`, or isolated stages
+            if alternative is not None:  # `pattern`'s forced pipelines: none of G's sends either
+                mixed[v] = [math.inf] + (alternative[v] + extra).min(axis=0).tolist()
+            elif forcing is not None:  # the held layer's stage of another kind than `kind`, or isolated stages
                 mixed[v] = [math.inf] + (np.maximum(per_split, forcing[v]) + extra).min(axis=0).tolist()
             elif paired is not None:  # all of kind `kind` and at least s stages: at least c crossings
                 crossings, stages = paired
@@ -736,6 +755,22 @@ class Relaxation:
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
+
+    def _patterned_times(self, runs: int, least: int, sends: tuple[tuple[int, ...], ...], barred: tuple[int, ...],
+                         deadline: Deadline) -> dict[tuple[int, ...], np.ndarray] | None:
+        """`lower_times`' per-split table under `pattern` (sends, barred); without sends, the
+        unconstrained table with the barred splits masked (a split's floor does not depend on the
+        others), a numpy pass instead of a build."""
+        key = (runs, least, sends, barred)
+        if sends:
+            return self._split_times(self._patterned, key, deadline, runs, least, pattern=(sends, barred))
+        if key not in self._patterned:
+            masked = {}
+            for v, per_split in self.split_lower[runs, least].items():
+                inner = np.array(self.splits[sum(v)])[:, 1:-1]
+                masked[v] = np.where(np.isin(inner, barred).any(axis=1)[:, None], np.inf, per_split)
+            self._patterned[key] = masked
+        return self._patterned[key]
 
     def _split_times(self, cache: dict[Any, dict[tuple[int, ...], np.ndarray]], key: Any, deadline: Deadline,
                      runs: int, least: int = 0, **options: Any) -> dict[tuple[int, ...], np.ndarray] | None:
@@ -752,7 +787,8 @@ class Relaxation:
                     pinned: tuple[tuple[int, ...], int, int] | None = None,
                     isolate: tuple[tuple[int, ...], int] | None = None, reach: int = 0, sided: bool = False,
                     prefixes: dict[tuple[int, ...], np.ndarray] | None = None,
-                    boundary: tuple[int, int] | None = None
+                    boundary: tuple[int, int] | None = None,
+                    pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...]] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
@@ -779,7 +815,9 @@ class Relaxation:
         `sided`: each at one of its boundaries at least (the least over the sides; a first or last
         stage's outer side is no boundary, so it is not constrained). `prefixes`: filled by
         `_least_times` (unpinned, not isolated only). `boundary` (layer l, kind k): where a split sends
-        before l between two stages of kind k, that send crosses nodes (`_kept_times`)."""
+        before l between two stages of kind k, that send crosses nodes (`_kept_times`). `pattern` (C, F):
+        only the splits with a send before some layer of each group of C, across nodes (the least
+        over the choices), and before none of F count."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -849,7 +887,19 @@ class Relaxation:
                             ranges, fits, b, pairs[profile], cheap, inter, exact, alone[:, 1:-1])[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif boundary is not None:
-                    per_split = self._kept_times(ranges, fits, b, pairs[profile], cheap, inter, simulate, boundary)
+                    per_split = self._kept_times(ranges, fits, b, pairs[profile], cheap, inter, boundary)
+                    best = np.concatenate([[np.inf], per_split.min(axis=0)])
+                elif pattern is not None:  # per choice of one send of each group: the splits with those, across
+                    inner = b[:, 1:-1]
+                    free = ~np.isin(inner, pattern[1]).any(axis=1)
+                    per_split = np.full((len(splits), self.total), np.inf)
+                    for chosen in itertools.product(*pattern[0]):
+                        sends = np.isin(inner, chosen)  # (split, boundary): a send before a chosen layer
+                        rows = np.flatnonzero((sends.sum(axis=1) == len(set(chosen))) & free)
+                        if rows.size:
+                            per_split[rows] = np.minimum(per_split[rows], self._least_times(
+                                ranges[:, rows], fits[:, rows], b[rows], pairs[profile], cheap, inter, False,
+                                sends[rows])[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif pinned is None:
                     best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate,
@@ -875,11 +925,12 @@ class Relaxation:
 
     def _kept_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
                     pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
-                    simulate: bool, boundary: tuple[int, int]) -> np.ndarray:
+                    boundary: tuple[int, int]) -> np.ndarray:
         """per_split[i, m - 1]: `_least_times`' floor on split i where, if the split sends before layer
         l (`boundary` (l, k)) between two stages of kind k, that send crosses nodes: per position t of
         that send, the orders with kind k on stages t and t + 1 take the crossing (added to their
-        minimal sets: sends only grow), the others and the splits with no send there are as before."""
+        minimal sets: sends only grow), the others and the splits with no send there are as before;
+        by the closed form alone (tables per layer and kind: simulating them cost more than it raised)."""
         layer, kind = boundary
         stages = b.shape[1] - 1
         per_split = np.full((len(b), self.total), np.inf)
@@ -894,10 +945,10 @@ class Relaxation:
                 crossing = np.zeros((len(rows), stages - 1), dtype=bool)
                 crossing[:, t] = True
                 found = np.minimum(found, self._least_times(ranges[:, rows], fits[:, rows], b[rows], kept, cheap,
-                                                            inter, simulate, crossing)[1])
+                                                            inter, False, crossing)[1])
             if rest:
                 found = np.minimum(found, self._least_times(ranges[:, rows], fits[:, rows], b[rows], rest, cheap,
-                                                            inter, simulate)[1])
+                                                            inter, False)[1])
             per_split[rows] = found
         return per_split
 
@@ -1252,7 +1303,7 @@ class ExactSearch:
                     spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
                 # each builds tables before it checks
-                for split in (self.held, self.isolated, self.neighboured, self.kept, self.single):
+                for split in (self.held, self.isolated, self.neighboured, self.kept, self.single, self.spans):
                     if value < limit:
                         value = max(value, split(p, refine, value, limit))
             if refine is not None and value < limit:
@@ -1678,6 +1729,61 @@ class ExactSearch:
                     return best
                 best = max(best, table[self.root], self.thresholds(pipelines, refine, max(best, value), floor,
                                                                    forced=(kind, rounds), kept=(layer, kind)))
+        return best
+
+    def spans(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines by the set S of layers whose P holders span nodes, while it
+        may raise `value` (`floor`: unused, every S is needed). S empty: `columns`. Otherwise S's rings
+        cross (`coupled`'s `crossed`) and every other layer's holders sit in one node N_l of at least P
+        groups. Two such layers l < l' with only layers of S between: on two nodes, no stage holds
+        both (its group would be in both), so every pipeline sends before one of l + 1..l', across
+        nodes; on one node N, it holds P holders of each and two groups of every pipeline that sends
+        there, so at most e = (the most groups of a node) - P pipelines do, and at most e over a run
+        of such pairs in one node. Per choice of those pairs crossed (C) or kept (the rest, in r
+        runs): with e = 0 no pipeline sends within the kept ones, else at least P - e r pipelines send
+        within none of them (`coupled`'s `pattern`); and each such layer's P holders, one node's groups, have at least r
+        of another kind than k (`forced`, `local`): the largest of those tables floors the plans of
+        S and C. The least over S and C, the cheapest rings first: it stops once under `value`.
+        8-24-device seed 63: four pipelines on nodes of four groups (at most three fast), 1 Gb/s
+        between nodes: letting the 100 M-parameter layer 4 span alone keeps layers 0-3 in nodes."""
+        if self.layers > SINGLE_LAYERS:
+            return 0.0
+        best = self.columns(pipelines, refine)
+        spare, forced = self.most_per_node - pipelines, self.forced(pipelines)
+        grad = self.relaxation.grad
+        subsets = sorted((chosen for size in range(1, self.layers + 1)
+                          for chosen in itertools.combinations(range(self.layers), size)),
+                         key=lambda chosen: (sum(grad[layer] for layer in chosen), chosen))
+        for spanning in subsets:
+            if best <= value:
+                break
+            held = [layer for layer in range(self.layers) if layer not in spanning]
+            pairs = [tuple(range(first + 1, second + 1)) for first, second in zip(held, held[1:])]  # the sends between
+            for crossed in itertools.product((False, True), repeat=len(pairs)):
+                sends = tuple(pair for pair, across in zip(pairs, crossed) if across)
+                kept = tuple(layer for pair, across in zip(pairs, crossed) if not across for layer in pair)
+                runs = sum(1 for i, across in enumerate(crossed) if not across and (i == 0 or crossed[i - 1]))
+                barred, alone, rounds = (kept, (), 0) if spare == 0 or not kept else \
+                    ((), kept, max(pipelines - spare * runs, 0))
+                pattern = (sends, barred, alone if rounds else ()) if sends or barred or rounds else None
+                table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
+                if table is None:
+                    return 0.0
+                found = table[self.root]
+                for layer, (kind, least) in itertools.product(range(self.layers), forced):
+                    if found >= best:
+                        break  # it no longer lowers the least
+                    if layer in spanning:
+                        continue
+                    table = self.relaxation.coupled(pipelines, refine, forced=(kind, least), crossed=spanning,
+                                                    held=((layer,), 1),
+                                                    pattern=(sends, barred, ()) if sends or barred else None)
+                    if table is None:
+                        return 0.0
+                    found = max(found, table[self.root])
+                best = min(best, found)
+                if best <= value:
+                    break
         return best
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
