@@ -1667,7 +1667,11 @@ class ExactSearch:
         which floors every plan of P pipelines, priced with rings of their own (`coupled`) or with the
         shortest one's stage count (`Relaxation.paired_level`: a forced pipeline cannot then take a
         finer split for a smaller ring of its own). c runs above the crossings a pipeline of s0
-        stages must make anyway (runs of at most a node's groups). 32-64-device seed 91: seven
+        stages must make anyway (runs of at most a node's groups). Fewer than c crossings also leave at
+        most c runs, one of at least ceil(s0 / c) stages in one node: at most the sum over the nodes
+        of f_k // ceil(s0 / c) pipelines do (8-24-device seed 162: seven 3-stage pipelines, nodes of
+        four groups; for c = 1, whole pipelines in one node, then priced with `thresholds` too, since a
+        2-stage split of one micro-batch is as fast but rings more). 32-64-device seed 91: seven
         four-stage fast pipelines on nodes of at most three fast groups; B = 13 lets six cross once,
         the seventh crosses twice (17.264283 -> 17.264493, its plan); 94 (three stages, nodes of at
         most two fast groups, B = 5): 19.469159 -> 19.469369 (its plan) by the counted form."""
@@ -1681,11 +1685,15 @@ class ExactSearch:
                  for s in range(1, min(self.groups // pipelines, self.layers) + 1)}
         best = 0.0
         for kind in range(len(relaxation.kind_count)):
-            shared = sum(max(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind) - 1, 0)
-                         for groups in per_node.values())
+            of_kind = [sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
+                       for groups in per_node.values()]
+            shared = sum(max(count - 1, 0) for count in of_kind)
             for stages in range(2, self.longest + 1):
                 for crossings in range(-(-stages // relaxation.most_per_node), stages):
-                    rounds = pipelines - shared // (stages - crossings)
+                    # fewer than c crossings: at most c runs in nodes, one of at least ceil(s0 / c) stages
+                    run = -(-stages // crossings)
+                    runs_in_nodes = sum(count // run for count in of_kind)
+                    rounds = pipelines - min(shared // (stages - crossings), runs_in_nodes)
                     if rounds <= 0 or max(best, value) >= floor:
                         continue
                     table = relaxation.coupled(pipelines, refine, forced=(kind, rounds),
@@ -1693,6 +1701,9 @@ class ExactSearch:
                     if table is None:
                         return best
                     best = max(best, table[self.root])
+                    if crossings == 1 and runs_in_nodes < shared // (stages - 1) and max(best, value) < floor:
+                        best = max(best, self.thresholds(pipelines, refine, max(best, value), floor,
+                                                         forced=(kind, rounds), paired=(crossings, stages)))
                     if max(best, value) >= floor:
                         continue
                     # or with the pipeline times counted by the shortest one's stage count (`floor`'s counted)
@@ -1798,7 +1809,8 @@ class ExactSearch:
         return best
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
-                   forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None) -> float:
+                   forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None,
+                   paired: tuple[int, int] | None = None) -> float:
         """Floor of the plans of P pipelines with the slowest time and the largest all-reduce + step
         taken apart but on the same splits: a plan whose largest split value (its pipeline's stage
         ring + step, `coupled`'s) is E runs every pipeline on a split of value at most E, so its step
@@ -1807,10 +1819,12 @@ class ExactSearch:
         are at least that). `coupled` charges each pipeline its own split's ring, so a fast split of
         large stages in one pipeline beside small stages elsewhere was priced below either (8-24-device
         seed 769: one pipeline holding layers 1-2 in one stage saves a 100 MB send, 9.4447 + 0.2134 s,
-        while the plan's ring is then that stage's, 0.13 s more)."""
+        while the plan's ring is then that stage's, 0.13 s more). `forced`, `kept`, `paired`: as
+        `coupled`'s (`boundaries`, `paired` take this form too)."""
         relaxation = self.relaxation
         values = relaxation.extra_values.get(pipelines)
-        free = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, ring_cap=math.inf) if values else None
+        free = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=math.inf) \
+            if values else None
         if free is None:
             return 0.0
         base, best = free[self.root], math.inf
@@ -1818,7 +1832,7 @@ class ExactSearch:
             least = cap + base  # every cap from here on gives at least this
             if least >= min(best, floor):
                 return min(best, least)
-            table = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, ring_cap=cap)
+            table = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=cap)
             if table is None:
                 return min(best, least)
             best = min(best, cap + table[self.root])
