@@ -42,7 +42,8 @@ Decomposition (pipelines priced once per shape, a master over multisets of them)
   pipeline count it may end with meets the incumbent (`by_count`, each count's refined up to the
   incumbent); per count the root floor also splits plans by which layers ring inside a node
   (`ExactSearch.floor`: column, spanning, held, isolated-stage, neighboured, kept-pair and
-  one-stage-pipeline floors). A pipeline stops growing once its first stages' kinds, in
+  one-stage-pipeline floors, and `thresholds`: the slowest time and the largest ring on the same splits;
+  `boundaries`: sends between two stages of a kind kept inside nodes are counted). A pipeline stops growing once its first stages' kinds, in
   order, make it or the others too slow: it takes at least `prefix_lower` (the least closed-form
   1F1B time over the orders that start so, any split and crossings) with the m micro-batches it
   runs, the others at least the cover of the rest on the groups left, for every m (only every
@@ -73,7 +74,7 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.bounds import MemoryRelaxation
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.frames import on_fresh_chunk
-from chameleon_opt.solve.polish import polish_step_splits
+from chameleon_opt.solve.polish import polish_placement, polish_step_splits
 
 EXACT_GROUPS = 64
 """Most surviving TP groups the branch and bound is tried on; beyond, the scale path's bound stands."""
@@ -105,8 +106,8 @@ floors and trees take 0.5 s, and at 64 its bound was the relaxation's, 0.2% low.
 SHORT_SHARE = 0.3
 """Of the branch and bound's time, at most this much for its runs capped at shorter pipelines."""
 REGULAR_SHARE = 0.15
-"""Of the branch and bound's time, at most this much for its first run, over plans whose pipelines
-all have the first one's layer split (`ExactSearch.solve`)."""
+"""Of the branch and bound's time, at most this much for its run over plans whose pipelines all have
+the first one's layer split, after the short runs (`ExactSearch.solve`)."""
 FOCUS_SHARE = 0.3
 """Of the branch and bound's time, at most this much for a regular run over the plans of the pipeline
 count with the least floor alone, when other counts are also below the incumbent (`ExactSearch.solve`)."""
@@ -118,6 +119,9 @@ an inventory whose refined floor meets the incumbent is not searched. Only a slo
 and its tree rarely finishes in the rest without it (32-64 seed 56: the floor meets the plan)."""
 STEP_POLISH_SHARE = 0.1
 """Of what is left, at most this much polishes each better plan a tree finds (`polish_step_splits`)."""
+LEAF_POLISH_SHARE = 0.05
+"""Of the current run's time left, at most this much polishes the placement of each better plan a tree
+finds (`polish_placement`, ms at 24 devices)."""
 CHUNK_ELEMENTS = 1_000_000
 """Most (pair, n) elements one step of `Relaxation.counted_table` holds at once (8 MB an array)."""
 SINGLE_LAYERS = 6
@@ -450,6 +454,13 @@ class Relaxation:
         self._pairs: dict[tuple[int, int], dict] = {}  # per (runs, least crossings): `lower_times`' pairs
         # per (layers, q): split_lower with the stages of some q of those layers crossing at both ends
         self._isolated: dict[tuple[tuple[tuple[int, ...], int], bool], dict[tuple[int, ...], np.ndarray]] = {}
+        # per (layer, kind): split_lower with a send before that layer between two stages of that kind crossing
+        self._kept: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
+        # per (runs, least crossings, sends C, sends F): split_lower on the splits sending before C's layers
+        # (across nodes) and before none of F's (`lower_times`' `pattern`)
+        self._patterned: dict[tuple, dict[tuple[int, ...], np.ndarray]] = {}
+        # per P: every split's all-reduce + optimizer step floor (`coupled`), ascending
+        self.extra_values: dict[int, list[float]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -605,7 +616,10 @@ class Relaxation:
                 neighbours: int = 0, paired: tuple[int, int] | None = None,
                 within: tuple[tuple[int, ...], int, int] | None = None,
                 strict: tuple[int, int, int, int] | None = None,
-                shortest: int = 1, short_runs: int | None = None) -> list[float] | None:
+                shortest: int = 1, short_runs: int | None = None, kept: tuple[int, int] | None = None,
+                ring_cap: float | None = None,
+                pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]] | None = None
+                ) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -632,10 +646,18 @@ class Relaxation:
         `ExactSearch.single`); `crossed`: these layers' rings cross nodes (a slot holding some of them
         rings at least their bytes on the inter-node link, as with `crossing`: `stage_ring`);
         `shortest`: every pipeline has at least that many stages; `short_runs` r: the forced pipelines, if
-        all of kind `kind`, hold no run of more than r stages in one node (`ExactSearch.long_runs`)."""
+        all of kind `kind`, hold no run of more than r stages in one node (`ExactSearch.long_runs`);
+        `kept` (layer l, the forced kind): a forced pipeline whose stages on both sides of the send
+        before l are of that kind crosses nodes there (`lower_times`' `boundary`, `ExactSearch.boundaries`); `ring_cap` E: each pipeline priced at
+        its time alone, on the splits whose all-reduce and step are at most E (`ExactSearch.thresholds`).
+        The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained).
+        `pattern` (C, F, G): every pipeline sends before some layer of each group of C, across nodes,
+        and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), else
+        they are priced as `held` says."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
-               shortest, short_runs)
+               shortest, short_runs) + ((kept,) if kept is not None else ()) + ((ring_cap,) if ring_cap is not None else ()) \
+            + ((pattern,) if pattern is not None else ())
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -662,6 +684,8 @@ class Relaxation:
                 holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
             extras[stages] = (ring[b[:, :-1], b[:, 1:]].max(axis=1), update / self.model.optimizer_shards(pipelines),
                               holding[:, None])
+        if not crossing and not crossed:
+            self.extra_values[pipelines] = sorted({float(x) for rings, update, _ in extras.values() for x in rings + update})
         kind, rounds = forced
         forcing = None
         if rounds and paired is not None and \
@@ -673,6 +697,10 @@ class Relaxation:
         node_runs = self.most_per_node
         if rounds and held is not None:
             forcing = self._split_times(self._held, (held, kind), deadline, node_runs, pinned=(held[0], kind, held[1]))
+            if forcing is None:
+                return None
+        elif rounds and kept is not None:
+            forcing = self._split_times(self._kept, kept, deadline, node_runs, boundary=kept)
             if forcing is None:
                 return None
         elif rounds and isolate is not None:
@@ -694,11 +722,21 @@ class Relaxation:
             if found is None:
                 return None
             pinned = found
+        source, alternative = self.split_lower[runs, least], None
+        if pattern is not None:  # the splits with those sends (across) and without those
+            sends, barred, alone = pattern
+            source = self._patterned_times(runs, least, sends, barred, deadline)
+            if rounds and alone and source is not None:
+                alternative = self._patterned_times(runs, least, sends, barred + alone, deadline)
+            if source is None or (rounds and alone and alternative is None):
+                return None
         # per kinds of a pipeline: by m, its least time + ring + step over its splits
         priced, mixed, stricter = {}, {}, {}
-        for v, per_split in self.split_lower[runs, least].items():
+        for v, per_split in source.items():
             rings, update, holding = extras[sum(v)]
             extra = (rings + update)[:, None]
+            if ring_cap is not None:  # the splits within the cap, at their time alone
+                extra = np.where(extra <= ring_cap, 0.0, np.inf)
             if within is not None:  # `within`'s layers on at most t stages (u forced, w strict), of any kind
                 barred = {most: np.where(holding <= most, 0.0, np.inf) for most in (within[1], within[2])
                           + ((strict[3],) if strict is not None else ())}
@@ -709,7 +747,9 @@ class Relaxation:
                                                 ).min(axis=0).tolist()
                 continue
             priced[v] = [math.inf] + (per_split + extra).min(axis=0).tolist()
-            if forcing is not None:  # the held layer's stage of another kind than `kind`, or isolated stages
+            if alternative is not None:  # `pattern`'s forced pipelines: none of G's sends either
+                mixed[v] = [math.inf] + (alternative[v] + extra).min(axis=0).tolist()
+            elif forcing is not None:  # the held layer's stage of another kind than `kind`, or isolated stages
                 mixed[v] = [math.inf] + (np.maximum(per_split, forcing[v]) + extra).min(axis=0).tolist()
             elif paired is not None:  # all of kind `kind` and at least s stages: at least c crossings
                 crossings, stages = paired
@@ -727,6 +767,22 @@ class Relaxation:
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
 
+    def _patterned_times(self, runs: int, least: int, sends: tuple[tuple[int, ...], ...], barred: tuple[int, ...],
+                         deadline: Deadline) -> dict[tuple[int, ...], np.ndarray] | None:
+        """`lower_times`' per-split table under `pattern` (sends, barred); without sends, the
+        unconstrained table with the barred splits masked (a split's floor does not depend on the
+        others), a numpy pass instead of a build."""
+        key = (runs, least, sends, barred)
+        if sends:
+            return self._split_times(self._patterned, key, deadline, runs, least, pattern=(sends, barred))
+        if key not in self._patterned:
+            masked = {}
+            for v, per_split in self.split_lower[runs, least].items():
+                inner = np.array(self.splits[sum(v)])[:, 1:-1]
+                masked[v] = np.where(np.isin(inner, barred).any(axis=1)[:, None], np.inf, per_split)
+            self._patterned[key] = masked
+        return self._patterned[key]
+
     def _split_times(self, cache: dict[Any, dict[tuple[int, ...], np.ndarray]], key: Any, deadline: Deadline,
                      runs: int, least: int = 0, **options: Any) -> dict[tuple[int, ...], np.ndarray] | None:
         """`lower_times`' per-split table for these arguments, built once into `cache[key]`; None when
@@ -741,7 +797,9 @@ class Relaxation:
     def lower_times(self, deadline: Deadline, runs: int, least: int = 0,
                     pinned: tuple[tuple[int, ...], int, int] | None = None,
                     isolate: tuple[tuple[int, ...], int] | None = None, reach: int = 0, sided: bool = False,
-                    prefixes: dict[tuple[int, ...], np.ndarray] | None = None
+                    prefixes: dict[tuple[int, ...], np.ndarray] | None = None,
+                    boundary: tuple[int, int] | None = None,
+                    pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...]] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
         whose stages take v[k] groups of each kind k, running m micro-batches, and split_lower[v][i,
@@ -767,7 +825,10 @@ class Relaxation:
         simulations of every choice of q stay within LOWER_SIMULATION_UNITS, else by the closed form;
         `sided`: each at one of its boundaries at least (the least over the sides; a first or last
         stage's outer side is no boundary, so it is not constrained). `prefixes`: filled by
-        `_least_times` (unpinned, not isolated only)."""
+        `_least_times` (unpinned, not isolated only). `boundary` (layer l, kind k): where a split sends
+        before l between two stages of kind k, that send crosses nodes (`_kept_times`). `pattern` (C, F):
+        only the splits with a send before some layer of each group of C, across nodes (the least
+        over the choices), and before none of F count."""
         model = self.model
         kinds = len(self.kind_count)
         fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
@@ -836,6 +897,21 @@ class Relaxation:
                         per_split = np.minimum(per_split, self._least_times(
                             ranges, fits, b, pairs[profile], cheap, inter, exact, alone[:, 1:-1])[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
+                elif boundary is not None:
+                    per_split = self._kept_times(ranges, fits, b, pairs[profile], cheap, inter, boundary)
+                    best = np.concatenate([[np.inf], per_split.min(axis=0)])
+                elif pattern is not None:  # per choice of one send of each group: the splits with those, across
+                    inner = b[:, 1:-1]
+                    free = ~np.isin(inner, pattern[1]).any(axis=1)
+                    per_split = np.full((len(splits), self.total), np.inf)
+                    for chosen in itertools.product(*pattern[0]):
+                        sends = np.isin(inner, chosen)  # (split, boundary): a send before a chosen layer
+                        rows = np.flatnonzero((sends.sum(axis=1) == len(set(chosen))) & free)
+                        if rows.size:
+                            per_split[rows] = np.minimum(per_split[rows], self._least_times(
+                                ranges[:, rows], fits[:, rows], b[rows], pairs[profile], cheap, inter, False,
+                                sends[rows])[1])
+                    best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif pinned is None:
                     best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate,
                                                         prefixes=prefixes)
@@ -857,6 +933,35 @@ class Relaxation:
                 lower[profile] = best.tolist()
                 split_lower[profile] = per_split
         return lower, split_lower
+
+    def _kept_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
+                    pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
+                    boundary: tuple[int, int]) -> np.ndarray:
+        """per_split[i, m - 1]: `_least_times`' floor on split i where, if the split sends before layer
+        l (`boundary` (l, k)) between two stages of kind k, that send crosses nodes: per position t of
+        that send, the orders with kind k on stages t and t + 1 take the crossing (added to their
+        minimal sets: sends only grow), the others and the splits with no send there are as before;
+        by the closed form alone (tables per layer and kind: simulating them cost more than it raised)."""
+        layer, kind = boundary
+        stages = b.shape[1] - 1
+        per_split = np.full((len(b), self.total), np.inf)
+        inner = b[:, 1:-1] == layer  # (split, boundary): the send before `layer`
+        at = np.where(inner.any(axis=1), inner.argmax(axis=1), -1) if stages > 1 else np.full(len(b), -1)
+        for t in sorted(set(at.tolist())):
+            rows = np.flatnonzero(at == t)
+            kept = [pair for pair in pairs if t >= 0 and pair[1][t] == kind == pair[1][t + 1]]
+            rest = [pair for pair in pairs if pair not in kept]
+            found = per_split[rows]
+            if kept:
+                crossing = np.zeros((len(rows), stages - 1), dtype=bool)
+                crossing[:, t] = True
+                found = np.minimum(found, self._least_times(ranges[:, rows], fits[:, rows], b[rows], kept, cheap,
+                                                            inter, False, crossing)[1])
+            if rest:
+                found = np.minimum(found, self._least_times(ranges[:, rows], fits[:, rows], b[rows], rest, cheap,
+                                                            inter, False)[1])
+            per_split[rows] = found
+        return per_split
 
     def _placements(self, stages: int, runs: int, least: int, orders: list[tuple[int, ...]]
                     ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -1209,13 +1314,17 @@ class ExactSearch:
                     spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
                 # each builds tables before it checks
-                for split in (self.held, self.isolated, self.neighboured, self.kept, self.single):
+                for split in (self.held, self.isolated, self.neighboured, self.kept, self.single, self.spans):
                     if value < limit:
                         value = max(value, split(p, refine, value, limit))
             if refine is not None and value < limit:  # one table per run length: before the paired tables
                 value = max(value, self.long_runs(p, refine, value, limit))
             if refine is not None and value < limit:
                 value = max(value, self.paired(p, refine, value, limit))
+            if refine is not None and value < limit:
+                value = max(value, self.thresholds(p, refine, value, limit))
+            if refine is not None and value < limit:
+                value = max(value, self.boundaries(p, refine, value, limit))
             self.by_count[p] = max(self.by_count[p], value)
             return value
 
@@ -1568,7 +1677,11 @@ class ExactSearch:
         which floors every plan of P pipelines, priced with rings of their own (`coupled`) or with the
         shortest one's stage count (`Relaxation.paired_level`: a forced pipeline cannot then take a
         finer split for a smaller ring of its own). c runs above the crossings a pipeline of s0
-        stages must make anyway (runs of at most a node's groups). 32-64-device seed 91: seven
+        stages must make anyway (runs of at most a node's groups). Fewer than c crossings also leave at
+        most c runs, one of at least ceil(s0 / c) stages in one node: at most the sum over the nodes
+        of f_k // ceil(s0 / c) pipelines do (8-24-device seed 162: seven 3-stage pipelines, nodes of
+        four groups; for c = 1, whole pipelines in one node, then priced with `thresholds` too, since a
+        2-stage split of one micro-batch is as fast but rings more). 32-64-device seed 91: seven
         four-stage fast pipelines on nodes of at most three fast groups; B = 13 lets six cross once,
         the seventh crosses twice (17.264283 -> 17.264493, its plan); 94 (three stages, nodes of at
         most two fast groups, B = 5): 19.469159 -> 19.469369 (its plan) by the counted form."""
@@ -1577,11 +1690,15 @@ class ExactSearch:
         extra = self._least_extras(pipelines)
         best = 0.0
         for kind in range(len(relaxation.kind_count)):
-            shared = sum(max(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind) - 1, 0)
-                         for groups in per_node.values())
+            of_kind = [sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
+                       for groups in per_node.values()]
+            shared = sum(max(count - 1, 0) for count in of_kind)
             for stages in range(2, self.longest + 1):
                 for crossings in range(-(-stages // relaxation.most_per_node), stages):
-                    rounds = pipelines - shared // (stages - crossings)
+                    # fewer than c crossings: at most c runs in nodes, one of at least ceil(s0 / c) stages
+                    run = -(-stages // crossings)
+                    runs_in_nodes = sum(count // run for count in of_kind)
+                    rounds = pipelines - min(shared // (stages - crossings), runs_in_nodes)
                     if rounds <= 0 or max(best, value) >= floor:
                         continue
                     table = relaxation.coupled(pipelines, refine, forced=(kind, rounds),
@@ -1589,6 +1706,9 @@ class ExactSearch:
                     if table is None:
                         return best
                     best = max(best, table[self.root])
+                    if crossings == 1 and runs_in_nodes < shared // (stages - 1) and max(best, value) < floor:
+                        best = max(best, self.thresholds(pipelines, refine, max(best, value), floor,
+                                                         forced=(kind, rounds), paired=(crossings, stages)))
                     if max(best, value) >= floor:
                         continue
                     # or with the pipeline times counted by the shortest one's stage count (`floor`'s counted)
@@ -1648,6 +1768,130 @@ class ExactSearch:
                         return best
                     least = min(least, row[self.root] + paid)
                 best = max(best, least)
+        return best
+
+    def boundaries(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from how few sends between stages of one kind can stay in a
+        node, while it may raise `value` below `floor`. A pipeline that sends before layer l between
+        two stages of kind k inside a node puts two groups of kind k there, so at most the sum over the
+        nodes of f_k // 2 pipelines do; each other one has no send there, a stage of another kind on
+        one side of it, or sends it across nodes (`coupled`'s `kept`), which floors every plan of P
+        pipelines. 8-24-device seed 769: six two-stage fast pipelines whose 100 MB send stays in a
+        node beat the others by 0.018 s, and five fit in the nodes' fast groups (2, 2, 1, 2, 2, 1, 3)."""
+        relaxation, model = self.relaxation, self.model
+        per_node = self.node_groups()
+        gains = {layer: model.boundary_send_on(model.inter, layer - 1) - model.boundary_send_on(model.intra, layer - 1)
+                 for layer in range(1, self.layers)}
+        best = 0.0
+        for kind in range(len(relaxation.kind_count)):
+            inside = sum(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind) // 2
+                         for groups in per_node.values())
+            rounds = pipelines - inside
+            if rounds <= 0:
+                continue
+            for layer in sorted(gains, key=gains.get, reverse=True):
+                if gains[layer] <= 0 or max(best, value) >= floor:
+                    break
+                table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), kept=(layer, kind))
+                if table is None:
+                    return best
+                best = max(best, table[self.root], self.thresholds(pipelines, refine, max(best, value), floor,
+                                                                   forced=(kind, rounds), kept=(layer, kind)))
+        return best
+
+    def spans(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines by the set S of layers whose P holders span nodes, while it
+        may raise `value` (`floor`: unused, every S is needed). S empty: `columns`. Otherwise S's rings
+        cross (`coupled`'s `crossed`) and every other layer's holders sit in one node N_l of at least P
+        groups. Two such layers l < l' with only layers of S between: on two nodes, no stage holds
+        both (its group would be in both), so every pipeline sends before one of l + 1..l', across
+        nodes; on one node N, it holds P holders of each and two groups of every pipeline that sends
+        there, so at most e = (the most groups of a node) - P pipelines do, and at most e over a run
+        of such pairs in one node. Per choice of those pairs crossed (C) or kept (the rest, in r
+        runs): with e = 0 no pipeline sends within the kept ones, else at least P - e r pipelines send
+        within none of them (`coupled`'s `pattern`); and each such layer's P holders, one node's groups, have at least r
+        of another kind than k (`forced`, `local`): the largest of those tables floors the plans of
+        S and C. The least over S and C, the cheapest rings first: it stops once under `value`.
+        8-24-device seed 63: four pipelines on nodes of four groups (at most three fast), 1 Gb/s
+        between nodes: letting the 100 M-parameter layer 4 span alone keeps layers 0-3 in nodes."""
+        if self.layers > SINGLE_LAYERS:
+            return 0.0
+        every = self.relaxation.coupled(pipelines, refine, crossed=tuple(range(self.layers)))
+        if every is None or every[self.root] <= value:
+            return 0.0  # S = every layer (no held layer) is one of the least's terms already
+        best = min(self.columns(pipelines, refine), every[self.root])
+        spare, forced = self.most_per_node - pipelines, self.forced(pipelines)
+        grad = self.relaxation.grad
+        subsets = sorted((chosen for size in range(1, self.layers + 1)
+                          for chosen in itertools.combinations(range(self.layers), size)),
+                         key=lambda chosen: (sum(grad[layer] for layer in chosen), chosen))
+        for spanning in subsets:
+            if best <= value:
+                break
+            plain = self.relaxation.coupled(pipelines, refine, crossed=spanning)  # every plan of S: at least this
+            if plain is None:
+                return 0.0
+            if plain[self.root] >= best:
+                continue
+            held = [layer for layer in range(self.layers) if layer not in spanning]
+            pairs = [tuple(range(first + 1, second + 1)) for first, second in zip(held, held[1:])]  # the sends between
+            for crossed in itertools.product((False, True), repeat=len(pairs)):
+                sends = tuple(pair for pair, across in zip(pairs, crossed) if across)
+                kept = tuple(layer for pair, across in zip(pairs, crossed) if not across for layer in pair)
+                runs = sum(1 for i, across in enumerate(crossed) if not across and (i == 0 or crossed[i - 1]))
+                barred, alone, rounds = (kept, (), 0) if spare == 0 or not kept else \
+                    ((), kept, max(pipelines - spare * runs, 0))
+                pattern = (sends, barred, alone if rounds else ()) if sends or barred or rounds else None
+                table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
+                if table is None:
+                    return 0.0
+                found = table[self.root]
+                for layer, (kind, least) in itertools.product(range(self.layers), forced):
+                    if found >= best:
+                        break  # it no longer lowers the least
+                    if layer in spanning:
+                        continue
+                    table = self.relaxation.coupled(pipelines, refine, forced=(kind, least), crossed=spanning,
+                                                    held=((layer,), 1),
+                                                    pattern=(sends, barred, ()) if sends or barred else None)
+                    if table is None:
+                        return 0.0
+                    found = max(found, table[self.root])
+                best = min(best, found)
+                if best <= value:
+                    break
+        return best
+
+    def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
+                   forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None,
+                   paired: tuple[int, int] | None = None) -> float:
+        """Floor of the plans of P pipelines with the slowest time and the largest all-reduce + step
+        taken apart but on the same splits: a plan whose largest split value (its pipeline's stage
+        ring + step, `coupled`'s) is E runs every pipeline on a split of value at most E, so its step
+        is at least T(E) + E, T(E) the least makespan on such splits (`coupled`'s `ring_cap`); the
+        least over the values E, ascending, stopped once E + T(inf) reaches it or `floor` (the rest
+        are at least that). `coupled` charges each pipeline its own split's ring, so a fast split of
+        large stages in one pipeline beside small stages elsewhere was priced below either (8-24-device
+        seed 769: one pipeline holding layers 1-2 in one stage saves a 100 MB send, 9.4447 + 0.2134 s,
+        while the plan's ring is then that stage's, 0.13 s more). `forced`, `kept`, `paired`: as
+        `coupled`'s (`boundaries`, `paired` take this form too)."""
+        relaxation = self.relaxation
+        values = relaxation.extra_values.get(pipelines)
+        free = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=math.inf) \
+            if values else None
+        if free is None:
+            return 0.0
+        base, best = free[self.root], math.inf
+        for cap in values:
+            least = cap + base  # every cap from here on gives at least this
+            if least >= min(best, floor):
+                return min(best, least)
+            table = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=cap)
+            if table is None:
+                return min(best, least)
+            best = min(best, cap + table[self.root])
+            if best <= value:
+                return best  # it cannot raise `value`
         return best
 
     def columns(self, pipelines: int, refine: Deadline) -> float:
@@ -1907,6 +2151,11 @@ class ExactSearch:
             relieved = choose_reliefs(self.model, plan)
             if relieved is not None and relieved[1].iteration_time_s < best[0]:
                 best[0], best[1] = relieved[1].iteration_time_s, relieved[0]
+                # its placement polished at once (ms): the tree meets a better placement of the same shapes
+                # late (8-24-device seed 63: 26.58 -> 25.13 by swaps, the optimum 24.97 found 2.4 s later)
+                moved, value = polish_placement(self.model, best[1], frozenset(), window[0].share(LEAF_POLISH_SHARE))
+                if value < best[0] * (1 - 1e-12):
+                    best[0], best[1] = value, moved
                 stats["met"] = floor >= best[0] * (1 - PRUNE_TOLERANCE)
 
         sole = [-1] * self.layers  # per layer: the one node holding it in the chosen pipelines, -1 none, -2 several
@@ -2171,7 +2420,9 @@ class ExactSearch:
                 if copy and filled[0] > before:
                     return  # the lowest nodes that fit: stages of equal layers pile into nodes in order
 
-        # A regular run first: every pipeline after the first copies its shape and split, each stage on
+        # Short runs first (their incumbents cut the runs after them: 8-24-device seed 722 spent 3.5 s of
+        # fruitless regular and focus runs before them, 9.4 s in all, 4.8 s after), then a regular run:
+        # every pipeline after the first copies its shape and split, each stage on
         # the lowest node that fits (micro-batches free), on a group of the first's type or, when those
         # run out, of a type that dominates it (inventory dominance leaves fast groups where a
         # dropped inventory had slow ones: seed 5 of the 32-64-device probe). A small tree whose leaves pile a stage's
@@ -2181,7 +2432,15 @@ class ExactSearch:
             """The whole tree from its root, on a data-stack chunk of its own (solve/frames.py)."""
             on_fresh_chunk(lambda: master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0))
 
-        window[0], regular[0] = deadline.share(REGULAR_SHARE), True
+        for short in range(1, self.longest):
+            if deadline.expired():
+                break
+            window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
+            root()
+            if stats["complete"]:  # later runs take only first (longest) pipelines of more stages
+                searched[0] = short
+        cap[0] = self.longest
+        window[0], stats["complete"], regular[0] = deadline.share(REGULAR_SHARE), True, True
         root()
         regular[0] = False
         # A regular run over the plans of the count with the least floor alone (the others' floors set to
@@ -2197,13 +2456,6 @@ class ExactSearch:
             root()
             regular[0] = False
             count_floors(per_count)
-        for short in range(1, self.longest):
-            if deadline.expired():
-                break
-            window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
-            root()
-            if stats["complete"]:  # later runs take only first (longest) pipelines of more stages
-                searched[0] = short
         window[0], cap[0], stats["complete"] = deadline, self.longest, True
         root()
         complete = stats["complete"] or stats["met"]
