@@ -105,6 +105,15 @@ def brute_force(instance, failed: frozenset[int]) -> tuple[float, Plan | None]:
     return best, best_plan
 
 
+def _bench_instance(seed: int, devices: tuple[int, int]) -> tuple[dict[str, Any], frozenset[int]]:
+    """bench/brute_force.py's random instance of `devices` devices: the generator the brute force and the
+    probes draw their seeds from, so a seed here is the seed there."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance as bench_instance
+
+    return bench_instance(seed, devices)
+
+
 def random_instance(seed: int) -> tuple[dict[str, Any], frozenset[int]]:
     """Small random instances: one or two nodes, TP 1 or 2, one or two device types (speed and
     memory differ), memory loose, binding or too small, a few failures."""
@@ -325,9 +334,8 @@ def test_regular_run_piles_equal_stages_into_nodes(seed):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from brute_force import brute_force as reduced_brute_force
-    from brute_force import random_instance
 
-    data, failed = random_instance(seed, (8, 24))
+    data, failed = _bench_instance(seed, (8, 24))
     instance = build_instance(data)
     optimum, _, _, complete = reduced_brute_force(instance, failed)
     assert complete
@@ -347,10 +355,7 @@ def test_column_plans_reach_the_brute_force_optimum(seed, optimum):
     now come first. (The optima: bench/brute_force.py's, 1-25 s each.)"""
     from chameleon_opt.solve.columns import column_plans
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(seed, (8, 24))
+    data, failed = _bench_instance(seed, (8, 24))
     instance = build_instance(data)
     found = column_plans(instance, failed, PerfModel(instance), Deadline.after(5.0))
     assert found and found[0][1] <= optimum * (1 + 1e-9), (found[0][1] if found else None, optimum)
@@ -475,10 +480,7 @@ def test_refined_floor_prices_each_pipeline_on_one_split():
     nothing, so the least pipeline time cuts there while the least ring cuts after layer 3; the
     floor that paired them was 3.0e-5 s (two 15 us sends) below the best plan, 17.32422334562414.
     Each pipeline priced on one split (`Relaxation.coupled`) meets it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(16, (32, 64))
+    data, failed = _bench_instance(16, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(17.32422334562414, rel=1e-9)
 
 
@@ -488,9 +490,9 @@ def test_ring_floor_charges_half_under_overlap_param_gather(seed):
     ring (PerfModel.slot_reduce_times); floors that charged the whole all-reduce rose above plans
     the brute force found (seed 28: 17.7641 against 16.5640)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import brute_force_result, random_instance
+    from brute_force import brute_force_result
 
-    data, failed = random_instance(seed, (8, 16))
+    data, failed = _bench_instance(seed, (8, 16))
     data["training"].update({"zero_stage": 2, "overlap_param_gather": True})
     instance = build_instance(data)
     found = brute_force_result(instance, failed, 60.0)
@@ -509,10 +511,7 @@ def test_template_level_model_gives_every_pipeline_a_micro_batch():
     from chameleon_opt.check import check_plan
     from chameleon_opt.solve.search import search_plan
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(9, (8, 16))
+    data, failed = _bench_instance(9, (8, 16))
     data["training"].update({"zero_stage": 2, "overlap_param_gather": True})
     instance = build_instance(data)
     result = search_plan(instance, failed, Deadline.after(2.0))
@@ -525,12 +524,9 @@ def test_branch_and_bound_stops_once_a_plan_meets_the_floor(seed):
     """8-24-device seeds 28 and 43: the inventory's floor equals the optimum, and the branch and
     bound found that plan within milliseconds, then searched on to the deadline (8.5 of 10 s) since
     its tree's bounds are weaker than the floor. It now stops there, complete: OPTIMAL at once."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
     from chameleon_opt.solve.exact import exact_search
 
-    data, failed = random_instance(seed, (8, 24))
+    data, failed = _bench_instance(seed, (8, 24))
     instance = build_instance(data)
     model = PerfModel(instance)
     outcome = exact_search(instance, model, failed, math.inf, Deadline.after(30.0))
@@ -545,10 +541,7 @@ def test_column_floor_keeps_the_pipelines_on_nodes_that_hold_one_stage_of_each(s
     where every layer's P holders share a node, every stage sits in a node of at least P groups,
     so the plan runs on those nodes' groups alone; the floor had let the pipelines take every node
     (53: 12.4584, 72: 15.2393) and now meets the brute force's optimum, never above it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(seed, (8, 24))
+    data, failed = _bench_instance(seed, (8, 24))
     assert _root_floor(build_instance(data), failed) == pytest.approx(optimum, rel=1e-9)
 
 
@@ -557,12 +550,9 @@ def proof_nodes(seed: int, devices: tuple[int, int], optimum: float) -> int:
     from it: it must finish within 60 s and return that optimum."""
     import re
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
     from chameleon_opt.solve.exact import exact_search
 
-    data, failed = random_instance(seed, devices)
+    data, failed = _bench_instance(seed, devices)
     instance = build_instance(data)
     outcome = exact_search(instance, PerfModel(instance), failed, optimum * (1 + 1e-9), Deadline.after(60.0))
     assert outcome is not None and outcome.complete
@@ -592,10 +582,7 @@ def test_column_floor_counts_the_runs_of_nodes(seed, pipelines, columns, floor, 
     held layers' one: `ExactSearch.held`, within 2.3e-5 of the optimum)."""
     from chameleon_opt.solve.exact import ExactSearch, Relaxation, inventories
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(seed, (8, 24))
+    data, failed = _bench_instance(seed, (8, 24))
     instance = build_instance(data)
     model, tp = PerfModel(instance), instance.plan.tensor_parallel
     options = [groups for groups in inventories(instance, model, failed, tp) if groups]
@@ -622,10 +609,7 @@ def test_runs_of_stages_in_a_node_fit_its_groups_of_each_kind():
     pipelines): a run of stages in one node fits that node's groups of each kind, so each pipeline
     crosses between its second and third stages (a 1 MB send), not only at its free boundary; the
     floor (18.8258) now meets the best plan."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(13, (32, 64))
+    data, failed = _bench_instance(13, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(18.826018271187756, rel=1e-9)
 
 
@@ -642,10 +626,7 @@ def test_copy_plans_keep_paying_sends_inside_nodes(seed, optimum):
     proven optimum (1.5-3.7 s)."""
     from chameleon_opt.solve.copies import _penalties, _runs, copy_plans
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(seed, (32, 64))
+    data, failed = _bench_instance(seed, (32, 64))
     instance = build_instance(data)
     model = PerfModel(instance)
     found = copy_plans(instance, failed, model, Deadline.after(5.0))
@@ -672,10 +653,7 @@ def test_isolated_floor_meets_the_column_optimum():
     from chameleon_opt.solve.columns import column_plans
     from chameleon_opt.solve.exact import ExactSearch, Relaxation, inventories
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(22, (32, 64))
+    data, failed = _bench_instance(22, (32, 64))
     instance = build_instance(data)
     model = PerfModel(instance)
     plans = column_plans(instance, failed, model, Deadline.after(5.0))
@@ -696,10 +674,9 @@ def test_placement_polish_takes_crossings_out_of_equally_slow_pipelines():
     boundary (1 MB) crosses nodes in some of them. The three two-micro-batch pipelines are equally
     slow, so a swap that takes the crossing out of one leaves the step as it is; the polish takes it
     for the shorter sum of pipeline times and reaches the brute force's optimum, 20.261553 s."""
-    from bench.brute_force import random_instance
     from chameleon_opt.solve.polish import polish_placement
 
-    data, failed = random_instance(220, (8, 24))
+    data, failed = _bench_instance(220, (8, 24))
     instance = build_instance(data)
     model = PerfModel(instance)
     devices = [(1, 0, 6, 13), (7, 3, 9, 15), (8, 4, 10, 16), (12, 5, 11, 17)]  # 7->3, 8->4, 12->5 cross
@@ -764,10 +741,7 @@ def test_column_plans_cut_by_the_incumbent():
     given the copies' step it still finds the optimum, and given 0 it prices nothing."""
     from chameleon_opt.solve.columns import column_plans
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(45, (32, 64))
+    data, failed = _bench_instance(45, (32, 64))
     instance = build_instance(data)
     model = PerfModel(instance)
     plans = column_plans(instance, failed, model, Deadline.after(5.0), 11.36954271040385)
@@ -783,10 +757,7 @@ def test_column_plans_keep_the_costliest_sends_inside_nodes():
     (`columns._merged`) builds the optimum, the floor the branch and bound proves (18.489604)."""
     from chameleon_opt.solve.columns import column_plans
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(198, (32, 64))
+    data, failed = _bench_instance(198, (32, 64))
     instance = build_instance(data)
     plans = column_plans(instance, failed, PerfModel(instance), Deadline.never())
     assert plans[0][1] == pytest.approx(18.48960378219764, rel=1e-9)
@@ -831,10 +802,7 @@ def test_counted_table_matches_the_state_by_state_programme(seed, monkeypatch):
     from chameleon_opt.solve.exact import Relaxation, inventories
 
     monkeypatch.setattr(exact, "CHUNK_ELEMENTS", 40)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(seed, (8, 24))
+    data, failed = _bench_instance(seed, (8, 24))
     instance = build_instance(data)
     model = PerfModel(instance)
     options = [groups for groups in inventories(instance, model, failed, instance.plan.tensor_parallel) if groups]
@@ -870,10 +838,7 @@ def test_neighboured_floor_counts_a_node_of_one_kind(seed, floor, best):
     layer 4 across costs that; keeping it inside, a pipeline pays a 100 MB send across nodes); 89
     (two four-stage column pipelines, nodes of at most five fast groups): 11.746411 -> its plan's,
     since at most one pipeline holds layer 2 between two fast stages in that layer's node."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(seed, (32, 64))
+    data, failed = _bench_instance(seed, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
     assert floor <= best * (1 + 1e-12)
 
@@ -882,10 +847,7 @@ def test_copy_plans_take_a_group_of_each_type_from_any_inventory():
     """8-24-device seed 156 (TP 2 over fast and slow devices): the first way to form the TP groups has
     no group of a type another way forms, and the copy plans took their per-type sample from the
     first only (StopIteration, a crash of the whole search). Now OPTIMAL at the brute force's optimum."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(156, (8, 24))
+    data, failed = _bench_instance(156, (8, 24))
     instance = build_instance(data)
     result = search_plan(instance, failed, Deadline.after(10.0))
     assert result.status is Status.OPTIMAL
@@ -898,12 +860,9 @@ def test_copy_plans_cut_runs_keep_the_large_nodes_for_the_long_pieces():
     layer 0). The one-stage pieces went on the first node with a free group, a node of five, so the
     last copy found no five free groups and crossed twice (20.266003); now the long piece goes first
     and the short one on the node it fills best: 20.265793, the floor (`long_runs`)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
     from chameleon_opt.solve.copies import copy_plans
 
-    data, failed = random_instance(380, (32, 64))
+    data, failed = _bench_instance(380, (32, 64))
     instance = build_instance(data)
     found = copy_plans(instance, failed, PerfModel(instance), Deadline.never(), math.inf)
     assert found[0][1] == pytest.approx(20.265793499293455, rel=1e-12)
@@ -916,10 +875,7 @@ def test_forced_kind_floors_take_every_kind():
     kind's r = 1) besides two fast ones (the slow kind's r = 2, free). Forcing only the kind of the
     larger r left the floor at 12.0882; taking every kind, it meets the optimum the exhausted tree
     proves (12.638133239512374: every layer rings across nodes)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(173, (32, 64))
+    data, failed = _bench_instance(173, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(12.638133239512374, rel=1e-9)
 
 
@@ -933,10 +889,7 @@ def test_paired_floor_counts_the_boundaries_nodes_can_keep_inside(seed, floor):
     94: 19.469158831075596 -> its plan once the two forced pipelines' times are counted with the
     ring of the shortest stage count (`Relaxation.paired_level`: priced with rings of their own,
     they took finer splits and smaller rings)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(seed, (32, 64))
+    data, failed = _bench_instance(seed, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
 
 
@@ -948,10 +901,7 @@ def test_long_run_floor_counts_the_runs_nodes_can_hold(seed, floor):
     (`ExactSearch.long_runs`); 328's eighth pipeline crosses nodes (its ring counted with the shortest
     stage count, `paired_level`'s `runs`), 379's sixth cannot cross only where the sends are smallest.
     The floors were 10.568201 and 19.535601; both now meet the plans the search finds (OPTIMAL)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(seed, (32, 64))
+    data, failed = _bench_instance(seed, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(floor, rel=1e-9)
 
 
@@ -963,10 +913,7 @@ def test_column_floor_forces_a_slow_holder_on_runs_past_the_fast_nodes():
     the K-th run sits on a node of at most the K-th largest f, so that many pipelines hold a slow stage
     (`ExactSearch.columns`). The floor was 14.989312; it now meets the optimum its tree proved at a
     10 s limit before this floor (14.992939)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(333, (32, 64))
+    data, failed = _bench_instance(333, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(14.992938621683269, rel=1e-9)
 
 
@@ -976,10 +923,7 @@ def test_column_floor_packs_each_run_of_layers_into_its_node():
     of n groups leaves at most n - P pipelines room for a second stage there, so 2P - n = 3 hold it on one
     (`ExactSearch._packed_runs`); the column floor had let every pipeline split it. Floor
     25.912306 -> 25.912516, the optimum its tree proved at a 10 s limit before this floor."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(221, (32, 64))
+    data, failed = _bench_instance(221, (32, 64))
     assert _root_floor(build_instance(data), failed) == pytest.approx(25.91251588123645, rel=1e-9)
 
 
@@ -989,9 +933,8 @@ def test_kept_floor_counts_the_slow_holders_of_two_layers_inside_nodes():
     and keeping layer 1 inside as well two slow stages holding layers 1 or 3 (two nodes, at most six
     fast holders of eight: `ExactSearch.kept`). The root floor was 19.3532 (layer 4's ring alone
     across); it now meets the brute force's optimum, never above it."""
-    from bench.brute_force import random_instance
 
-    data, failed = random_instance(220, (8, 24))
+    data, failed = _bench_instance(220, (8, 24))
     assert _root_floor(build_instance(data), failed) == pytest.approx(20.261553356375284, rel=1e-9)
 
 
@@ -1002,10 +945,9 @@ def test_single_stage_floor_meets_the_three_and_four_pipeline_optima():
     (`Relaxation.stage_ring`: 0.10665 s, the model's). The floors of three and four pipelines were
     34.3249 and 34.3278 (the optima 34.409116 and 34.408900: no tree proved it in 10 s); now they meet
     them, never above."""
-    from bench.brute_force import random_instance
     from chameleon_opt.solve.exact import ExactSearch, Relaxation, inventories
 
-    data, failed = random_instance(16, (8, 24))
+    data, failed = _bench_instance(16, (8, 24))
     instance = build_instance(data)
     model = PerfModel(instance)
     options = [groups for groups in inventories(instance, model, failed, 2) if groups]

@@ -648,16 +648,16 @@ class Relaxation:
         `shortest`: every pipeline has at least that many stages; `short_runs` r: the forced pipelines, if
         all of kind `kind`, hold no run of more than r stages in one node (`ExactSearch.long_runs`);
         `kept` (layer l, the forced kind): a forced pipeline whose stages on both sides of the send
-        before l are of that kind crosses nodes there (`lower_times`' `boundary`, `ExactSearch.boundaries`); `ring_cap` E: each pipeline priced at
-        its time alone, on the splits whose all-reduce and step are at most E (`ExactSearch.thresholds`).
+        before l are of that kind crosses nodes there (`lower_times`' `boundary`, `ExactSearch.boundaries`);
+        `ring_cap` E: each pipeline priced at its time alone, on the splits whose all-reduce and step are at
+        most E (`ExactSearch.thresholds`).
         The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained).
         `pattern` (C, F, G): every pipeline sends before some layer of each group of C, across nodes,
         and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), else
         they are priced as `held` says."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
-               shortest, short_runs) + ((kept,) if kept is not None else ()) + ((ring_cap,) if ring_cap is not None else ()) \
-            + ((pattern,) if pattern is not None else ())
+               shortest, short_runs, kept, ring_cap, pattern)
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -1372,8 +1372,7 @@ class ExactSearch:
         if len(relaxation.kind_count) < 2:
             return []  # one kind for all types: no kind to force
         wide = [groups for groups in self.node_groups().values() if sum(groups.values()) >= pipelines]
-        forced = [(kind, pipelines - max((sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
-                                          for groups in wide), default=pipelines))
+        forced = [(kind, pipelines - max((self.of_kind(groups, kind) for groups in wide), default=pipelines))
                   for kind in range(len(relaxation.kind_count))]
         return [(kind, r) for kind, r in forced if r > 0]
 
@@ -1499,9 +1498,8 @@ class ExactSearch:
         forced = []  # (kind, pipelines priced so, r)
         for kind in range(len(relaxation.kind_count)):
             for reach in (1, 2):
-                plain = max((min(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
-                                 // (reach + 1), (sum(groups.values()) - pipelines) // reach) for groups in wide),
-                            default=pipelines)
+                plain = max((min(self.of_kind(groups, kind) // (reach + 1), (sum(groups.values()) - pipelines) // reach)
+                             for groups in wide), default=pipelines)
                 if pipelines - plain > 0:
                     forced.append((kind, pipelines - plain, reach))
         if not forced:
@@ -1573,8 +1571,7 @@ class ExactSearch:
         shared = relaxation.shareable(*layers)
         best = 0.0
         for kind in range(len(relaxation.kind_count)):
-            counts = [(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind),
-                       sum(groups.values())) for groups in wide]
+            counts = [(self.of_kind(groups, kind), sum(groups.values())) for groups in wide]
             two = sorted((f for f, _ in counts), reverse=True)
             others = [2 * pipelines - two[0] - two[1]] if len(two) >= 2 else []
             for f, size in counts:
@@ -1623,8 +1620,8 @@ class ExactSearch:
         across = relaxation.coupled(pipelines, refine, crossing=True)  # K empty
         if none is None or across is None or none[self.root] <= value:
             return 0.0
-        nodes = {(sum(groups.values()), tuple(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
-                                             for kind in range(len(relaxation.kind_count))))
+        nodes = {(sum(groups.values()),
+                  tuple(self.of_kind(groups, kind) for kind in range(len(relaxation.kind_count))))
                  for groups in self.node_groups().values() if sum(groups.values()) >= pipelines}
         best, kept = across[self.root], {}
         for size in range(1, self.layers + 1 if nodes else 0):
@@ -1690,8 +1687,7 @@ class ExactSearch:
         extra = self._least_extras(pipelines)
         best = 0.0
         for kind in range(len(relaxation.kind_count)):
-            of_kind = [sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
-                       for groups in per_node.values()]
+            of_kind = [self.of_kind(groups, kind) for groups in per_node.values()]
             shared = sum(max(count - 1, 0) for count in of_kind)
             for stages in range(2, self.longest + 1):
                 for crossings in range(-(-stages // relaxation.most_per_node), stages):
@@ -1746,8 +1742,7 @@ class ExactSearch:
         per_node = self.node_groups()
         best = 0.0
         for kind in range(len(relaxation.kind_count)):
-            held = [sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind)
-                    for groups in per_node.values()]
+            held = [self.of_kind(groups, kind) for groups in per_node.values()]
             for length in range(min(max(held, default=0), self.longest), 1, -1):
                 rounds = pipelines - sum(f // length for f in held)
                 if rounds <= 0 or max(best, value) >= floor:
@@ -1784,8 +1779,7 @@ class ExactSearch:
                  for layer in range(1, self.layers)}
         best = 0.0
         for kind in range(len(relaxation.kind_count)):
-            inside = sum(sum(n for name, n in groups.items() if relaxation.kind_of[name] == kind) // 2
-                         for groups in per_node.values())
+            inside = sum(self.of_kind(groups, kind) // 2 for groups in per_node.values())
             rounds = pipelines - inside
             if rounds <= 0:
                 continue
@@ -1925,13 +1919,12 @@ class ExactSearch:
                 return rough
             most: Counter = Counter()  # per kind: its groups on the (at most) `segments` nodes holding most of it
             for kind in range(len(relaxation.kind_count)):
-                held = sorted((sum(n for name, n in per_node[node].items() if relaxation.kind_of[name] == kind)
-                               for node in wide), reverse=True)
+                held = sorted((self.of_kind(per_node[node], kind) for node in wide), reverse=True)
                 most[kind] = sum(held[:segments])
             state = sum(relaxation.stride[kind] * n for kind, n in most.items())
             value = table[state]
             for kind in range(len(relaxation.kind_count) if value < best else 0):
-                slots = sorted((sum(n for name, n in per_node[node].items() if relaxation.kind_of[name] == kind)
+                slots = sorted((self.of_kind(per_node[node], kind)
                                 for node in wide for _ in range(sum(per_node[node].values()) // pipelines)),
                                reverse=True)
                 if len(slots) < segments:
@@ -1981,6 +1974,10 @@ class ExactSearch:
         for c, node in enumerate(self.class_node):
             per_node.setdefault(node, Counter())[self.class_type[c]] += self.counts[c]
         return per_node
+
+    def of_kind(self, groups: Counter, kind: int) -> int:
+        """How many of `groups` (per stage device type) are of this relaxation kind."""
+        return sum(n for name, n in groups.items() if self.relaxation.kind_of[name] == kind)
 
     def state_of(self, groups: Counter) -> int:
         """The relaxation's state of these groups (count per stage device type)."""
