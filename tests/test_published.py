@@ -201,3 +201,29 @@ def test_strong_scaling_rows_with_an_assumed_layout_are_refused(rows: dict[str, 
     for key in ("megatron-010", "megatron-011"):
         with pytest.raises(Refused, match="assumed from another row"):
             to_run(rows[key])
+
+
+def test_a_row_measured_twice_is_scored_against_both_runs_by_hand(tmp_path: Path) -> None:
+    """llm-foundry's re-run A100 80GB rows (bench/validate_perf.remeasured): a row predicted 1.0 s against a
+    measured 1.25 s (-20%) at 800 tokens/s/GPU, whose configuration an earlier run measured at 1000, is
+    exactly on the earlier run (1.25 s x 800 / 1000 = 1.0 s); an unchanged configuration is not listed."""
+    import json
+
+    from bench.validate_perf import CONFIGURATION, remeasured
+    config = dict(zip(CONFIGURATION, ("760m", "512", "8", "a100_80gb", "96", "2", "False")))
+    same = {**config, "SeqLen (T)": "1024"}
+    (tmp_path / "llm_foundry.json").write_text(json.dumps([
+        {"id": "a", "raw": {**config, "Throughput (T/s/GPU)": "800"}},
+        {"id": "b", "raw": {**same, "Throughput (T/s/GPU)": "500"}}]))
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"rows": [
+        {**config, "Throughput (T/s/GPU)": "1000", "Precision": "bf16", "MP Mode": "PURE"},
+        {**same, "Throughput (T/s/GPU)": "500", "Precision": "bf16", "MP Mode": "PURE"}]}))
+    published = {"rows": [{"id": rid, "label": rid, "lofo_s": 1.0, "measured_s": 1.25, "error_lofo": -0.2}
+                          for rid in ("a", "b")]}
+    found = remeasured(published, tmp_path, earlier)
+    (row,) = found["rows"]
+    assert row["id"] == "a"
+    assert row["change"] == pytest.approx(-0.2)
+    assert row["error_lofo_earlier"] == pytest.approx(0.0)
+    assert found["changed_over_5pct"] == 1
