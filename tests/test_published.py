@@ -201,3 +201,43 @@ def test_strong_scaling_rows_with_an_assumed_layout_are_refused(rows: dict[str, 
     for key in ("megatron-010", "megatron-011"):
         with pytest.raises(Refused, match="assumed from another row"):
             to_run(rows[key])
+
+
+def test_a_row_measured_twice_is_scored_against_both_runs_by_hand(tmp_path: Path) -> None:
+    """llm-foundry's re-run A100 80GB rows (bench/validate_perf.remeasured): a row predicted 1.0 s against a
+    measured 1.25 s (-20%) at 800 tokens/s/GPU, whose configuration an earlier run measured at 1000, is
+    exactly on the earlier run (1.25 s x 800 / 1000 = 1.0 s); an unchanged configuration is not listed."""
+    import json
+
+    from bench.validate_perf import CONFIGURATION, remeasured
+    config = dict(zip(CONFIGURATION, ("760m", "512", "8", "a100_80gb", "96", "2", "False")))
+    same = {**config, "SeqLen (T)": "1024"}
+    (tmp_path / "llm_foundry.json").write_text(json.dumps([
+        {"id": "a", "raw": {**config, "Throughput (T/s/GPU)": "800"}},
+        {"id": "b", "raw": {**same, "Throughput (T/s/GPU)": "500"}}]))
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"rows": [
+        {**config, "Throughput (T/s/GPU)": "1000", "Precision": "bf16", "MP Mode": "PURE"},
+        {**same, "Throughput (T/s/GPU)": "500", "Precision": "bf16", "MP Mode": "PURE"}]}))
+    published = {"rows": [{"id": rid, "label": rid, "lofo_s": 1.0, "measured_s": 1.25, "error_lofo": -0.2}
+                          for rid in ("a", "b")]}
+    found = remeasured(published, tmp_path, earlier)
+    (row,) = found["rows"]
+    assert row["id"] == "a"
+    assert row["change"] == pytest.approx(-0.2)
+    assert row["error_lofo_earlier"] == pytest.approx(0.0)
+    assert found["changed_over_5pct"] == 1
+
+
+def test_configurations_only_the_earlier_table_has_become_runs_of_their_stated_layout(rows: dict[str, dict]) -> None:
+    """bench/validate_perf.earlier_only: the 29 A100 80GB configurations the October 2023 re-run dropped become
+    MPT runs; README line 80 (30B, s 2048, 64 GPUs, micro-batch 16 x 3, global batch 3072, 876 tokens/s/GPU)
+    by hand: 3072 x 2048 / (876 x 64) = 112.2 s a step, one FSDP group of 64 ranks."""
+    from bench.validate_perf import earlier_only
+    fit = {"MPT (llm-foundry FSDP)": {"compute": {"A100-80": 0.77}, "memory_efficiency": 0.11}}
+    found = earlier_only({"fits": fit, "sharded_interference": 0.71}, DATA)
+    assert len(found["rows"]) == 29
+    line80 = next(r for r in found["rows"] if r["id"] == "llmfoundry-2023-05-line80")
+    assert line80["measured_s"] == pytest.approx(3072 * 2048 / (876 * 64))
+    assert line80["label"].startswith("MPT-30b A100-80 64g TP1 PP1 DP64 s2048 mbs16 full")
+    assert 0.0 < found["median"] <= found["worst"]
