@@ -1808,7 +1808,9 @@ class ExactSearch:
         there, so at most e = (the most groups of a node) - P pipelines do, and at most e over a run
         of such pairs in one node. Per choice of those pairs crossed (C) or kept (the rest, in r
         runs): with e = 0 no pipeline sends within the kept ones, else at least P - e r pipelines send
-        within none of them (`coupled`'s `pattern`); and the held layers fall into runs (joined by
+        within none of them (`coupled`'s `pattern`), and P - e within none of one run's pairs, per run
+        (32-64-device seed 1026: five pipelines on nodes of eight, runs 1-2 and 3-5: two hold each
+        whole, 18.7074 -> 18.7872, its plan 18.8372); and the held layers fall into runs (joined by
         kept pairs), each on its own slot of a node, whose kinds force stages of another kind
         (`_run_slots`; one run: each held layer's P holders, one node's groups, have at least r of
         another kind than k, `forced`): the larger floors the plans of S and C. The least over S and
@@ -1853,6 +1855,21 @@ class ExactSearch:
                 if table is None:
                     return 0.0
                 found = table[self.root]
+                if 0 < spare < pipelines and runs > 1:  # per run of kept pairs: P - e send within none of them
+                    chains: list[list[int]] = [[]]
+                    for pair, across in zip(pairs, crossed):
+                        if across:
+                            chains.append([])
+                        else:
+                            chains[-1].extend(pair)
+                    for chain in chains:
+                        if found >= best or not chain:
+                            continue
+                        table = self.relaxation.coupled(pipelines, refine, forced=(0, pipelines - spare),
+                                                        crossed=spanning, pattern=(sends, (), tuple(chain)))
+                        if table is None:
+                            return 0.0
+                        found = max(found, table[self.root])
                 if found < best:
                     found = self._run_slots(pipelines, refine, held_runs, found, best, crossed=spanning,
                                             pattern=(sends, barred, ()) if sends or barred else None)
