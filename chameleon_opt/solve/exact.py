@@ -618,7 +618,9 @@ class Relaxation:
                 strict: tuple[int, int, int, int] | None = None,
                 shortest: int = 1, short_runs: int | None = None, kept: tuple[int, int] | None = None,
                 ring_cap: float | None = None,
-                pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]] | None = None
+                pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]]
+                | tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]
+                | None = None
                 ) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
@@ -652,9 +654,10 @@ class Relaxation:
         `ring_cap` E: each pipeline priced at its time alone, on the splits whose all-reduce and step are at
         most E (`ExactSearch.thresholds`).
         The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained).
-        `pattern` (C, F, G): every pipeline sends before some layer of each group of C, across nodes,
-        and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), else
-        they are priced as `held` says."""
+        `pattern` (C, F, G) or (C, F, G, H): every pipeline sends before some layer of each group of C, across nodes,
+        and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), and
+        given H, they send across nodes before some layer of each group of H too; else they are priced as
+        `held` says."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
                shortest, short_runs, kept, ring_cap, pattern)
@@ -724,11 +727,13 @@ class Relaxation:
             pinned = found
         source, alternative = self.split_lower[runs, least], None
         if pattern is not None:  # the splits with those sends (across) and without those
-            sends, barred, alone = pattern
+            sends, barred, alone, *rest = pattern
+            across = rest[0] if rest else ()  # the forced ones' sends across nodes, as C's
             source = self._patterned_times(runs, least, sends, barred, deadline)
-            if rounds and alone and source is not None:
-                alternative = self._patterned_times(runs, least, sends, barred + alone, deadline)
-            if source is None or (rounds and alone and alternative is None):
+            if rounds and (alone or across) and source is not None:
+                alternative = self._patterned_times(runs, least, tuple(sorted(sends + across)), barred + alone,
+                                                    deadline)
+            if source is None or (rounds and (alone or across) and alternative is None):
                 return None
         # per kinds of a pipeline: by m, its least time + ring + step over its splits
         priced, mixed, stricter = {}, {}, {}
@@ -1870,6 +1875,19 @@ class ExactSearch:
                         if table is None:
                             return 0.0
                         found = max(found, table[self.root])
+                # a held layer next to a spanning one: some pipeline holds that one off the held one's
+                # node, so it sends across nodes between them (the largest sends first)
+                edges = sorted({layer + 1 for layer in held if layer + 1 in spanning}
+                               | {layer for layer in held if layer - 1 in spanning},
+                               key=lambda edge: -self.model.workload.boundary_bytes_per_sample[edge - 1])
+                for edge in edges:
+                    if found >= best:
+                        break
+                    table = self.relaxation.coupled(pipelines, refine, forced=(0, 1), crossed=spanning,
+                                                    pattern=(sends, barred, (), ((edge,),)))
+                    if table is None:
+                        return 0.0
+                    found = max(found, table[self.root])
                 if found < best:
                     found = self._run_slots(pipelines, refine, held_runs, found, best, crossed=spanning,
                                             pattern=(sends, barred, ()) if sends or barred else None)
