@@ -1166,7 +1166,8 @@ class Relaxation:
         rounds = min(self.groups, total) if rounds is None else rounds
         if forced and rounds and not np.isfinite(special_times).any():
             # no pipeline priced by `mixed` runs anything: no state runs the batch in any round (32-64
-            # seed 324: `spans`' kept runs that no stage of any kind holds whole, 45 of its 53 tables)
+            # seed 324: `spans`' kept runs that no stage of any kind holds whole; 51 of its 59 pattern
+            # tables are all inf)
             return [[math.inf] * len(comps) for _ in range(rounds + 1)]
         index, source, chunks = self._moves(least, items, comps)
         priced = (times[index], special_times[index])
@@ -1911,8 +1912,8 @@ class ExactSearch:
         give the R runs R of the slots (the R smallest d serve every best way) of that largest. Per kind,
         the tables with the caller's `crossed` and `pattern`, read at `state` (the groups the plans run
         on). 32-64-device seed 324: six pipelines on four nodes of which only one holds six fast groups;
-        runs 1-2 | 3 | 4-5 (layer 0 spanning) or four runs of every layer put a slow stage on every run
-        but one, at least at layer 5 (2.7 s) or layer 0 (1.4 s)."""
+        runs 1-2 | 3 | 4-5 (layer 0 spanning) put slow holders on two of the three runs: 20.1433 ->
+        21.4632, its plan."""
         relaxation, per_node = self.relaxation, self.node_groups()
         state = self.root if state is None else state
         found = low
