@@ -618,7 +618,9 @@ class Relaxation:
                 strict: tuple[int, int, int, int] | None = None,
                 shortest: int = 1, short_runs: int | None = None, kept: tuple[int, int] | None = None,
                 ring_cap: float | None = None,
-                pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]] | None = None
+                pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]]
+                | tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]
+                | None = None
                 ) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
@@ -652,9 +654,10 @@ class Relaxation:
         `ring_cap` E: each pipeline priced at its time alone, on the splits whose all-reduce and step are at
         most E (`ExactSearch.thresholds`).
         The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained).
-        `pattern` (C, F, G): every pipeline sends before some layer of each group of C, across nodes,
-        and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), else
-        they are priced as `held` says."""
+        `pattern` (C, F, G) or (C, F, G, H): every pipeline sends before some layer of each group of C, across nodes,
+        and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), and
+        given H, they send across nodes before some layer of each group of H too; else they are priced as
+        `held` says."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
                shortest, short_runs, kept, ring_cap, pattern)
@@ -724,11 +727,13 @@ class Relaxation:
             pinned = found
         source, alternative = self.split_lower[runs, least], None
         if pattern is not None:  # the splits with those sends (across) and without those
-            sends, barred, alone = pattern
+            sends, barred, alone, *rest = pattern
+            across = rest[0] if rest else ()  # the forced ones' sends across nodes, as C's
             source = self._patterned_times(runs, least, sends, barred, deadline)
-            if rounds and alone and source is not None:
-                alternative = self._patterned_times(runs, least, sends, barred + alone, deadline)
-            if source is None or (rounds and alone and alternative is None):
+            if rounds and (alone or across) and source is not None:
+                alternative = self._patterned_times(runs, least, tuple(sorted(sends + across)), barred + alone,
+                                                    deadline)
+            if source is None or (rounds and (alone or across) and alternative is None):
                 return None
         # per kinds of a pipeline: by m, its least time + ring + step over its splits
         priced, mixed, stricter = {}, {}, {}
@@ -1158,6 +1163,12 @@ class Relaxation:
         special = [item for item in self._programme(mixed)[3] if item[0] >= least] if forced else items
         times = np.array([item[3] for item in items]).reshape(len(items), total)
         special_times = np.array([item[3] for item in special]).reshape(len(special), total) if forced else times
+        rounds = min(self.groups, total) if rounds is None else rounds
+        if forced and rounds and not np.isfinite(special_times).any():
+            # no pipeline priced by `mixed` runs anything: no state runs the batch in any round (32-64
+            # seed 324: `spans`' kept runs that no stage of any kind holds whole; 51 of its 59 pattern
+            # tables are all inf)
+            return [[math.inf] * len(comps) for _ in range(rounds + 1)]
         index, source, chunks = self._moves(least, items, comps)
         priced = (times[index], special_times[index])
         if strict is not None:
@@ -1167,7 +1178,7 @@ class Relaxation:
         previous = np.full((len(comps), total + 1), np.inf)
         previous[:, 0] = 0.0  # no pipeline runs nothing
         counted = [[math.inf] * len(comps)]
-        for round_ in range(min(self.groups, total) if rounds is None else rounds):
+        for round_ in range(rounds):
             if deadline.expired():
                 return None
             pick = priced[2 if strict is not None and round_ < strict[1] else int(round_ < forced)]
@@ -1309,7 +1320,7 @@ class ExactSearch:
                 # pipelines fit only the one node of 8, 12.4584 -> 12.4906, the optimum).
                 spanning = max(coupled[self.root] if coupled is not None else 0.0,
                                counted(p, refine, relaxation.ring_time(min(grad), p, self.model.inter)))
-                columns = self.columns(p, refine) if value < min(spanning, limit) else 0.0
+                columns = self.columns(p, refine, limit) if value < min(spanning, limit) else 0.0
                 if value < min(spanning, limit) and columns > spanning:
                     spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
@@ -1468,7 +1479,7 @@ class ExactSearch:
                 break
             local = table[self.root]
             if local < across[order[k - 1]]:  # every layer inside nodes (`columns`), or another one across
-                columns = self.columns(pipelines, refine) if columns is None else columns
+                columns = self.columns(pipelines, refine, floor) if columns is None else columns
                 others = [relaxation.coupled(pipelines, refine, forced=(0, 1), isolate=isolate, crossed=(layer,))
                           for layer in order[k:]]
                 if all(other is not None for other in others):
@@ -1803,9 +1814,13 @@ class ExactSearch:
         there, so at most e = (the most groups of a node) - P pipelines do, and at most e over a run
         of such pairs in one node. Per choice of those pairs crossed (C) or kept (the rest, in r
         runs): with e = 0 no pipeline sends within the kept ones, else at least P - e r pipelines send
-        within none of them (`coupled`'s `pattern`); and each such layer's P holders, one node's groups, have at least r
-        of another kind than k (`forced`, `local`): the largest of those tables floors the plans of
-        S and C. The least over S and C, the cheapest rings first: it stops once under `value`.
+        within none of them (`coupled`'s `pattern`), and P - e within none of one run's pairs, per run
+        (32-64-device seed 1026: five pipelines on nodes of eight, runs 1-2 and 3-5: two hold each
+        whole, 18.7074 -> 18.7872, its plan 18.8372); and the held layers fall into runs (joined by
+        kept pairs), each on its own slot of a node, whose kinds force stages of another kind
+        (`_run_slots`; one run: each held layer's P holders, one node's groups, have at least r of
+        another kind than k, `forced`): the larger floors the plans of S and C. The least over S and
+        C, the cheapest rings first: it stops once under `value`.
         8-24-device seed 63: four pipelines on nodes of four groups (at most three fast), 1 Gb/s
         between nodes: letting the 100 M-parameter layer 4 span alone keeps layers 0-3 in nodes."""
         if self.layers > SINGLE_LAYERS:
@@ -1813,8 +1828,8 @@ class ExactSearch:
         every = self.relaxation.coupled(pipelines, refine, crossed=tuple(range(self.layers)))
         if every is None or every[self.root] <= value:
             return 0.0  # S = every layer (no held layer) is one of the least's terms already
-        best = min(self.columns(pipelines, refine), every[self.root])
-        spare, forced = self.most_per_node - pipelines, self.forced(pipelines)
+        best = min(self.columns(pipelines, refine, floor), every[self.root])
+        spare = self.most_per_node - pipelines
         grad = self.relaxation.grad
         subsets = sorted((chosen for size in range(1, self.layers + 1)
                           for chosen in itertools.combinations(range(self.layers), size)),
@@ -1836,25 +1851,115 @@ class ExactSearch:
                 barred, alone, rounds = (kept, (), 0) if spare == 0 or not kept else \
                     ((), kept, max(pipelines - spare * runs, 0))
                 pattern = (sends, barred, alone if rounds else ()) if sends or barred or rounds else None
+                # each held run on its own slot of a node (one run: `forced`'s per layer), first on tables
+                # shared by every S and C (without their rings and sends): it often decides alone
+                bounds = [0] + [i + 1 for i, across in enumerate(crossed) if across] + [len(held)]
+                held_runs = [held[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+                if self._run_slots(pipelines, refine, held_runs, 0.0, best) >= best:
+                    continue
                 table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
                 if table is None:
                     return 0.0
                 found = table[self.root]
-                for layer, (kind, least) in itertools.product(range(self.layers), forced):
+                if 0 < spare < pipelines and runs > 1:  # per run of kept pairs: P - e send within none of them
+                    chains: list[list[int]] = [[]]
+                    for pair, across in zip(pairs, crossed):
+                        if across:
+                            chains.append([])
+                        else:
+                            chains[-1].extend(pair)
+                    for chain in chains:
+                        if found >= best or not chain:
+                            continue
+                        table = self.relaxation.coupled(pipelines, refine, forced=(0, pipelines - spare),
+                                                        crossed=spanning, pattern=(sends, (), tuple(chain)))
+                        if table is None:
+                            return 0.0
+                        found = max(found, table[self.root])
+                # a held layer next to a spanning one: some pipeline holds that one off the held one's
+                # node, so it sends across nodes between them (the largest sends first)
+                edges = sorted({layer + 1 for layer in held if layer + 1 in spanning}
+                               | {layer for layer in held if layer - 1 in spanning},
+                               key=lambda edge: -self.model.workload.boundary_bytes_per_sample[edge - 1])
+                for edge in edges:
                     if found >= best:
-                        break  # it no longer lowers the least
-                    if layer in spanning:
-                        continue
-                    table = self.relaxation.coupled(pipelines, refine, forced=(kind, least), crossed=spanning,
-                                                    held=((layer,), 1),
-                                                    pattern=(sends, barred, ()) if sends or barred else None)
+                        break
+                    table = self.relaxation.coupled(pipelines, refine, forced=(0, 1), crossed=spanning,
+                                                    pattern=(sends, barred, (), ((edge,),)))
                     if table is None:
                         return 0.0
                     found = max(found, table[self.root])
+                if found < best:
+                    found = self._run_slots(pipelines, refine, held_runs, found, best, crossed=spanning,
+                                            pattern=(sends, barred, ()) if sends or barred else None)
                 best = min(best, found)
                 if best <= value:
                     break
         return best
+
+    def _run_slots(self, pipelines: int, refine: Deadline, runs: list[list[int]], low: float, best: float,
+                   state: int | None = None, crossed: tuple[int, ...] = (), pattern: tuple | None = None) -> float:
+        """Floor of the plans of P pipelines whose held layers (every layer's P holders on one node) fall
+        into these R runs, each run on one node, two runs next to each other on two nodes (`spans`'
+        held layers joined by its kept pairs; `columns`' runs), raised from `low` up to `best` at most:
+        inf when the runs fit no nodes. Two runs sit on two nodes or have disjoint holders (a group
+        holding layers of both would hold the layers between, among them a run's on another node), so a
+        node of n groups holds at most n // P runs: each run takes its own slot, the nodes counted
+        n // P times. A run on a slot of f_k kind-k groups has, at each of its layers, d = P - f_k
+        holders of another kind, one per pipeline; with T(d, run) the largest over the run's layers of
+        the coupled table with d pipelines whose stage holding that layer is of another kind (`local`'s),
+        every plan takes at least the largest T over its runs, so at least the least over the ways to
+        give the R runs R of the slots (the R smallest d serve every best way) of that largest. Per kind,
+        the tables with the caller's `crossed` and `pattern`, read at `state` (the groups the plans run
+        on). 32-64-device seed 324: six pipelines on four nodes of which only one holds six fast groups;
+        runs 1-2 | 3 | 4-5 (layer 0 spanning) put slow holders on two of the three runs: 20.1433 ->
+        21.4632, its plan."""
+        relaxation, per_node = self.relaxation, self.node_groups()
+        state = self.root if state is None else state
+        found = low
+        for kind in range(len(relaxation.kind_count) if len(relaxation.kind_count) > 1 else 0):
+            deficits = sorted(max(pipelines - self.of_kind(groups, kind), 0) for groups in per_node.values()
+                              for _ in range(sum(groups.values()) // pipelines))[:len(runs)]
+            if len(deficits) < len(runs):
+                return math.inf  # no R runs fit the nodes
+            if deficits[-1] == 0:
+                continue
+            costs: dict[tuple[int, int], float] = {}
+
+            def cost(d: int, run: int) -> float | None:
+                """T(d, run), up to `best`: 0 for d = 0; None when a table is out of reach."""
+                if d == 0:
+                    return 0.0
+                if (d, run) not in costs:
+                    worst = 0.0
+                    for layer in runs[run]:
+                        table = relaxation.coupled(pipelines, refine, forced=(kind, d), crossed=crossed,
+                                                   held=((layer,), 1), pattern=pattern)
+                        if table is None:
+                            return None
+                        worst = max(worst, table[state])
+                        if worst >= best:
+                            break
+                    costs[d, run] = min(worst, best)
+                return costs[d, run]
+
+            least = math.inf
+            for order in itertools.permutations(range(len(runs))):  # run order[i] on the slot of deficits[i]
+                worst = 0.0
+                for d, run in zip(deficits, order):
+                    value = cost(d, run)
+                    if value is None:
+                        return found
+                    worst = max(worst, value)
+                    if worst >= least:
+                        break
+                least = min(least, worst)
+                if least <= found:
+                    break  # this kind raises nothing
+            found = max(found, least)
+            if found >= best:
+                break
+        return found
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
                    forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None,
@@ -1888,7 +1993,7 @@ class ExactSearch:
                 return best  # it cannot raise `value`
         return best
 
-    def columns(self, pipelines: int, refine: Deadline) -> float:
+    def columns(self, pipelines: int, refine: Deadline, cap: float = math.inf) -> float:
         """Floor of the plans of P pipelines in which every layer's P holders share a node (0 when
         the first two tables are out of reach, K > 1 taken together when a later one is). No pipeline runs more than a node's groups - P + 1 stages in
         one node and every stage sits in a node of at least P groups (`floor`). The layers then
@@ -1935,13 +2040,13 @@ class ExactSearch:
                     if others > 0 else None
                 if forced is not None:
                     value = max(value, forced[state])
-            if value < best:
-                value = self._packed_runs(pipelines, refine, runs, segments, state, value)
+            if value < min(best, cap):
+                value = self._packed_runs(pipelines, refine, runs, segments, state, value, min(best, cap))
             best = min(best, value)
         return best
 
     def _packed_runs(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
-                     value: float) -> float:
+                     value: float, cap: float) -> float:
         """The column floor of K runs (`columns`: `value` at `state`) raised by how the runs' stages pack
         into their nodes: a run of several layers on a node of n groups has a stage of each pipeline per
         layer range it splits the run into, so at least 2P - n pipelines hold the whole run on one stage
@@ -1951,20 +2056,23 @@ class ExactSearch:
         most seven groups, so three hold each two-layer run on one stage."""
         relaxation, per_node = self.relaxation, self.node_groups()
         whole = 2 * pipelines - max(sum(groups.values()) for groups in per_node.values())
-        if whole <= 0 or self.layers > SINGLE_LAYERS:
+        if self.layers > SINGLE_LAYERS:
             return value
         least = math.inf
         for cuts in itertools.combinations(range(1, self.layers), segments - 1):
             bounds = (0,) + cuts + (self.layers,)
             found = value
             for first, end in zip(bounds[:-1], bounds[1:]):
-                if end - first < 2 or found >= least:
+                if end - first < 2 or found >= min(least, cap) or whole <= 0:
                     continue
                 table = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(0, min(whole, pipelines)),
                                            within=(tuple(range(first, end)), end - first, 1))
                 if table is None:
                     return value
                 found = max(found, table[state])
+            if found < min(least, cap):
+                layers = [list(range(first, end)) for first, end in zip(bounds[:-1], bounds[1:])]
+                found = self._run_slots(pipelines, refine, layers, found, min(least, cap), state)
             least = min(least, found)
         return max(value, least)
 
