@@ -119,6 +119,9 @@ an inventory whose refined floor meets the incumbent is not searched. Only a slo
 and its tree rarely finishes in the rest without it (32-64 seed 56: the floor meets the plan)."""
 STEP_POLISH_SHARE = 0.1
 """Of what is left, at most this much polishes each better plan a tree finds (`polish_step_splits`)."""
+REACHING_SHARE = 0.1
+"""Of the branch and bound's time after its short runs, at most this much for the floors of the plans
+left, each with a pipeline longer than the short runs allowed (`ExactSearch.reaching`)."""
 LEAF_POLISH_SHARE = 0.05
 """Of the current run's time left, at most this much polishes the placement of each better plan a tree
 finds (`polish_placement`, ms at 24 devices)."""
@@ -618,8 +621,8 @@ class Relaxation:
                 strict: tuple[int, int, int, int] | None = None,
                 shortest: int = 1, short_runs: int | None = None, kept: tuple[int, int] | None = None,
                 ring_cap: float | None = None,
-                pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]] | None = None
-                ) -> list[float] | None:
+                pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]] | None = None,
+                reaching: int = 0) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -654,10 +657,11 @@ class Relaxation:
         The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained).
         `pattern` (C, F, G): every pipeline sends before some layer of each group of C, across nodes,
         and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), else
-        they are priced as `held` says."""
+        they are priced as `held` says. `reaching` S: the forced pipelines (any kind) have at least S stages
+        each (`ExactSearch.reaching`)."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
-               shortest, short_runs, kept, ring_cap, pattern)
+               shortest, short_runs, kept, ring_cap, pattern) + ((reaching,) if reaching else ())
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -755,6 +759,8 @@ class Relaxation:
                 crossings, stages = paired
                 mixed[v] = priced[v] if v[kind] < sum(v) or sum(v) < stages else \
                     [math.inf] + (self.split_lower[runs, crossings][v] + extra).min(axis=0).tolist()
+            elif reaching:  # at least S stages, of any kinds
+                mixed[v] = priced[v] if sum(v) >= reaching else [math.inf] * (self.total + 1)
             elif short_runs is not None:  # all of kind `kind`: no run longer than r stages in one node
                 mixed[v] = priced[v] if v[kind] < sum(v) else \
                     [math.inf] + (self.split_lower[short_runs, 0][v] + extra).min(axis=0).tolist()
@@ -2071,6 +2077,17 @@ class ExactSearch:
         return self.prices[key]
 
     # -- master ----------------------------------------------------------------------------------
+    def reaching(self, pipelines: int, stages: int, deadline: Deadline) -> float:
+        """A floor on the plans of P pipelines one of which has at least `stages` stages (0 when its
+        table is out of reach): `coupled`'s table (each pipeline at its own time, ring and step) with
+        one round priced on the pipelines of at least that many stages only. Valid for the tree's
+        runs after its short runs, whose first pipeline has more stages than every exhausted short
+        run allowed (8-24-device seed 154: the plans of five pipelines of at most three stages hold
+        the optimum, 14.186442; the count's floor, 14.186122, left every plan of five with a
+        four-stage pipeline to the tree, 771k nodes)."""
+        table = self.relaxation.coupled(pipelines, deadline, forced=(0, 1), reaching=stages)
+        return table[self.root] if table is not None else 0.0
+
     def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000,
               floor: float | None = None) -> ExactOutcome:
         """Depth-first over pipelines in non-increasing key order (stages, micro-batches, shape,
@@ -2429,13 +2446,24 @@ class ExactSearch:
             """The whole tree from its root, on a data-stack chunk of its own (solve/frames.py)."""
             on_fresh_chunk(lambda: master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0))
 
+        def reach_floors() -> None:
+            """The plans left have a pipeline of more stages than `searched`: their counts' floors."""
+            if searched[0] and not stats["met"]:
+                reach_window = deadline.share(REACHING_SHARE)
+                for p in range(1, self.most_pipelines + 1):
+                    if per_count[p] < best[0] * (1 - PRUNE_TOLERANCE) and not reach_window.expired():
+                        per_count[p] = max(per_count[p], self.reaching(p, searched[0] + 1, reach_window))
+                count_floors(per_count)
+
         for short in range(1, self.longest):
             if deadline.expired():
                 break
+            reach_floors()
             window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
             root()
             if stats["complete"]:  # later runs take only first (longest) pipelines of more stages
                 searched[0] = short
+        reach_floors()
         cap[0] = self.longest
         window[0], stats["complete"], regular[0] = deadline.share(REGULAR_SHARE), True, True
         root()
