@@ -1942,9 +1942,29 @@ class ExactSearch:
                 if forced is not None:
                     value = max(value, forced[state])
             if value < best:
+                value = self._held_columns(pipelines, refine, runs, segments, state, value, best)
+            if value < best:
                 value = self._packed_runs(pipelines, refine, runs, segments, state, value)
             best = min(best, value)
         return best
+
+    def _held_columns(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
+                      value: float, best: float) -> float:
+        """The column floor of K runs (`columns`: `value` at `state`) raised by each layer's holders: they
+        are one node's groups, so at least r of them are of another kind than k (`forced`; `coupled`'s
+        `held`), for every layer at once (the largest table counts), while below `best` (the least over K
+        so far). 8-24-device seed 63: four pipelines on the two nodes of four groups, at most three fast:
+        layers 0-3 on one stage of every pipeline, layer 4 on another, let every slow stage hold layer 4
+        alone (24.337); a slow holder of layers 0-3 costs 28.47 s, every plan of four pipelines 25.23."""
+        for layer, (kind, rounds) in itertools.product(range(self.layers), self.forced(pipelines)):
+            if value >= best:
+                break
+            table = self.relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, rounds),
+                                            held=((layer,), 1))
+            if table is None:
+                break
+            value = max(value, table[state])
+        return value
 
     def _packed_runs(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
                      value: float) -> float:
