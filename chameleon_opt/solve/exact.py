@@ -1857,10 +1857,97 @@ class ExactSearch:
                     if table is None:
                         return 0.0
                     found = max(found, table[self.root])
+                if found < best:
+                    found = max(found, self._assigned(pipelines, refine, spanning, held, crossed, sends, best))
                 best = min(best, found)
                 if best <= value:
                     break
         return best
+
+    def _assigned(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...], held: list[int],
+                  crossed: tuple[bool, ...], sends: tuple[tuple[int, ...], ...], best: float) -> float:
+        """`spans`' case (S, which pairs of held layers cross) raised by the nodes its segments sit on (0
+        when a table is out of reach): held layers joined by kept pairs form a segment, whose holders
+        are one node X's groups, so at most e(X) = (X's groups) - P pipelines send within it and at least
+        r = P - (X's groups of kind k) of each layer's holders are of another kind than k (`spans` takes
+        the largest node and the largest f_k for every segment). Two segments on one node take 2P of its
+        groups (a stage holding layers of both would hold the segment between them, on another node), and
+        segments next to each other sit on different nodes. Per assignment of the segments to nodes (nodes of
+        equal groups alike): the pattern table with no pipeline sending within the segments of e = 0 and at
+        least P - (the sum of the others' e) within none (`coupled`'s `pattern`), and each segment's
+        layers' `held` tables; the least over the assignments, which stops once under `best`. 8-24-device
+        seed 873 (P = 4, nodes of 4 and 5 groups, one of four fast): layers 0-2 kept in a node, layer 3 in
+        another, layer 4 spanning floored 21.138 as if on the largest node and the fastest; as assigned,
+        23.74 (every plan of four pipelines: at least 21.6, the optimum 21.154 has six)."""
+        relaxation = self.relaxation
+        nodes = Counter(tuple(sorted(groups.items())) for groups in self.node_groups().values()
+                        if sum(groups.values()) >= pipelines)
+        kinds = range(len(relaxation.kind_count))
+        size = {node: sum(n for _, n in node) for node in nodes}
+        room = {node: nodes[node] * (size[node] // pipelines) for node in nodes}
+        of_kind = {node: [sum(n for name, n in node if relaxation.kind_of[name] == k) for k in kinds] for node in nodes}
+        segments: list[list[int]] = [[held[0]]]  # held layers joined by kept pairs
+        for layer, across in zip(held[1:], crossed):
+            if across:
+                segments.append([layer])
+            else:
+                segments[-1].append(layer)
+        inner = [tuple(layer for first, second in zip(segment, segment[1:]) for layer in range(first + 1, second + 1))
+                 for segment in segments]  # the sends within each segment
+        values: dict[tuple, float] = {}
+
+        def value(profile: tuple[tuple[int, tuple[int, ...]], ...]) -> float | None:
+            """The largest table for segments with these (e, r per kind)."""
+            if profile in values:
+                return values[profile]
+            barred = tuple(sorted(layer for (e, _), pairs in zip(profile, inner) if e == 0 for layer in pairs))
+            alone = tuple(sorted(layer for (e, _), pairs in zip(profile, inner) if e > 0 for layer in pairs))
+            rounds = max(pipelines - sum(e for (e, _), pairs in zip(profile, inner) if e > 0 and pairs), 0) \
+                if alone else 0
+            pattern = (sends, barred, alone if rounds else ()) if sends or barred or rounds else None
+            table = relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
+            if table is None:
+                return None
+            found = table[self.root]
+            plain = (sends, barred, ()) if sends or barred else None
+            for (_, others), segment in zip(profile, segments):
+                for kind, layer in itertools.product(kinds, segment):
+                    if found >= best or others[kind] <= 0:
+                        continue
+                    table = relaxation.coupled(pipelines, refine, forced=(kind, min(others[kind], pipelines)),
+                                               crossed=spanning, held=((layer,), 1), pattern=plain)
+                    if table is None:
+                        return None
+                    found = max(found, table[self.root])
+            values[profile] = found
+            return found
+
+        least = [best]
+        used: Counter = Counter()
+
+        def assign(j: int, previous: tuple | None, profile: tuple) -> bool:
+            """Segments j.. on nodes (False when a table is out of reach)."""
+            if least[0] <= 0:
+                return True
+            if j == len(segments):
+                found = value(profile)
+                if found is None:
+                    return False
+                least[0] = min(least[0], found)
+                return True
+            for node in nodes:
+                if used[node] == room[node] or (node == previous and nodes[node] < 2):
+                    continue
+                used[node] += 1
+                fine = assign(j + 1, node, profile + ((size[node] - pipelines, tuple(
+                    pipelines - f for f in of_kind[node])),))
+                used[node] -= 1
+                if not fine:
+                    return False
+            return True
+        if not assign(0, None, ()):
+            return 0.0
+        return least[0]
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
                    forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None,
