@@ -1858,16 +1858,16 @@ class ExactSearch:
                         return 0.0
                     found = max(found, table[self.root])
                 if found < best:
-                    found = max(found, self._assigned(pipelines, refine, spanning, held, crossed, sends, best))
+                    found = self._assigned(pipelines, refine, spanning, held, crossed, sends, found, best)
                 best = min(best, found)
                 if best <= value:
                     break
         return best
 
     def _assigned(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...], held: list[int],
-                  crossed: tuple[bool, ...], sends: tuple[tuple[int, ...], ...], best: float) -> float:
-        """`spans`' case (S, which pairs of held layers cross) raised by the nodes its segments sit on (0
-        when a table is out of reach): held layers joined by kept pairs form a segment, whose holders
+                  crossed: tuple[bool, ...], sends: tuple[tuple[int, ...], ...], found: float, best: float) -> float:
+        """`spans`' case (S, which pairs of held layers cross) raised by the nodes its segments sit on (as
+        `found` when a table is out of reach): held layers joined by kept pairs form a segment, whose holders
         are one node X's groups, so at most e(X) = (X's groups) - P pipelines send within it and at least
         r = P - (X's groups of kind k) of each layer's holders are of another kind than k (`spans` takes
         the largest node and the largest f_k for every segment). Two segments on one node take 2P of its
@@ -1875,7 +1875,8 @@ class ExactSearch:
         segments next to each other sit on different nodes. Per assignment of the segments to nodes (nodes of
         equal groups alike): the pattern table with no pipeline sending within the segments of e = 0 and at
         least P - (the sum of the others' e) within none (`coupled`'s `pattern`), and each segment's
-        layers' `held` tables; the least over the assignments, which stops once under `best`. 8-24-device
+        layers' `held` tables; the least over the assignments (at least `found`, the case's floor so far: it
+        stops once there), each table only while under `best`. 8-24-device
         seed 873 (P = 4, nodes of 4 and 5 groups, one of four fast): layers 0-2 kept in a node, layer 3 in
         another, layer 4 spanning floored 21.138 as if on the largest node and the fastest; as assigned,
         23.74 (every plan of four pipelines: at least 21.6, the optimum 21.154 has six)."""
@@ -1908,32 +1909,32 @@ class ExactSearch:
             table = relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
             if table is None:
                 return None
-            found = table[self.root]
+            largest = table[self.root]
             plain = (sends, barred, ()) if sends or barred else None
             for (_, others), segment in zip(profile, segments):
                 for kind, layer in itertools.product(kinds, segment):
-                    if found >= best or others[kind] <= 0:
+                    if largest >= best or others[kind] <= 0:
                         continue
                     table = relaxation.coupled(pipelines, refine, forced=(kind, min(others[kind], pipelines)),
                                                crossed=spanning, held=((layer,), 1), pattern=plain)
                     if table is None:
                         return None
-                    found = max(found, table[self.root])
-            values[profile] = found
-            return found
+                    largest = max(largest, table[self.root])
+            values[profile] = largest
+            return largest
 
         least = [best]
         used: Counter = Counter()
 
         def assign(j: int, previous: tuple | None, profile: tuple) -> bool:
             """Segments j.. on nodes (False when a table is out of reach)."""
-            if least[0] <= 0:
-                return True
+            if least[0] <= found:
+                return True  # an assignment no better than the case's floor so far: nothing to gain
             if j == len(segments):
-                found = value(profile)
-                if found is None:
+                reached = value(profile)
+                if reached is None:
                     return False
-                least[0] = min(least[0], found)
+                least[0] = min(least[0], reached)
                 return True
             for node in nodes:
                 if used[node] == room[node] or (node == previous and nodes[node] < 2):
@@ -1946,8 +1947,8 @@ class ExactSearch:
                     return False
             return True
         if not assign(0, None, ()):
-            return 0.0
-        return least[0]
+            return found
+        return max(found, least[0])
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
                    forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None,
