@@ -1801,7 +1801,8 @@ class ExactSearch:
 
     def spans(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
         """Floor of the plans of P pipelines by the set S of layers whose P holders span nodes, while it
-        may raise `value` (`floor`: unused, every S is needed). S empty: `columns`. Otherwise S's rings
+        may raise `value` (`floor`, the caller's cap: every S is needed, each case raised by `_assigned`
+        only while below it). S empty: `columns`. Otherwise S's rings
         cross (`coupled`'s `crossed`) and every other layer's holders sit in one node N_l of at least P
         groups. Two such layers l < l' with only layers of S between: on two nodes, no stage holds
         both (its group would be in both), so every pipeline sends before one of l + 1..l', across
@@ -1857,7 +1858,7 @@ class ExactSearch:
                     if table is None:
                         return 0.0
                     found = max(found, table[self.root])
-                if found < best:
+                if found < min(best, floor):  # at or above the cap, it would decide nothing
                     found = self._assigned(pipelines, refine, spanning, held, crossed, sends, found, best)
                 best = min(best, found)
                 if best <= value:
@@ -1873,7 +1874,7 @@ class ExactSearch:
         the largest node and the largest f_k for every segment). Two segments on one node take 2P of its
         groups (a stage holding layers of both would hold the segment between them, on another node), and
         segments next to each other sit on different nodes. Per assignment of the segments to nodes (nodes of
-        equal groups alike): the pattern table with no pipeline sending within the segments of e = 0 and at
+        equal e and r alike): the pattern table with no pipeline sending within the segments of e = 0 and at
         least P - (the sum of the others' e) within none (`coupled`'s `pattern`), and each segment's
         layers' `held` tables; the least over the assignments (at least `found`, the case's floor so far: it
         stops once there), each table only while under `best`. 8-24-device
@@ -1881,12 +1882,16 @@ class ExactSearch:
         another, layer 4 spanning floored 21.138 as if on the largest node and the fastest; as assigned,
         23.74 (every plan of four pipelines: at least 21.6, the optimum 21.154 has six)."""
         relaxation = self.relaxation
-        nodes = Counter(tuple(sorted(groups.items())) for groups in self.node_groups().values()
-                        if sum(groups.values()) >= pipelines)
         kinds = range(len(relaxation.kind_count))
-        size = {node: sum(n for _, n in node) for node in nodes}
-        room = {node: nodes[node] * (size[node] // pipelines) for node in nodes}
-        of_kind = {node: [sum(n for name, n in node if relaxation.kind_of[name] == k) for k in kinds] for node in nodes}
+        # the wide nodes by what the tables see of them, (e, r per kind): how many, how many segments they hold
+        nodes: Counter = Counter()
+        room: Counter = Counter()
+        for groups in self.node_groups().values():
+            size = sum(groups.values())
+            if size >= pipelines:
+                profile = (size - pipelines, tuple(max(pipelines - self.of_kind(groups, k), 0) for k in kinds))
+                nodes[profile] += 1
+                room[profile] += size // pipelines
         segments: list[list[int]] = [[held[0]]]  # held layers joined by kept pairs
         for layer, across in zip(held[1:], crossed):
             if across:
@@ -1925,6 +1930,7 @@ class ExactSearch:
 
         least = [best]
         used: Counter = Counter()
+        order = sorted(nodes, key=lambda node: (-node[0], sum(node[1])))  # the least constrained first: early stops
 
         def assign(j: int, previous: tuple | None, profile: tuple) -> bool:
             """Segments j.. on nodes (False when a table is out of reach)."""
@@ -1936,12 +1942,11 @@ class ExactSearch:
                     return False
                 least[0] = min(least[0], reached)
                 return True
-            for node in nodes:
+            for node in order:
                 if used[node] == room[node] or (node == previous and nodes[node] < 2):
                     continue
                 used[node] += 1
-                fine = assign(j + 1, node, profile + ((size[node] - pipelines, tuple(
-                    pipelines - f for f in of_kind[node])),))
+                fine = assign(j + 1, node, profile + (node,))
                 used[node] -= 1
                 if not fine:
                     return False
