@@ -2208,9 +2208,7 @@ class ExactSearch:
         left, the first untouched node of a family standing for all of them. Runs with pipelines of
         at most 1, 2, ... stages come first, within SHORT_SHARE of the time: their trees are small
         and often hold the best plans, which then cut the whole tree (depth first, long first
-        pipelines hold most of it); the first one cut by its share ends them (each next one's tree
-        holds it). After the regular and focus runs, the rest runs by the longest pipeline's stage
-        count, fewest first, each with all the time left. `floor` (default `self.floor()`): a lower bound on every plan
+        pipelines hold most of it). `floor` (default `self.floor()`): a lower bound on every plan
         on these groups; once a plan meets it (PRUNE_TOLERANCE) every node left would be cut, so the
         search stops there, complete (the tree's own bounds are weaker: seeds 28 and 43 of the
         8-24-device brute force found the floor's plan early, then spent the whole deadline)."""
@@ -2576,9 +2574,8 @@ class ExactSearch:
             reach_floors()
             window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
             root()
-            if not stats["complete"]:  # a longer cap's tree holds this one's: the runs by count below finish it
-                break
-            searched[0] = short  # later runs take only first (longest) pipelines of more stages
+            if stats["complete"]:  # later runs take only first (longest) pipelines of more stages
+                searched[0] = short
         reach_floors()
         cap[0] = self.longest
         window[0], stats["complete"], regular[0] = deadline.share(REGULAR_SHARE), True, True
@@ -2597,17 +2594,8 @@ class ExactSearch:
             root()
             regular[0] = False
             count_floors(per_count)
-        # The rest by the longest pipeline's stage count, fewest first, each with every second left: the
-        # union is the whole tree, and each count's plans meet the incumbents and the reaching floors of the
-        # counts below (one run interleaves them by prefix: 8-24-device seed 1142's plans of 4-stage pipelines
-        # hold the optimum, its 5-stage ones took the run's time first).
-        for longest in range(searched[0] + 1, self.longest + 1):
-            window[0], cap[0], stats["complete"] = deadline, longest, True
-            root()
-            if not stats["complete"] or stats["met"]:
-                break
-            searched[0] = longest
-            reach_floors()
+        window[0], cap[0], stats["complete"] = deadline, self.longest, True
+        root()
         complete = stats["complete"] or stats["met"]
         reason = (f"branch and bound over {len(self.prices)} priced pipeline shapes, {stats['nodes']} nodes, "
                   f"{stats['leaves']} plans evaluated" + ("" if complete else " (stopped early)")
