@@ -1800,9 +1800,25 @@ class ExactSearch:
         return best
 
     def spans(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """`_spans_pass` raised lazily: while its least case is below `floor` (the caller's cap) and not
+        raised yet, that case is raised by the nodes its segments sit on (`_assigned`) and the pass is
+        run again (its tables cached); so only cases that were the least get those tables (8-24-device
+        seed 1502: raising every case below the least so far cost 1.5 s of tables for nothing)."""
+        raised: dict[tuple, float] = {}
+        while True:
+            best, least = self._spans_pass(pipelines, refine, value, raised)
+            if least is None or best >= floor or refine.expired():
+                return best
+            spanning, held, crossed, sends, found = least
+            if (spanning, crossed) in raised:
+                return best
+            raised[spanning, crossed] = self._assigned(pipelines, refine, spanning, held, crossed, sends, found, floor)
+
+    def _spans_pass(self, pipelines: int, refine: Deadline, value: float, raised: dict[tuple, float]
+                    ) -> tuple[float, tuple | None]:
         """Floor of the plans of P pipelines by the set S of layers whose P holders span nodes, while it
-        may raise `value` (`floor`, the caller's cap: every S is needed, each case raised by `_assigned`
-        only while below it). S empty: `columns`. Otherwise S's rings
+        may raise `value`, with the least case (S, held layers, which pairs cross, the sends, its value;
+        None when the least is no case's), each case at least its `raised` value. S empty: `columns`. Otherwise S's rings
         cross (`coupled`'s `crossed`) and every other layer's holders sit in one node N_l of at least P
         groups. Two such layers l < l' with only layers of S between: on two nodes, no stage holds
         both (its group would be in both), so every pipeline sends before one of l + 1..l', across
@@ -1816,11 +1832,11 @@ class ExactSearch:
         8-24-device seed 63: four pipelines on nodes of four groups (at most three fast), 1 Gb/s
         between nodes: letting the 100 M-parameter layer 4 span alone keeps layers 0-3 in nodes."""
         if self.layers > SINGLE_LAYERS:
-            return 0.0
+            return 0.0, None
         every = self.relaxation.coupled(pipelines, refine, crossed=tuple(range(self.layers)))
         if every is None or every[self.root] <= value:
-            return 0.0  # S = every layer (no held layer) is one of the least's terms already
-        best = min(self.columns(pipelines, refine), every[self.root])
+            return 0.0, None  # S = every layer (no held layer) is one of the least's terms already
+        best, least_case = min(self.columns(pipelines, refine), every[self.root]), None
         spare, forced = self.most_per_node - pipelines, self.forced(pipelines)
         grad = self.relaxation.grad
         subsets = sorted((chosen for size in range(1, self.layers + 1)
@@ -1831,7 +1847,7 @@ class ExactSearch:
                 break
             plain = self.relaxation.coupled(pipelines, refine, crossed=spanning)  # every plan of S: at least this
             if plain is None:
-                return 0.0
+                return 0.0, None
             if plain[self.root] >= best:
                 continue
             held = [layer for layer in range(self.layers) if layer not in spanning]
@@ -1845,8 +1861,8 @@ class ExactSearch:
                 pattern = (sends, barred, alone if rounds else ()) if sends or barred or rounds else None
                 table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
                 if table is None:
-                    return 0.0
-                found = table[self.root]
+                    return 0.0, None
+                found = max(table[self.root], raised.get((spanning, crossed), 0.0))
                 for layer, (kind, least) in itertools.product(range(self.layers), forced):
                     if found >= best:
                         break  # it no longer lowers the least
@@ -1856,14 +1872,13 @@ class ExactSearch:
                                                     held=((layer,), 1),
                                                     pattern=(sends, barred, ()) if sends or barred else None)
                     if table is None:
-                        return 0.0
+                        return 0.0, None
                     found = max(found, table[self.root])
-                if found < min(best, floor):  # at or above the cap, it would decide nothing
-                    found = self._assigned(pipelines, refine, spanning, held, crossed, sends, found, best)
-                best = min(best, found)
+                if found < best:
+                    best, least_case = found, (spanning, held, crossed, sends, found)
                 if best <= value:
                     break
-        return best
+        return best, least_case
 
     def _assigned(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...], held: list[int],
                   crossed: tuple[bool, ...], sends: tuple[tuple[int, ...], ...], found: float, best: float) -> float:
