@@ -119,6 +119,9 @@ an inventory whose refined floor meets the incumbent is not searched. Only a slo
 and its tree rarely finishes in the rest without it (32-64 seed 56: the floor meets the plan)."""
 STEP_POLISH_SHARE = 0.1
 """Of what is left, at most this much polishes each better plan a tree finds (`polish_step_splits`)."""
+REACHING_SHARE = 0.1
+"""Of the branch and bound's time after its short runs, at most this much for the floors of the plans
+left, each with a pipeline longer than the short runs allowed (`ExactSearch.reaching`)."""
 LEAF_POLISH_SHARE = 0.05
 """Of the current run's time left, at most this much polishes the placement of each better plan a tree
 finds (`polish_placement`, ms at 24 devices)."""
@@ -620,8 +623,8 @@ class Relaxation:
                 ring_cap: float | None = None,
                 pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]]
                 | tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]
-                | None = None
-                ) -> list[float] | None:
+                | None = None,
+                reaching: int = 0) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -657,10 +660,11 @@ class Relaxation:
         `pattern` (C, F, G) or (C, F, G, H): every pipeline sends before some layer of each group of C, across nodes,
         and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), and
         given H, they send across nodes before some layer of each group of H too; else they are priced as
-        `held` says."""
+        `held` says. `reaching` S: the forced pipelines (any kind) have at least S stages each
+        (`ExactSearch.reaching`)."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
-               shortest, short_runs, kept, ring_cap, pattern)
+               shortest, short_runs, kept, ring_cap, pattern) + ((reaching,) if reaching else ())
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -760,6 +764,8 @@ class Relaxation:
                 crossings, stages = paired
                 mixed[v] = priced[v] if v[kind] < sum(v) or sum(v) < stages else \
                     [math.inf] + (self.split_lower[runs, crossings][v] + extra).min(axis=0).tolist()
+            elif reaching:  # at least S stages, of any kinds
+                mixed[v] = priced[v] if sum(v) >= reaching else [math.inf] * (self.total + 1)
             elif short_runs is not None:  # all of kind `kind`: no run longer than r stages in one node
                 mixed[v] = priced[v] if v[kind] < sum(v) else \
                     [math.inf] + (self.split_lower[short_runs, 0][v] + extra).min(axis=0).tolist()
@@ -1805,8 +1811,25 @@ class ExactSearch:
         return best
 
     def spans(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """`_spans_pass` raised lazily: while its least case is below `floor` (the caller's cap) and not
+        raised yet, that case is raised by the nodes its segments sit on (`_assigned`) and the pass is
+        run again (its tables cached); so only cases that were the least get those tables (8-24-device
+        seed 1502: raising every case below the least so far cost 1.5 s of tables for nothing)."""
+        raised: dict[tuple, float] = {}
+        while True:
+            best, least = self._spans_pass(pipelines, refine, value, floor, raised)
+            if least is None or best >= floor or refine.expired():
+                return best
+            spanning, held, crossed, sends, found = least
+            if (spanning, crossed) in raised:
+                return best
+            raised[spanning, crossed] = self._assigned(pipelines, refine, spanning, held, crossed, sends, found, floor)
+
+    def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float]
+                    ) -> tuple[float, tuple | None]:
         """Floor of the plans of P pipelines by the set S of layers whose P holders span nodes, while it
-        may raise `value` (`floor`: unused, every S is needed). S empty: `columns`. Otherwise S's rings
+        may raise `value`, with the least case (S, held layers, which pairs cross, the sends, its value;
+        None when the least is no case's), each case at least its `raised` value. S empty: `columns`. Otherwise S's rings
         cross (`coupled`'s `crossed`) and every other layer's holders sit in one node N_l of at least P
         groups. Two such layers l < l' with only layers of S between: on two nodes, no stage holds
         both (its group would be in both), so every pipeline sends before one of l + 1..l', across
@@ -1824,11 +1847,11 @@ class ExactSearch:
         8-24-device seed 63: four pipelines on nodes of four groups (at most three fast), 1 Gb/s
         between nodes: letting the 100 M-parameter layer 4 span alone keeps layers 0-3 in nodes."""
         if self.layers > SINGLE_LAYERS:
-            return 0.0
+            return 0.0, None
         every = self.relaxation.coupled(pipelines, refine, crossed=tuple(range(self.layers)))
         if every is None or every[self.root] <= value:
-            return 0.0  # S = every layer (no held layer) is one of the least's terms already
-        best = min(self.columns(pipelines, refine, floor), every[self.root])
+            return 0.0, None  # S = every layer (no held layer) is one of the least's terms already
+        best, least_case = min(self.columns(pipelines, refine, floor), every[self.root]), None
         spare = self.most_per_node - pipelines
         grad = self.relaxation.grad
         subsets = sorted((chosen for size in range(1, self.layers + 1)
@@ -1839,7 +1862,7 @@ class ExactSearch:
                 break
             plain = self.relaxation.coupled(pipelines, refine, crossed=spanning)  # every plan of S: at least this
             if plain is None:
-                return 0.0
+                return 0.0, None
             if plain[self.root] >= best:
                 continue
             held = [layer for layer in range(self.layers) if layer not in spanning]
@@ -1859,8 +1882,8 @@ class ExactSearch:
                     continue
                 table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
                 if table is None:
-                    return 0.0
-                found = table[self.root]
+                    return 0.0, None
+                found = max(table[self.root], raised.get((spanning, crossed), 0.0))
                 if 0 < spare < pipelines and runs > 1:  # per run of kept pairs: P - e send within none of them
                     chains: list[list[int]] = [[]]
                     for pair, across in zip(pairs, crossed):
@@ -1874,7 +1897,7 @@ class ExactSearch:
                         table = self.relaxation.coupled(pipelines, refine, forced=(0, pipelines - spare),
                                                         crossed=spanning, pattern=(sends, (), tuple(chain)))
                         if table is None:
-                            return 0.0
+                            return 0.0, None
                         found = max(found, table[self.root])
                 # a held layer next to a spanning one: some pipeline holds that one off the held one's
                 # node, so it sends across nodes between them (the largest sends first)
@@ -1887,15 +1910,106 @@ class ExactSearch:
                     table = self.relaxation.coupled(pipelines, refine, forced=(0, 1), crossed=spanning,
                                                     pattern=(sends, barred, (), ((edge,),)))
                     if table is None:
-                        return 0.0
+                        return 0.0, None
                     found = max(found, table[self.root])
                 if found < best:
                     found = self._run_slots(pipelines, refine, held_runs, found, best, crossed=spanning,
                                             pattern=(sends, barred, ()) if sends or barred else None)
-                best = min(best, found)
+                if found < best:
+                    best, least_case = found, (spanning, held, crossed, sends, found)
                 if best <= value:
                     break
-        return best
+        return best, least_case
+
+    def _assigned(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...], held: list[int],
+                  crossed: tuple[bool, ...], sends: tuple[tuple[int, ...], ...], found: float, best: float) -> float:
+        """`spans`' case (S, which pairs of held layers cross) raised by the nodes its segments sit on (as
+        `found` when a table is out of reach): held layers joined by kept pairs form a segment, whose holders
+        are one node X's groups, so at most e(X) = (X's groups) - P pipelines send within it and at least
+        r = P - (X's groups of kind k) of each layer's holders are of another kind than k (`spans` takes
+        the largest node and the largest f_k for every segment). Two segments on one node take 2P of its
+        groups (a stage holding layers of both would hold the segment between them, on another node), and
+        segments next to each other sit on different nodes. Per assignment of the segments to nodes (nodes of
+        equal e and r alike): the pattern table with no pipeline sending within the segments of e = 0 and at
+        least P - (the sum of the others' e) within none (`coupled`'s `pattern`), and each segment's
+        layers' `held` tables; the least over the assignments (at least `found`, the case's floor so far: it
+        stops once there), each table only while under `best`. 8-24-device
+        seed 873 (P = 4, nodes of 4 and 5 groups, one of four fast): layers 0-2 kept in a node, layer 3 in
+        another, layer 4 spanning floored 21.138 as if on the largest node and the fastest; as assigned,
+        23.74 (every plan of four pipelines: at least 21.6, the optimum 21.154 has six)."""
+        relaxation = self.relaxation
+        kinds = range(len(relaxation.kind_count))
+        # the wide nodes by what the tables see of them, (e, r per kind): how many, how many segments they hold
+        nodes: Counter = Counter()
+        room: Counter = Counter()
+        for groups in self.node_groups().values():
+            size = sum(groups.values())
+            if size >= pipelines:
+                profile = (size - pipelines, tuple(max(pipelines - self.of_kind(groups, k), 0) for k in kinds))
+                nodes[profile] += 1
+                room[profile] += size // pipelines
+        segments: list[list[int]] = [[held[0]]]  # held layers joined by kept pairs
+        for layer, across in zip(held[1:], crossed):
+            if across:
+                segments.append([layer])
+            else:
+                segments[-1].append(layer)
+        inner = [tuple(layer for first, second in zip(segment, segment[1:]) for layer in range(first + 1, second + 1))
+                 for segment in segments]  # the sends within each segment
+        values: dict[tuple, float] = {}
+
+        def value(profile: tuple[tuple[int, tuple[int, ...]], ...]) -> float | None:
+            """The largest table for segments with these (e, r per kind)."""
+            if profile in values:
+                return values[profile]
+            barred = tuple(sorted(layer for (e, _), pairs in zip(profile, inner) if e == 0 for layer in pairs))
+            alone = tuple(sorted(layer for (e, _), pairs in zip(profile, inner) if e > 0 for layer in pairs))
+            rounds = max(pipelines - sum(e for (e, _), pairs in zip(profile, inner) if e > 0 and pairs), 0) \
+                if alone else 0
+            pattern = (sends, barred, alone if rounds else ()) if sends or barred or rounds else None
+            table = relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
+            if table is None:
+                return None
+            largest = table[self.root]
+            plain = (sends, barred, ()) if sends or barred else None
+            for (_, others), segment in zip(profile, segments):
+                for kind, layer in itertools.product(kinds, segment):
+                    if largest >= best or others[kind] <= 0:
+                        continue
+                    table = relaxation.coupled(pipelines, refine, forced=(kind, min(others[kind], pipelines)),
+                                               crossed=spanning, held=((layer,), 1), pattern=plain)
+                    if table is None:
+                        return None
+                    largest = max(largest, table[self.root])
+            values[profile] = largest
+            return largest
+
+        least = [best]
+        used: Counter = Counter()
+        order = sorted(nodes, key=lambda node: (-node[0], sum(node[1])))  # the least constrained first: early stops
+
+        def assign(j: int, previous: tuple | None, profile: tuple) -> bool:
+            """Segments j.. on nodes (False when a table is out of reach)."""
+            if least[0] <= found:
+                return True  # an assignment no better than the case's floor so far: nothing to gain
+            if j == len(segments):
+                reached = value(profile)
+                if reached is None:
+                    return False
+                least[0] = min(least[0], reached)
+                return True
+            for node in order:
+                if used[node] == room[node] or (node == previous and nodes[node] < 2):
+                    continue
+                used[node] += 1
+                fine = assign(j + 1, node, profile + (node,))
+                used[node] -= 1
+                if not fine:
+                    return False
+            return True
+        if not assign(0, None, ()):
+            return found
+        return max(found, least[0])
 
     def _run_slots(self, pipelines: int, refine: Deadline, runs: list[list[int]], low: float, best: float,
                    state: int | None = None, crossed: tuple[int, ...] = (), pattern: tuple | None = None) -> float:
@@ -2041,9 +2155,29 @@ class ExactSearch:
                 if forced is not None:
                     value = max(value, forced[state])
             if value < min(best, cap):
+                value = self._held_columns(pipelines, refine, runs, segments, state, value, min(best, cap))
+            if value < min(best, cap):
                 value = self._packed_runs(pipelines, refine, runs, segments, state, value, min(best, cap))
             best = min(best, value)
         return best
+
+    def _held_columns(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
+                      value: float, best: float) -> float:
+        """The column floor of K runs (`columns`: `value` at `state`) raised by each layer's holders: they
+        are one node's groups, so at least r of them are of another kind than k (`forced`; `coupled`'s
+        `held`), for every layer at once (the largest table counts), while below `best` (the least over K
+        so far). 8-24-device seed 63: four pipelines on the two nodes of four groups, at most three fast:
+        layers 0-3 on one stage of every pipeline, layer 4 on another, let every slow stage hold layer 4
+        alone (24.337); a slow holder of layers 0-3 costs 28.47 s, every plan of four pipelines 25.23."""
+        for layer, (kind, rounds) in itertools.product(range(self.layers), self.forced(pipelines)):
+            if value >= best:
+                break
+            table = self.relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, rounds),
+                                            held=((layer,), 1))
+            if table is None:
+                break
+            value = max(value, table[state])
+        return value
 
     def _packed_runs(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
                      value: float, cap: float) -> float:
@@ -2179,6 +2313,17 @@ class ExactSearch:
         return self.prices[key]
 
     # -- master ----------------------------------------------------------------------------------
+    def reaching(self, pipelines: int, stages: int, deadline: Deadline) -> float:
+        """A floor on the plans of P pipelines one of which has at least `stages` stages (0 when its
+        table is out of reach): `coupled`'s table (each pipeline at its own time, ring and step) with
+        one round priced on the pipelines of at least that many stages only. Valid for the tree's
+        runs after its short runs, whose first pipeline has more stages than every exhausted short
+        run allowed (8-24-device seed 154: the plans of five pipelines of at most three stages hold
+        the optimum, 14.186442; the count's floor, 14.186122, left every plan of five with a
+        four-stage pipeline to the tree, 771k nodes)."""
+        table = self.relaxation.coupled(pipelines, deadline, forced=(0, 1), reaching=stages)
+        return table[self.root] if table is not None else 0.0
+
     def solve(self, incumbent: float, deadline: Deadline, leaf_budget: int = 200_000,
               floor: float | None = None) -> ExactOutcome:
         """Depth-first over pipelines in non-increasing key order (stages, micro-batches, shape,
@@ -2537,13 +2682,24 @@ class ExactSearch:
             """The whole tree from its root, on a data-stack chunk of its own (solve/frames.py)."""
             on_fresh_chunk(lambda: master(self.total, self.groups, self.root, 0.0, 0.0, 0.0, None, (), 0.0))
 
+        def reach_floors() -> None:
+            """The plans left have a pipeline of more stages than `searched`: their counts' floors."""
+            if searched[0] and not stats["met"]:
+                reach_window = deadline.share(REACHING_SHARE)
+                for p in range(1, self.most_pipelines + 1):
+                    if per_count[p] < best[0] * (1 - PRUNE_TOLERANCE) and not reach_window.expired():
+                        per_count[p] = max(per_count[p], self.reaching(p, searched[0] + 1, reach_window))
+                count_floors(per_count)
+
         for short in range(1, self.longest):
             if deadline.expired():
                 break
+            reach_floors()
             window[0], cap[0], stats["complete"] = deadline.share(SHORT_SHARE / (self.longest - short)), short, True
             root()
             if stats["complete"]:  # later runs take only first (longest) pipelines of more stages
                 searched[0] = short
+        reach_floors()
         cap[0] = self.longest
         window[0], stats["complete"], regular[0] = deadline.share(REGULAR_SHARE), True, True
         root()
