@@ -54,13 +54,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chameleon_opt.check import check_plan
-from chameleon_opt.instance.load import Instance, build_instance
-from chameleon_opt.perf.comm import ring_allgather_time, ring_allreduce_time
-from chameleon_opt.perf.model import GIB, PerfModel
-from chameleon_opt.plan import Pipeline, Plan, Stage
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # measure this checkout's package, not whichever one pip installed
+
+from chameleon_opt.check import check_plan  # noqa: E402
+from chameleon_opt.instance.load import Instance, build_instance  # noqa: E402
+from chameleon_opt.perf.comm import ring_allgather_time, ring_allreduce_time  # noqa: E402
+from chameleon_opt.perf.model import GIB, PerfModel  # noqa: E402
+from chameleon_opt.plan import Pipeline, Plan, Stage  # noqa: E402
+
 OUT = ROOT / "bench" / "out" / "brute_force.json"
 LAYERS = (3, 6)
 """Layers of the generated instances (inclusive): with 24 devices the brute force finishes in seconds."""
