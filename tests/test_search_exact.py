@@ -604,6 +604,22 @@ def test_pipelines_still_to_come_need_room_where_a_layer_is_held():
     assert proof_nodes(21, (8, 24), 21.680845607585795) < 600_000
 
 
+def test_each_kept_run_holds_its_layers_in_one_stage_somewhere():
+    """24-32-device seed 3000 (three pipelines, nodes of at most five groups): with layer 0's ring
+    across nodes and layers 3 and 4 kept in one node, one pipeline must hold both in one stage, which
+    no device fits (16 GB of state); the pooled count over two kept runs had let every pipeline send
+    (the spans floor of three pipelines: 22.9272, P's floor). It now meets the optimum (the exact
+    search's at b95be3a, 6.4 s), the plans of three pipelines' best (those of 2 and 4 are floored
+    at 26.47 and 29.68)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    optimum = 23.23118572199016
+    data, failed = _bench_instance(3000, (24, 32))
+    instance = build_instance(data)
+    (search,) = exact_floors(instance, PerfModel(instance), failed, Deadline.never()).searches
+    assert search.spans(3, Deadline.never(), 22.93, optimum) == pytest.approx(optimum, rel=1e-9)
+
+
 def test_runs_of_stages_in_a_node_fit_its_groups_of_each_kind():
     """32-64-device probe seed 13 (nodes of at most two fast groups, three four-stage fast
     pipelines): a run of stages in one node fits that node's groups of each kind, so each pipeline

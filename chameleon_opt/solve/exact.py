@@ -1840,6 +1840,8 @@ class ExactSearch:
                 if table is None:
                     return 0.0
                 found = table[self.root]
+                if runs > 1 and 0 < spare < pipelines and found < best:
+                    found = max(found, self.each_kept_run(pipelines, refine, spanning, sends, pairs, crossed, spare))
                 for layer, (kind, least) in itertools.product(range(self.layers), forced):
                     if found >= best:
                         break  # it no longer lowers the least
@@ -1854,6 +1856,31 @@ class ExactSearch:
                 best = min(best, found)
                 if best <= value:
                     break
+        return best
+
+    def each_kept_run(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...],
+                      sends: tuple[tuple[int, ...], ...], pairs: list[tuple[int, ...]], crossed: tuple[bool, ...],
+                      spare: int) -> float:
+        """`spans`' floor of one (S, C) choice with r >= 2 kept runs, run by run: the pooled count
+        (P - e r pipelines send within none of the runs) is empty once e r >= P, but each run's
+        held layers share one node of at most P + e groups, so at least P - e pipelines send within
+        none of that run alone: they hold its layers, from the held layer before it to its last, in
+        one stage, which must fit memory (`coupled`'s splits fit the relaxed memory of their kinds).
+        The largest of the r tables (each floors every plan of S and C); 0 when one is out of reach.
+        24-32-device seed 3000: layers 3 and 4 (9.6 and 6.4 GB of state) kept in one node of five
+        groups would need one of three pipelines to hold both on a fast device of 10.4 GiB."""
+        best, run = 0.0, ()
+        for pair, across in zip(pairs + [()], crossed + (True,)):
+            if not across:
+                run += pair
+                continue
+            if run:
+                table = self.relaxation.coupled(pipelines, refine, forced=(0, pipelines - spare), crossed=spanning,
+                                                pattern=(sends, (), run))
+                if table is None:
+                    return 0.0
+                best = max(best, table[self.root])
+            run = ()
         return best
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
