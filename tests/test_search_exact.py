@@ -626,6 +626,22 @@ def test_each_kept_run_holds_its_layers_in_one_stage_somewhere():
     assert search.spans(3, Deadline.never(), 22.93, optimum) == pytest.approx(optimum, rel=1e-9)
 
 
+def test_rings_across_nodes_still_leave_few_long_runs():
+    """24-32-device seed 3039 (four four-stage fast pipelines of one micro-batch, nodes of at most
+    three fast groups and a slow one): a slow holder costs more than a ring across nodes, so every
+    ring crosses (`held`: 13.5195, the pipelines each keeping three stages in one node), but only
+    three nodes hold three fast groups: the fourth pipeline crosses earlier, where sends are larger.
+    With both, the floor meets the optimum (the exact search's at b95be3a, 16.6 s)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    optimum = 13.717549527400536
+    data, failed = _bench_instance(3039, (24, 32))
+    instance = build_instance(data)
+    (search,) = exact_floors(instance, PerfModel(instance), failed, Deadline.never()).searches
+    assert search.held(4, Deadline.never(), 13.5, optimum) == pytest.approx(13.519519527400536, rel=1e-9)
+    assert search.held_runs(4, Deadline.never(), 13.5, optimum) == pytest.approx(optimum, rel=1e-9)
+
+
 def test_runs_of_stages_in_a_node_fit_its_groups_of_each_kind():
     """32-64-device probe seed 13 (nodes of at most two fast groups, three four-stage fast
     pipelines): a run of stages in one node fits that node's groups of each kind, so each pipeline

@@ -1319,6 +1319,9 @@ class ExactSearch:
                         value = max(value, split(p, refine, value, limit))
             if refine is not None and value < limit:  # one table per run length: before the paired tables
                 value = max(value, self.long_runs(p, refine, value, limit))
+            if refine is not None and value < limit and 2 <= p <= self.most_per_node and not self.overlapped \
+                    and min(grad) > 0:  # after `long_runs`: its tables pick the run length
+                value = max(value, self.held_runs(p, refine, value, limit))
             if refine is not None and value < limit:
                 value = max(value, self.paired(p, refine, value, limit))
             if refine is not None and value < limit:
@@ -1416,6 +1419,51 @@ class ExactSearch:
                 break  # later layers keep a lower first term
             crossed.append(layer)
             table = relaxation.coupled(pipelines, refine, crossed=tuple(sorted(crossed)))
+            if table is None:
+                break
+            best = max(best, min(local[layer], table[self.root]))
+        return best
+
+    def held_runs(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """`held` with its crossed branch also counting the long runs the nodes hold (`long_runs`): a
+        plan that rings the first j layers across nodes still has at most sum over nodes of f_k // L
+        pipelines all of kind k with a run of L stages in one node, so its pipelines are floored by the
+        coupled table with those rings crossed and the other P - x_L pipelines of another kind or of
+        no run longer than L - 1 (both hold for every plan of the branch; the (k, L) whose table
+        without crossed rings is the largest is the one used).
+        24-32-device seed 3039: four four-stage fast pipelines of one micro-batch on nodes of at most
+        three fast groups, each of which holds a slow one: a slow holder costs a layer more than its
+        ring across nodes, so every ring crosses (1.5 s), and then only three pipelines run three
+        stages in one node (the crossing before layer 4 is the cheapest): 13.5195 -> the optimum."""
+        relaxation, forced = self.relaxation, self.forced(pipelines)
+        if not forced:
+            return 0.0
+        per_node = self.node_groups()
+        limits = {}  # (kind, forced pipelines, run length): P - x_L pipelines of another kind or shorter runs
+        for kind in range(len(relaxation.kind_count)):
+            held = [self.of_kind(groups, kind) for groups in per_node.values()]
+            for length in range(min(max(held, default=0), self.longest), 1, -1):
+                rounds = pipelines - sum(f // length for f in held)
+                table = relaxation.coupled(pipelines, refine, forced=(kind, min(rounds, pipelines)),
+                                           short_runs=length - 1) if rounds > 0 else None
+                if table is not None:  # `long_runs`' own (cached): the one that floors most is used below
+                    limits[kind, min(rounds, pipelines), length] = table[self.root]
+        if not limits:
+            return 0.0
+        kind, rounds, length = max(limits, key=limits.get)
+        local = {}
+        for layer in range(self.layers):
+            kept = self.local(pipelines, refine, forced, layer)
+            if kept is None:
+                return 0.0
+            local[layer] = kept
+        best, crossed = 0.0, []
+        for layer in sorted(local, key=local.get, reverse=True):
+            if local[layer] <= max(best, value) or max(best, value) >= floor:
+                break  # later layers keep a lower first term
+            crossed.append(layer)
+            table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), short_runs=length - 1,
+                                       crossed=tuple(sorted(crossed)))
             if table is None:
                 break
             best = max(best, min(local[layer], table[self.root]))
