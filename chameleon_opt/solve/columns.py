@@ -18,9 +18,10 @@ the performance model with its best reliefs. A heuristic: its plans are incumben
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -118,14 +119,16 @@ FITTED_VISITS = 2_000
 """Most partial column-to-node assignments `_fitted` visits per (stages, split, pipelines)."""
 
 
-def _fitted(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], str], cost: Any,
-            stages: int, count: int) -> list[list[tuple[int, ...]]] | None:
-    """The whole-node placement of least summed stage time (`cost(group, column)`: inf where the
-    group cannot hold the column's layers in memory), over the nodes of each distinct free
-    composition per column. `_placements` and `_merged` hand the node with slower groups to the
-    last columns, whatever those layers need: on binding memory a slow device then holds a layer
-    it cannot fit and the plan is dropped (24-32-device seed 3000: three five-stage pipelines on
-    five nodes, one of two fast and three slow groups, whose slow group fits only layer 0)."""
+def _fitted(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], str],
+            cost: Callable[[tuple[int, ...], int, int], float], bounds: tuple[int, ...],
+            count: int) -> list[list[tuple[int, ...]]] | None:
+    """The whole-node placement of `count` groups per column (layers bounds[c]..bounds[c + 1]) of
+    least summed stage time (`cost(group, first, end)`: inf where the group cannot hold those layers
+    in memory), over the nodes of each distinct free composition per column. `_placements` and
+    `_merged` hand the node with slower groups to the last columns, whatever those layers need: on
+    binding memory a slow device then holds a layer it cannot fit and the plan is dropped
+    (24-32-device seed 3000: three five-stage pipelines on five nodes, one of two fast and three
+    slow groups, whose slow group fits only layer 0)."""
     best: list[Any] = [math.inf, None]
     visits = [0]
 
@@ -133,7 +136,7 @@ def _fitted(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], str]
         visits[0] += 1
         if spent >= best[0] or visits[0] > FITTED_VISITS:
             return
-        if column == stages:
+        if column == len(bounds) - 1:
             best[0], best[1] = spent, [list(c) for c in chosen]
             return
         seen: set[tuple[str, ...]] = set()
@@ -143,7 +146,7 @@ def _fitted(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], str]
                 continue
             seen.add(composition)
             taken = groups[:count]
-            price = sum(cost(g, column) for g in taken)
+            price = sum(cost(g, bounds[column], bounds[column + 1]) for g in taken)
             if not math.isfinite(price):
                 continue
             free[node] = groups[count:]
@@ -198,7 +201,19 @@ def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, d
     candidates.sort()
     found: list[tuple[Plan, float]] = []
     best = incumbent
-    costs: dict[tuple[str, int, int, int, int], float] = {}  # `cost` per (type, layers, stages, pipelines)
+    costs: dict[tuple[str, int, int, int, int], float] = {}  # per (type, layers, stages, pipelines)
+
+    def fitted_cost(group: tuple[int, ...], first: int, end: int, stages: int, count: int) -> float:
+        """The group's forward + backward on layers [first, end); inf where no relief fits them (their
+        least need: the last stage's in-flight count, `count` replicas). Cached per device type."""
+        key = (names[group], first, end, stages, count)
+        if key not in costs:
+            fits = any(needed <= available for needed, available in (
+                model.stage_memory(group, first, end, stages - 1, stages, 1, replicas=count, relief=r)
+                for r in model.relief_options))
+            costs[key] = sum(model.stage_times(group, first, end, relief)[:2]) if fits else math.inf
+        return costs[key]
+
     for estimate, stages, bounds, count in candidates:
         if estimate >= best or deadline.expired():
             break
@@ -206,24 +221,8 @@ def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, d
                                - model.boundary_send_on(model.intra, bounds[s] - 1), 0.0) for s in range(1, stages)]
         merged = _merged(free, speed, penalty, count)
 
-        def cost(group: tuple[int, ...], column: int, bounds: tuple[int, ...] = bounds, count: int = count) -> float:
-            """The group's forward + backward on the column's layers; inf where no relief fits it
-            (its least need: the last stage's in-flight count, `count` replicas); one per type."""
-            first, end = bounds[column], bounds[column + 1]
-            key = (names[group], first, end, stages, count)
-            if key not in costs:
-                costs[key] = group_cost(group, first, end)
-            return costs[key]
-
-        def group_cost(group: tuple[int, ...], first: int, end: int) -> float:
-            """`cost` of one group on layers [first, end), uncached."""
-            if not any(needed <= available for needed, available in (
-                    model.stage_memory(group, first, end, stages - 1, stages, 1, replicas=count, relief=r)
-                    for r in model.relief_options)):
-                return math.inf
-            return sum(model.stage_times(group, first, end, relief)[:2])
-
-        fitted = _fitted([list(f) for f in free], names, cost, stages, count)
+        fitted = _fitted([list(f) for f in free], names, functools.partial(fitted_cost, stages=stages, count=count),
+                         bounds, count)
         firsts = [placement for placement in (fitted, merged) if placement is not None]
         for columns in itertools.chain(firsts, itertools.islice(
                 _placements([list(f) for f in free], names, speed, stages, count), PLACEMENTS)):
