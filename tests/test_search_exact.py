@@ -642,6 +642,21 @@ def test_rings_across_nodes_still_leave_few_long_runs():
     assert search.held_runs(4, Deadline.never(), 13.5, optimum) == pytest.approx(optimum, rel=1e-9)
 
 
+def test_runs_of_held_layers_need_nodes_of_their_own():
+    """24-32-device seed 3113 (four five-stage pipelines, nodes of 7, 5, 7 and 7 groups): with layer 0
+    ringing across nodes (its ring the cheapest), layers 1-5 held in nodes make five runs where the
+    nodes hold four apart (`column_room`), so two share a node and one pipeline holds both layers in
+    one stage (memory and a slow group price that). The spans floor of four pipelines 22.9934 ->
+    23.281367, the step of b95be3a's 2 s plan (which its tree had not proven in 10 s)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(3113, (24, 32))
+    instance = build_instance(data)
+    (search,) = exact_floors(instance, PerfModel(instance), failed, Deadline.never()).searches
+    assert search.column_room(4) == 4
+    assert search.spans(4, Deadline.never(), 22.99, 23.3) == pytest.approx(23.281367427930626, rel=1e-9)
+
+
 def test_runs_of_stages_in_a_node_fit_its_groups_of_each_kind():
     """32-64-device probe seed 13 (nodes of at most two fast groups, three four-stage fast
     pipelines): a run of stages in one node fits that node's groups of each kind, so each pipeline
