@@ -344,18 +344,24 @@ def test_regular_run_piles_equal_stages_into_nodes(seed):
     assert outcome.bound <= optimum * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("seed, optimum", [(72, 15.586221529588938), (120, 23.790830696154213)])
-def test_column_plans_reach_the_brute_force_optimum(seed, optimum):
+@pytest.mark.parametrize("seed, devices, optimum", [(72, (8, 24), 15.586221529588938),
+                                                   (120, (8, 24), 23.790830696154213),
+                                                   (3000, (24, 32), 23.23118572199016)])
+def test_column_plans_reach_the_brute_force_optimum(seed, devices, optimum):
     """Issue 21's seed 72 (3 x 3 stages, one slow group in a column): the optimum puts each layer
     range's stages in one node; the column plans build it directly (0.03 s), where the branch and
     bound met it only after 10 s. Seed 70 (4 x 4 stages over four nodes of 4-5 survivors) is the
     same case, left to bench/brute_force.py: its brute force alone takes 10-20 s. Seed 120 (2 x 4
     fast stages on four nodes of two or three fast groups): the first placements, the only ones
     tried, had put a slow group in a column (1.0005 off the optimum at 10 s); the fastest columns
-    now come first. (The optima: bench/brute_force.py's, 1-25 s each.)"""
+    now come first. (The optima: bench/brute_force.py's, 1-25 s each.) 24-32-device seed 3000 (three
+    five-stage pipelines on five nodes; binding memory: the one node with a slow group in its first
+    three holds layer 0, the only layer a slow device fits): every placement tried had given that
+    node a later column, so no column plan fitted (23.9556 at 2 s); the optimum is the exact search's,
+    proven in 6.4 s at b95be3a."""
     from chameleon_opt.solve.columns import column_plans
 
-    data, failed = _bench_instance(seed, (8, 24))
+    data, failed = _bench_instance(seed, devices)
     instance = build_instance(data)
     found = column_plans(instance, failed, PerfModel(instance), Deadline.after(5.0))
     assert found and found[0][1] <= optimum * (1 + 1e-9), (found[0][1] if found else None, optimum)
@@ -605,6 +611,53 @@ def test_pipelines_still_to_come_need_room_where_a_layer_is_held():
     `fewest_table`'s count), and those pipelines add replicas and a slot of their own to the ring.
     Without that, the proof from the optimum had not finished in 10 s (1.3M nodes)."""
     assert proof_nodes(21, (8, 24), 21.680845607585795) < 600_000
+
+
+def test_each_kept_run_holds_its_layers_in_one_stage_somewhere():
+    """24-32-device seed 3000 (three pipelines, nodes of at most five groups): with layer 0's ring
+    across nodes and layers 3 and 4 kept in one node, one pipeline must hold both in one stage, which
+    no device fits (16 GB of state); the pooled count over two kept runs had let every pipeline send
+    (the spans floor of three pipelines: 22.9272, P's floor). It now meets the optimum (the exact
+    search's at b95be3a, 6.4 s), the plans of three pipelines' best (those of 2 and 4 are floored
+    at 26.47 and 29.68)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    optimum = 23.23118572199016
+    data, failed = _bench_instance(3000, (24, 32))
+    instance = build_instance(data)
+    (search,) = exact_floors(instance, PerfModel(instance), failed, Deadline.never()).searches
+    assert search.spans(3, Deadline.never(), 22.93, optimum) == pytest.approx(optimum, rel=1e-9)
+
+
+def test_rings_across_nodes_still_leave_few_long_runs():
+    """24-32-device seed 3039 (four four-stage fast pipelines of one micro-batch, nodes of at most
+    three fast groups and a slow one): a slow holder costs more than a ring across nodes, so every
+    ring crosses (`held`: 13.5195, the pipelines each keeping three stages in one node), but only
+    three nodes hold three fast groups: the fourth pipeline crosses earlier, where sends are larger.
+    With both, the floor meets the optimum (the exact search's at b95be3a, 16.6 s)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    optimum = 13.717549527400536
+    data, failed = _bench_instance(3039, (24, 32))
+    instance = build_instance(data)
+    (search,) = exact_floors(instance, PerfModel(instance), failed, Deadline.never()).searches
+    assert search.held(4, Deadline.never(), 13.5, optimum) == pytest.approx(13.519519527400536, rel=1e-9)
+    assert search.held_runs(4, Deadline.never(), 13.5, optimum) == pytest.approx(optimum, rel=1e-9)
+
+
+def test_runs_of_held_layers_need_nodes_of_their_own():
+    """24-32-device seed 3113 (four five-stage pipelines, nodes of 7, 5, 7 and 7 groups): with layer 0
+    ringing across nodes (its ring the cheapest), layers 1-5 held in nodes make five runs where the
+    nodes hold four apart (`column_room`), so two share a node and one pipeline holds both layers in
+    one stage (memory and a slow group price that). The spans floor of four pipelines 22.9934 ->
+    23.281367, the step of b95be3a's 2 s plan (which its tree had not proven in 10 s)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(3113, (24, 32))
+    instance = build_instance(data)
+    (search,) = exact_floors(instance, PerfModel(instance), failed, Deadline.never()).searches
+    assert search.column_room(4) == 4
+    assert search.spans(4, Deadline.never(), 22.99, 23.3) == pytest.approx(23.281367427930626, rel=1e-9)
 
 
 def test_runs_of_stages_in_a_node_fit_its_groups_of_each_kind():

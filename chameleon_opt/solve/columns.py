@@ -18,9 +18,11 @@ the performance model with its best reliefs. A heuristic: its plans are incumben
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -113,6 +115,48 @@ def _merged(free: list[list[tuple[int, ...]]], speed: dict[tuple[int, ...], floa
     return assign(runs)
 
 
+FITTED_VISITS = 2_000
+"""Most partial column-to-node assignments `_fitted` visits per (stages, split, pipelines)."""
+
+
+def _fitted(free: list[list[tuple[int, ...]]], names: dict[tuple[int, ...], str],
+            cost: Callable[[tuple[int, ...], int, int], float], bounds: tuple[int, ...],
+            count: int) -> list[list[tuple[int, ...]]] | None:
+    """The whole-node placement of `count` groups per column (layers bounds[c]..bounds[c + 1]) of
+    least summed stage time (`cost(group, first, end)`: inf where the group cannot hold those layers
+    in memory), over the nodes of each distinct free composition per column. `_placements` and
+    `_merged` hand the node with slower groups to the last columns, whatever those layers need: on
+    binding memory a slow device then holds a layer it cannot fit and the plan is dropped
+    (24-32-device seed 3000: three five-stage pipelines on five nodes, one of two fast and three
+    slow groups, whose slow group fits only layer 0)."""
+    best: list[Any] = [math.inf, None]
+    visits = [0]
+
+    def extend(column: int, chosen: list[list[tuple[int, ...]]], spent: float) -> None:
+        visits[0] += 1
+        if spent >= best[0] or visits[0] > FITTED_VISITS:
+            return
+        if column == len(bounds) - 1:
+            best[0], best[1] = spent, [list(c) for c in chosen]
+            return
+        seen: set[tuple[str, ...]] = set()
+        for node, groups in enumerate(free):
+            composition = tuple(names[g] for g in groups)
+            if len(groups) < count or composition in seen:
+                continue
+            seen.add(composition)
+            taken = groups[:count]
+            price = sum(cost(g, bounds[column], bounds[column + 1]) for g in taken)
+            if not math.isfinite(price):
+                continue
+            free[node] = groups[count:]
+            extend(column + 1, chosen + [taken], spent + price)
+            free[node] = groups
+
+    extend(0, [], 0.0)
+    return best[1]
+
+
 def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
                  incumbent: float = math.inf) -> list[tuple[Plan, float]]:
     """(plan, exact step) of the column plans that fit, fastest first (see the module docstring);
@@ -157,13 +201,30 @@ def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, d
     candidates.sort()
     found: list[tuple[Plan, float]] = []
     best = incumbent
+    costs: dict[tuple[str, int, int, int, int], float] = {}  # per (type, layers, stages, pipelines)
+
+    def fitted_cost(group: tuple[int, ...], first: int, end: int, stages: int, count: int) -> float:
+        """The group's forward + backward on layers [first, end); inf where no relief fits them (their
+        least need: the last stage's in-flight count, `count` replicas). Cached per device type."""
+        key = (names[group], first, end, stages, count)
+        if key not in costs:
+            fits = any(needed <= available for needed, available in (
+                model.stage_memory(group, first, end, stages - 1, stages, 1, replicas=count, relief=r)
+                for r in model.relief_options))
+            costs[key] = sum(model.stage_times(group, first, end, relief)[:2]) if fits else math.inf
+        return costs[key]
+
     for estimate, stages, bounds, count in candidates:
         if estimate >= best or deadline.expired():
             break
         penalty = [0.0] + [max(model.boundary_send_on(model.inter, bounds[s] - 1)
                                - model.boundary_send_on(model.intra, bounds[s] - 1), 0.0) for s in range(1, stages)]
         merged = _merged(free, speed, penalty, count)
-        for columns in itertools.chain([merged] if merged is not None else [], itertools.islice(
+
+        fitted = _fitted([list(f) for f in free], names, functools.partial(fitted_cost, stages=stages, count=count),
+                         bounds, count)
+        firsts = [placement for placement in (fitted, merged) if placement is not None]
+        for columns in itertools.chain(firsts, itertools.islice(
                 _placements([list(f) for f in free], names, speed, stages, count), PLACEMENTS)):
             if deadline.expired():
                 break

@@ -1336,6 +1336,9 @@ class ExactSearch:
                         value = max(value, split(p, refine, value, limit))
             if refine is not None and value < limit:  # one table per run length: before the paired tables
                 value = max(value, self.long_runs(p, refine, value, limit))
+            if refine is not None and value < limit and 2 <= p <= self.most_per_node and not self.overlapped \
+                    and min(grad) > 0:  # after `long_runs`: its tables pick the run length
+                value = max(value, self.held_runs(p, refine, value, limit))
             if refine is not None and value < limit:
                 value = max(value, self.paired(p, refine, value, limit))
             if refine is not None and value < limit:
@@ -1433,6 +1436,51 @@ class ExactSearch:
                 break  # later layers keep a lower first term
             crossed.append(layer)
             table = relaxation.coupled(pipelines, refine, crossed=tuple(sorted(crossed)))
+            if table is None:
+                break
+            best = max(best, min(local[layer], table[self.root]))
+        return best
+
+    def held_runs(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """`held` with its crossed branch also counting the long runs the nodes hold (`long_runs`): a
+        plan that rings the first j layers across nodes still has at most sum over nodes of f_k // L
+        pipelines all of kind k with a run of L stages in one node, so its pipelines are floored by the
+        coupled table with those rings crossed and the other P - x_L pipelines of another kind or of
+        no run longer than L - 1 (both hold for every plan of the branch; the (k, L) whose table
+        without crossed rings is the largest is the one used).
+        24-32-device seed 3039: four four-stage fast pipelines of one micro-batch on nodes of at most
+        three fast groups, each of which holds a slow one: a slow holder costs a layer more than its
+        ring across nodes, so every ring crosses (1.5 s), and then only three pipelines run three
+        stages in one node (the crossing before layer 4 is the cheapest): 13.5195 -> the optimum."""
+        relaxation, forced = self.relaxation, self.forced(pipelines)
+        if not forced:
+            return 0.0
+        per_node = self.node_groups()
+        limits = {}  # (kind, forced pipelines, run length): P - x_L pipelines of another kind or shorter runs
+        for kind in range(len(relaxation.kind_count)):
+            held = [self.of_kind(groups, kind) for groups in per_node.values()]
+            for length in range(min(max(held, default=0), self.longest), 1, -1):
+                rounds = pipelines - sum(f // length for f in held)
+                table = relaxation.coupled(pipelines, refine, forced=(kind, min(rounds, pipelines)),
+                                           short_runs=length - 1) if rounds > 0 else None
+                if table is not None:  # `long_runs`' own (cached): the one that floors most is used below
+                    limits[kind, min(rounds, pipelines), length] = table[self.root]
+        if not limits:
+            return 0.0
+        kind, rounds, length = max(limits, key=limits.get)
+        local = {}
+        for layer in range(self.layers):
+            kept = self.local(pipelines, refine, forced, layer)
+            if kept is None:
+                return 0.0
+            local[layer] = kept
+        best, crossed = 0.0, []
+        for layer in sorted(local, key=local.get, reverse=True):
+            if local[layer] <= max(best, value) or max(best, value) >= floor:
+                break  # later layers keep a lower first term
+            crossed.append(layer)
+            table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), short_runs=length - 1,
+                                       crossed=tuple(sorted(crossed)))
             if table is None:
                 break
             best = max(best, min(local[layer], table[self.root]))
@@ -1868,6 +1916,8 @@ class ExactSearch:
             held = [layer for layer in range(self.layers) if layer not in spanning]
             pairs = [tuple(range(first + 1, second + 1)) for first, second in zip(held, held[1:])]  # the sends between
             for crossed in itertools.product((False, True), repeat=len(pairs)):
+                if len(held) - crossed.count(False) > self.column_room(pipelines):
+                    continue  # more node runs of held layers than the nodes hold apart: no such plan
                 sends = tuple(pair for pair, across in zip(pairs, crossed) if across)
                 kept = tuple(layer for pair, across in zip(pairs, crossed) if not across for layer in pair)
                 runs = sum(1 for i, across in enumerate(crossed) if not across and (i == 0 or crossed[i - 1]))
@@ -1884,21 +1934,8 @@ class ExactSearch:
                 if table is None:
                     return 0.0, None
                 found = max(table[self.root], raised.get((spanning, crossed), 0.0))
-                if 0 < spare < pipelines and runs > 1:  # per run of kept pairs: P - e send within none of them
-                    chains: list[list[int]] = [[]]
-                    for pair, across in zip(pairs, crossed):
-                        if across:
-                            chains.append([])
-                        else:
-                            chains[-1].extend(pair)
-                    for chain in chains:
-                        if found >= best or not chain:
-                            continue
-                        table = self.relaxation.coupled(pipelines, refine, forced=(0, pipelines - spare),
-                                                        crossed=spanning, pattern=(sends, (), tuple(chain)))
-                        if table is None:
-                            return 0.0, None
-                        found = max(found, table[self.root])
+                if runs > 1 and 0 < spare < pipelines and found < best:
+                    found = max(found, self.each_kept_run(pipelines, refine, spanning, sends, pairs, crossed, spare))
                 # a held layer next to a spanning one: some pipeline holds that one off the held one's
                 # node, so it sends across nodes between them (the largest sends first)
                 edges = sorted({layer + 1 for layer in held if layer + 1 in spanning}
@@ -2074,6 +2111,40 @@ class ExactSearch:
             if found >= best:
                 break
         return found
+
+    def column_room(self, pipelines: int) -> int:
+        """How many runs of held layers (`spans`: layers whose P holders share a node, consecutive
+        held layers on one node forming a run) the nodes can hold: sum over nodes of n // P. Two runs
+        on one node use disjoint groups (a group holding layers of both would also hold the run
+        between them, on another node), P a run. 24-32-device seed 3113: with layer 0 spanning,
+        layers 1-5 held on nodes of 7, 5, 7 and 7 groups by four pipelines need a kept pair."""
+        return sum(sum(groups.values()) // pipelines for groups in self.node_groups().values())
+
+    def each_kept_run(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...],
+                      sends: tuple[tuple[int, ...], ...], pairs: list[tuple[int, ...]], crossed: tuple[bool, ...],
+                      spare: int) -> float:
+        """`spans`' floor of one (S, C) choice with r >= 2 kept runs, run by run: the pooled count
+        (P - e r pipelines send within none of the runs) is empty once e r >= P, but each run's
+        held layers share one node of at most P + e groups, so at least P - e pipelines send within
+        none of that run alone: they hold its layers, from the held layer before it to its last, in
+        one stage, which must fit memory (`coupled`'s splits fit the relaxed memory of their kinds).
+        The largest of the r tables (each floors every plan of S and C); 0 when one is out of reach.
+        24-32-device seed 3000: layers 3 and 4 (9.6 and 6.4 GB of state) kept in one node of five
+        groups would need one of three pipelines to hold both on a fast device of 10.4 GiB; 32-64-device
+        seed 1026: five pipelines on nodes of eight, runs 1-2 and 3-5, two hold each whole (18.7074 -> 18.7872)."""
+        best, run = 0.0, ()
+        for pair, across in zip(pairs + [()], crossed + (True,)):
+            if not across:
+                run += pair
+                continue
+            if run:
+                table = self.relaxation.coupled(pipelines, refine, forced=(0, pipelines - spare), crossed=spanning,
+                                                pattern=(sends, (), run))
+                if table is None:
+                    return 0.0
+                best = max(best, table[self.root])
+            run = ()
+        return best
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
                    forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None,
