@@ -1233,6 +1233,8 @@ class ExactSearch:
         composition: dict[int, Counter] = {}
         for c, node in enumerate(self.class_node):
             composition.setdefault(node, Counter())[self.class_type[c]] += self.counts[c]
+        self._composition = composition  # `node_groups`: read by most floors, never changed
+        self._slot_deficits: dict[tuple[int, int], list[int]] = {}  # `_run_slots`, per (P, kind)
         families: dict[tuple, list[int]] = {}
         for node in sorted(composition):
             families.setdefault(tuple(sorted(composition[node].items())), []).append(node)
@@ -2069,8 +2071,11 @@ class ExactSearch:
         state = self.root if state is None else state
         found = low
         for kind in range(len(relaxation.kind_count) if len(relaxation.kind_count) > 1 else 0):
-            deficits = sorted(max(pipelines - self.of_kind(groups, kind), 0) for groups in per_node.values()
-                              for _ in range(sum(groups.values()) // pipelines))[:len(runs)]
+            if (pipelines, kind) not in self._slot_deficits:
+                self._slot_deficits[pipelines, kind] = sorted(
+                    max(pipelines - self.of_kind(groups, kind), 0) for groups in per_node.values()
+                    for _ in range(sum(groups.values()) // pipelines))
+            deficits = self._slot_deficits[pipelines, kind][:len(runs)]
             if len(deficits) < len(runs):
                 return math.inf  # no R runs fit the nodes
             if deficits[-1] == 0:
@@ -2282,11 +2287,8 @@ class ExactSearch:
         return max(value, least)
 
     def node_groups(self) -> dict[int, Counter]:
-        """Per node: its groups of each stage device type."""
-        per_node: dict[int, Counter] = {}
-        for c, node in enumerate(self.class_node):
-            per_node.setdefault(node, Counter())[self.class_type[c]] += self.counts[c]
-        return per_node
+        """Per node: its groups of each stage device type (the inventory's, built once; callers only read it)."""
+        return self._composition
 
     def of_kind(self, groups: Counter, kind: int) -> int:
         """How many of `groups` (per stage device type) are of this relaxation kind."""
