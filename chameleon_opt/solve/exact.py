@@ -1423,9 +1423,13 @@ class ExactSearch:
         with those rings crossing); the lesser holds for every plan, for each j. 8-24-device seed
         154: a slow group holding layer 2 or 3 costs 16.4 or 16.2 s, layer 1 14.8 s, so below that
         layers 1-3 ring across nodes (the optimum's 0.256 s)."""
-        relaxation, forced = self.relaxation, self.forced(pipelines)
-        if not forced:
-            return 0.0
+        forced = self.forced(pipelines)
+        return self._held_branches(pipelines, refine, value, floor, forced, {}) if forced else 0.0
+
+    def _held_branches(self, pipelines: int, refine: Deadline, value: float, floor: float,
+                       forced: list[tuple[int, int]], crossed_terms: dict) -> float:
+        """`held`'s least over j of min(the j-th largest local[l], the coupled table with those j
+        layers' rings crossed and `crossed_terms`, `coupled`'s keywords every plan of that branch meets)."""
         local = {}
         for layer in range(self.layers):
             kept = self.local(pipelines, refine, forced, layer)
@@ -1437,7 +1441,7 @@ class ExactSearch:
             if local[layer] <= max(best, value) or max(best, value) >= floor:
                 break  # later layers keep a lower first term
             crossed.append(layer)
-            table = relaxation.coupled(pipelines, refine, crossed=tuple(sorted(crossed)))
+            table = self.relaxation.coupled(pipelines, refine, crossed=tuple(sorted(crossed)), **crossed_terms)
             if table is None:
                 break
             best = max(best, min(local[layer], table[self.root]))
@@ -1470,23 +1474,8 @@ class ExactSearch:
         if not limits:
             return 0.0
         kind, rounds, length = max(limits, key=limits.get)
-        local = {}
-        for layer in range(self.layers):
-            kept = self.local(pipelines, refine, forced, layer)
-            if kept is None:
-                return 0.0
-            local[layer] = kept
-        best, crossed = 0.0, []
-        for layer in sorted(local, key=local.get, reverse=True):
-            if local[layer] <= max(best, value) or max(best, value) >= floor:
-                break  # later layers keep a lower first term
-            crossed.append(layer)
-            table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), short_runs=length - 1,
-                                       crossed=tuple(sorted(crossed)))
-            if table is None:
-                break
-            best = max(best, min(local[layer], table[self.root]))
-        return best
+        return self._held_branches(pipelines, refine, value, floor, forced,
+                                   {"forced": (kind, rounds), "short_runs": length - 1})
 
     def _across(self, pipelines: int, refine: Deadline) -> dict[int, float] | None:
         """Per layer, the root floor of P pipelines whose plans ring that layer across nodes
