@@ -31,7 +31,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if _started or item.get_closest_marker("multiprocess") is None:
         return
     _started = True
-    if "forkserver" not in mp.get_all_start_methods() or importlib.util.find_spec("transformers") is None:
+    if "forkserver" not in mp.get_all_start_methods() or any(importlib.util.find_spec(name) is None
+                                                             for name in ("torch", "transformers")):
         return  # spawn (no fork server), or the runtime extra is not installed: nothing to share
     from multiprocessing import forkserver
 
