@@ -1458,19 +1458,14 @@ class ExactSearch:
         three fast groups, each of which holds a slow one: a slow holder costs a layer more than its
         ring across nodes, so every ring crosses (1.5 s), and then only three pipelines run three
         stages in one node (the crossing before layer 4 is the cheapest): 13.5195 -> the optimum."""
-        relaxation, forced = self.relaxation, self.forced(pipelines)
+        forced = self.forced(pipelines)
         if not forced:
             return 0.0
-        per_node = self.node_groups()
         limits = {}  # (kind, forced pipelines, run length): P - x_L pipelines of another kind or shorter runs
-        for kind in range(len(relaxation.kind_count)):
-            held = [self.of_kind(groups, kind) for groups in per_node.values()]
-            for length in range(min(max(held, default=0), self.longest), 1, -1):
-                rounds = pipelines - sum(f // length for f in held)
-                table = relaxation.coupled(pipelines, refine, forced=(kind, min(rounds, pipelines)),
-                                           short_runs=length - 1) if rounds > 0 else None
-                if table is not None:  # `long_runs`' own (cached): the one that floors most is used below
-                    limits[kind, min(rounds, pipelines), length] = table[self.root]
+        for kind, rounds, length in self._run_limits(pipelines):
+            table = self.relaxation.coupled(pipelines, refine, forced=(kind, rounds), short_runs=length - 1)
+            if table is not None:  # `long_runs`' own (cached): the one that floors most is used below
+                limits[kind, rounds, length] = table[self.root]
         if not limits:
             return 0.0
         kind, rounds, length = max(limits, key=limits.get)
@@ -1795,31 +1790,37 @@ class ExactSearch:
         fast groups: five cross nodes. Seed 379: six five-stage fast pipelines, five nodes of four fast
         groups: the sixth cannot cross only after layer 0, where the send is smallest."""
         relaxation = self.relaxation
-        per_node = self.node_groups()
         best = 0.0
-        for kind in range(len(relaxation.kind_count)):
+        for kind, rounds, length in self._run_limits(pipelines):
+            if max(best, value) >= floor:
+                break
+            table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), short_runs=length - 1)
+            if table is None:
+                return best
+            best = max(best, table[self.root])
+            if max(best, value) >= floor:
+                break
+            # or with the pipeline times counted by the shortest one's stage count (`paired`'s form: a
+            # forced pipeline cannot then take a finer split for a smaller ring of its own)
+            least = math.inf
+            for shortest, paid in self._least_extras(pipelines).items():
+                row = relaxation.paired_level(pipelines, shortest, refine, (kind, rounds), (0, 1), runs=length - 1)
+                if row is None:
+                    return best
+                least = min(least, row[self.root] + paid)
+            best = max(best, least)
+        return best
+
+    def _run_limits(self, pipelines: int) -> Iterator[tuple[int, int, int]]:
+        """(kind k, P - x_L, run length L) for each k and L >= 2 with x_L = sum over nodes of f_k // L < P:
+        at most x_L pipelines all of kind k run L stages in a row in one node (`long_runs`)."""
+        per_node = self.node_groups()
+        for kind in range(len(self.relaxation.kind_count)):
             held = [self.of_kind(groups, kind) for groups in per_node.values()]
             for length in range(min(max(held, default=0), self.longest), 1, -1):
                 rounds = pipelines - sum(f // length for f in held)
-                if rounds <= 0 or max(best, value) >= floor:
-                    continue
-                forced = (kind, min(rounds, pipelines))
-                table = relaxation.coupled(pipelines, refine, forced=forced, short_runs=length - 1)
-                if table is None:
-                    return best
-                best = max(best, table[self.root])
-                if max(best, value) >= floor:
-                    continue
-                # or with the pipeline times counted by the shortest one's stage count (`paired`'s form: a
-                # forced pipeline cannot then take a finer split for a smaller ring of its own)
-                least = math.inf
-                for shortest, paid in self._least_extras(pipelines).items():
-                    row = relaxation.paired_level(pipelines, shortest, refine, forced, (0, 1), runs=length - 1)
-                    if row is None:
-                        return best
-                    least = min(least, row[self.root] + paid)
-                best = max(best, least)
-        return best
+                if rounds > 0:
+                    yield kind, min(rounds, pipelines), length
 
     def boundaries(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
         """Floor of the plans of P pipelines from how few sends between stages of one kind can stay in a
@@ -1859,15 +1860,15 @@ class ExactSearch:
             best, least = self._spans_pass(pipelines, refine, value, floor, raised)
             if least is None or best >= floor or refine.expired():
                 return best
-            spanning, held, crossed, sends, found = least
+            spanning, held_runs, crossed, sends, found = least
             if (spanning, crossed) in raised:
                 return best
-            raised[spanning, crossed] = self._assigned(pipelines, refine, spanning, held, crossed, sends, found, floor)
+            raised[spanning, crossed] = self._assigned(pipelines, refine, spanning, held_runs, sends, found, floor)
 
     def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float]
                     ) -> tuple[float, tuple | None]:
         """Floor of the plans of P pipelines by the set S of layers whose P holders span nodes, while it
-        may raise `value`, with the least case (S, held layers, which pairs cross, the sends, its value;
+        may raise `value`, with the least case (S, the held layers' runs, which pairs cross, the sends, its value;
         None when the least is no case's), each case at least its `raised` value. S empty: `columns`. Otherwise S's rings
         cross (`coupled`'s `crossed`) and every other layer's holders sit in one node N_l of at least P
         groups. Two such layers l < l' with only layers of S between: on two nodes, no stage holds
@@ -1944,13 +1945,13 @@ class ExactSearch:
                     found = self._run_slots(pipelines, refine, held_runs, found, best, crossed=spanning,
                                             pattern=(sends, barred, ()) if sends or barred else None)
                 if found < best:
-                    best, least_case = found, (spanning, held, crossed, sends, found)
+                    best, least_case = found, (spanning, held_runs, crossed, sends, found)
                 if best <= value:
                     break
         return best, least_case
 
-    def _assigned(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...], held: list[int],
-                  crossed: tuple[bool, ...], sends: tuple[tuple[int, ...], ...], found: float, best: float) -> float:
+    def _assigned(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...], segments: list[list[int]],
+                  sends: tuple[tuple[int, ...], ...], found: float, best: float) -> float:
         """`spans`' case (S, which pairs of held layers cross) raised by the nodes its segments sit on (as
         `found` when a table is out of reach): held layers joined by kept pairs form a segment, whose holders
         are one node X's groups, so at most e(X) = (X's groups) - P pipelines send within it and at least
@@ -1976,12 +1977,6 @@ class ExactSearch:
                 profile = (size - pipelines, tuple(max(pipelines - self.of_kind(groups, k), 0) for k in kinds))
                 nodes[profile] += 1
                 room[profile] += size // pipelines
-        segments: list[list[int]] = [[held[0]]]  # held layers joined by kept pairs
-        for layer, across in zip(held[1:], crossed):
-            if across:
-                segments.append([layer])
-            else:
-                segments[-1].append(layer)
         inner = [tuple(layer for first, second in zip(segment, segment[1:]) for layer in range(first + 1, second + 1))
                  for segment in segments]  # the sends within each segment
         values: dict[tuple, float] = {}
