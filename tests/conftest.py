@@ -20,9 +20,9 @@ _started = False
 
 def _both_runtimes_imports() -> list[str]:
     """What the workers of either runtime import (the union of their `preload`s)."""
-    from chameleon_opt.runtime.pipelined import WORKER_IMPORTS
+    from chameleon_opt.runtime import controller, pipelined
 
-    return ["torch", "chameleon_opt.runtime.worker", *WORKER_IMPORTS]
+    return ["torch", *controller.WORKER_IMPORTS, *pipelined.WORKER_IMPORTS]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -71,6 +71,9 @@ from chameleon_opt.runtime.schedule import order_operations, planned_operations
 from chameleon_opt.runtime.worker import WorkerSpec, worker_main
 from chameleon_opt.solve.deadline import Deadline
 
+WORKER_IMPORTS = ("chameleon_opt.runtime.worker",)
+"""What a worker imports, preloaded by the fork server (`cores.start_worker`)."""
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -217,7 +220,7 @@ class Controller:
         self.heartbeats.reset(device)
         self.procs[device], self.conns[device] = start_worker(
             worker_main, (spec,), self.heartbeats.slots, None if self.cores is None else self.cores[device],
-            preload=("chameleon_opt.runtime.worker",))
+            preload=WORKER_IMPORTS)
 
     def _live(self) -> list[int]:
         return sorted(self.procs)
