@@ -115,11 +115,18 @@ def command() -> list[str]:
     return [str(found)] if found.exists() else [sys.executable, "-m", "chameleon_opt.cli"]
 
 
+def checkout_env() -> dict[str, str]:
+    """This process's environment with this checkout first on the path: the installed command may be an
+    editable install of another checkout, and the campaign measures the code beside it."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def measured_run(arguments: list[str]) -> dict[str, Any]:
     """Run one command; its wall time, exit code, output and peak RSS in MiB (of that process alone)."""
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen(arguments, stdout=out, stderr=err, text=True)
+        process = subprocess.Popen(arguments, stdout=out, stderr=err, text=True, env=checkout_env())
         _, status, usage = os.wait4(process.pid, 0)
         wall = time.perf_counter() - start
         process.returncode = os.waitstatus_to_exitcode(status)

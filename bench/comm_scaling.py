@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # measure this checkout's package, not whichever one pip installed
 
 from chameleon_opt.comm import communication_plan, lower_plan
 from chameleon_opt.comm.allreduce import cpsat_colouring, dsatur_colouring
@@ -29,7 +33,6 @@ from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.search import search_plan
 
-ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=240)
 MODELS = ["gpt3-175b", "gpt3-76b", "gpt3-39b", "gpt3-18b", "gpt3-7.5b"]  # largest that fits first
 

@@ -63,6 +63,9 @@ from typing import Any
 import highspy
 import pulp
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # measure this checkout's package, not whichever one pip installed
+
 from chameleon_opt.check import check_plan
 from chameleon_opt.instance.load import Instance, build_instance
 from chameleon_opt.perf.model import GIB, PerfModel
@@ -71,7 +74,6 @@ from chameleon_opt.plan import Pipeline, Plan, Stage
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from brute_force import random_instance, regime_of  # noqa: E402 (the bench folder is not a package)
 
-ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out" / "master_crosscheck.json"
 DEVICES = (8, 16)
 LAYERS = (2, 4)

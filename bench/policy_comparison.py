@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # measure this checkout's package, not whichever one pip installed
 
 from chameleon_opt.instance.load import build_instance, read_document
 from chameleon_opt.output import save_figure
 from chameleon_opt.recovery.compare import CADENCES, PUBLISHED, SUITES, comparison_figure, run_one, summary
 from chameleon_opt.recovery.registry import BASELINES
 
-ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=200)
 WORKLOADS = {  # workload, sequence length, global batch, micro-batch size, TP, PP, DP
     "gpt3-1.7b": ("gpt3-1.7b", 2048, 512, 4, 1, 4, 8),

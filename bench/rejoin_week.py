@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # measure this checkout's package, not whichever one pip installed
 
 from chameleon_opt.instance.load import load_instance
 from chameleon_opt.perf.model import PerfModel
@@ -29,7 +33,6 @@ from chameleon_opt.recovery.chameleon import Chameleon, DecisionSource
 from chameleon_opt.recovery.interface import cached_search
 from chameleon_opt.recovery.simulate import published_rate_trace, simulate
 
-ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=160)
 
 

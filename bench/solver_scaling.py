@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # measure this checkout's package, not whichever one pip installed
 
 from chameleon_opt.instance.load import build_instance
 from chameleon_opt.perf.model import PerfModel
@@ -28,7 +32,6 @@ from chameleon_opt.solve.levels import level_model, lp_lower_bound, solve_level_
 from chameleon_opt.solve.search import search_plan, search_space
 from chameleon_opt.solve.deadline import Deadline
 
-ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=160)
 
 WORKLOADS = {
