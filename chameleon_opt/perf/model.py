@@ -255,6 +255,7 @@ class PerfModel:
         self.micro_batch_size = training.micro_batch_size
         self.recompute = self.options.recomputation
         self.checkpoint_every = training.checkpoint_every
+        self.recompute_early_stop = training.recompute_early_stop
         self.tp_async = training.tp_async
         self.attention = training.attention
         self.sequence_parallel = training.sequence_parallel
@@ -384,11 +385,14 @@ class PerfModel:
             if table.update_s.max() > 0:
                 update = table.update_s.max() * w.params / max(self.total_params, 1.0)
             # Profiles are measured without recomputation: add the recomputed forward work (all of
-            # it under full recomputation, FLOPs or not; a part's share of the FLOPs otherwise).
+            # it under full recomputation, FLOPs or not, less the MLP output projection when the
+            # recompute stops early; a part's share of the FLOPs otherwise).
             share = np.ones(w.num_layers) if recompute == "full" else np.divide(
                 w.recomputed_flops_per_sample(recompute, self.kernels), w.forward_flops_per_sample,
                 out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
             bwd = bwd + fwd * share
+            if recompute == "full" and self.recompute_early_stop:
+                bwd = bwd - self._mlp_output_s(device, tp, fwd, profile is None and not timed and self.fp8 is None)
             if (transferred is not None and not transferred.includes_collectives and recompute == "selective"
                     and self.kernels.selective == "op-mm"):
                 # The FLOP share reruns the matmuls; a per-op policy (torchtitan's) reruns every
@@ -401,7 +405,7 @@ class PerfModel:
         else:
             rate = device.peak_tflops * 1e12 * device.efficiency
             fwd = w.forward_flops_per_sample * mbs / tp / rate
-            recomputed = w.recomputed_flops_per_sample(recompute, self.kernels)
+            recomputed = w.recomputed_flops_per_sample(recompute, self.kernels, self.recompute_early_stop)
             bwd = 2.0 * fwd + recomputed * mbs / tp / rate
             if self.fp8 is not None:
                 plain = fwd
@@ -426,6 +430,20 @@ class PerfModel:
         act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels) * mbs
         return {"fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
                 "params": w.params / tp, "act": act, "fp8_cache": self._fp8_cache_bytes(tp), "fp8_step": fp8_step}
+
+    def _mlp_output_s(self, device: DeviceType, tp: int, fwd: np.ndarray, from_flops: bool) -> np.ndarray:
+        """Per-layer seconds of the MLP output projection in one micro-batch's forward: what an
+        early-stopping recompute does not rerun (Workload.recomputed_flops_per_sample). Priced as the
+        layer times are: at the calibration's fitted GEMM rate when they come from bf16 FLOPs, else
+        as the projection's share of the forward's FLOPs (a measured or profile-scaled forward, or
+        one whose linears run in fp8)."""
+        w = self.workload
+        if from_flops:
+            fit = self.calibration.devices[device.name]
+            rate = fit.peak_tflops * 1e12 * fit.compute_efficiency
+            return w.mlp_output_flops_per_sample * self.micro_batch_size / tp / rate
+        return fwd * np.divide(w.mlp_output_flops_per_sample, w.forward_flops_per_sample,
+                               out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
 
     def _async_tp_exposed(self, device: DeviceType, tp: int, one: float, tp_fwd: np.ndarray, tp_bwd: np.ndarray,
                           count_f: np.ndarray, count_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
