@@ -17,20 +17,22 @@ ARCH = Architecture(layers=1, hidden=H, heads=HEADS, ffn=FFN, vocab=64, seq_len=
 
 
 class Block(torch.nn.Module):
-    """MPT's block shape: LayerNorm, QKV, scores and softmax, output projection, LayerNorm, GELU MLP,
-    no biases, residual adds last."""
+    """MPT's block (llmfoundry/models/layers/blocks.py at b2a43a147): LayerNorm, QKV, scores and softmax,
+    output projection, LayerNorm, GELU MLP, no biases, the residual dropout at MPT's resid_pdrop 0 (it
+    saves nothing), residual adds last."""
 
     def __init__(self) -> None:
         super().__init__()
         self.norm_1, self.norm_2 = torch.nn.LayerNorm(H), torch.nn.LayerNorm(H)
         self.qkv, self.out = torch.nn.Linear(H, 3 * H, bias=False), torch.nn.Linear(H, H, bias=False)
         self.up, self.down = torch.nn.Linear(H, FFN, bias=False), torch.nn.Linear(FFN, H, bias=False)
+        self.resid_ffn_dropout = torch.nn.Dropout(0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (t.reshape(B, S, HEADS, H // HEADS).transpose(1, 2) for t in self.qkv(self.norm_1(x)).chunk(3, -1))
         attention = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
         x = x + self.out(attention.transpose(1, 2).reshape(B, S, H))
-        return x + self.down(torch.nn.functional.gelu(self.up(self.norm_2(x))))
+        return x + self.resid_ffn_dropout(self.down(torch.nn.functional.gelu(self.up(self.norm_2(x)))))
 
 
 def backward_flops(block: Block, x: torch.Tensor, checkpointed: bool, early_stop: bool) -> int:

@@ -150,7 +150,8 @@ class Training(Strict):
         "count when every stage starts after a multiple of k blocks. 1: every block")
     recompute_early_stop: bool = Field(
         False, description="full recomputation reruns each checkpointed block only up to the last tensor its "
-        "backward reads, so not the MLP's output projection: PyTorch's non-reentrant torch.utils.checkpoint "
+        "backward reads, so not the MLP's output projection when no dropout (p > 0) follows it: PyTorch's "
+        "non-reentrant torch.utils.checkpoint "
         "from torch 2.1 (early stop on by default), which torchtitan and llm-foundry's Composer FSDP runs use. "
         "false: the whole block forward is rerun (Megatron-LM's checkpointing, reentrant torch checkpoint, "
         "torch 2.0 and older). `import torchtitan` sets it")

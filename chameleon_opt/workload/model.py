@@ -214,8 +214,10 @@ class Workload:
         it has regenerated as many saved tensors as the forward saved (torch/utils/checkpoint.py,
         `_StopRecomputationError` in the recompute's pack hook). Autograd saves an op's inputs before
         running its kernel, and the last op of a pre-norm block that saves anything is the MLP's
-        output projection (its input; the residual add saves nothing), so the rerun stops before
-        that GEMM: a block's recompute is its forward less mlp_output_flops_per_sample."""
+        output projection (its input; the residual add saves nothing, nor does a dropout at p = 0,
+        MPT's resid_pdrop; one at p > 0 after it would save a mask and keep the GEMM in the rerun),
+        so the rerun stops before that GEMM: a block's recompute is its forward less
+        mlp_output_flops_per_sample."""
         mode = _recompute_mode(recompute)
         if mode == "full":
             if early_stop:
