@@ -52,16 +52,18 @@ STAGE_COSTS_KEPT = 200_000  # remembered stage costs per model before the memo s
 ADAM_BYTES_TOUCHED_PER_PARAM = 28.0
 """Mixed-precision Adam reads fp32 master, m, v and the gradient and writes master, m, v and the
 half-precision copy: about 28 bytes of memory traffic per parameter (memory-bound step)."""
-SHARDED_OVERLAP_INTERFERENCE = 0.710
+SHARDED_OVERLAP_INTERFERENCE = 0.701
 """Share of the shorter of (a micro-batch's compute, its ZeRO-3 collectives) that running them side by
 side does not hide (overlap_sharded). Why: the collectives' NCCL kernels occupy SMs and HBM bandwidth
 the GEMMs need, and FSDP issues a unit's gather only when its hooks run, so the overlapped phase
 outlasts the longer of the two; pricing it as max(compute, collectives) left every published FSDP
 run fast once the optimizer step was sharded (llm-foundry and torchtitan alike). Fitted on
 torchtitan's 8 published FSDP2 runs (least squares in relative error, published.fit_interference, in
-bench/validate_perf.py: 0.710 with the Grand Teton H100s at the middle of their stated peak bracket,
-912 TFLOP/s; 0.745 at the SXM's 989); llm-foundry's 209 FSDP1 runs are its leave-one-family-out check
-(their own fit, 0.564, is what prices torchtitan's there). A calibration's sharded_interference overrides it."""
+bench/validate_perf.py: 0.701 with the Grand Teton H100s at the middle of their stated peak bracket,
+912 TFLOP/s, and the full-recompute rows' early stop (Training.recompute_early_stop; 0.710 before it,
+0.745 at the SXM's 989); llm-foundry's 209 FSDP1 runs are its leave-one-family-out check (their own fit,
+0.680, 0.564 before the early stop, is what prices torchtitan's there). A calibration's
+sharded_interference overrides it."""
 
 
 @dataclass(frozen=True)
