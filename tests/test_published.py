@@ -238,6 +238,7 @@ def test_a_row_measured_twice_is_scored_against_both_runs_by_hand(tmp_path: Path
     (row,) = remeasured(published, tmp_path, earlier)["rows"]
     assert row["error_lofo_earlier"] == pytest.approx(0.1)
     assert row["predicted_change"] == pytest.approx(0.1)
+    assert row["error_nearer_run"] == 0.0  # -20% against one run, +10% against the other: between them
 
 
 def test_configurations_only_the_earlier_table_has_become_runs_of_their_stated_layout(rows: dict[str, dict]) -> None:
