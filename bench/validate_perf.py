@@ -405,6 +405,14 @@ def published_validation(runs: list, refused: dict[str, int], terms: dict, inter
                          "metric": r.metric, "measured_s": r.measured_step_s, "before_s": before, "lofo_s": after,
                          "error_before": before / r.measured_step_s - 1, "error_lofo": after / r.measured_step_s - 1,
                          "gpu_fitted_elsewhere": held and r.gpu not in fit.borrowed})
+            if held and r.document["training"].get("recompute_early_stop") and r.document["training"][
+                    "recomputation"] == "full":
+                # the same run with the whole block rerun (torch before 2.1): what remeasured() compares
+                # the earlier, torch 1.13 measurement of the configuration against
+                whole = replace(r, document={**r.document, "training": {**r.document["training"],
+                                                                        "recompute_early_stop": False}})
+                rows[-1]["lofo_full_recompute_s"] = predict_calibrated(
+                    whole, fit.compute[r.gpu], fit.memory_efficiency, interference if sharded(r) else None)
             if r.measured_memory_gib:
                 memory.append({"id": r.id, "family": family, "label": r.label, "measured_gib": r.measured_memory_gib,
                                "predicted_gib": peak_gib(r), "error": peak_gib(r) / r.measured_memory_gib - 1})
@@ -435,8 +443,11 @@ def remeasured(published: dict, directory: Path, earlier: Path = EARLIER_A100_80
     held-out error against both measurements. Why: the A100 80GB section was re-run in October 2023
     (amp_bf16 / DEFAULT, torch 2.1; before: bf16 / PURE, torch 1.13.1) with the same model, sequence, GPU count,
     micro-batch, accumulation and checkpointing; two runs of one configuration by one script bound how closely
-    any step-time model can match either. The model prices the two alike (2-byte gathers and reductions), so a
-    row's prediction stands against both; its step time scales with 1 / tokens per second per GPU."""
+    any step-time model can match either. The model prices the two alike (2-byte gathers and reductions) except
+    for the recompute: torch 1.13 reruns a checkpointed block whole, torch 2.1 stops before its MLP output
+    projection (Training.recompute_early_stop), so a checkpointed row's earlier run is priced with the whole
+    block rerun (`lofo_full_recompute_s`) and the predicted change (earlier / re-run step) stands beside the
+    measured one; its step time scales with 1 / tokens per second per GPU."""
     from chameleon_opt.perf.published import load_rows
     before = {tuple(r[k] for k in CONFIGURATION): r for r in json.loads(earlier.read_text())["rows"]}
     raw = {r["id"]: r.get("raw") or {} for r in load_rows(directory) if r["_source"] == "llm_foundry"}
@@ -446,14 +457,26 @@ def remeasured(published: dict, directory: Path, earlier: Path = EARLIER_A100_80
         if old is None or old["Throughput (T/s/GPU)"] == raw[r["id"]]["Throughput (T/s/GPU)"]:
             continue
         now, then = float(raw[r["id"]]["Throughput (T/s/GPU)"]), float(old["Throughput (T/s/GPU)"])
+        earlier_s = r.get("lofo_full_recompute_s", r["lofo_s"]) if old["Precision"] == "bf16" else r["lofo_s"]
         rows.append({"id": r["id"], "label": r["label"], "tokens_per_s_per_gpu": now, "earlier_tokens_per_s_per_gpu": then,
                      "earlier_setting": f"{old['Precision']} / {old['MP Mode']}", "change": now / then - 1,
-                     "error_lofo": r["error_lofo"], "error_lofo_earlier": r["lofo_s"] * then / (r["measured_s"] * now) - 1})
+                     "predicted_change": earlier_s / r["lofo_s"] - 1, "error_lofo": r["error_lofo"],
+                     "error_lofo_earlier": earlier_s * then / (r["measured_s"] * now) - 1})
     if not rows:
         return {"rows": []}
     stats = {key: (float(np.median(np.abs(v))), float(np.max(np.abs(v))))
              for key in ("change", "error_lofo", "error_lofo_earlier") for v in [[row[key] for row in rows]]}
-    return {"rows": rows, "source": earlier.name, "median_worst": stats,
+    for row in rows:  # 0 when the prediction lies between the two measurements of its configuration
+        now_e, then_e = row["error_lofo"], row["error_lofo_earlier"]
+        row["error_nearer_run"] = 0.0 if now_e * then_e <= 0 else min(now_e, then_e, key=abs)
+    stats["error_nearer_run"] = (float(np.median(np.abs([row["error_nearer_run"] for row in rows]))),
+                                 float(np.max(np.abs([row["error_nearer_run"] for row in rows]))))
+    rerun = [row for row in rows if row["predicted_change"] != 0.0]
+    explained = {"n": len(rerun), "median_change": float(np.median([row["change"] for row in rerun])) if rerun else 0.0,
+                 "median_predicted": float(np.median([row["predicted_change"] for row in rerun])) if rerun else 0.0,
+                 "median_gap": float(np.median([abs(row["change"] - row["predicted_change"]) for row in rerun]))
+                 if rerun else 0.0}
+    return {"rows": rows, "source": earlier.name, "median_worst": stats, "recompute_changed": explained,
             "changed_over_5pct": sum(abs(row["change"]) > 0.05 for row in rows)}
 
 
@@ -504,13 +527,19 @@ def render_remeasured(found: dict) -> list[str]:
              f"by median {stats['change'][0]:.1%}, worst {stats['change'][1]:.1%} ({found['changed_over_5pct']} by more than 5%). "
              f"Held-out |error| against the rows as published: median {stats['error_lofo'][0]:.1%}, worst "
              f"{stats['error_lofo'][1]:.1%}; against the earlier run: median {stats['error_lofo_earlier'][0]:.1%}, worst "
-             f"{stats['error_lofo_earlier'][1]:.1%}.", "",
-             "| row | configuration | tokens/s/GPU now / earlier | change | LOFO error now | against the earlier run |",
-             "|---|---|---|---|---|---|"]
+             f"{stats['error_lofo_earlier'][1]:.1%}; against the nearer of the two (0 when the prediction lies between "
+             f"them): median {stats['error_nearer_run'][0]:.1%}, worst {stats['error_nearer_run'][1]:.1%}.", "",
+             f"The {found['recompute_changed']['n']} configurations the model prices differently in the two runs "
+             f"(checkpointed: torch 1.13 reruns the whole block, torch 2.1 stops before the MLP output projection) "
+             f"changed by median {found['recompute_changed']['median_change']:+.1%} measured, "
+             f"{found['recompute_changed']['median_predicted']:+.1%} predicted (|measured - predicted| median "
+             f"{found['recompute_changed']['median_gap']:.1%}).", "",
+             "| row | configuration | tokens/s/GPU now / earlier | change | predicted change | LOFO error now | "
+             "against the earlier run |", "|---|---|---|---|---|---|---|"]
     for row in sorted(found["rows"], key=lambda row: -abs(row["error_lofo"])):
         lines.append(f"| {row['id']} | {row['label']} | {row['tokens_per_s_per_gpu']:.0f} / "
                      f"{row['earlier_tokens_per_s_per_gpu']:.0f} ({row['earlier_setting']}) | {row['change']:+.1%} | "
-                     f"{row['error_lofo']:+.1%} | {row['error_lofo_earlier']:+.1%} |")
+                     f"{row['predicted_change']:+.1%} | {row['error_lofo']:+.1%} | {row['error_lofo_earlier']:+.1%} |")
     dropped = found.get("earlier_only", {"rows": []})
     if dropped["rows"]:
         lines += ["", f"{len(dropped['rows'])} configurations only the earlier table has, priced held out (MPT's "

@@ -71,6 +71,10 @@ def test_llm_foundry_rows_are_fsdp_with_their_sharding_strategy(rows: dict[str, 
     assert (grad_op.document["training"]["zero_stage"],
             grad_op.document["training"]["reshard_after_forward"]) == (3, False)
     assert full.attention_kernel == grad_op.attention_kernel == "flash-v1"
+    # amp_bf16 rows ran on the torch 2.1 image (early-stopping recompute), bf16 / PURE rows on torch 1.13.1
+    assert full.document["training"]["recompute_early_stop"] is True
+    may_2023 = next(r for r in rows.values() if r["_source"] == "llm_foundry" and r["raw"]["Precision"] == "bf16")
+    assert to_run(may_2023).document["training"]["recompute_early_stop"] is False
 
 
 def test_megatron_2024_overlap_flags_mean_the_distributed_optimizer(rows: dict[str, dict]) -> None:
@@ -226,7 +230,15 @@ def test_a_row_measured_twice_is_scored_against_both_runs_by_hand(tmp_path: Path
     assert row["id"] == "a"
     assert row["change"] == pytest.approx(-0.2)
     assert row["error_lofo_earlier"] == pytest.approx(0.0)
+    assert row["predicted_change"] == pytest.approx(0.0)
     assert found["changed_over_5pct"] == 1
+    # checkpointed and re-run on torch 2.1: the earlier (bf16, torch 1.13) run is priced with the whole block
+    # rerun, 1.1 s against its measured 1.25 x 800 / 1000 = 1.0 s: +10%, and a predicted change of +10%
+    published["rows"][0]["lofo_full_recompute_s"] = 1.1
+    (row,) = remeasured(published, tmp_path, earlier)["rows"]
+    assert row["error_lofo_earlier"] == pytest.approx(0.1)
+    assert row["predicted_change"] == pytest.approx(0.1)
+    assert row["error_nearer_run"] == 0.0  # -20% against one run, +10% against the other: between them
 
 
 def test_configurations_only_the_earlier_table_has_become_runs_of_their_stated_layout(rows: dict[str, dict]) -> None:

@@ -148,6 +148,13 @@ class Training(Strict):
         "counted from 1; torchtitan's layer-selective activation checkpointing, selective_ac_option = k) and "
         "the others keep all their activations. Counted over the whole model, which is torchtitan's per-rank "
         "count when every stage starts after a multiple of k blocks. 1: every block")
+    recompute_early_stop: bool = Field(
+        False, description="full recomputation reruns each checkpointed block only up to the last tensor its "
+        "backward reads, so not the MLP's output projection when no dropout (p > 0) follows it: PyTorch's "
+        "non-reentrant torch.utils.checkpoint "
+        "from torch 2.1 (early stop on by default), which torchtitan and llm-foundry's Composer FSDP runs use. "
+        "false: the whole block forward is rerun (Megatron-LM's checkpointing, reentrant torch checkpoint, "
+        "torch 2.0 and older). `import torchtitan` sets it")
     tp_async: bool = Field(
         False, description="TP collectives micro-pipelined with the matmuls next to them (torchtitan async TP): "
         "under sequence parallelism each all-gather / reduce-scatter shows only its excess over its matmul plus "

@@ -542,6 +542,8 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
                            f"give stages whose block counts before each are multiples of {every}, or mode full")
     train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **state,
                              "recomputation": recompute, "checkpoint_every": every,
+                             # ptd_checkpoint_wrapper's default, torch's non-reentrant checkpoint (torch >= 2.1)
+                             "recompute_early_stop": recompute == "full",
                              "kernels": "torchtitan-compiled" if blocks_compiled else "torchtitan",
                              "compiled_loss": loss_compiled, "tp_async": tp_async,
                              "loss_chunks": _loss_chunks(r),

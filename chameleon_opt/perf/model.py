@@ -52,16 +52,18 @@ STAGE_COSTS_KEPT = 200_000  # remembered stage costs per model before the memo s
 ADAM_BYTES_TOUCHED_PER_PARAM = 28.0
 """Mixed-precision Adam reads fp32 master, m, v and the gradient and writes master, m, v and the
 half-precision copy: about 28 bytes of memory traffic per parameter (memory-bound step)."""
-SHARDED_OVERLAP_INTERFERENCE = 0.710
+SHARDED_OVERLAP_INTERFERENCE = 0.701
 """Share of the shorter of (a micro-batch's compute, its ZeRO-3 collectives) that running them side by
 side does not hide (overlap_sharded). Why: the collectives' NCCL kernels occupy SMs and HBM bandwidth
 the GEMMs need, and FSDP issues a unit's gather only when its hooks run, so the overlapped phase
 outlasts the longer of the two; pricing it as max(compute, collectives) left every published FSDP
 run fast once the optimizer step was sharded (llm-foundry and torchtitan alike). Fitted on
 torchtitan's 8 published FSDP2 runs (least squares in relative error, published.fit_interference, in
-bench/validate_perf.py: 0.710 with the Grand Teton H100s at the middle of their stated peak bracket,
-912 TFLOP/s; 0.745 at the SXM's 989); llm-foundry's 209 FSDP1 runs are its leave-one-family-out check
-(their own fit, 0.564, is what prices torchtitan's there). A calibration's sharded_interference overrides it."""
+bench/validate_perf.py: 0.701 with the Grand Teton H100s at the middle of their stated peak bracket,
+912 TFLOP/s, and the full-recompute rows' early stop (Training.recompute_early_stop; 0.710 before it,
+0.745 at the SXM's 989); llm-foundry's 209 FSDP1 runs are its leave-one-family-out check (their own fit,
+0.680, 0.564 before the early stop, is what prices torchtitan's there). A calibration's
+sharded_interference overrides it."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,7 @@ class PerfModel:
         self.micro_batch_size = training.micro_batch_size
         self.recompute = self.options.recomputation
         self.checkpoint_every = training.checkpoint_every
+        self.recompute_early_stop = training.recompute_early_stop
         self.tp_async = training.tp_async
         self.attention = training.attention
         self.sequence_parallel = training.sequence_parallel
@@ -384,11 +387,14 @@ class PerfModel:
             if table.update_s.max() > 0:
                 update = table.update_s.max() * w.params / max(self.total_params, 1.0)
             # Profiles are measured without recomputation: add the recomputed forward work (all of
-            # it under full recomputation, FLOPs or not; a part's share of the FLOPs otherwise).
+            # it under full recomputation, FLOPs or not, less the MLP output projection when the
+            # recompute stops early; a part's share of the FLOPs otherwise).
             share = np.ones(w.num_layers) if recompute == "full" else np.divide(
                 w.recomputed_flops_per_sample(recompute, self.kernels), w.forward_flops_per_sample,
                 out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
             bwd = bwd + fwd * share
+            if recompute == "full" and self.recompute_early_stop:
+                bwd = bwd - self._mlp_output_s(device, tp, fwd, profile is None and not timed and self.fp8 is None)
             if (transferred is not None and not transferred.includes_collectives and recompute == "selective"
                     and self.kernels.selective == "op-mm"):
                 # The FLOP share reruns the matmuls; a per-op policy (torchtitan's) reruns every
@@ -401,7 +407,7 @@ class PerfModel:
         else:
             rate = device.peak_tflops * 1e12 * device.efficiency
             fwd = w.forward_flops_per_sample * mbs / tp / rate
-            recomputed = w.recomputed_flops_per_sample(recompute, self.kernels)
+            recomputed = w.recomputed_flops_per_sample(recompute, self.kernels, self.recompute_early_stop)
             bwd = 2.0 * fwd + recomputed * mbs / tp / rate
             if self.fp8 is not None:
                 plain = fwd
@@ -426,6 +432,20 @@ class PerfModel:
         act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels) * mbs
         return {"fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
                 "params": w.params / tp, "act": act, "fp8_cache": self._fp8_cache_bytes(tp), "fp8_step": fp8_step}
+
+    def _mlp_output_s(self, device: DeviceType, tp: int, fwd: np.ndarray, from_flops: bool) -> np.ndarray:
+        """Per-layer seconds of the MLP output projection in one micro-batch's forward: what an
+        early-stopping recompute does not rerun (Workload.recomputed_flops_per_sample). Priced as the
+        layer times are: at the calibration's fitted GEMM rate when they come from bf16 FLOPs, else
+        as the projection's share of the forward's FLOPs (a measured or profile-scaled forward, or
+        one whose linears run in fp8)."""
+        w = self.workload
+        if from_flops:
+            fit = self.calibration.devices[device.name]
+            rate = fit.peak_tflops * 1e12 * fit.compute_efficiency
+            return w.mlp_output_flops_per_sample * self.micro_batch_size / tp / rate
+        return fwd * np.divide(w.mlp_output_flops_per_sample, w.forward_flops_per_sample,
+                               out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
 
     def _async_tp_exposed(self, device: DeviceType, tp: int, one: float, tp_fwd: np.ndarray, tp_bwd: np.ndarray,
                           count_f: np.ndarray, count_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -321,6 +321,20 @@ def _measured(row: dict[str, Any], global_batch: int, gpus: int) -> tuple[float,
     raise Refused(f"metric: no step time, tokens/s or TFLOP/s with a stated formula ({definition[:60]}...)")
 
 
+def _torch_early_stop(row: dict[str, Any]) -> bool:
+    """Whether an llm-foundry row's activation checkpointing stops its recompute early
+    (Training.recompute_early_stop). Every benchmark run checkpoints through torch's non-reentrant
+    checkpoint (mosaicml/llm-foundry scripts/train/benchmarking/submit_benchmarks.py at 300cc5c58 sets
+    fsdp_config.activation_checkpointing_reentrant False; from b2a43a147 the yamls/pretrain/mpt-*.yaml
+    do; Composer's own default is reentrant), whose early stop exists from torch 2.1 (pytorch#96866,
+    default on). The README's Precision cell tells the two sweeps apart: "bf16" (with PURE) rows are
+    the May 2023 sweep (sweep.sh at 300cc5c58: image mosaicml/pytorch:1.13.1), "amp_bf16" / "amp_fp8"
+    (with DEFAULT) rows the October 2023 and January 2024 sweeps (b2a43a147, 5e85bd62d:
+    mosaicml/pytorch:2.1.0)."""
+    precision = str((row.get("raw") or {}).get("Precision") or row.get("precision") or "")
+    return precision.startswith("amp_")
+
+
 def to_run(row: dict[str, Any]) -> PublishedRun:
     """The row as an instance and a measured step time (Refused when it cannot be priced faithfully)."""
     row = _with_gpt3_dimensions(row)
@@ -355,6 +369,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         # the parameter precision, so no override.
         zero = 3
         sharded["reshard_after_forward"] = p.get("sharding_strategy") != "SHARD_GRAD_OP"
+        sharded["recompute_early_stop"] = _torch_early_stop(row)
     elif "--overlap-param-gather" in notes:
         # Megatron-LM asserts --use-distributed-optimizer with --overlap-param-gather (arguments.py).
         zero = max(zero, 1)

@@ -194,12 +194,34 @@ class Workload:
         chosen = kernels or MEGATRON
         return chosen.logit_bytes if chosen.logit_bytes is not None else 4.0 + self.dtype_bytes
 
-    def recomputed_flops_per_sample(self, recompute: bool | str, kernels: Kernels | None = None) -> np.ndarray:
+    @cached_property
+    def mlp_output_flops_per_sample(self) -> np.ndarray:
+        """Forward FLOPs of each block's MLP output projection (2*s*f*h: GEMM-2, or a gated MLP's w2):
+        the block's last op that saves a tensor for the backward (its input), so the part of a block
+        that an early-stopping recompute does not rerun (recomputed_flops_per_sample)."""
+        if self.architecture is None:
+            return np.zeros(self.num_layers)
+        a = self.architecture
+        return np.array([0.0] + [2.0 * self.sequence_length * a.ffn * a.hidden] * a.layers + [0.0])
+
+    def recomputed_flops_per_sample(self, recompute: bool | str, kernels: Kernels | None = None,
+                                    early_stop: bool = False) -> np.ndarray:
         """Forward FLOPs per layer that recomputation reruns in the backward: the whole forward
         (full), the attention core (selective, Megatron's kind) or the matmuls torchtitan's per-op
-        policy does not keep (selective under its kernels), nothing otherwise."""
+        policy does not keep (selective under its kernels), nothing otherwise.
+
+        early_stop (full only): torch's non-reentrant checkpoint (torch >= 2.1) stops the rerun once
+        it has regenerated as many saved tensors as the forward saved (torch/utils/checkpoint.py,
+        `_StopRecomputationError` in the recompute's pack hook). Autograd saves an op's inputs before
+        running its kernel, and the last op of a pre-norm block that saves anything is the MLP's
+        output projection (its input; the residual add saves nothing, nor does a dropout at p = 0,
+        MPT's resid_pdrop; one at p > 0 after it would save a mask and keep the GEMM in the rerun),
+        so the rerun stops before that GEMM: a block's recompute is its forward less
+        mlp_output_flops_per_sample."""
         mode = _recompute_mode(recompute)
         if mode == "full":
+            if early_stop:
+                return self.forward_flops_per_sample - self.mlp_output_flops_per_sample
             return self.forward_flops_per_sample
         if mode != "selective":
             return np.zeros(self.num_layers)
