@@ -211,13 +211,13 @@ class Training(Strict):
     framework: str | None = Field(
         None, description="a framework calibrated in models/calibration/<name>.json: its fitted memory overhead and "
         "per-device time calibration are used. Default: none (catalogue values, marked assumed)")
-    kernels: Literal["megatron", "torchtitan", "torchtitan-compiled"] | None = Field(
+    kernels: Literal["megatron", "torchtitan", "torchtitan-compiled", "llm-foundry"] | None = Field(
         None, description="the stack whose kernels the activations, loss buffers and selective recomputation "
         "follow (workload/activations.py): megatron (Korthikanti et al.'s counts), torchtitan (fp32 RMSNorm "
         "input, flash attention, per-op selective checkpointing, fp32 loss buffers, unfused element-wise "
         "chains) or torchtitan-compiled (its blocks under torch.compile: chains fused but the complex rotary's, "
-        "which Inductor runs as an ATen fallback); `import torchtitan` "
-        "sets it. Default: the framework calibration's, else megatron; a compiled form of the calibration's "
+        "which Inductor runs as an ATen fallback) or llm-foundry (MPT under Composer: no dropout masks, Triton "
+        "flash attention, fused cross-entropy on bf16 logits); `import torchtitan` sets it. Default: the framework calibration's, else megatron; a compiled form of the calibration's "
         "stack is kept")
     compiled_loss: bool = Field(
         False, description="torch.compile compiles the loss (torchtitan compile.components \"loss\"): the "

@@ -370,6 +370,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         zero = 3
         sharded["reshard_after_forward"] = p.get("sharding_strategy") != "SHARD_GRAD_OP"
         sharded["recompute_early_stop"] = _torch_early_stop(row)
+        sharded["kernels"] = "llm-foundry"  # MPT's saved tensors and fused loss (activations.LLM_FOUNDRY)
     elif "--overlap-param-gather" in notes:
         # Megatron-LM asserts --use-distributed-optimizer with --overlap-param-gather (arguments.py).
         zero = max(zero, 1)

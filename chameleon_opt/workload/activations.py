@@ -179,25 +179,48 @@ what is alive, against eager's 14 (TORCHTITAN.logit_bytes). Derived from the fus
 torchtitan's December 2024 code did not compile the loss (train.py: "compiling loss function causes
 CUDA errors"), and no later published row states memory."""
 
+LLM_FOUNDRY = Kernels("llm-foundry", norm="layernorm", attention="flash", attention_dropout=False,
+                      hidden_dropout=False, mlp="gelu", count_lse=True, logit_bytes=4.0)
+"""llm-foundry's MPT under Composer, as its published benchmarks ran it (mosaicml/llm-foundry: the May
+2023 sweep at 300cc5c58, MosaicGPT, and the October 2023 / January 2024 sweeps at b2a43a147 / 5e85bd62d,
+MPT; scripts/train/benchmarking/submit_benchmarks.py sets attn_impl triton and low_precision_layernorm).
+Per block: LPLayerNorm (F.layer_norm on the bf16 input with autocast off: its input and output, as a
+fused norm), Wqkv, the Triton flash kernel (flash-attn 1.0.3's flash_attn_triton.py, lines 809-813, and
+llm-foundry's copy at b2a43a147, lines 812-816: q, k, v, which stay views of the Wqkv output, its
+output and a float32 log-sum-exp per head and token), out_proj, a torch GELU MLP (the
+up-projection's output and the GELU's output); attn_pdrop, resid_pdrop and emb_pdrop default to 0
+(configuration_mosaic_gpt.py / configuration_mpt.py) and no yaml of the sweeps sets them, and a
+dropout at p = 0 returns its input and saves no mask. So 32 bytes per token at width h against
+Korthikanti's 34 (no dropout masks), and no embedding mask. Loss: loss_fn defaults to
+fused_crossentropy (mosaic_gpt.py line 510 at 300cc5c58, modeling_mpt.py line 724 at b2a43a147),
+flash-attn 1.0.x's xentropy kernel (setup.py pins flash-attn 1.0.3.post0 / 1.0.9): it saves the bf16
+logits and a float32 log-sum-exp per token (cross_entropy.py, save_for_backward) and its backward
+writes the gradient into a new tensor of the logits' dtype (xentropy_kernel.cu, empty_like(logits));
+Composer keeps the model's outputs (the logits) until the step ends. So 2 + 2 bytes per token and
+vocabulary entry at the head's backward, against the default's float32 copy plus the bf16 logits (6)."""
+
 COMPILED_STACKS = {"torchtitan": "torchtitan-compiled"}
 """A stack's kernels when the job compiles its blocks (the importer sets training.kernels to these)."""
 
 
 def kernels_for(stack: str | None, family: str | None) -> Kernels:
     """The kernels of `stack` running a `family` model: megatron (default), torchtitan (eager or
-    compiled blocks), or hf (Hugging Face's code; the family must be one whose code is modelled)."""
+    compiled blocks), llm-foundry (MPT under Composer), or hf (Hugging Face's code; the family must be one whose code is modelled)."""
     if stack in (None, "megatron"):
         return MEGATRON
     if stack == "torchtitan":
         return TORCHTITAN
     if stack == "torchtitan-compiled":
         return TORCHTITAN_COMPILED
+    if stack == "llm-foundry":
+        return LLM_FOUNDRY
     if stack == "hf":
         if family not in HF_EAGER:
             raise ValueError(f"no Hugging Face activation model for family {family!r}; "
                              f"known: {', '.join(sorted(HF_EAGER))}")
         return HF_EAGER[family]
-    raise ValueError(f"unknown kernel stack {stack!r}: use megatron, torchtitan, torchtitan-compiled or hf")
+    raise ValueError(f"unknown kernel stack {stack!r}: use megatron, torchtitan, torchtitan-compiled, llm-foundry "
+                     "or hf")
 
 
 def block_terms(a: Architecture, k: Kernels, s: int, act: float, recompute_core: bool = False

@@ -152,10 +152,11 @@ class Workload:
         divided by t with sequence parallelism), under `attention` (eager keeps the a*s^2 scores,
         flash its Q, K, V, output and log-sum-exp). Selective recomputation keeps the block without
         the attention core's scores; full recomputation keeps the block input (2*s*h). Embedding:
-        its dropout mask (s*h bytes). Head: final-norm and projection inputs (4*s*h), fp32 logits
-        for the loss (4*s*V/t, vocab-parallel) and the half-precision logits or their gradient that
-        coexist with them at the loss (the head is on the last stage, which holds one micro-batch
-        in flight, so this transient is folded in here).
+        its dropout mask (s*h bytes) where the stack's kernels have a hidden dropout (none at p = 0).
+        Head: final-norm and projection inputs (4*s*h) and the loss's logits buffers
+        (logit_bytes_per_entry * s*V/t, vocab-parallel: by default fp32 logits and the half-precision
+        logits or their gradient that coexist with them at the loss; the head is on the last stage,
+        which holds one micro-batch in flight, so this transient is folded in here).
         """
         mode = _recompute_mode(recompute)
         if self.spec.layer_bytes is not None:
@@ -166,13 +167,13 @@ class Workload:
         a, s = self.architecture, self.sequence_length
         h, scale = a.hidden, self.dtype_bytes / 2.0
         shard = tp if sequence_parallel else 1
+        chosen = (kernels or MEGATRON).with_attention(attention)
         if mode == "full":
             block = 2.0 * s * h / shard * scale
         else:
-            chosen = (kernels or MEGATRON).with_attention(attention)
             block = block_bytes_per_sample(a, chosen, s, float(self.dtype_bytes), tp, sequence_parallel,
                                            recompute_core=mode == "selective")
-        embedding = s * h / shard
+        embedding = s * h / shard * chosen.mask_bytes if chosen.hidden_dropout else 0.0
         head = 4.0 * s * h / shard * scale + self.logit_bytes_per_entry(kernels) * s * a.vocab / tp
         return np.array([embedding] + [block] * a.layers + [head])
 
