@@ -71,7 +71,8 @@ def test_mpt_block_saves_what_the_llm_foundry_kernels_count() -> None:
     # What the terms leave out: the two norms' per-token mean and rstd (measured 265,216: 0.4% more).
     assert predicted == pytest.approx(measured, rel=0.01), (predicted, measured)
     # Megatron's count has two dropout masks more (h bytes each per token)
-    assert block_bytes_per_sample(a, MEGATRON.with_attention("flash"), S, 2.0, 1) - predicted / B == S * (2 * H - 4 * HEADS)
+    megatron = block_bytes_per_sample(a, MEGATRON.with_attention("flash"), S, 2.0, 1)
+    assert megatron - predicted / B == S * (2 * H - 4 * HEADS)
 
 
 def test_mpt_350m_head_and_embedding_by_hand() -> None:

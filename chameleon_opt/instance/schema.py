@@ -217,8 +217,8 @@ class Training(Strict):
         "input, flash attention, per-op selective checkpointing, fp32 loss buffers, unfused element-wise "
         "chains) or torchtitan-compiled (its blocks under torch.compile: chains fused but the complex rotary's, "
         "which Inductor runs as an ATen fallback) or llm-foundry (MPT under Composer: no dropout masks, Triton "
-        "flash attention, fused cross-entropy on bf16 logits); `import torchtitan` sets it. Default: the framework calibration's, else megatron; a compiled form of the calibration's "
-        "stack is kept")
+        "flash attention, fused cross-entropy on bf16 logits); `import torchtitan` sets it. Default: the "
+        "framework calibration's, else megatron; a compiled form of the calibration's stack is kept")
     compiled_loss: bool = Field(
         False, description="torch.compile compiles the loss (torchtitan compile.components \"loss\"): the "
         "fused cross-entropy holds the half-precision logits and their gradient only "

@@ -205,7 +205,8 @@ COMPILED_STACKS = {"torchtitan": "torchtitan-compiled"}
 
 def kernels_for(stack: str | None, family: str | None) -> Kernels:
     """The kernels of `stack` running a `family` model: megatron (default), torchtitan (eager or
-    compiled blocks), llm-foundry (MPT under Composer), or hf (Hugging Face's code; the family must be one whose code is modelled)."""
+    compiled blocks), llm-foundry (MPT under Composer), or hf (Hugging Face's code; the family must be
+    one whose code is modelled)."""
     if stack in (None, "megatron"):
         return MEGATRON
     if stack == "torchtitan":
