@@ -60,3 +60,51 @@ def test_early_stop_reruns_the_block_but_its_mlp_output_projection() -> None:
     assert rerun_whole == B * w.recomputed_flops_per_sample("full")[1] == B * 425_984
     assert rerun_early == B * w.recomputed_flops_per_sample("full", early_stop=True)[1] == B * (425_984 - 131_072)
     assert w.recomputed_flops_per_sample("full", early_stop=True)[0] == 0.0  # the embedding reruns nothing
+
+
+LLAMA = {"model_type": "llama", "hidden_size": H, "intermediate_size": FFN, "num_hidden_layers": 1,
+         "num_attention_heads": HEADS, "num_key_value_heads": 2, "vocab_size": 64, "max_position_embeddings": S}
+GPT2 = {"model_type": "gpt2", "n_embd": H, "n_layer": 1, "n_head": HEADS, "n_positions": S, "vocab_size": 64,
+        "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+
+
+@pytest.mark.parametrize("config, attention, stops", [
+    (LLAMA, "eager", True),                        # LlamaMLP ends in down_proj, the layer in the residual add
+    (LLAMA, "sdpa", True),                         # the runtime's configs: the CPU SDPA kernel is not counted
+    ({**GPT2, "resid_pdrop": 0.1}, "eager", False),  # GPT2MLP's Dropout(resid_pdrop) saves a mask after c_proj
+    ({**GPT2, "resid_pdrop": 0.0}, "eager", True),   # the bench and demo GPT-2 configs
+])
+def test_hf_runtime_block_reruns_what_its_instance_prices(config: dict, attention: str, stops: bool) -> None:
+    """The HF runtime's own `full` mode (hf.Stage: transformers' block from_config under torch's
+    non-reentrant checkpoint) reruns the block less its MLP output projection exactly when
+    hf.checkpoint_early_stops says so, which is what runtime_instance prices."""
+    pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoConfig
+
+    from chameleon_opt.runtime import hf
+    from chameleon_opt.workload.hf import architecture_from_hf
+
+    torch.set_num_threads(1)
+    hf_config = AutoConfig.for_model(**config)
+    hf_config._attn_implementation = attention
+    assert hf.checkpoint_early_stops(hf_config) is stops
+    stage = hf.Stage(hf.build_model(hf_config, 0, torch.float32), hf_config, 1, 2)  # block 1 alone
+    x = torch.randn(B, S, H, requires_grad=True)
+    flops = {}
+    for mode in ("none", "full"):
+        stage.set_activation_mode(mode)
+        y = stage(x)
+        with FlopCounterMode(display=False) as counter:
+            y.sum().backward()
+        flops[mode] = counter.get_total_flops()
+    w = Workload(WorkloadSpec(name="block", architecture=Architecture(**{**architecture_from_hf(config), "seq_len": S})),
+                 S, 1)
+    unseen = w.attention_core_flops_per_sample[1] if attention == "sdpa" else 0.0
+    rerun = B * (w.recomputed_flops_per_sample("full", early_stop=stops)[1] - unseen)
+    assert flops["full"] - flops["none"] == rerun
+    # by hand, per sample: q, k, v, o 2*S*(2*H^2 + 2*H*16) = 98,304 (Llama, 2 KV heads of 8) or
+    # 2*S*4*H^2 = 131,072 (GPT-2); scores and values 4*S^2*H = 32,768; the MLP output projection
+    # 2*S*FFN*H = 131,072, Llama's gate and up 262,144, GPT-2's c_fc 131,072
+    whole = (98_304 + 32_768 + 262_144 + 131_072) if config is LLAMA else (131_072 + 32_768 + 2 * 131_072)
+    assert w.recomputed_flops_per_sample("full")[1] == whole

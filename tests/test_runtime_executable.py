@@ -66,3 +66,28 @@ def test_hf_runtime_refuses_zero_before_starting_workers():
     with pytest.raises(InputError) as error:
         PipelinedController(build_instance(data), config)
     assert error.value.field == "training.zero_stage"
+
+
+def test_hf_runtime_prices_and_checks_its_checkpoints_early_stop():
+    """runtime_instance prices full recomputation as the workers' torch checkpoint reruns a block
+    (tests/test_recompute_early_stop.py counts it); an instance that says otherwise is refused
+    wherever full recomputation can run, and left alone where none can."""
+    pytest.importorskip("transformers")
+    from chameleon_opt.runtime.pipelined import PipelinedController, runtime_instance
+
+    config = ROOT / "models" / "hf" / "tiny-gpt2" / "config.json"   # resid_pdrop 0: it stops early
+    instance = runtime_instance(config, pipeline_parallel=2, data_parallel=1, tensor_parallel=1, recompute="full")
+    assert instance.spec.training.recompute_early_stop is True
+    PipelinedController(instance, config)  # nothing started before run()
+    data = instance.spec.model_dump(mode="json", exclude_none=True)
+    data["training"]["recompute_early_stop"] = False
+    with pytest.raises(InputError) as error:
+        PipelinedController(build_instance(data), config)
+    assert error.value.field == "training.recompute_early_stop" and "set recompute_early_stop to true" in error.value.fix
+    data["training"]["recomputation"] = "none"
+    data["training"]["reliefs"] = ["none", "full", "opt-offload"]   # one the planner may give a stage
+    with pytest.raises(InputError) as error:
+        PipelinedController(build_instance(data), config)
+    assert error.value.field == "training.recompute_early_stop"
+    del data["training"]["reliefs"]
+    PipelinedController(build_instance(data), config)  # no full recomputation anywhere: nothing to price

@@ -12,9 +12,13 @@ from chameleon_opt.errors import InputError
 from chameleon_opt.instance.load import Instance
 
 
-def unexecuted_settings(instance: Instance, *, relief: bool) -> list[tuple[str, str, str]]:
+def unexecuted_settings(instance: Instance, *, relief: bool, early_stop: bool | None = None
+                        ) -> list[tuple[str, str, str]]:
     """(field, what the runtime does instead, fix) for each setting it would not carry out.
-    `relief`: whether the runtime executes per-stage memory relief (the HF runtime does)."""
+    `relief`: whether the runtime executes per-stage memory relief (the HF runtime does).
+    `early_stop`: whether the runtime's full recomputation stops before the MLP output projection
+    (`hf.checkpoint_early_stops`); the instance must say the same wherever full recomputation
+    can run, or its backward is priced one GEMM per block off."""
     training = instance.spec.training
     found: list[tuple[str, str, str]] = []
     if training.virtual_stages > 1:
@@ -44,11 +48,25 @@ def unexecuted_settings(instance: Instance, *, relief: bool) -> list[tuple[str, 
                           "training.reliefs" if chosen else "plan.pipelines[].stages[].relief",
                           "the tiny-GPT runtime keeps every activation (no recomputation or offload)",
                           "drop the relief, or run the Hugging Face runtime (demo --hf)"))
+    if early_stop is not None and training.recompute_early_stop != early_stop and full_recompute_possible(instance):
+        done = "stops before" if early_stop else "reruns"
+        found.append(("training.recompute_early_stop", f"the runtime's checkpointed blocks {done} the MLP output "
+                      "projection in the recompute (torch's non-reentrant checkpoint and the config's dropout after "
+                      "it)", f"set recompute_early_stop to {str(early_stop).lower()}"))
     return found
 
 
-def refuse_unexecuted(instance: Instance, *, relief: bool) -> None:
+def full_recompute_possible(instance: Instance) -> bool:
+    """Whether some stage may run full recomputation: the training's own, a relief the planner
+    may choose, or one the plan names."""
+    training = instance.spec.training
+    staged = {s.relief for p in instance.plan.pipelines for s in p.stages if s.relief is not None}
+    chosen = set(training.reliefs or []) | staged
+    return training.recompute == "full" or any("full" in name.split("+") for name in chosen)
+
+
+def refuse_unexecuted(instance: Instance, *, relief: bool, early_stop: bool | None = None) -> None:
     """Raise an InputError for the first setting the runtime would not execute (`unexecuted_settings`)."""
-    found = unexecuted_settings(instance, relief=relief)
+    found = unexecuted_settings(instance, relief=relief, early_stop=early_stop)
     if found:
         raise InputError(instance.path, *found[0])

@@ -58,6 +58,19 @@ def num_blocks(config: Any) -> int:
     return config.n_layer if family(config) == "gpt2" else config.num_hidden_layers
 
 
+def checkpoint_early_stops(config: Any) -> bool:
+    """Whether a block checkpointed by `Stage` under `full` is rerun without its MLP output
+    projection (Training.recompute_early_stop), so that the instance prices what runs. torch's
+    non-reentrant checkpoint from 2.1 stops the rerun at the last tensor the forward saved; in a
+    block that is the output projection's input unless a dropout with p > 0 follows it and saves a
+    mask. transformers' GPT2MLP applies Dropout(resid_pdrop) after c_proj; the Llama-family MLPs
+    (llama, mistral, qwen2, qwen3) return down_proj(act(gate(x)) * up(x)) and the decoder layer
+    only adds the residual (modeling_*.py, transformers 4.57), so they always stop early."""
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    after_projection = float(config.resid_pdrop) if family(config) == "gpt2" else 0.0
+    return (major, minor) >= (2, 1) and after_projection == 0.0
+
+
 def build_model(config: Any, seed: int, dtype: torch.dtype, tp: int = 1) -> nn.Module:
     """The whole model, identical on every process for a seed (CPU init is deterministic), laid
     out for TP degree `tp` (GPT-2's fused attention projection depends on it)."""

@@ -940,7 +940,7 @@ class PipelinedController:
             raise ValueError("a checkpoint restore needs checkpoint_dir")
         if tp_degrees and checkpoint_dir is None:
             raise ValueError("a TP change is restored from the checkpoint: tp_degrees needs checkpoint_dir")
-        refuse_unexecuted(instance, relief=True)
+        refuse_unexecuted(instance, relief=True, early_stop=hf.checkpoint_early_stops(hf.load_config(hf_config)))
         for stage in (st for pipe in instance.plan.pipelines for st in pipe.stages if st.relief is not None):
             parse_relief(stage.relief)  # one the workers can execute, said before any starts
         self.instance, self.restore = instance, restore
@@ -1331,7 +1331,8 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
     selective, full, offload, opt-offload) are those the planner may give a stage; a small
     `memory_gib` and `reserved_gib` per device (a tiny model's stage needs about 2 MiB) make memory
     tight enough to need them; `recompute` is the training's own recomputation (every stage whose
-    plan names no relief runs it). With `measured` (a WorkloadSpec from `profile.hf_workload_spec`)
+    plan names no relief runs it); full recomputation is priced with the early stop exactly when the
+    config's checkpointed blocks stop early under this torch (`hf.checkpoint_early_stops`). With `measured` (a WorkloadSpec from `profile.hf_workload_spec`)
     and the measured loopback `network`, the device type and times are this machine's one core
     per process, so the model's predicted steps can be held against the runtime's
     (bench/runtime_steps_hf.py); without, a nominal CPU core. `mtbf_hours` (per device) gives the
@@ -1360,6 +1361,8 @@ def runtime_instance(hf_config: str | Path, pipeline_parallel: int, data_paralle
         "workload": {"inline": workload},
         "training": {"global_batch": global_batch, "micro_batch_size": micro_batch_size,
                      "sequence_length": sequence_length, "precision": "fp32",
+                     # priced as the workers' checkpoint reruns a block (hf.checkpoint_early_stops)
+                     "recompute_early_stop": hf.checkpoint_early_stops(hf.load_config(hf_config)),
                      **({"reliefs": list(reliefs)} if reliefs is not None else {}),
                      **({"recomputation": recompute} if recompute is not None else {})},
         **({"failures": {"mtbf_hours_per_device": mtbf_hours}} if mtbf_hours is not None else {}),
