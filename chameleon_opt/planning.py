@@ -32,7 +32,7 @@ from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.bubbles import BubbleSchedule
 from chameleon_opt.solve.deadline import Deadline, StageTime
 from chameleon_opt.solve.result import SolveResult
-from chameleon_opt.solve.target import TARGETS
+from chameleon_opt.solve.target import TARGETS, as_run_by
 
 POLICIES = ("auto", "reroute", "reconfigure")
 FINISH_SHARE = 0.1
@@ -188,13 +188,15 @@ def suggested_limit_s(stages: tuple[StageTime, ...], limit_s: float) -> float | 
 def plan_recovery(instance: Instance, failed: frozenset[int], options: PlanningOptions = PlanningOptions(),
                   deadline: Deadline | None = None) -> RecoveryDecision:
     """The recovery from `failed` (every device failed so far) of the job whose current layout is
-    `instance.plan`, within `deadline` (else `options.time_limit_s` from now).
+    `instance.plan`, within `deadline` (else `options.time_limit_s` from now). Priced as
+    `options.target` runs the job (`solve.target.as_run_by`: Megatron-LM's recompute has no early stop).
 
     Raises UnrecoverableError when some layer lost every replica, InfeasibleError when no
     candidate is usable for a proven reason, NoSolutionError when none is usable because the
     deadline cut the work short (each one's reason and a limit that would suffice are given)."""
     begun = time.perf_counter()
     deadline = deadline or Deadline.after(options.time_limit_s, begun, options.solver.deterministic)
+    instance = as_run_by(instance, options.target)  # the trainer's recomputation, not the imported job's
     deciding = deadline.share(1 - FINISH_SHARE)
     decision = decide(instance, failed, options.policy, next_fault_s=options.next_fault_s, deadline=deciding,
                       bubble_filling=options.bubble_filling, target=options.target,

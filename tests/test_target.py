@@ -161,3 +161,30 @@ def test_torchtitan_recovery_keeps_a_shard_degree_its_release_trains_in_bf16() -
     decided = plan_recovery(dataclasses.replace(later, failed_devices=failed), failed,
                             PlanningOptions("reconfigure", 10.0, target="torchtitan"))
     assert len(decided.plan.pipelines) == 2
+
+
+def test_megatron_target_prices_full_recomputation_as_a_whole_rerun() -> None:
+    """An instance imported from a stack whose checkpoint stops early (recompute_early_stop, e.g.
+    `import torchtitan`) planned for Megatron-LM: Megatron's own CheckpointFunction reruns the whole
+    block, so the plan it gets is priced without the early stop; torchtitan keeps it."""
+    from chameleon_opt.solve.target import as_run_by
+
+    data = {"format": 1, "name": "early-stop",
+            "cluster": {"nodes": 1, "devices_per_node": 4, "device_type": "H100-80",
+                        "network": {"intra_node_gbps": 300, "inter_node_gbps": 25}},
+            "workload": {"inline": {"name": "toy", "architecture": {
+                "layers": 4, "hidden": 1024, "heads": 8, "ffn": 4096, "vocab": 1024, "seq_len": 1024}}},
+            "training": {"global_batch": 8, "micro_batch_size": 1, "recomputation": "full",
+                         "recompute_early_stop": True},
+            "plan": {"tensor_parallel": 1, "layout": {"pipeline_parallel": 2, "data_parallel": 2}}}
+    instance = build_instance(data)
+    whole = build_instance({**data, "training": {**data["training"], "recompute_early_stop": False}})
+    assert as_run_by(instance, "torchtitan") is instance and as_run_by(instance, "any") is instance
+    megatron = as_run_by(instance, "megatron")
+    assert megatron.spec.training.recompute_early_stop is False
+    early_s = PerfModel(instance).evaluate(instance.plan).iteration_time_s
+    whole_s = PerfModel(whole).evaluate(instance.plan).iteration_time_s
+    assert PerfModel(megatron).evaluate(instance.plan).iteration_time_s == whole_s > early_s
+    failed = frozenset({3})
+    decision = plan_recovery(instance, failed, PlanningOptions(time_limit_s=2, target="megatron"))
+    assert decision.estimate.iteration_time_s == PerfModel(whole).evaluate(decision.plan, failed).iteration_time_s

@@ -154,7 +154,8 @@ class Training(Strict):
         "non-reentrant torch.utils.checkpoint "
         "from torch 2.1 (early stop on by default), which torchtitan and llm-foundry's Composer FSDP runs use. "
         "false: the whole block forward is rerun (Megatron-LM's checkpointing, reentrant torch checkpoint, "
-        "torch 2.0 and older). `import torchtitan` sets it")
+        "torch 2.0 and older; plans for --target megatron are priced so). `import torchtitan` sets it, and the "
+        "HF runtime's instances where its blocks stop early (runtime.hf.checkpoint_early_stops)")
     tp_async: bool = Field(
         False, description="TP collectives micro-pipelined with the matmuls next to them (torchtitan async TP): "
         "under sequence parallelism each all-gather / reduce-scatter shows only its excess over its matmul plus "

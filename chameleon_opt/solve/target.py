@@ -28,6 +28,7 @@ cost at most.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -52,6 +53,20 @@ or, with --use-tp-pp-dp-mapping, tp-pp-dp; torchtitan's device mesh [pp, dp, tp]
 SPACE = ("uniform pipelines (one stage count and layer split for every replica, TP kept), whole and "
          "equal micro-batches per replica, the training's own recomputation: what Megatron-LM and "
          "torchtitan express")
+
+
+def as_run_by(instance: Instance, target: str) -> Instance:
+    """The instance as `target` executes it, for pricing the plans searched for it. Megatron-LM
+    checkpoints with its own autograd Function (megatron/core/tensor_parallel/random.py,
+    CheckpointFunction: the backward reruns `run_function` on the saved inputs in full, as torch's
+    reentrant checkpoint does; megatron/core/recompute.py uses it for bf16/fp16/fp32), so its full
+    recomputation has no early stop (Training.recompute_early_stop) whatever the job it was
+    imported from ran. torchtitan's non-reentrant checkpoint and `any` keep the instance's setting."""
+    training = instance.spec.training
+    if target != "megatron" or not training.recompute_early_stop:
+        return instance
+    whole = training.model_copy(update={"recompute_early_stop": False})
+    return dataclasses.replace(instance, spec=instance.spec.model_copy(update={"training": whole}))
 
 
 def even_split(layers: int, stages: int) -> tuple[int, ...]:
