@@ -1021,3 +1021,40 @@ def test_single_stage_floor_meets_the_three_and_four_pipeline_optima():
     assert estimate.iteration_time_s == pytest.approx(34.40889954839115, rel=1e-12)
     grad = relaxation.grad
     assert relaxation.stage_ring(4, sum(grad), grad[4]) == pytest.approx(estimate.data_parallel_s, rel=1e-12)
+
+
+UNION_OPTIMA = {  # 24-32-device seeds: their optimum (search at 15 s, OPTIMAL), by pipeline: (micro-batches, stages)
+    3178: [(3, [((2, 3), 0, 3), ((0, 1), 3, 4), ((14, 15), 4, 6)]), (2, [((16, 17), 0, 5), ((4, 6), 5, 6)]),
+           (2, [((18, 19), 0, 5), ((8, 9), 5, 6)])],
+    3132: [(2, [((0, 1), 0, 1), ((2, 3), 1, 4), ((9, 11), 4, 5)]), (2, [((20, 21), 0, 1), ((22, 23), 1, 4), ((12, 13), 4, 5)]),
+           (2, [((4, 5), 0, 2), ((8, 10), 2, 5)]), (2, [((16, 17), 0, 2), ((18, 19), 2, 5)])],
+}
+
+
+@pytest.mark.parametrize("seed, extra_rings", [(3178, 2), (3132, None)])
+def test_union_floor_rings_each_run_of_a_stage_between_the_plans_boundaries(seed, extra_rings):
+    """24-32-device seeds 3178 and 3132 (TP 2, nodes of two groups, so every ring crosses nodes at
+    20 us a step): a stage reduces one ring per run of its layers between the boundaries of any
+    pipeline. 3178's optimum has three pipelines split (3, 1, 2), (5, 1), (5, 1): the five-layer
+    stages ring three groups, two rings of three replicas (2 x 4 steps x 20 us) above `coupled`'s one
+    ring a stage, and `union_rings` gives exactly that, the optimum's step (the model's, on the
+    plan written out here). 3132's optimum (two (1, 3, 1) and two (2, 3) pipelines, U = {1, 2, 4})
+    rings a three-layer stage in two groups beside a faster pipeline: `union_rings`' thresholds on
+    U's splits give its step (32.950776, 1.2e-4 s below, before)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(seed, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plan = Plan(instance.plan.tensor_parallel, tuple(
+        Pipeline(tuple(Stage(devices, first, end) for devices, first, end in stages), m)
+        for m, stages in UNION_OPTIMA[seed]))
+    assert check_plan(instance, plan, failed).ok
+    optimum = model.evaluate(plan, failed).iteration_time_s
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    pipelines = len(plan.pipelines)
+    coupled = search.relaxation.coupled(pipelines, Deadline.never())[search.root]
+    floor = search.union_rings(pipelines, Deadline.never(), coupled, math.inf)
+    assert floor == pytest.approx(optimum, rel=1e-12)
+    if extra_rings is not None:
+        assert floor == pytest.approx(coupled + extra_rings * 2 * (pipelines - 1) * model.inter.latency, rel=1e-12)
