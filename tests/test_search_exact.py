@@ -1058,3 +1058,26 @@ def test_union_floor_rings_each_run_of_a_stage_between_the_plans_boundaries(seed
     assert floor == pytest.approx(optimum, rel=1e-12)
     if extra_rings is not None:
         assert floor == pytest.approx(coupled + extra_rings * 2 * (pipelines - 1) * model.inter.latency, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed, optimum, shape, counts", [(3144, 16.401047303897773, (0, 1, 3), [2, 3]),
+                                                           (3132, 32.95089615225947, (0, 1, 4, 5), [2, 2])])
+def test_copy_plans_pair_two_shapes(seed, optimum, shape, counts):
+    """24-32-device seeds 3144 (three fast three-stage copies beside two slow-fast ones) and 3132 (two
+    slow-fast-slow copies beside two fast-fast ones): each optimum mixes two shapes, which neither the
+    copies of one shape nor the branch and bound's runs met within 2 s (16.4411 and 33.0698 there);
+    the copy plans now pair the best shapes of each multiset of device types and meet them (the
+    exact search's OPTIMAL steps at 15 s, equal to the floors of the plans of 5 and 4 pipelines; 3132's
+    fast-fast split (2, 3) or (3, 2) ties: the slow-fast-slow copies are the slowest)."""
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = _bench_instance(seed, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    found = copy_plans(instance, failed, model, Deadline.never())
+    plan, step = found[0]
+    assert step == pytest.approx(optimum, rel=1e-12)
+    assert check_plan(instance, plan, failed).ok
+    assert model.evaluate(plan, failed).iteration_time_s == step
+    splits = [tuple([pipe.stages[0].first] + [stage.end for stage in pipe.stages]) for pipe in plan.pipelines]
+    assert sorted(splits.count(split) for split in set(splits)) == counts and shape in splits

@@ -28,6 +28,7 @@ import itertools
 import math
 import operator
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
@@ -40,6 +41,15 @@ from chameleon_opt.solve.exact import inventories
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.polish import spread_and_priced
 
+PAIR_SHAPES = 4
+"""Shapes (device types along a pipeline, layer split) of each multiset of device types paired with the
+others (`_pairs`), the best by copy estimate (24-32-device seed 3132's slow-fast-slow copy is the
+fourth of its 18, the 74th of 162 shapes)."""
+PAIR_BUDGET = 20_000_000
+"""Most (pair of shapes, copies of each, micro-batches of the first) estimates, vectorised; beyond, the
+fewest shapes that fit (by copy estimate)."""
+PAIR_TRIES = 24
+"""Most pairs of shapes placed and priced, by estimate."""
 CANDIDATE_BUDGET = 50_000
 """Most (device types along a pipeline, layer split, copies) candidates ranked; beyond, no copy plans
 (32-64-device instances of two device types: at most 4,000; 13 layers of one type and 8 micro-batches:
@@ -209,4 +219,111 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
         if priced is not None:
             found.append(priced)
             best = min(best, priced[1])
+    per_kinds: Counter = Counter()  # per multiset of types: its shapes kept, the best by copy estimate
+    shapes = []
+    for types, bounds in dict.fromkeys((types, bounds) for _, types, bounds, _ in candidates):
+        kinds_used = tuple(sorted(Counter(types).items()))
+        if per_kinds[kinds_used] < PAIR_SHAPES:
+            per_kinds[kinds_used] += 1
+            shapes.append((types, bounds))
+    shapes = shapes[:max(2, math.isqrt(PAIR_BUDGET // max(total ** 3, 1)))]
+    found += _pairs(model, shapes, (forward, backward, update, sends, sizes), available, len(groups),
+                    max(per_node.values()), counts, layouts, fit, deadline, failed, best)
     return sorted(found, key=lambda item: item[1])
+
+
+def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]]], prefix: tuple,
+           available: Counter, groups: int, most_per_node: int, counts: list[Counter], layouts: list[dict],
+           fit: Callable[..., bool], deadline: Deadline, failed: frozenset[int], best: float
+           ) -> list[tuple[Plan, float]]:
+    """(plan, exact step) of plans of copies of two shapes, c_A of one and c_B of the other, below `best`.
+    Why: the best plan often mixes two shapes, fast pipelines beside ones that put a slow group where
+    it costs least (24-32-device seeds 3132: two slow-fast-slow copies and two fast-fast ones; 3144:
+    three fast three-stage copies and two slow-fast ones), which neither the copies of one shape nor
+    the branch and bound's runs meet within 2 s. Each pair of the best shapes by copy estimate, and
+    each (c_A, c_B) the groups of each type allow, is estimated as the copies are (the closed-form
+    1F1B floor of each shape at its micro-batches, the best split of the batch between them, the
+    larger step and ring over c_A + c_B replicas); by estimate, below `best`, each is placed as the
+    copies are (the first shape's copies, then the second's on the groups left: both orders, on every
+    inventory with the groups) and priced by the performance model with its best reliefs."""
+    forward, backward, update, sends, sizes = prefix
+    total, tp = model.instance.global_micro_batches, model.instance.plan.tensor_parallel
+    faster = Link(max(model.intra.bandwidth, model.inter.bandwidth), min(model.intra.latency, model.inter.latency))
+    # per shape: its 1F1B floor per micro-batch count (index m), its step, its largest stage's gradient bytes
+    tables = []
+    for types, bounds in shapes:
+        stages, first, end = len(types), np.array(bounds[:-1]), np.array(bounds[1:])
+        send = np.zeros(stages)
+        send[:-1] = sends[end[:-1] - 1]
+        f = np.array([forward[t][end[s]] - forward[t][first[s]] for s, t in enumerate(types)]) + send
+        b = np.array([backward[t][end[s]] - backward[t][first[s]] for s, t in enumerate(types)])
+        b[1:] += send[:-1]
+        m = np.arange(total + 1)[:, None]
+        floor = ((f + b).sum() + np.maximum(m - 1, 0) * b + np.maximum(m - 1 - np.arange(stages - 1, -1, -1), 0) * f
+                 ).max(axis=1)
+        step = max(update[t][end[s]] - update[t][first[s]] for s, t in enumerate(types))
+        tables.append((floor, step, float((sizes[end] - sizes[first]).max()), Counter(types)))
+    floors = np.array([table[0] for table in tables])  # (shape, m)
+    floors[:, 0] = np.inf
+    steps, sizes_of = np.array([table[1] for table in tables]), np.array([table[2] for table in tables])
+    stage_counts = np.array([len(types) for types, _ in shapes])
+    uses = np.array([[table[3][t] for t in sorted(available)] for table in tables])  # (shape, type)
+    have = np.array([available[t] for t in sorted(available)])
+    upper = np.triu(np.ones((len(shapes), len(shapes)), dtype=bool), 1)  # each unordered pair once
+    largest, slowest = np.maximum.outer(sizes_of, sizes_of), np.maximum.outer(steps, steps)
+    estimates = []
+    for copies_a in range(1, total):
+        for copies_b in range(1, total - copies_a + 1):
+            fits = upper & (np.add.outer(stage_counts * copies_a, stage_counts * copies_b) <= groups) & np.all(
+                uses[:, None, :] * copies_a + uses[None, :, :] * copies_b <= have, axis=2)
+            if not fits.any():
+                continue
+            time_s = np.full(fits.shape, np.inf)
+            for m in range(1, (total - copies_b) // copies_a + 1):
+                other = -(-(total - copies_a * m) // copies_b)
+                np.minimum(time_s, np.maximum.outer(floors[:, m], floors[:, other]), out=time_s)
+            replicas = copies_a + copies_b
+            link = faster if replicas <= most_per_node else model.inter
+            ring = 2 * (replicas - 1) * (link.latency + largest / replicas / link.bandwidth)
+            estimate = np.where(fits, time_s + slowest / model.optimizer_shards(replicas) + ring, np.inf)
+            for i, j in zip(*np.nonzero(estimate < best * (1 - 1e-9))):
+                estimates.append((float(estimate[i, j]), int(i), copies_a, int(j), copies_b))
+    estimates.sort()
+    found: list[tuple[Plan, float]] = []
+    for estimate, i, copies_a, j, copies_b in estimates[:PAIR_TRIES]:
+        if estimate >= best * (1 - 1e-9) or deadline.expired():
+            break
+        parts = ((shapes[i], copies_a), (shapes[j], copies_b))
+        replicas, m = copies_a + copies_b, -(-total // (copies_a + copies_b))
+        if not all(fit(t, bounds[s], bounds[s + 1], s, len(types), m, replicas)
+                   for (types, bounds), _ in parts for s, t in enumerate(types)):
+            continue
+        need: Counter = Counter()
+        for (types, _), copies in parts:
+            for t in types:
+                need[t] += copies
+        placements = []
+        for have, layout in zip(counts, layouts):
+            if any(have[t] < k for t, k in need.items()):
+                continue
+            for order in (parts, parts[::-1]):
+                free = {n: {t: list(gs) for t, gs in pools.items()} for n, pools in layout.items()}
+                placed, cost = [], 0.0
+                for (types, bounds), copies in order:
+                    got = _place(types, _penalties(model, bounds), copies, free)
+                    if got is None:
+                        break
+                    placed += [(seq, bounds) for seq in got[0]]
+                    cost += got[1]
+                else:
+                    placements.append((cost, placed))
+        if not placements:
+            continue
+        placed = min(placements, key=lambda item: item[0])[1]
+        pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
+                     for seq, bounds in placed]
+        priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
+        if priced is not None:
+            found.append(priced)
+            best = min(best, priced[1])
+    return found
