@@ -49,7 +49,7 @@ PAIR_BUDGET = 20_000_000
 """Most (pair of shapes, copies of each, micro-batches of the first) estimates, vectorised; beyond, the
 fewest shapes that fit (by copy estimate)."""
 PAIR_TRIES = 24
-"""Most pairs of shapes placed and priced, by estimate."""
+"""Most pairs of shapes priced, by estimate (those that fit no memory or no placement are skipped)."""
 CANDIDATE_BUDGET = 50_000
 """Most (device types along a pipeline, layer split, copies) candidates ranked; beyond, no copy plans
 (32-64-device instances of two device types: at most 4,000; 13 layers of one type and 8 micro-batches:
@@ -221,9 +221,14 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
             best = min(best, priced[1])
     per_kinds: Counter = Counter()  # per multiset of types: its shapes kept, the best by copy estimate
     shapes = []
+    most = min(total, len(groups))
     for types, bounds in dict.fromkeys((types, bounds) for _, types, bounds, _ in candidates):
         kinds_used = tuple(sorted(Counter(types).items()))
-        if per_kinds[kinds_used] < PAIR_SHAPES:
+        # that fit in memory with one micro-batch and the most replicas (24-32-device seed 3253: four
+        # slow-fast-fast copies whose slow stage holds two layers beside three fast copies, one micro-batch
+        # each; the slow stages of one layer rank first and fit nowhere)
+        if per_kinds[kinds_used] < PAIR_SHAPES and all(fit(t, bounds[s], bounds[s + 1], s, len(types), 1, most)
+                                                       for s, t in enumerate(types)):
             per_kinds[kinds_used] += 1
             shapes.append((types, bounds))
     shapes = shapes[:max(2, math.isqrt(PAIR_BUDGET // max(total ** 3, 1)))]
@@ -290,8 +295,9 @@ def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
                 estimates.append((float(estimate[i, j]), int(i), copies_a, int(j), copies_b))
     estimates.sort()
     found: list[tuple[Plan, float]] = []
-    for estimate, i, copies_a, j, copies_b in estimates[:PAIR_TRIES]:
-        if estimate >= best * (1 - 1e-9) or deadline.expired():
+    tries = 0
+    for estimate, i, copies_a, j, copies_b in estimates:
+        if estimate >= best * (1 - 1e-9) or tries >= PAIR_TRIES or deadline.expired():
             break
         parts = ((shapes[i], copies_a), (shapes[j], copies_b))
         replicas, m = copies_a + copies_b, -(-total // (copies_a + copies_b))
@@ -319,6 +325,7 @@ def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
                     placements.append((cost, placed))
         if not placements:
             continue
+        tries += 1
         placed = min(placements, key=lambda item: item[0])[1]
         pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
                      for seq, bounds in placed]
