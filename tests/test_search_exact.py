@@ -1081,3 +1081,24 @@ def test_copy_plans_pair_two_shapes(seed, optimum, shape, counts):
     assert model.evaluate(plan, failed).iteration_time_s == step
     splits = [tuple([pipe.stages[0].first] + [stage.end for stage in pipe.stages]) for pipe in plan.pipelines]
     assert sorted(splits.count(split) for split in set(splits)) == counts and shape in splits
+
+
+def test_copy_plans_keep_the_largest_rings_inside_nodes_by_columns():
+    """24-32-device seed 3138 (four five-stage fast copies; nodes of 5, 7, 3 and 6 fast groups; sends of
+    1 MB before layer 3 and 100 MB before layer 4): its optimum puts the columns of layers 1, 2 and 4
+    (6, 5 and 4 x 10^8 parameters) in one node each and the copies' 100 MB sends next to layer 4's node.
+    Placed by sends (each copy's run in one node) the copies rang every layer across nodes (23.088195,
+    22.686225 after the placement polish, 22.389240 after the branch and bound at 2 s); placed by columns
+    they meet it, 22.386225, the floor of the plans of four pipelines and the best plan of four from the
+    branch and bound with every floor cleared (the others are floored at 25.36 and above)."""
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = _bench_instance(3138, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plan, step = copy_plans(instance, failed, model, Deadline.never())[0]
+    assert step == pytest.approx(22.386224961745636, rel=1e-12)
+    assert check_plan(instance, plan, failed).ok
+    for layer in (1, 2, 4):  # each of those columns in one node
+        assert len({instance.node_of(stage.devices[0]) for pipe in plan.pipelines for stage in pipe.stages
+                    if stage.first == layer}) == 1
