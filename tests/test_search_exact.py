@@ -1102,3 +1102,33 @@ def test_copy_plans_keep_the_largest_rings_inside_nodes_by_columns():
     for layer in (1, 2, 4):  # each of those columns in one node
         assert len({instance.node_of(stage.devices[0]) for pipe in plan.pipelines for stage in pipe.stages
                     if stage.first == layer}) == 1
+
+
+def test_copy_plan_pairs_placed_by_layers_ring_the_heavy_layer_inside_a_node():
+    """24-32-device seed 3288 (TP 2, nodes of three groups): its optimum is one fast-slow-fast-fast
+    pipeline (split 0, 2, 3, 5, 6) beside two fast-fast copies (0, 4, 6) whose first stages share a node
+    with the slow stage holding layer 2, so that layer (5 x 10^8 parameters) rings inside it. Placed by
+    sends, the same pair rang every layer across nodes (36.856839; 36.556681 was the search's plan at
+    2 s); placed by layers it meets the optimum, 36.196779 (the exact search's OPTIMAL step at 30 s)."""
+    from chameleon_opt.solve.copies import _place_layers, copy_plans
+
+    data, failed = _bench_instance(3288, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plan, step = copy_plans(instance, failed, model, Deadline.never())[0]
+    assert step == pytest.approx(36.19677871161225, rel=1e-12)
+    assert check_plan(instance, plan, failed).ok
+    holders = {instance.node_of(stage.devices[0]) for pipe in plan.pipelines for stage in pipe.stages
+               if stage.first <= 2 < stage.end}
+    assert len(holders) == 1
+    from chameleon_opt.solve.exact import inventories
+
+    free: dict[int, dict[str, list[tuple[int, ...]]]] = {}
+    for group in next(groups for groups in inventories(instance, model, failed, 2)  # one with 7 fast groups
+                      if sum(model.stage_device(g).name == "fast" for g in groups) >= 7):
+        free.setdefault(instance.node_of(group[0]), {}).setdefault(model.stage_device(group).name, []).append(group)
+    pipes = [(("fast", "slow", "fast", "fast"), (0, 2, 3, 5, 6))] + [(("fast", "fast"), (0, 4, 6))] * 2
+    placed = _place_layers(model, pipes, free)
+    assert sorted(len(seq) for seq in placed) == [2, 2, 4]
+    assert all(model.stage_device(g).name == t for seq, (types, _) in zip(placed, pipes) for g, t in zip(seq, types))
+    assert len({g for seq in placed for g in seq}) == 8  # each group once
