@@ -429,8 +429,10 @@ def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
     upper = np.triu(np.ones((len(shapes), len(shapes)), dtype=bool), 1)  # each unordered pair once
     largest, slowest = np.maximum.outer(sizes_of, sizes_of), np.maximum.outer(steps, steps)
     estimates = []
-    for copies_a in range(1, total):
-        for copies_b in range(1, total - copies_a + 1):
+    for copies_a in range(1, min(total, groups)):
+        if deadline.expired():
+            return []
+        for copies_b in range(1, min(total, groups) - copies_a + 1):
             fits = upper & (np.add.outer(stage_counts * copies_a, stage_counts * copies_b) <= groups) & np.all(
                 uses[:, None, :] * copies_a + uses[None, :, :] * copies_b <= have, axis=2)
             if not fits.any():
