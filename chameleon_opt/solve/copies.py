@@ -405,6 +405,8 @@ def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
     inventory with the groups) and priced by the performance model with its best reliefs."""
     forward, backward, update, sends, sizes = prefix
     total, tp = model.instance.global_micro_batches, model.instance.plan.tensor_parallel
+    if len(shapes) < 2 or total < 2:
+        return []
     faster = Link(max(model.intra.bandwidth, model.inter.bandwidth), min(model.intra.latency, model.inter.latency))
     # per shape: its 1F1B floor per micro-batch count (index m), its step, its largest stage's gradient bytes
     tables = []
