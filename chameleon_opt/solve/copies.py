@@ -128,8 +128,9 @@ def _place_columns(types: tuple[str, ...], sizes: list[float], penalty: list[flo
     fast copies on nodes of 5, 7, 3 and 6 fast groups, the columns of layers 1, 2 and 4 inside nodes:
     22.386225, the optimum, against 23.088195 placed by sends). The other columns, those with the
     costliest sends on either side first, take copy by copy a node of the copy's stage before or after
-    it where that send costs more across nodes, else the node with the most free groups of their type. Of up to PLACEMENTS ways to give the whole columns
-    nodes (the first node of each free composition), the one whose sends across nodes cost least;
+    it where that send costs more across nodes, else the node with the most free groups of their type.
+    Of up to PLACEMENTS ways to give the whole columns nodes (the first node of each free
+    composition), the one whose sends across nodes cost least;
     None when the groups lack some type. `free` is not changed."""
     order = sorted(range(len(types)), key=lambda s: (-sizes[s], s))
     node_of = {g: n for n, pools in free.items() for gs in pools.values() for g in gs}
@@ -150,7 +151,8 @@ def _place_columns(types: tuple[str, ...], sizes: list[float], penalty: list[flo
                                if g is not None and node_of[g] == n)
                 node = max(holders, key=lambda n: (near(n), len(left[n][types[s]]), -n))
                 placed[j][s] = left[node][types[s]].pop(0)
-        cost = sum(penalty[b] for copy in placed for b in range(1, len(types)) if node_of[copy[b]] != node_of[copy[b - 1]])
+        cost = sum(penalty[b] for copy in placed for b in range(1, len(types))
+                   if node_of[copy[b]] != node_of[copy[b - 1]])
         found.append((cost, [list(copy) for copy in placed]))
 
     def extend(k: int, left: dict[int, dict[str, list[tuple[int, ...]]]], placed: list[list[tuple[int, ...] | None]],
@@ -361,7 +363,8 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
         ways = [min(placements, key=lambda found: found[1])[0]]  # the inventory whose crossings cost least
         if 1 < copies <= most_per_node and stages > 1:  # and by columns, on the first inventory that has them
             sizes_of = [float(sizes[bounds[s + 1]] - sizes[bounds[s]]) for s in range(stages)]
-            columns = next((found for have, layout in zip(counts, layouts) if all(have[t] >= k * copies for t, k in used.items())
+            columns = next((found for have, layout in zip(counts, layouts)
+                            if all(have[t] >= k * copies for t, k in used.items())
                             for found in [_place_columns(types, sizes_of, penalty, copies, layout)]
                             if found is not None), None)
             if columns is not None:

@@ -688,7 +688,8 @@ class Relaxation:
                     self.stage_ring(pipelines, nbytes, across)
                 if union is not None:  # one ring per run of the stage's layers between U's boundaries
                     cuts = [first] + [layer for layer in union if first < layer < end] + [end]
-                    ring[first, end] = sum(self.ring_bound(pipelines, sum(self.grad[a:b])) for a, b in zip(cuts, cuts[1:]))
+                    ring[first, end] = sum(self.ring_bound(pipelines, sum(self.grad[a:b]))
+                                           for a, b in zip(cuts, cuts[1:]))
         extras = {}  # per stage count: (its slowest stage's all-reduce, slowest stage's step) per split
         for stages, splits in self.splits.items():
             b = np.array(splits)
@@ -1873,10 +1874,11 @@ class ExactSearch:
         plans of union U are floored by `coupled` on the splits inside U with those rings (`union`),
         and every plan of P pipelines by the least over the 2^(L-1) sets U. While the least set is
         below `floor` it is raised by `thresholds` on its splits (the plan's largest ring + step
-        against the slowest time), once each; none left at or below `value` (it cannot raise it). The other floors ring each stage once: 24-32-device seed 3178's optimum has stages of
-        one, three and five layers side by side (U = {3, 4, 5}), whose five-layer stage rings three
-        groups, 2 x 8e-5 s of latency above `coupled`'s 34.942887; 3132's slowest pipeline rings
-        less than another's three-layer stage of two groups."""
+        against the slowest time), once each; a raised set at or below `value` ends it (it cannot
+        raise `value`). The other floors ring each stage once: 24-32-device seed 3178's optimum has
+        stages of one, three and five layers side by side (U = {3, 4, 5}), whose five-layer stage
+        rings three groups, 2 x 8e-5 s of latency above `coupled`'s 34.942887; 3132's slowest
+        pipeline rings less than another's three-layer stage of two groups."""
         if self.overlapped or self.layers < 2 or 2 ** (self.layers - 1) > UNION_SETS:
             return 0.0
         floors: dict[tuple[int, ...], float] = {}
