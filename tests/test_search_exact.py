@@ -1021,3 +1021,115 @@ def test_single_stage_floor_meets_the_three_and_four_pipeline_optima():
     assert estimate.iteration_time_s == pytest.approx(34.40889954839115, rel=1e-12)
     grad = relaxation.grad
     assert relaxation.stage_ring(4, sum(grad), grad[4]) == pytest.approx(estimate.data_parallel_s, rel=1e-12)
+
+
+UNION_OPTIMA = {  # 24-32-device seeds: their optimum (search at 15 s, OPTIMAL), by pipeline: (micro-batches, stages)
+    3178: [(3, [((2, 3), 0, 3), ((0, 1), 3, 4), ((14, 15), 4, 6)]), (2, [((16, 17), 0, 5), ((4, 6), 5, 6)]),
+           (2, [((18, 19), 0, 5), ((8, 9), 5, 6)])],
+    3132: [(2, [((0, 1), 0, 1), ((2, 3), 1, 4), ((9, 11), 4, 5)]),
+           (2, [((20, 21), 0, 1), ((22, 23), 1, 4), ((12, 13), 4, 5)]),
+           (2, [((4, 5), 0, 2), ((8, 10), 2, 5)]), (2, [((16, 17), 0, 2), ((18, 19), 2, 5)])],
+}
+
+
+@pytest.mark.parametrize("seed, extra_rings", [(3178, 2), (3132, None)])
+def test_union_floor_rings_each_run_of_a_stage_between_the_plans_boundaries(seed, extra_rings):
+    """24-32-device seeds 3178 and 3132 (TP 2, nodes of two groups, so every ring crosses nodes at
+    20 us a step): a stage reduces one ring per run of its layers between the boundaries of any
+    pipeline. 3178's optimum has three pipelines split (3, 1, 2), (5, 1), (5, 1): the five-layer
+    stages ring three groups, two rings of three replicas (2 x 4 steps x 20 us) above `coupled`'s one
+    ring a stage, and `union_rings` gives exactly that, the optimum's step (the model's, on the
+    plan written out here). 3132's optimum (two (1, 3, 1) and two (2, 3) pipelines, U = {1, 2, 4})
+    rings a three-layer stage in two groups beside a faster pipeline: `union_rings`' thresholds on
+    U's splits give its step (32.950776, 1.2e-4 s below, before)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(seed, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plan = Plan(instance.plan.tensor_parallel, tuple(
+        Pipeline(tuple(Stage(devices, first, end) for devices, first, end in stages), m)
+        for m, stages in UNION_OPTIMA[seed]))
+    assert check_plan(instance, plan, failed).ok
+    optimum = model.evaluate(plan, failed).iteration_time_s
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    pipelines = len(plan.pipelines)
+    coupled = search.relaxation.coupled(pipelines, Deadline.never())[search.root]
+    floor = search.union_rings(pipelines, Deadline.never(), coupled, math.inf)
+    assert floor == pytest.approx(optimum, rel=1e-12)
+    if extra_rings is not None:
+        assert floor == pytest.approx(coupled + extra_rings * 2 * (pipelines - 1) * model.inter.latency, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed, optimum, shape, counts", [(3144, 16.401047303897773, (0, 1, 3), [2, 3]),
+                                                           (3132, 32.95089615225947, (0, 1, 4, 5), [2, 2])])
+def test_copy_plans_pair_two_shapes(seed, optimum, shape, counts):
+    """24-32-device seeds 3144 (three fast three-stage copies beside two slow-fast ones) and 3132 (two
+    slow-fast-slow copies beside two fast-fast ones): each optimum mixes two shapes, which neither the
+    copies of one shape nor the branch and bound's runs met within 2 s (16.4411 and 33.0698 there);
+    the copy plans now pair the best shapes of each multiset of device types and meet them (the
+    exact search's OPTIMAL steps at 15 s, equal to the floors of the plans of 5 and 4 pipelines; 3132's
+    fast-fast split (2, 3) or (3, 2) ties: the slow-fast-slow copies are the slowest)."""
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = _bench_instance(seed, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    found = copy_plans(instance, failed, model, Deadline.never())
+    plan, step = found[0]
+    assert step == pytest.approx(optimum, rel=1e-12)
+    assert check_plan(instance, plan, failed).ok
+    assert model.evaluate(plan, failed).iteration_time_s == step
+    splits = [tuple([pipe.stages[0].first] + [stage.end for stage in pipe.stages]) for pipe in plan.pipelines]
+    assert sorted(splits.count(split) for split in set(splits)) == counts and shape in splits
+
+
+def test_copy_plans_keep_the_largest_rings_inside_nodes_by_columns():
+    """24-32-device seed 3138 (four five-stage fast copies; nodes of 5, 7, 3 and 6 fast groups; sends of
+    1 MB before layer 3 and 100 MB before layer 4): its optimum puts the columns of layers 1, 2 and 4
+    (6, 5 and 4 x 10^8 parameters) in one node each and the copies' 100 MB sends next to layer 4's node.
+    Placed by sends (each copy's run in one node) the copies rang every layer across nodes (23.088195,
+    22.686225 after the placement polish, 22.389240 after the branch and bound at 2 s); placed by columns
+    they meet it, 22.386225, the floor of the plans of four pipelines and the best plan of four from the
+    branch and bound with every floor cleared (the others are floored at 25.36 and above)."""
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = _bench_instance(3138, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plan, step = copy_plans(instance, failed, model, Deadline.never())[0]
+    assert step == pytest.approx(22.386224961745636, rel=1e-12)
+    assert check_plan(instance, plan, failed).ok
+    for layer in (1, 2, 4):  # each of those columns in one node
+        assert len({instance.node_of(stage.devices[0]) for pipe in plan.pipelines for stage in pipe.stages
+                    if stage.first == layer}) == 1
+
+
+def test_copy_plan_pairs_placed_by_layers_ring_the_heavy_layer_inside_a_node():
+    """24-32-device seed 3288 (TP 2, nodes of three groups): its optimum is one fast-slow-fast-fast
+    pipeline (split 0, 2, 3, 5, 6) beside two fast-fast copies (0, 4, 6) whose first stages share a node
+    with the slow stage holding layer 2, so that layer (5 x 10^8 parameters) rings inside it. Placed by
+    sends, the same pair rang every layer across nodes (36.856839; 36.556681 was the search's plan at
+    2 s); placed by layers it meets the optimum, 36.196779 (the exact search's OPTIMAL step at 30 s)."""
+    from chameleon_opt.solve.copies import _place_layers, copy_plans
+
+    data, failed = _bench_instance(3288, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plan, step = copy_plans(instance, failed, model, Deadline.never())[0]
+    assert step == pytest.approx(36.19677871161225, rel=1e-12)
+    assert check_plan(instance, plan, failed).ok
+    holders = {instance.node_of(stage.devices[0]) for pipe in plan.pipelines for stage in pipe.stages
+               if stage.first <= 2 < stage.end}
+    assert len(holders) == 1
+    from chameleon_opt.solve.exact import inventories
+
+    free: dict[int, dict[str, list[tuple[int, ...]]]] = {}
+    for group in next(groups for groups in inventories(instance, model, failed, 2)  # one with 7 fast groups
+                      if sum(model.stage_device(g).name == "fast" for g in groups) >= 7):
+        free.setdefault(instance.node_of(group[0]), {}).setdefault(model.stage_device(group).name, []).append(group)
+    pipes = [(("fast", "slow", "fast", "fast"), (0, 2, 3, 5, 6))] + [(("fast", "fast"), (0, 4, 6))] * 2
+    placed = _place_layers(model, pipes, free)
+    assert sorted(len(seq) for seq in placed) == [2, 2, 4]
+    assert all(model.stage_device(g).name == t for seq, (types, _) in zip(placed, pipes) for g, t in zip(seq, types))
+    assert len({g for seq in placed for g in seq}) == 8  # each group once

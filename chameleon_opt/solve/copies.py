@@ -28,6 +28,7 @@ import itertools
 import math
 import operator
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
@@ -40,6 +41,19 @@ from chameleon_opt.solve.exact import inventories
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.polish import spread_and_priced
 
+PLACEMENTS = 16
+"""Most ways to give whole stage columns nodes tried per copy candidate (`_place_columns`)."""
+PAIR_SHAPES = 4
+"""Shapes (device types along a pipeline, layer split) of each multiset of device types paired with the
+others (`_pairs`), the best by copy estimate (24-32-device seed 3132's slow-fast-slow copy is the
+fourth of its 18, the 74th of 162 shapes)."""
+PAIR_BUDGET = 20_000_000
+"""Most (pair of shapes, copies of each, micro-batches of the first) estimates, vectorised; beyond, the
+fewest shapes that fit (by copy estimate)."""
+PAIR_TRIES = 8
+"""Most pairs of shapes priced, by estimate (those that fit no memory or no placement are skipped); 24
+found the same plans on the 24-32-device misses and took copy_plans on 32-64-device seeds 0-39 from 0.25
+s (one shape) to 0.60 s, 8 to 0.51 s."""
 CANDIDATE_BUDGET = 50_000
 """Most (device types along a pipeline, layer split, copies) candidates ranked; beyond, no copy plans
 (32-64-device instances of two device types: at most 4,000; 13 layers of one type and 8 micro-batches:
@@ -104,6 +118,150 @@ def _place(types: tuple[str, ...], penalty: list[float], copies: int,
         return None
     cost = sum(penalty[s] for j in range(copies) for s in range(1, len(types)) if where[j][s] != where[j][s - 1])
     return [[copy[s] for s in range(len(types))] for copy in placed], cost
+
+
+def _place_columns(types: tuple[str, ...], sizes: list[float], penalty: list[float], copies: int,
+                   free: dict[int, dict[str, list[tuple[int, ...]]]]) -> list[list[tuple[int, ...]]] | None:
+    """Groups for `copies` copies with each stage's copies (its column) in one node where a node has that
+    many free groups of its type, the stages of most gradient bytes first: their rings stay inside a
+    node, where `_place` keeps each copy's sends inside one (24-32-device seed 3138: four five-stage
+    fast copies on nodes of 5, 7, 3 and 6 fast groups, the columns of layers 1, 2 and 4 inside nodes:
+    22.386225, the optimum, against 23.088195 placed by sends). The other columns, those with the
+    costliest sends on either side first, take copy by copy a node of the copy's stage before or after
+    it where that send costs more across nodes, else the node with the most free groups of their type.
+    Of up to PLACEMENTS ways to give the whole columns nodes (the first node of each free
+    composition), the one whose sends across nodes cost least;
+    None when the groups lack some type. `free` is not changed."""
+    order = sorted(range(len(types)), key=lambda s: (-sizes[s], s))
+    node_of = {g: n for n, pools in free.items() for gs in pools.values() for g in gs}
+    found: list[tuple[float, list[list[tuple[int, ...]]]]] = []
+
+    def spill(left: dict[int, dict[str, list[tuple[int, ...]]]], placed: list[list[tuple[int, ...] | None]],
+              spilled: list[int]) -> None:
+        sides = [penalty[s] + (penalty[s + 1] if s + 1 < len(types) else 0.0) for s in range(len(types))]
+        for s in sorted(spilled, key=lambda s: -sides[s]):  # the costliest sends around it first
+            for j in range(copies):
+                holders = [n for n, pools in left.items() if pools.get(types[s])]
+                if not holders:
+                    return
+
+                def near(n: int) -> float:  # what the copy's sends next to this stage save on node n
+                    return sum(penalty[b] for b, g in ((s, placed[j][s - 1] if s else None),
+                                                       (s + 1, placed[j][s + 1] if s + 1 < len(types) else None))
+                               if g is not None and node_of[g] == n)
+                node = max(holders, key=lambda n: (near(n), len(left[n][types[s]]), -n))
+                placed[j][s] = left[node][types[s]].pop(0)
+        cost = sum(penalty[b] for copy in placed for b in range(1, len(types))
+                   if node_of[copy[b]] != node_of[copy[b - 1]])
+        found.append((cost, [list(copy) for copy in placed]))
+
+    def extend(k: int, left: dict[int, dict[str, list[tuple[int, ...]]]], placed: list[list[tuple[int, ...] | None]],
+               spilled: list[int]) -> None:
+        if len(found) >= PLACEMENTS:
+            return
+        if k == len(order):
+            spill({n: {t: list(gs) for t, gs in pools.items()} for n, pools in left.items()},
+                  [list(copy) for copy in placed], spilled)
+            return
+        s = order[k]
+        fits = {}
+        for n in sorted(left, key=lambda n: (len(left[n].get(types[s], ())), n)):
+            if len(left[n].get(types[s], ())) >= copies:
+                fits.setdefault(tuple(sorted((t, len(gs)) for t, gs in left[n].items())), n)
+        if not fits:
+            extend(k + 1, left, placed, spilled + [s])
+        for n in fits.values():
+            taken, left[n][types[s]] = left[n][types[s]][:copies], left[n][types[s]][copies:]
+            for j in range(copies):
+                placed[j][s] = taken[j]
+            extend(k + 1, left, placed, spilled)
+            left[n][types[s]] = taken + left[n][types[s]]
+            for j in range(copies):
+                placed[j][s] = None
+    extend(0, {n: {t: list(gs) for t, gs in pools.items()} for n, pools in free.items()},
+           [[None] * len(types) for _ in range(copies)], [])
+    complete = [item for item in found if all(g is not None for copy in item[1] for g in copy)]
+    return min(complete, key=lambda item: item[0])[1] if complete else None
+
+
+def _place_layers(model: PerfModel, pipes: list[tuple[tuple[str, ...], tuple[int, ...]]],
+                  free: dict[int, dict[str, list[tuple[int, ...]]]]) -> list[list[tuple[int, ...]]] | None:
+    """Groups for pipelines of several shapes with each layer's holders (one stage of every pipeline)
+    in one node where a node has their types free, the layers of most gradient bytes first, a layer
+    whose holders placed so far sit on two nodes, or fit no node, left to the end: there each stage
+    takes a node of a stage next to it whose send costs more across nodes, else the node with the most
+    free groups of its type. 24-32-device seed 3288: one fast-slow-fast-fast pipeline beside two
+    fast-fast copies whose first stages hold layers 0-3; the slow stage holding layer 2 (5 x 10^8
+    parameters) beside them in one node rings it inside (36.196779, the optimum, against 36.856839
+    placed by sends). Of up to PLACEMENTS ways (the first node of each free composition per layer), the
+    one with the fewest gradient bytes and sends across nodes (a layer's ring over P replicas, a send
+    per micro-batch of a pipeline's share, both on the inter-node link); None when some type lacks
+    groups. `free` is not changed."""
+    total, replicas = model.instance.global_micro_batches, len(pipes)
+    grad = model.workload.params * model.grad_bytes / model.instance.plan.tensor_parallel
+    layers = len(grad)
+    node_of = {g: n for n, pools in free.items() for gs in pools.values() for g in gs}
+    penalties = [_penalties(model, bounds) for _, bounds in pipes]
+    holder = [[next(s for s in range(len(types)) if bounds[s] <= layer < bounds[s + 1]) for layer in range(layers)]
+              for types, bounds in pipes]
+    order = sorted(range(layers), key=lambda layer: (-grad[layer], layer))
+    across = [ring_allreduce_time(float(grad[layer]), replicas, model.inter) for layer in range(layers)]
+    share = -(-total // replicas)
+    found: list[tuple[float, list[list[tuple[int, ...]]]]] = []
+
+    def finish(left: dict[int, dict[str, list[tuple[int, ...]]]], placed: list[list[tuple[int, ...] | None]]) -> None:
+        rest = [(j, s) for j, seq in enumerate(placed) for s, g in enumerate(seq) if g is None]
+        sides = {(j, s): penalties[j][s] + (penalties[j][s + 1] if s + 1 < len(placed[j]) else 0.0) for j, s in rest}
+        for j, s in sorted(rest, key=lambda item: -sides[item]):
+            kind = pipes[j][0][s]
+            holders = [n for n, pools in left.items() if pools.get(kind)]
+            if not holders:
+                return
+
+            def near(n: int) -> float:  # what the pipeline's sends next to this stage save on node n
+                return sum(penalties[j][b] for b, g in ((s, placed[j][s - 1] if s else None),
+                                                        (s + 1, placed[j][s + 1] if s + 1 < len(placed[j]) else None))
+                           if g is not None and node_of[g] == n)
+            node = max(holders, key=lambda n: (near(n), len(left[n][kind]), -n))
+            placed[j][s] = left[node][kind].pop(0)
+        cost = sum(across[layer] for layer in range(layers)
+                   if len({node_of[placed[j][holder[j][layer]]] for j in range(replicas)}) > 1)
+        cost += share * sum(penalties[j][b] for j, seq in enumerate(placed) for b in range(1, len(seq))
+                            if node_of[seq[b]] != node_of[seq[b - 1]])
+        found.append((cost, [list(seq) for seq in placed]))
+
+    def extend(k: int, left: dict[int, dict[str, list[tuple[int, ...]]]], placed: list[list[tuple[int, ...] | None]]
+               ) -> None:
+        if len(found) >= PLACEMENTS:
+            return
+        if k == layers:
+            finish({n: {t: list(gs) for t, gs in pools.items()} for n, pools in left.items()},
+                   [list(seq) for seq in placed])
+            return
+        layer = order[k]
+        slots = [(j, holder[j][layer]) for j in range(replicas)]
+        nodes = {node_of[placed[j][s]] for j, s in slots if placed[j][s] is not None}
+        need = Counter(pipes[j][0][s] for j, s in slots if placed[j][s] is None)
+        options: dict[tuple, int] = {}
+        if len(nodes) <= 1 and need:
+            for n in sorted(nodes or left, key=lambda n: (sum(len(gs) for gs in left[n].values()), n)):
+                if all(len(left[n].get(t, ())) >= c for t, c in need.items()):
+                    options.setdefault(tuple(sorted((t, len(gs)) for t, gs in left[n].items())), n)
+        if not options:
+            extend(k + 1, left, placed)
+        for n in options.values():
+            taken = []
+            for j, s in slots:
+                if placed[j][s] is None:
+                    placed[j][s] = left[n][pipes[j][0][s]].pop(0)
+                    taken.append((j, s))
+            extend(k + 1, left, placed)
+            for j, s in reversed(taken):
+                left[n][pipes[j][0][s]].insert(0, placed[j][s])
+                placed[j][s] = None
+    extend(0, {n: {t: list(gs) for t, gs in pools.items()} for n, pools in free.items()},
+           [[None] * len(types) for types, _ in pipes])
+    return min(found, key=lambda item: item[0])[1] if found else None
 
 
 def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline,
@@ -188,7 +346,7 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
         return fits[key]
 
     found: list[tuple[Plan, float]] = []
-    best = incumbent
+    best, most_per_node = incumbent, max(per_node.values())
     for estimate, types, bounds, copies in candidates:
         if estimate >= best * (1 - 1e-9) or deadline.expired():
             break
@@ -202,11 +360,143 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
         placements = [found for found in placements if found is not None]
         if not placements:
             continue
-        placed = min(placements, key=lambda found: found[1])[0]  # the inventory whose crossings cost least
-        pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
-                     for seq in placed]
-        priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
-        if priced is not None:
-            found.append(priced)
-            best = min(best, priced[1])
+        ways = [min(placements, key=lambda found: found[1])[0]]  # the inventory whose crossings cost least
+        if 1 < copies <= most_per_node and stages > 1:  # and by columns, on the first inventory that has them
+            sizes_of = [float(sizes[bounds[s + 1]] - sizes[bounds[s]]) for s in range(stages)]
+            columns = next((found for have, layout in zip(counts, layouts)
+                            if all(have[t] >= k * copies for t, k in used.items())
+                            for found in [_place_columns(types, sizes_of, penalty, copies, layout)]
+                            if found is not None), None)
+            if columns is not None:
+                ways.append(columns)
+        for placed in ways:
+            pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
+                         for seq in placed]
+            priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
+            if priced is not None:
+                found.append(priced)
+                best = min(best, priced[1])
+    per_kinds: Counter = Counter()  # per multiset of types: its shapes kept, the best by copy estimate
+    shapes = []
+    most = min(total, len(groups))
+    for types, bounds in dict.fromkeys((types, bounds) for _, types, bounds, _ in candidates):
+        kinds_used = tuple(sorted(Counter(types).items()))
+        # that fit in memory with one micro-batch and the most replicas (24-32-device seed 3253: four
+        # slow-fast-fast copies whose slow stage holds two layers beside three fast copies, one micro-batch
+        # each; the slow stages of one layer rank first and fit nowhere)
+        if per_kinds[kinds_used] < PAIR_SHAPES and all(fit(t, bounds[s], bounds[s + 1], s, len(types), 1, most)
+                                                       for s, t in enumerate(types)):
+            per_kinds[kinds_used] += 1
+            shapes.append((types, bounds))
+    shapes = shapes[:max(2, math.isqrt(PAIR_BUDGET // max(total ** 3, 1)))]
+    found += _pairs(model, shapes, (forward, backward, update, sends, sizes), available, len(groups),
+                    max(per_node.values()), counts, layouts, fit, deadline, failed, best)
     return sorted(found, key=lambda item: item[1])
+
+
+def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]]], prefix: tuple,
+           available: Counter, groups: int, most_per_node: int, counts: list[Counter], layouts: list[dict],
+           fit: Callable[..., bool], deadline: Deadline, failed: frozenset[int], best: float
+           ) -> list[tuple[Plan, float]]:
+    """(plan, exact step) of plans of copies of two shapes, c_A of one and c_B of the other, below `best`.
+    Why: the best plan often mixes two shapes, fast pipelines beside ones that put a slow group where
+    it costs least (24-32-device seeds 3132: two slow-fast-slow copies and two fast-fast ones; 3144:
+    three fast three-stage copies and two slow-fast ones), which neither the copies of one shape nor
+    the branch and bound's runs meet within 2 s. Each pair of the best shapes by copy estimate, and
+    each (c_A, c_B) the groups of each type allow, is estimated as the copies are (the closed-form
+    1F1B floor of each shape at its micro-batches, the best split of the batch between them, the
+    larger step and ring over c_A + c_B replicas); by estimate, below `best`, each is placed as the
+    copies are (the first shape's copies, then the second's on the groups left: both orders, on every
+    inventory with the groups) and priced by the performance model with its best reliefs."""
+    forward, backward, update, sends, sizes = prefix
+    total, tp = model.instance.global_micro_batches, model.instance.plan.tensor_parallel
+    if len(shapes) < 2 or total < 2:
+        return []
+    faster = Link(max(model.intra.bandwidth, model.inter.bandwidth), min(model.intra.latency, model.inter.latency))
+    # per shape: its 1F1B floor per micro-batch count (index m), its step, its largest stage's gradient bytes
+    tables = []
+    for types, bounds in shapes:
+        stages, first, end = len(types), np.array(bounds[:-1]), np.array(bounds[1:])
+        send = np.zeros(stages)
+        send[:-1] = sends[end[:-1] - 1]
+        f = np.array([forward[t][end[s]] - forward[t][first[s]] for s, t in enumerate(types)]) + send
+        b = np.array([backward[t][end[s]] - backward[t][first[s]] for s, t in enumerate(types)])
+        b[1:] += send[:-1]
+        m = np.arange(total + 1)[:, None]
+        floor = ((f + b).sum() + np.maximum(m - 1, 0) * b + np.maximum(m - 1 - np.arange(stages - 1, -1, -1), 0) * f
+                 ).max(axis=1)
+        step = max(update[t][end[s]] - update[t][first[s]] for s, t in enumerate(types))
+        tables.append((floor, step, float((sizes[end] - sizes[first]).max()), Counter(types)))
+    floors = np.array([table[0] for table in tables])  # (shape, m)
+    floors[:, 0] = np.inf
+    steps, sizes_of = np.array([table[1] for table in tables]), np.array([table[2] for table in tables])
+    stage_counts = np.array([len(types) for types, _ in shapes])
+    uses = np.array([[table[3][t] for t in sorted(available)] for table in tables])  # (shape, type)
+    have = np.array([available[t] for t in sorted(available)])
+    upper = np.triu(np.ones((len(shapes), len(shapes)), dtype=bool), 1)  # each unordered pair once
+    largest, slowest = np.maximum.outer(sizes_of, sizes_of), np.maximum.outer(steps, steps)
+    estimates = []
+    for copies_a in range(1, min(total, groups)):
+        if deadline.expired():
+            return []
+        for copies_b in range(1, min(total, groups) - copies_a + 1):
+            fits = upper & (np.add.outer(stage_counts * copies_a, stage_counts * copies_b) <= groups) & np.all(
+                uses[:, None, :] * copies_a + uses[None, :, :] * copies_b <= have, axis=2)
+            if not fits.any():
+                continue
+            time_s = np.full(fits.shape, np.inf)
+            for m in range(1, (total - copies_b) // copies_a + 1):
+                other = -(-(total - copies_a * m) // copies_b)
+                np.minimum(time_s, np.maximum.outer(floors[:, m], floors[:, other]), out=time_s)
+            replicas = copies_a + copies_b
+            link = faster if replicas <= most_per_node else model.inter
+            ring = 2 * (replicas - 1) * (link.latency + largest / replicas / link.bandwidth)
+            estimate = np.where(fits, time_s + slowest / model.optimizer_shards(replicas) + ring, np.inf)
+            for i, j in zip(*np.nonzero(estimate < best * (1 - 1e-9))):
+                estimates.append((float(estimate[i, j]), int(i), copies_a, int(j), copies_b))
+    estimates.sort()
+    found: list[tuple[Plan, float]] = []
+    tries = 0
+    for estimate, i, copies_a, j, copies_b in estimates:
+        if estimate >= best * (1 - 1e-9) or tries >= PAIR_TRIES or deadline.expired():
+            break
+        parts = ((shapes[i], copies_a), (shapes[j], copies_b))
+        replicas, m = copies_a + copies_b, -(-total // (copies_a + copies_b))
+        if not all(fit(t, bounds[s], bounds[s + 1], s, len(types), m, replicas)
+                   for (types, bounds), _ in parts for s, t in enumerate(types)):
+            continue
+        need: Counter = Counter()
+        for (types, _), copies in parts:
+            for t in types:
+                need[t] += copies
+        placements = []
+        layout = next((layout for have, layout in zip(counts, layouts) if all(have[t] >= k for t, k in need.items())),
+                      None)  # the first inventory with the groups
+        if layout is not None:
+            for order in (parts, parts[::-1]):
+                free = {n: {t: list(gs) for t, gs in pools.items()} for n, pools in layout.items()}
+                placed, cost = [], 0.0
+                for (types, bounds), copies in order:
+                    got = _place(types, _penalties(model, bounds), copies, free)
+                    if got is None:
+                        break
+                    placed += [(seq, bounds) for seq in got[0]]
+                    cost += got[1]
+                else:
+                    placements.append((cost, placed))
+        if not placements:
+            continue
+        tries += 1
+        ways = [min(placements, key=lambda item: item[0])[1]]  # by sends, and by layers
+        pipes = [shape for shape, copies in parts for _ in range(copies)]
+        by_layers = _place_layers(model, pipes, layout)
+        if by_layers is not None:
+            ways.append([(seq, bounds) for seq, (_, bounds) in zip(by_layers, pipes)])
+        for placed in ways:
+            pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
+                         for seq, bounds in placed]
+            priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
+            if priced is not None:
+                found.append(priced)
+                best = min(best, priced[1])
+    return found

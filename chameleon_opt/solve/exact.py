@@ -130,6 +130,8 @@ CHUNK_ELEMENTS = 1_000_000
 SINGLE_LAYERS = 6
 """Most layers `ExactSearch.single` splits plans over (every set of layers whose rings stay inside a
 node: 2^6 - 1 sets)."""
+UNION_SETS = 64
+"""Most sets of boundaries `ExactSearch.union_rings` floors plans over (2^(L-1) for L layers: 7 layers)."""
 PRUNE_TOLERANCE = 1e-9
 """A node is cut when its bound is within this relative margin of the incumbent (ties)."""
 
@@ -462,8 +464,9 @@ class Relaxation:
         # per (runs, least crossings, sends C, sends F): split_lower on the splits sending before C's layers
         # (across nodes) and before none of F's (`lower_times`' `pattern`)
         self._patterned: dict[tuple, dict[tuple[int, ...], np.ndarray]] = {}
-        # per P: every split's all-reduce + optimizer step floor (`coupled`), ascending
-        self.extra_values: dict[int, list[float]] = {}
+        # per P: every split's all-reduce + optimizer step floor (`coupled`), ascending; per (P, U), those of
+        # the splits inside U with U's rings (`coupled`'s `union`)
+        self.extra_values: dict[int | tuple[int, tuple[int, ...]], list[float]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -624,7 +627,7 @@ class Relaxation:
                 pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]]
                 | tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]
                 | None = None,
-                reaching: int = 0) -> list[float] | None:
+                reaching: int = 0, union: tuple[int, ...] | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -661,10 +664,13 @@ class Relaxation:
         and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), and
         given H, they send across nodes before some layer of each group of H too; else they are priced as
         `held` says. `reaching` S: the forced pipelines (any kind) have at least S stages each
-        (`ExactSearch.reaching`)."""
+        (`ExactSearch.reaching`). `union` U: every pipeline's boundaries (the layers its stages start at,
+        but 0) lie in U, and a stage reduces one group per run of its layers between U's boundaries
+        (`ExactSearch.union_rings`); not with `crossing` or `crossed`."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
-               shortest, short_runs, kept, ring_cap, pattern) + ((reaching,) if reaching else ())
+               shortest, short_runs, kept, ring_cap, pattern) + ((reaching,) if reaching else ()) \
+            + ((union,) if union is not None else ())
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
@@ -680,19 +686,26 @@ class Relaxation:
                 across = sum(self.grad[layer] for layer in crossed if first <= layer < end)
                 ring[first, end] = self.ring_time(nbytes, pipelines, self.model.inter) if crossing else \
                     self.stage_ring(pipelines, nbytes, across)
+                if union is not None:  # one ring per run of the stage's layers between U's boundaries
+                    cuts = [first] + [layer for layer in union if first < layer < end] + [end]
+                    ring[first, end] = sum(self.ring_bound(pipelines, sum(self.grad[a:b]))
+                                           for a, b in zip(cuts, cuts[1:]))
         extras = {}  # per stage count: (its slowest stage's all-reduce, slowest stage's step) per split
         for stages, splits in self.splits.items():
             b = np.array(splits)
             update = (update_prefix[b[:, 1:]] - update_prefix[b[:, :-1]]).max(axis=1)
+            rings = ring[b[:, :-1], b[:, 1:]].max(axis=1)
+            if union is not None:  # the splits whose boundaries all lie in U
+                rings = np.where(np.isin(b[:, 1:-1], union).all(axis=1), rings, np.inf)
             # per split: how many stages hold `within`'s layers (0: no constraint)
             holding = np.zeros(len(splits), dtype=int)
             if within is not None:
                 held_by = np.sort(np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in within[0]], axis=1), axis=1)
                 holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
-            extras[stages] = (ring[b[:, :-1], b[:, 1:]].max(axis=1), update / self.model.optimizer_shards(pipelines),
-                              holding[:, None])
+            extras[stages] = (rings, update / self.model.optimizer_shards(pipelines), holding[:, None])
         if not crossing and not crossed:
-            self.extra_values[pipelines] = sorted({float(x) for rings, update, _ in extras.values() for x in rings + update})
+            self.extra_values[pipelines if union is None else (pipelines, union)] = sorted(
+                {float(x) for rings, update, _ in extras.values() for x in rings + update if x < math.inf})
         kind, rounds = forced
         forcing = None
         if rounds and paired is not None and \
@@ -744,8 +757,8 @@ class Relaxation:
         for v, per_split in source.items():
             rings, update, holding = extras[sum(v)]
             extra = (rings + update)[:, None]
-            if ring_cap is not None:  # the splits within the cap, at their time alone
-                extra = np.where(extra <= ring_cap, 0.0, np.inf)
+            if ring_cap is not None:  # the splits within the cap, at their time alone (inf: outside `union`)
+                extra = np.where((extra <= ring_cap) & (extra < np.inf), 0.0, np.inf)
             if within is not None:  # `within`'s layers on at most t stages (u forced, w strict), of any kind
                 barred = {most: np.where(holding <= most, 0.0, np.inf) for most in (within[1], within[2])
                           + ((strict[3],) if strict is not None else ())}
@@ -1347,6 +1360,8 @@ class ExactSearch:
                 value = max(value, self.thresholds(p, refine, value, limit))
             if refine is not None and value < limit:
                 value = max(value, self.boundaries(p, refine, value, limit))
+            if refine is not None and value < limit:
+                value = max(value, self.union_rings(p, refine, value, limit))
             self.by_count[p] = max(self.by_count[p], value)
             return value
 
@@ -1850,6 +1865,39 @@ class ExactSearch:
                                                                    forced=(kind, rounds), kept=(layer, kind)))
         return best
 
+    def union_rings(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines by the union U of their boundaries, while it may raise
+        `value` below `floor`. Every pipeline holds every layer, so layers l - 1 and l have the same
+        holders unless some pipeline's stage starts at l (l in U): a stage holding layers f..e - 1
+        reduces one group per run of them between U's boundaries (PerfModel.slot_reduce_times), each
+        a ring of P replicas with its own latency, and every pipeline's boundaries lie in U. So the
+        plans of union U are floored by `coupled` on the splits inside U with those rings (`union`),
+        and every plan of P pipelines by the least over the 2^(L-1) sets U. While the least set is
+        below `floor` it is raised by `thresholds` on its splits (the plan's largest ring + step
+        against the slowest time), once each; a raised set at or below `value` ends it (it cannot
+        raise `value`). The other floors ring each stage once: 24-32-device seed 3178's optimum has
+        stages of one, three and five layers side by side (U = {3, 4, 5}), whose five-layer stage
+        rings three groups, 2 x 8e-5 s of latency above `coupled`'s 34.942887; 3132's slowest
+        pipeline rings less than another's three-layer stage of two groups."""
+        if self.overlapped or self.layers < 2 or 2 ** (self.layers - 1) > UNION_SETS:
+            return 0.0
+        floors: dict[tuple[int, ...], float] = {}
+        for size in range(self.layers):  # fewer boundaries first: fewer splits, and their tables often the least
+            for union in itertools.combinations(range(1, self.layers), size):
+                table = None if refine.expired() else self.relaxation.coupled(pipelines, refine, union=union)
+                if table is None:
+                    return 0.0
+                floors[union] = table[self.root]
+        raised: set[tuple[int, ...]] = set()
+        while True:
+            union = min(floors, key=floors.get)
+            if floors[union] >= floor or union in raised or refine.expired():
+                return floors[union]
+            raised.add(union)
+            floors[union] = max(floors[union], self.thresholds(pipelines, refine, value, floor, union=union))
+            if floors[union] <= value:
+                return floors[union]  # it cannot raise `value`
+
     def spans(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
         """`_spans_pass` raised lazily: while its least case is below `floor` (the caller's cap) and not
         raised yet, that case is raised by the nodes its segments sit on (`_assigned`) and the pass is
@@ -2137,7 +2185,7 @@ class ExactSearch:
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
                    forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None,
-                   paired: tuple[int, int] | None = None) -> float:
+                   paired: tuple[int, int] | None = None, union: tuple[int, ...] | None = None) -> float:
         """Floor of the plans of P pipelines with the slowest time and the largest all-reduce + step
         taken apart but on the same splits: a plan whose largest split value (its pipeline's stage
         ring + step, `coupled`'s) is E runs every pipeline on a split of value at most E, so its step
@@ -2147,11 +2195,14 @@ class ExactSearch:
         large stages in one pipeline beside small stages elsewhere was priced below either (8-24-device
         seed 769: one pipeline holding layers 1-2 in one stage saves a 100 MB send, 9.4447 + 0.2134 s,
         while the plan's ring is then that stage's, 0.13 s more). `forced`, `kept`, `paired`: as
-        `coupled`'s (`boundaries`, `paired` take this form too)."""
+        `coupled`'s (`boundaries`, `paired` take this form too); `union`: the same over the splits inside
+        U with U's rings (`union_rings`)."""
         relaxation = self.relaxation
-        values = relaxation.extra_values.get(pipelines)
-        free = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=math.inf) \
-            if values else None
+        if union is not None and relaxation.coupled(pipelines, refine, union=union) is None:
+            return 0.0  # its values are kept by that table
+        values = relaxation.extra_values.get(pipelines if union is None else (pipelines, union))
+        free = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=math.inf,
+                                  union=union) if values else None
         if free is None:
             return 0.0
         base, best = free[self.root], math.inf
@@ -2159,7 +2210,8 @@ class ExactSearch:
             least = cap + base  # every cap from here on gives at least this
             if least >= min(best, floor):
                 return min(best, least)
-            table = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=cap)
+            table = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=cap,
+                                       union=union)
             if table is None:
                 return min(best, least)
             best = min(best, cap + table[self.root])
