@@ -449,6 +449,13 @@ class Relaxation:
         # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
         # by (P, longest run, fewest crossings, every ring crossing, forced kinds, least ring, held layer)
         self._coupled: dict[tuple, list[float]] = {}
+        # per `coupled` key a deadline cut with every table it reads already built: the seconds it had.
+        # `coupled` skips a window no longer (what it computes then is not kept, so it would be cut
+        # again; 32-64 seed 285's 56 trees each retried the same reaching tables in a 1 ms window,
+        # 0.19 s of their 0.52 s); `_tables_built` tells whether an attempt built one (a retry then
+        # starts further on)
+        self._cut_within: dict[tuple, float] = {}
+        self._tables_built = 0
         # per ((layers, q), kind): split_lower with q of those layers' stages of another kind (`lower_times`' `pinned`)
         self._held: dict[tuple[tuple[tuple[int, ...], int], int], dict[tuple[int, ...], np.ndarray]] = {}
         self._near: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}  # `lower_times`' reach 1
@@ -667,8 +674,10 @@ class Relaxation:
                shortest, short_runs, kept, ring_cap, pattern) + ((reaching,) if reaching else ())
         if key in self._coupled:
             return self._coupled[key]
-        if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
+        if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET \
+                or deadline.left() <= self._cut_within.get(key, 0.0):
             return None
+        window, built = deadline.left(), self._tables_built
         if self._split_times(self.split_lower, (runs, least), deadline, runs, least) is None:
             return None
         update_prefix = np.concatenate([[0.0], np.cumsum(self.update)])
@@ -774,6 +783,8 @@ class Relaxation:
         table = self.counted_table(priced, shortest, pipelines, deadline, mixed, rounds,
                                    (stricter, strict[0]) if stricter else None)
         if table is None:
+            if self._tables_built == built:
+                self._cut_within[key] = window
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
@@ -803,6 +814,7 @@ class Relaxation:
             if found is None:
                 return None
             cache[key] = found[1]
+            self._tables_built += 1
         return cache[key]
 
     def lower_times(self, deadline: Deadline, runs: int, least: int = 0,
