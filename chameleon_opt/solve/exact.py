@@ -456,6 +456,7 @@ class Relaxation:
         # starts further on)
         self._cut_within: dict[tuple, float] = {}
         self._tables_built = 0
+        self._ranges: tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]] | None = None  # `_range_tables`
         # per ((layers, q), kind): split_lower with q of those layers' stages of another kind (`lower_times`' `pinned`)
         self._held: dict[tuple[tuple[tuple[int, ...], int], int], dict[tuple[int, ...], np.ndarray]] = {}
         self._near: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}  # `lower_times`' reach 1
@@ -852,19 +853,7 @@ class Relaxation:
         before l between two stages of kind k, that send crosses nodes (`_kept_times`). `pattern` (C, F):
         only the splits with a send before some layer of each group of C, across nodes (the least
         over the choices), and before none of F count."""
-        model = self.model
-        kinds = len(self.kind_count)
-        fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
-        for name, group in self.representative.items():
-            kind = self.kind_of[name]
-            for first in range(self.layers):
-                for end in range(first + 1, self.layers + 1):
-                    times = [model.stage_times(group, first, end, r)[:2] for r in model.relief_options]
-                    fastest[kind, first, end] = np.minimum(fastest[kind, first, end],
-                                                           (min(t[0] for t in times), min(t[1] for t in times)))
-        inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
-        intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
-        cheap = np.minimum(intra, inter)
+        fastest, inter, cheap, split_fits = self._range_tables()
         pairs = self._pairs.get((runs, least), {})  # per kinds of a pipeline: the (crossings, order of kinds) tried
         if not pairs:
             orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
@@ -881,10 +870,6 @@ class Relaxation:
         units = sum(len(splits) * sum(len(pairs[v]) for v in self.profiles[s]) * s * m
                     for s, splits in self.splits.items() for m in range(1, self.total + 1))
         simulate = self.virtual > 1 or units <= LOWER_SIMULATION_UNITS
-        # memory: each kind's stages within the relaxed memory of its own device types
-        names = model.instance.device_types
-        memories = [MemoryRelaxation(model, self.sample, self.total, [d for d in self.live if names[d].name in kind])
-                    for kind in self.kinds]
         lower: dict[tuple[int, ...], list[float]] = {}
         split_lower: dict[tuple[int, ...], np.ndarray] = {}
         for stages, splits in self.splits.items():
@@ -892,12 +877,7 @@ class Relaxation:
                 return None
             b = np.array(splits)
             ranges = fastest[:, b[:, :-1], b[:, 1:]]  # (kinds, splits, stages, forward/backward)
-            fits = np.zeros((len(self.kinds), len(splits), stages, self.total), dtype=bool)
-            for k, memory in enumerate(memories):
-                for s in range(stages):
-                    for m in range(1, self.total + 1):
-                        held = in_flight_micro_batches(s, stages, m, 0.0, self.virtual)
-                        fits[k, :, s, m - 1] = memory.needs(b[:, s], b[:, s + 1], held) <= memory.budget
+            fits = split_fits[stages]
             for profile in self.profiles[stages]:
                 if not pairs[profile]:  # it must cross that often and cannot, or its kinds fit no runs
                     lower[profile] = [math.inf] * (self.total + 1)
@@ -956,6 +936,43 @@ class Relaxation:
                 lower[profile] = best.tolist()
                 split_lower[profile] = per_split
         return lower, split_lower
+
+    def _range_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+        """What every `lower_times` call reads and none of its arguments changes, built on the first
+        (a fifth of its time where the floors build dozens of tables: 32-64 seed 324 builds 71):
+        fastest[kind, first, end], the least (forward, backward) of a stage holding layers first..end - 1
+        over the kind's device types and the reliefs; the send before each layer across nodes and on
+        the cheaper link; and per stage count fits[kind, split, stage, m - 1], whether that stage fits
+        the relaxed memory (MemoryRelaxation) of the kind's device types with the micro-batches 1F1B
+        holds in flight there."""
+        if self._ranges is not None:
+            return self._ranges
+        model = self.model
+        fastest = np.full((len(self.kind_count), self.layers + 1, self.layers + 1, 2), np.inf)
+        for name, group in self.representative.items():
+            kind = self.kind_of[name]
+            for first in range(self.layers):
+                for end in range(first + 1, self.layers + 1):
+                    times = [model.stage_times(group, first, end, r)[:2] for r in model.relief_options]
+                    fastest[kind, first, end] = np.minimum(fastest[kind, first, end],
+                                                           (min(t[0] for t in times), min(t[1] for t in times)))
+        inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
+        intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
+        names = model.instance.device_types
+        memories = [MemoryRelaxation(model, self.sample, self.total, [d for d in self.live if names[d].name in kind])
+                    for kind in self.kinds]
+        split_fits = {}
+        for stages, splits in self.splits.items():
+            b = np.array(splits)
+            fits = np.zeros((len(self.kinds), len(splits), stages, self.total), dtype=bool)
+            for k, memory in enumerate(memories):
+                for s in range(stages):
+                    for m in range(1, self.total + 1):
+                        held = in_flight_micro_batches(s, stages, m, 0.0, self.virtual)
+                        fits[k, :, s, m - 1] = memory.needs(b[:, s], b[:, s + 1], held) <= memory.budget
+            split_fits[stages] = fits
+        self._ranges = fastest, inter, np.minimum(intra, inter), split_fits
+        return self._ranges
 
     def _kept_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
                     pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
