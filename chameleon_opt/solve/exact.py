@@ -1289,6 +1289,14 @@ class ExactSearch:
         self.stands_in = {(a, b): a == b or _dominates(model, sample[a], sample[b]) for a in sample for b in sample}
         # per pipeline count P: a floor on every plan of exactly P pipelines (`floor`; 0 where none is known)
         self.by_count: dict[int, float] = {}
+        # First pipelines (groups, bounds, micro-batches) whose every plan a run of `solve` searched to the
+        # end (short runs included; regular and focus runs not: what they cut is no proof). Later runs,
+        # and later calls (`exact_search`'s second pass), skip them: each subtree was searched with
+        # floors valid for it and an incumbent at least the current one, so every plan there that could
+        # beat it was found then. A short run cut by its share leaves that much less to the runs after it
+        # (32-64 seed 172: its short run of four-stage pipelines is cut at 0.45 s of 1.3, and the full
+        # run redid that part).
+        self.exhausted: set[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = set()
 
     def floor(self, refine: Deadline | None = None, cap: float = math.inf) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
@@ -2476,6 +2484,7 @@ class ExactSearch:
         by_shape: dict[tuple, list[list[tuple[float, float, tuple[int, ...], float]]]] = {}  # `_by_micro_batches`
         regular = [False]  # the current run copies the first pipeline's shape and split (`copy` below)
         filled = [0]  # pipelines a regular run completed (at full length), to stop at the first placement
+        exhausted = self.exhausted
         taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
         touched = Counter()                  # groups in use per node
         chosen: list[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = []
@@ -2722,11 +2731,16 @@ class ExactSearch:
                     if value >= best[0] * (1 - PRUNE_TOLERANCE):
                         break
                     _, m, _, bounds = key
+                    first = None if chosen else (tuple(seq), bounds, m)
+                    if first in exhausted:
+                        continue  # every plan it leads has been searched (a run cut later)
                     chosen.append((tuple(seq), bounds, m))
                     hold(nodes, bounds, 1)
                     master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key, nodes, new_ring)
                     hold(nodes, bounds, -1)
                     chosen.pop()
+                    if first is not None and stats["complete"] and not stats["met"] and not regular[0]:
+                        exhausted.add(first)
             if stages >= min(cap[0], g_left) or (last is not None and stages >= last[0]):
                 return
             if max(worst, completion[stages + 1][state][n_left]) + opt + ring >= best[0] * (1 - PRUNE_TOLERANCE):
