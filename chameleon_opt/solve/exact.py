@@ -462,6 +462,7 @@ class Relaxation:
         self._cut_within: dict[tuple, float] = {}
         self._tables_built = 0
         self._ranges: tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]] | None = None  # `_range_tables`
+        self._grid: tuple[np.ndarray, np.ndarray, np.ndarray, list] | None = None  # `_programme`'s fixed part
         # per ((layers, q), kind): split_lower with q of those layers' stages of another kind (`lower_times`' `pinned`)
         self._held: dict[tuple[tuple[tuple[int, ...], int], int], dict[tuple[int, ...], np.ndarray]] = {}
         self._near: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}  # `lower_times`' reach 1
@@ -1103,13 +1104,16 @@ class Relaxation:
         """What the cover programmes share: every state (groups left of each kind) with its group
         count, the index of n - m for each (n, m) (total + 1, an infinite column, when m > n), and
         each pipeline item as (stages, kinds it takes, its offset among the states, lower time by m)."""
-        total, kinds = self.total, len(self.kind_count)
-        comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
-        shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]
-        shift = np.where(shift >= 0, shift, total + 1)
-        items = [(s, np.array(v), sum(x * y for x, y in zip(v, self.stride)), np.array(lower[v][1:]))
-                 for s, vs in self.profiles.items() for v in vs]
-        return comps, comps.sum(axis=1), shift, items
+        if self._grid is None:  # what no pricing changes, built once (`counted_table` asks up to three times a table)
+            total, kinds = self.total, len(self.kind_count)
+            comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
+            shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]
+            shift = np.where(shift >= 0, shift, total + 1)
+            kinds_of = [(s, v, np.array(v), sum(x * y for x, y in zip(v, self.stride)))
+                        for s, vs in self.profiles.items() for v in vs]
+            self._grid = comps, comps.sum(axis=1), shift, kinds_of
+        comps, level, shift, kinds_of = self._grid
+        return comps, level, shift, [(s, taken, offset, np.array(lower[v][1:])) for s, v, taken, offset in kinds_of]
 
     def cover_tables(self, lower: dict[tuple[int, ...], list[float]]) -> tuple[list[list[list[float]]],
                                                                                 list[list[list[float]]]]:
