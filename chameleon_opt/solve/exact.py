@@ -1300,9 +1300,9 @@ class ExactSearch:
         self.by_count: dict[int, float] = {}
         # First pipelines (groups, bounds, micro-batches) whose every plan a run of `solve` searched to the
         # end (short runs included; regular and focus runs not: what they cut is no proof). Later runs,
-        # and later calls (`exact_search`'s second pass), skip them: each subtree was searched with
-        # floors valid for it and an incumbent at least the current one, so every plan there that could
-        # beat it was found then. A short run cut by its share leaves that much less to the runs after it
+        # and later calls (`exact_search`'s second pass, whose incumbent is at most every earlier call's
+        # best), skip them: each subtree was searched with floors valid for it and an incumbent at least
+        # the current one, so every plan there that could beat it was found and returned then. A short run cut by its share leaves that much less to the runs after it
         # (32-64 seed 172: its short run of four-stage pipelines is cut at 0.45 s of 1.3, and the full
         # run redid that part).
         self.exhausted: set[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = set()
