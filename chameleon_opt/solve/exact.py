@@ -1227,12 +1227,17 @@ class Relaxation:
                 return None
             pick = priced[2 if strict is not None and round_ < strict[1] else int(round_ < forced)]
             best = np.full((len(comps), total + 1), np.inf)
+            # the rest's micro-batch counts any state runs (round r: r pipelines, at least r of them; the
+            # first round's none): the others are inf for every state, and max(inf, item) lowers nothing
+            ran = np.flatnonzero(np.isfinite(previous).any(axis=0))
+            first, end = (int(ran[0]), int(ran[-1]) + 1) if ran.size else (total + 1, total + 1)
             for lo, hi, starts, targets in chunks:  # per state: least over its items of max(item, the rest)
                 rest, item_times = previous[source[lo:hi]], pick[lo:hi]
                 value = np.full((hi - lo, total + 1), np.inf)
-                for m in range(1, total + 1):  # the item runs m of the n micro-batches, the rest n - m
-                    paired = np.maximum(rest[:, :total + 1 - m], item_times[:, m - 1:m])
-                    np.minimum(value[:, m:], paired, out=value[:, m:])
+                for m in range(1, total + 1 - first):  # the item runs m of the n micro-batches, the rest n - m
+                    last = min(end, total + 1 - m)
+                    paired = np.maximum(rest[:, first:last], item_times[:, m - 1:m])
+                    np.minimum(value[:, first + m:last + m], paired, out=value[:, first + m:last + m])
                 best[targets] = np.minimum.reduceat(value, starts, axis=0)
             below = best.reshape(grid)  # a view of `best`: groups may idle
             for axis in range(len(grid) - 1):
