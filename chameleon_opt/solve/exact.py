@@ -1231,14 +1231,16 @@ class Relaxation:
             # first round's none): the others are inf for every state, and max(inf, item) lowers nothing
             ran = np.flatnonzero(np.isfinite(previous).any(axis=0))
             first, end = (int(ran[0]), int(ran[-1]) + 1) if ran.size else (total + 1, total + 1)
+            ranging = previous[:, first:end]  # value[:, j]: n = first + 1 + j (below, inf)
             for lo, hi, starts, targets in chunks:  # per state: least over its items of max(item, the rest)
-                rest, item_times = previous[source[lo:hi]], pick[lo:hi]
-                value = np.full((hi - lo, total + 1), np.inf)
+                rest, item_times = ranging[source[lo:hi]], pick[lo:hi]
+                value = np.full((hi - lo, max(total - first, 0)), np.inf)
                 for m in range(1, total + 1 - first):  # the item runs m of the n micro-batches, the rest n - m
-                    last = min(end, total + 1 - m)
-                    paired = np.maximum(rest[:, first:last], item_times[:, m - 1:m])
-                    np.minimum(value[:, first + m:last + m], paired, out=value[:, first + m:last + m])
-                best[targets] = np.minimum.reduceat(value, starts, axis=0)
+                    width = min(end, total + 1 - m) - first
+                    paired = np.maximum(rest[:, :width], item_times[:, m - 1:m])
+                    np.minimum(value[:, m - 1:m - 1 + width], paired, out=value[:, m - 1:m - 1 + width])
+                if value.shape[1]:
+                    best[targets, first + 1:] = np.minimum.reduceat(value, starts, axis=0)
             below = best.reshape(grid)  # a view of `best`: groups may idle
             for axis in range(len(grid) - 1):
                 np.minimum.accumulate(below, axis=axis, out=below)
