@@ -868,9 +868,11 @@ def test_counted_table_matches_the_state_by_state_programme(seed, monkeypatch):
     lower = relaxation.lower
     mixed = {v: [math.inf] + [t * 1.5 + 0.01 * m for m, t in enumerate(times[1:], 1)] for v, times in lower.items()}
     rounds = min(relaxation.groups, relaxation.total)
-    for least, forced in ((1, 0), (2, 2)):
-        got = relaxation.counted_table(lower, least, rounds, Deadline.never(), mixed, forced)
-        want = _counted_reference(relaxation, lower, least, rounds, mixed, forced)
+    # and forced rounds where every other pipeline kind runs nothing (pairs of inf items, as `spans` prices)
+    sparse = {v: times if k % 2 else [math.inf] * len(times) for k, (v, times) in enumerate(mixed.items())}
+    for least, forced, forcing in ((1, 0, mixed), (2, 2, mixed), (1, 3, sparse)):
+        got = relaxation.counted_table(lower, least, rounds, Deadline.never(), forcing, forced)
+        want = _counted_reference(relaxation, lower, least, rounds, forcing, forced)
         for p in range(rounds):
             pairs = [(g, w) for g, w in zip(got[p + 1], want[p]) if w is not None]
             assert [g for g, _ in pairs] == [w for _, w in pairs], (least, forced, p + 1)
