@@ -876,6 +876,9 @@ def test_counted_table_matches_the_state_by_state_programme(seed, monkeypatch):
         for p in range(rounds):
             pairs = [(g, w) for g, w in zip(got[p + 1], want[p]) if w is not None]
             assert [g for g, _ in pairs] == [w for _, w in pairs], (least, forced, p + 1)
+        for p in (1, 2, rounds):  # only the last round, as `coupled` asks: the same row
+            alone = relaxation.counted_table(lower, least, p, Deadline.never(), forcing, min(forced, p), last=True)
+            assert alone[p] == got[p] and not any(alone[1:p])
         assert any(math.isfinite(w) for w in want[0] if w is not None)  # not a table of inf alone
 
 

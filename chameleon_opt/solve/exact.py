@@ -577,7 +577,7 @@ class Relaxation:
         kind, rounds = forced
         mixed = {v: times if v[kind] < sum(v) or sum(v) < stages else [math.inf] + crossing[v].min(axis=0).tolist()
                  for v, times in self.lower.items()}
-        table = self.counted_table(self.lower, least, pipelines, deadline, mixed, rounds)
+        table = self.counted_table(self.lower, least, pipelines, deadline, mixed, rounds, last=True)
         if table is None:
             return None
         self._paired[key] = table[pipelines]
@@ -788,7 +788,7 @@ class Relaxation:
             else:  # some stage of another kind
                 mixed[v] = priced[v] if v[kind] < sum(v) else [math.inf] * (self.total + 1)
         table = self.counted_table(priced, shortest, pipelines, deadline, mixed, rounds,
-                                   (stricter, strict[0]) if stricter else None)
+                                   (stricter, strict[0]) if stricter else None, last=True)
         if table is None:
             if self._tables_built == built:
                 self._cut_within[key] = window
@@ -1187,8 +1187,8 @@ class Relaxation:
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
                       rounds: int | None = None, deadline: Deadline = Deadline.never(),
                       mixed: dict[tuple[int, ...], list[float]] | None = None, forced: int = 0,
-                      strict: tuple[dict[tuple[int, ...], list[float]], int] | None = None
-                      ) -> list[list[float]] | None:
+                      strict: tuple[dict[tuple[int, ...], list[float]], int] | None = None,
+                      last: bool = False) -> list[list[float]] | None:
         """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
         running the whole batch on at most the groups of `state` (the cover relaxation with the
         pipelines counted: the all-reduce floor grows with P, and with the shortest pipeline's stage
@@ -1200,7 +1200,9 @@ class Relaxation:
         round prices every fitting (state, item) pair at once from the last round's table, then lets
         groups idle: a state's value is the least over the states below it (fewer of some kinds), a
         running minimum along each kind's axis of the state grid (the same values as a pass over states
-        by group count, minima being exact)."""
+        by group count, minima being exact). `last`: only counted[rounds] is wanted (`coupled`,
+        `paired_level`): each earlier round computes only the micro-batch counts it feeds (up to the
+        total less one per round left; a third fewer pairings at 53's P = 4) and its row is left empty."""
         total = self.total
         comps, _, _, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
@@ -1232,19 +1234,22 @@ class Relaxation:
             ran = np.flatnonzero(np.isfinite(previous).any(axis=0))
             first, end = (int(ran[0]), int(ran[-1]) + 1) if ran.size else (total + 1, total + 1)
             ranging = previous[:, first:end]  # value[:, j]: n = first + 1 + j (below, inf)
+            # `last`: each round after this one adds at least a micro-batch, so the last round's n = total
+            # reads this round's n only up to total - (rounds left); the columns past it stay inf
+            upto = total - (rounds - 1 - round_) if last else total
             for lo, hi, starts, targets in chunks:  # per state: least over its items of max(item, the rest)
                 rest, item_times = ranging[source[lo:hi]], pick[lo:hi]
-                value = np.full((hi - lo, max(total - first, 0)), np.inf)
-                for m in range(1, total + 1 - first):  # the item runs m of the n micro-batches, the rest n - m
-                    width = min(end, total + 1 - m) - first
+                value = np.full((hi - lo, max(upto - first, 0)), np.inf)
+                for m in range(1, upto + 1 - first):  # the item runs m of the n micro-batches, the rest n - m
+                    width = min(end, upto + 1 - m) - first
                     paired = np.maximum(rest[:, :width], item_times[:, m - 1:m])
                     np.minimum(value[:, m - 1:m - 1 + width], paired, out=value[:, m - 1:m - 1 + width])
                 if value.shape[1]:
-                    best[targets, first + 1:] = np.minimum.reduceat(value, starts, axis=0)
+                    best[targets, first + 1:upto + 1] = np.minimum.reduceat(value, starts, axis=0)
             below = best.reshape(grid)  # a view of `best`: groups may idle
             for axis in range(len(grid) - 1):
                 np.minimum.accumulate(below, axis=axis, out=below)
-            counted.append(best[:, total].tolist())
+            counted.append(best[:, total].tolist() if not last or round_ == rounds - 1 else [])
             previous = best
         return counted
 
