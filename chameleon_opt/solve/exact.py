@@ -121,7 +121,7 @@ SOLE_REFINE_SHARE = 0.8
 """REFINE_SHARE where a single inventory's floor is below the incumbent: its tree is then all that could
 prove the plan otherwise, and it rarely does once the floors outlast their share (32-64 seeds 0-389 and
 1000-1199 at 2 s: of the nine whose refining ran out, the six with one inventory left were never proven by
-its tree; 324's floor meets its plan after 1.14 s of refining, 0.95 s at REFINE_SHARE)."""
+its tree; when set, 324's floor met its plan after 1.14 s of refining, 0.95 s at REFINE_SHARE)."""
 STEP_POLISH_SHARE = 0.1
 """Of what is left, at most this much polishes each better plan a tree finds (`polish_step_splits`)."""
 REACHING_SHARE = 0.1
@@ -1202,7 +1202,7 @@ class Relaxation:
         running minimum along each kind's axis of the state grid (the same values as a pass over states
         by group count, minima being exact). `last`: only counted[rounds] is wanted (`coupled`,
         `paired_level`): each earlier round computes only the micro-batch counts it feeds (up to the
-        total less one per round left; a third fewer pairings at 53's P = 4) and its row is left empty."""
+        total less one per round left; 32-64 seed 53's tables 1.50 -> 0.33 s) and its row is left empty."""
         total = self.total
         comps, _, _, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
@@ -1314,9 +1314,9 @@ class ExactSearch:
         # end (short runs included; regular and focus runs not: what they cut is no proof). Later runs,
         # and later calls (`exact_search`'s second pass, whose incumbent is at most every earlier call's
         # best), skip them: each subtree was searched with floors valid for it and an incumbent at least
-        # the current one, so every plan there that could beat it was found and returned then. A short run cut by its share leaves that much less to the runs after it
-        # (32-64 seed 172: its short run of four-stage pipelines is cut at 0.45 s of 1.3, and the full
-        # run redid that part).
+        # the current one, so every plan there that could beat it was found and returned then. A short
+        # run cut by its share leaves that much less to the runs after it (32-64 seed 172: its short run
+        # of four-stage pipelines is cut at 0.45 s of 1.3, and the full run redid that part).
         self.exhausted: set[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = set()
 
     def floor(self, refine: Deadline | None = None, cap: float = math.inf) -> float:
