@@ -868,12 +868,17 @@ def test_counted_table_matches_the_state_by_state_programme(seed, monkeypatch):
     lower = relaxation.lower
     mixed = {v: [math.inf] + [t * 1.5 + 0.01 * m for m, t in enumerate(times[1:], 1)] for v, times in lower.items()}
     rounds = min(relaxation.groups, relaxation.total)
-    for least, forced in ((1, 0), (2, 2)):
-        got = relaxation.counted_table(lower, least, rounds, Deadline.never(), mixed, forced)
-        want = _counted_reference(relaxation, lower, least, rounds, mixed, forced)
+    # and forced rounds where every other pipeline kind runs nothing (pairs of inf items, as `spans` prices)
+    sparse = {v: times if k % 2 else [math.inf] * len(times) for k, (v, times) in enumerate(mixed.items())}
+    for least, forced, forcing in ((1, 0, mixed), (2, 2, mixed), (1, 3, sparse)):
+        got = relaxation.counted_table(lower, least, rounds, Deadline.never(), forcing, forced)
+        want = _counted_reference(relaxation, lower, least, rounds, forcing, forced)
         for p in range(rounds):
             pairs = [(g, w) for g, w in zip(got[p + 1], want[p]) if w is not None]
             assert [g for g, _ in pairs] == [w for _, w in pairs], (least, forced, p + 1)
+        for p in (1, 2, rounds):  # only the last round, as `coupled` asks: the same row
+            alone = relaxation.counted_table(lower, least, p, Deadline.never(), forcing, min(forced, p), last=True)
+            assert alone[p] == got[p] and not any(alone[1:p])
         assert any(math.isfinite(w) for w in want[0] if w is not None)  # not a table of inf alone
 
 
@@ -1133,3 +1138,61 @@ def test_copy_plan_pairs_placed_by_layers_ring_the_heavy_layer_inside_a_node():
     assert sorted(len(seq) for seq in placed) == [2, 2, 4]
     assert all(model.stage_device(g).name == t for seq, (types, _) in zip(placed, pipes) for g, t in zip(seq, types))
     assert len({g for seq in placed for g in seq}) == 8  # each group once
+
+
+def test_coupled_table_cut_by_a_deadline_is_not_retried_in_a_shorter_window(monkeypatch):
+    """`Relaxation.coupled` remembers the window in which a table's counted programme was cut with
+    every table it reads already built, and skips a window no longer (32-64 seed 285's trees retried
+    the same reaching tables in 1 ms windows); a cut attempt that built a table it reads is retried (it
+    starts further on), and a longer window builds the table, the same as a fresh relaxation's."""
+    from chameleon_opt.solve.exact import Relaxation, inventories
+
+    data, failed = _bench_instance(0, (8, 24))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    options = [groups for groups in inventories(instance, model, failed, instance.plan.tensor_parallel) if groups]
+    live = [d for d in range(instance.num_devices) if d not in failed]
+
+    def relaxation() -> Relaxation:
+        built = Relaxation(model, options, instance.global_micro_batches, live)
+        assert built.build(Deadline.never())
+        return built
+
+    tried, real = [], Relaxation.counted_table
+    cut = relaxation()
+    monkeypatch.setattr(Relaxation, "counted_table", lambda self, *args, **kw: tried.append(args) or None)
+    assert cut.coupled(2, Deadline.after(60.0)) is None and len(tried) == 1
+    assert cut.coupled(2, Deadline.after(30.0)) is None and len(tried) == 1  # no longer a window: skipped
+    assert cut.coupled(2, Deadline.after(60.0), runs=1) is None and len(tried) == 2  # built runs-1 times first
+    assert cut.coupled(2, Deadline.after(30.0), runs=1) is None and len(tried) == 3  # so it is retried
+    monkeypatch.setattr(Relaxation, "counted_table", real)
+    table = cut.coupled(2, Deadline.after(120.0))
+    assert table is not None and table == relaxation().coupled(2, Deadline.never())
+
+
+def test_tree_skips_first_pipelines_an_earlier_call_exhausted():
+    """`ExactSearch.exhausted`: the first pipelines whose every plan a run searched to the end are not
+    searched again, by later runs nor by a later call (`exact_search`'s second pass resumes a tree
+    stopped early). 8-24-device seed 4: a first call stopped after two plans (its leaf budget) leaves
+    24 of them; the second call proves the same optimum as a fresh search given the same incumbent,
+    in fewer nodes."""
+    import re
+
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(4, (8, 24))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+
+    def nodes(outcome) -> int:
+        return int(re.search(r"(\d+) nodes", outcome.reason).group(1))
+
+    search = exact_floors(instance, model, failed, Deadline.never()).searches[0]
+    stopped = search.solve(math.inf, Deadline.never(), leaf_budget=2)
+    assert not stopped.complete and search.exhausted
+    resumed = search.solve(stopped.objective, Deadline.never())
+    fresh = exact_floors(instance, model, failed, Deadline.never()).searches[0].solve(stopped.objective,
+                                                                                     Deadline.never())
+    assert resumed.complete and fresh.complete
+    assert resumed.objective == fresh.objective
+    assert nodes(resumed) < nodes(fresh)

@@ -117,6 +117,11 @@ bound (`ExactSearch.floor` with a deadline: tables built on demand; tens of ms b
 0.3 s on 54 of 60 random 32-64-device instances, 0.5-1.4 s on the two of 64 devices and 7 micro-batches);
 an inventory whose refined floor meets the incumbent is not searched. Only a slow floor uses it all,
 and its tree rarely finishes in the rest without it (32-64 seed 56: the floor meets the plan)."""
+SOLE_REFINE_SHARE = 0.8
+"""REFINE_SHARE where a single inventory's floor is below the incumbent: its tree is then all that could
+prove the plan otherwise, and it rarely does once the floors outlast their share (32-64 seeds 0-389 and
+1000-1199 at 2 s: of the nine whose refining ran out, the six with one inventory left were never proven by
+its tree; when set, 324's floor met its plan after 1.14 s of refining, 0.95 s at REFINE_SHARE)."""
 STEP_POLISH_SHARE = 0.1
 """Of what is left, at most this much polishes each better plan a tree finds (`polish_step_splits`)."""
 REACHING_SHARE = 0.1
@@ -451,6 +456,15 @@ class Relaxation:
         # per P, built on demand (`coupled`): each pipeline priced with its own split's all-reduce and step
         # by (P, longest run, fewest crossings, every ring crossing, forced kinds, least ring, held layer)
         self._coupled: dict[tuple, list[float]] = {}
+        # per `coupled` key a deadline cut with every table it reads already built: the seconds it had.
+        # `coupled` skips a window no longer (what it computes then is not kept, so it would be cut
+        # again; 32-64 seed 285's 56 trees each retried the same reaching tables in a 1 ms window,
+        # 0.19 s of their 0.52 s); `_tables_built` tells whether an attempt built one (a retry then
+        # starts further on)
+        self._cut_within: dict[tuple, float] = {}
+        self._tables_built = 0
+        self._ranges: tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]] | None = None  # `_range_tables`
+        self._grid: tuple[np.ndarray, np.ndarray, np.ndarray, list] | None = None  # `_programme`'s fixed part
         # per ((layers, q), kind): split_lower with q of those layers' stages of another kind (`lower_times`' `pinned`)
         self._held: dict[tuple[tuple[tuple[int, ...], int], int], dict[tuple[int, ...], np.ndarray]] = {}
         self._near: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}  # `lower_times`' reach 1
@@ -566,7 +580,7 @@ class Relaxation:
         kind, rounds = forced
         mixed = {v: times if v[kind] < sum(v) or sum(v) < stages else [math.inf] + crossing[v].min(axis=0).tolist()
                  for v, times in self.lower.items()}
-        table = self.counted_table(self.lower, least, pipelines, deadline, mixed, rounds)
+        table = self.counted_table(self.lower, least, pipelines, deadline, mixed, rounds, last=True)
         if table is None:
             return None
         self._paired[key] = table[pipelines]
@@ -673,8 +687,10 @@ class Relaxation:
             + ((union,) if union is not None else ())
         if key in self._coupled:
             return self._coupled[key]
-        if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET:
+        if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET \
+                or deadline.left() <= self._cut_within.get(key, 0.0):
             return None
+        window, built = deadline.left(), self._tables_built
         if self._split_times(self.split_lower, (runs, least), deadline, runs, least) is None:
             return None
         update_prefix = np.concatenate([[0.0], np.cumsum(self.update)])
@@ -785,8 +801,10 @@ class Relaxation:
             else:  # some stage of another kind
                 mixed[v] = priced[v] if v[kind] < sum(v) else [math.inf] * (self.total + 1)
         table = self.counted_table(priced, shortest, pipelines, deadline, mixed, rounds,
-                                   (stricter, strict[0]) if stricter else None)
+                                   (stricter, strict[0]) if stricter else None, last=True)
         if table is None:
+            if self._tables_built == built:
+                self._cut_within[key] = window
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
@@ -816,6 +834,7 @@ class Relaxation:
             if found is None:
                 return None
             cache[key] = found[1]
+            self._tables_built += 1
         return cache[key]
 
     def lower_times(self, deadline: Deadline, runs: int, least: int = 0,
@@ -853,19 +872,7 @@ class Relaxation:
         before l between two stages of kind k, that send crosses nodes (`_kept_times`). `pattern` (C, F):
         only the splits with a send before some layer of each group of C, across nodes (the least
         over the choices), and before none of F count."""
-        model = self.model
-        kinds = len(self.kind_count)
-        fastest = np.full((kinds, self.layers + 1, self.layers + 1, 2), np.inf)
-        for name, group in self.representative.items():
-            kind = self.kind_of[name]
-            for first in range(self.layers):
-                for end in range(first + 1, self.layers + 1):
-                    times = [model.stage_times(group, first, end, r)[:2] for r in model.relief_options]
-                    fastest[kind, first, end] = np.minimum(fastest[kind, first, end],
-                                                           (min(t[0] for t in times), min(t[1] for t in times)))
-        inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
-        intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
-        cheap = np.minimum(intra, inter)
+        fastest, inter, cheap, split_fits = self._range_tables()
         pairs = self._pairs.get((runs, least), {})  # per kinds of a pipeline: the (crossings, order of kinds) tried
         if not pairs:
             orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
@@ -882,10 +889,6 @@ class Relaxation:
         units = sum(len(splits) * sum(len(pairs[v]) for v in self.profiles[s]) * s * m
                     for s, splits in self.splits.items() for m in range(1, self.total + 1))
         simulate = self.virtual > 1 or units <= LOWER_SIMULATION_UNITS
-        # memory: each kind's stages within the relaxed memory of its own device types
-        names = model.instance.device_types
-        memories = [MemoryRelaxation(model, self.sample, self.total, [d for d in self.live if names[d].name in kind])
-                    for kind in self.kinds]
         lower: dict[tuple[int, ...], list[float]] = {}
         split_lower: dict[tuple[int, ...], np.ndarray] = {}
         for stages, splits in self.splits.items():
@@ -893,12 +896,7 @@ class Relaxation:
                 return None
             b = np.array(splits)
             ranges = fastest[:, b[:, :-1], b[:, 1:]]  # (kinds, splits, stages, forward/backward)
-            fits = np.zeros((len(self.kinds), len(splits), stages, self.total), dtype=bool)
-            for k, memory in enumerate(memories):
-                for s in range(stages):
-                    for m in range(1, self.total + 1):
-                        held = in_flight_micro_batches(s, stages, m, 0.0, self.virtual)
-                        fits[k, :, s, m - 1] = memory.needs(b[:, s], b[:, s + 1], held) <= memory.budget
+            fits = split_fits[stages]
             for profile in self.profiles[stages]:
                 if not pairs[profile]:  # it must cross that often and cannot, or its kinds fit no runs
                     lower[profile] = [math.inf] * (self.total + 1)
@@ -957,6 +955,43 @@ class Relaxation:
                 lower[profile] = best.tolist()
                 split_lower[profile] = per_split
         return lower, split_lower
+
+    def _range_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+        """What every `lower_times` call reads and none of its arguments changes, built on the first
+        (a fifth of its time where the floors build dozens of tables: 32-64 seed 324 builds 71):
+        fastest[kind, first, end], the least (forward, backward) of a stage holding layers first..end - 1
+        over the kind's device types and the reliefs; the send before each layer across nodes and on
+        the cheaper link; and per stage count fits[kind, split, stage, m - 1], whether that stage fits
+        the relaxed memory (MemoryRelaxation) of the kind's device types with the micro-batches 1F1B
+        holds in flight there."""
+        if self._ranges is not None:
+            return self._ranges
+        model = self.model
+        fastest = np.full((len(self.kind_count), self.layers + 1, self.layers + 1, 2), np.inf)
+        for name, group in self.representative.items():
+            kind = self.kind_of[name]
+            for first in range(self.layers):
+                for end in range(first + 1, self.layers + 1):
+                    times = [model.stage_times(group, first, end, r)[:2] for r in model.relief_options]
+                    fastest[kind, first, end] = np.minimum(fastest[kind, first, end],
+                                                           (min(t[0] for t in times), min(t[1] for t in times)))
+        inter = np.array([model.boundary_send_on(model.inter, layer) for layer in range(self.layers)])
+        intra = np.array([model.boundary_send_on(model.intra, layer) for layer in range(self.layers)])
+        names = model.instance.device_types
+        memories = [MemoryRelaxation(model, self.sample, self.total, [d for d in self.live if names[d].name in kind])
+                    for kind in self.kinds]
+        split_fits = {}
+        for stages, splits in self.splits.items():
+            b = np.array(splits)
+            fits = np.zeros((len(self.kinds), len(splits), stages, self.total), dtype=bool)
+            for k, memory in enumerate(memories):
+                for s in range(stages):
+                    for m in range(1, self.total + 1):
+                        held = in_flight_micro_batches(s, stages, m, 0.0, self.virtual)
+                        fits[k, :, s, m - 1] = memory.needs(b[:, s], b[:, s + 1], held) <= memory.budget
+            split_fits[stages] = fits
+        self._ranges = fastest, inter, np.minimum(intra, inter), split_fits
+        return self._ranges
 
     def _kept_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
                     pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
@@ -1082,13 +1117,16 @@ class Relaxation:
         """What the cover programmes share: every state (groups left of each kind) with its group
         count, the index of n - m for each (n, m) (total + 1, an infinite column, when m > n), and
         each pipeline item as (stages, kinds it takes, its offset among the states, lower time by m)."""
-        total, kinds = self.total, len(self.kind_count)
-        comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
-        shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]
-        shift = np.where(shift >= 0, shift, total + 1)
-        items = [(s, np.array(v), sum(x * y for x, y in zip(v, self.stride)), np.array(lower[v][1:]))
-                 for s, vs in self.profiles.items() for v in vs]
-        return comps, comps.sum(axis=1), shift, items
+        if self._grid is None:  # what no pricing changes, built once (`counted_table` asks up to three times a table)
+            total, kinds = self.total, len(self.kind_count)
+            comps = np.array(list(itertools.product(*(range(c + 1) for c in self.kind_count)))).reshape(-1, kinds)
+            shift = np.arange(total + 1)[:, None] - np.arange(1, total + 1)[None, :]
+            shift = np.where(shift >= 0, shift, total + 1)
+            kinds_of = [(s, v, np.array(v), sum(x * y for x, y in zip(v, self.stride)))
+                        for s, vs in self.profiles.items() for v in vs]
+            self._grid = comps, comps.sum(axis=1), shift, kinds_of
+        comps, level, shift, kinds_of = self._grid
+        return comps, level, shift, [(s, taken, offset, np.array(lower[v][1:])) for s, v, taken, offset in kinds_of]
 
     def cover_tables(self, lower: dict[tuple[int, ...], list[float]]) -> tuple[list[list[list[float]]],
                                                                                 list[list[list[float]]]]:
@@ -1162,8 +1200,8 @@ class Relaxation:
     def counted_table(self, lower: dict[tuple[int, ...], list[float]], least: int = 1,
                       rounds: int | None = None, deadline: Deadline = Deadline.never(),
                       mixed: dict[tuple[int, ...], list[float]] | None = None, forced: int = 0,
-                      strict: tuple[dict[tuple[int, ...], list[float]], int] | None = None
-                      ) -> list[list[float]] | None:
+                      strict: tuple[dict[tuple[int, ...], list[float]], int] | None = None,
+                      last: bool = False) -> list[list[float]] | None:
         """counted[P][state]: least makespan of exactly P pipelines of at least `least` stages each
         running the whole batch on at most the groups of `state` (the cover relaxation with the
         pipelines counted: the all-reduce floor grows with P, and with the shortest pipeline's stage
@@ -1175,7 +1213,9 @@ class Relaxation:
         round prices every fitting (state, item) pair at once from the last round's table, then lets
         groups idle: a state's value is the least over the states below it (fewer of some kinds), a
         running minimum along each kind's axis of the state grid (the same values as a pass over states
-        by group count, minima being exact)."""
+        by group count, minima being exact). `last`: only counted[rounds] is wanted (`coupled`,
+        `paired_level`): each earlier round computes only the micro-batch counts it feeds (up to the
+        total less one per round left; 32-64 seed 53's tables 1.50 -> 0.33 s) and its row is left empty."""
         total = self.total
         comps, _, _, items = self._programme(lower)
         items = [item for item in items if item[0] >= least]
@@ -1202,17 +1242,27 @@ class Relaxation:
                 return None
             pick = priced[2 if strict is not None and round_ < strict[1] else int(round_ < forced)]
             best = np.full((len(comps), total + 1), np.inf)
+            # the rest's micro-batch counts any state runs (round r: r pipelines, at least r of them; the
+            # first round's none): the others are inf for every state, and max(inf, item) lowers nothing
+            ran = np.flatnonzero(np.isfinite(previous).any(axis=0))
+            first, end = (int(ran[0]), int(ran[-1]) + 1) if ran.size else (total + 1, total + 1)
+            ranging = previous[:, first:end]  # value[:, j]: n = first + 1 + j (below, inf)
+            # `last`: each round after this one adds at least a micro-batch, so the last round's n = total
+            # reads this round's n only up to total - (rounds left); the columns past it stay inf
+            upto = total - (rounds - 1 - round_) if last else total
             for lo, hi, starts, targets in chunks:  # per state: least over its items of max(item, the rest)
-                rest, item_times = previous[source[lo:hi]], pick[lo:hi]
-                value = np.full((hi - lo, total + 1), np.inf)
-                for m in range(1, total + 1):  # the item runs m of the n micro-batches, the rest n - m
-                    paired = np.maximum(rest[:, :total + 1 - m], item_times[:, m - 1:m])
-                    np.minimum(value[:, m:], paired, out=value[:, m:])
-                best[targets] = np.minimum.reduceat(value, starts, axis=0)
+                rest, item_times = ranging[source[lo:hi]], pick[lo:hi]
+                value = np.full((hi - lo, max(upto - first, 0)), np.inf)
+                for m in range(1, upto + 1 - first):  # the item runs m of the n micro-batches, the rest n - m
+                    width = min(end, upto + 1 - m) - first
+                    paired = np.maximum(rest[:, :width], item_times[:, m - 1:m])
+                    np.minimum(value[:, m - 1:m - 1 + width], paired, out=value[:, m - 1:m - 1 + width])
+                if value.shape[1]:
+                    best[targets, first + 1:upto + 1] = np.minimum.reduceat(value, starts, axis=0)
             below = best.reshape(grid)  # a view of `best`: groups may idle
             for axis in range(len(grid) - 1):
                 np.minimum.accumulate(below, axis=axis, out=below)
-            counted.append(best[:, total].tolist())
+            counted.append(best[:, total].tolist() if not last or round_ == rounds - 1 else [])
             previous = best
         return counted
 
@@ -1273,6 +1323,14 @@ class ExactSearch:
         self.stands_in = {(a, b): a == b or _dominates(model, sample[a], sample[b]) for a in sample for b in sample}
         # per pipeline count P: a floor on every plan of exactly P pipelines (`floor`; 0 where none is known)
         self.by_count: dict[int, float] = {}
+        # First pipelines (groups, bounds, micro-batches) whose every plan a run of `solve` searched to the
+        # end (short runs included; regular and focus runs not: what they cut is no proof). Later runs,
+        # and later calls (`exact_search`'s second pass, whose incumbent is at most every earlier call's
+        # best), skip them: each subtree was searched with floors valid for it and an incumbent at least
+        # the current one, so every plan there that could beat it was found and returned then. A short
+        # run cut by its share leaves that much less to the runs after it (32-64 seed 172: its short run
+        # of four-stage pipelines is cut at 0.45 s of 1.3, and the full run redid that part).
+        self.exhausted: set[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = set()
 
     def floor(self, refine: Deadline | None = None, cap: float = math.inf) -> float:
         """The relaxation's floor on the step of every plan on these groups: with the pipelines
@@ -2499,6 +2557,7 @@ class ExactSearch:
         by_shape: dict[tuple, list[list[tuple[float, float, tuple[int, ...], float]]]] = {}  # `_by_micro_batches`
         regular = [False]  # the current run copies the first pipeline's shape and split (`copy` below)
         filled = [0]  # pipelines a regular run completed (at full length), to stop at the first placement
+        exhausted = self.exhausted
         taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
         touched = Counter()                  # groups in use per node
         chosen: list[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = []
@@ -2745,11 +2804,16 @@ class ExactSearch:
                     if value >= best[0] * (1 - PRUNE_TOLERANCE):
                         break
                     _, m, _, bounds = key
+                    first = None if chosen else (tuple(seq), bounds, m)
+                    if first in exhausted:
+                        continue  # every plan it leads has been searched (a run cut later)
                     chosen.append((tuple(seq), bounds, m))
                     hold(nodes, bounds, 1)
                     master(n_left - m, g_left - stages, after, new_worst, new_opt, new_grad, key, nodes, new_ring)
                     hold(nodes, bounds, -1)
                     chosen.pop()
+                    if first is not None and stats["complete"] and not stats["met"] and not regular[0]:
+                        exhausted.add(first)
             if stages >= min(cap[0], g_left) or (last is not None and stages >= last[0]):
                 return
             if max(worst, completion[stages + 1][state][n_left]) + opt + ring >= best[0] * (1 - PRUNE_TOLERANCE):
@@ -2914,7 +2978,8 @@ def exact_search(instance: Instance, model: PerfModel, failed: frozenset[int], i
     searches, floors, prices = prepared.searches, prepared.floors, prepared.prices
     plan, objective, leaves, reason = None, incumbent, 0, ""
     # each inventory's relaxation floor (its part of the space), the tables built on demand
-    prepared.refine(incumbent, deadline.share(REFINE_SHARE))
+    below = sum(value < objective * (1 - PRUNE_TOLERANCE) for value in floors)
+    prepared.refine(incumbent, deadline.share(REFINE_SHARE if below > 1 else SOLE_REFINE_SHARE))
     # an inventory whose floor meets the incumbent would be cut at its root (PRUNE_TOLERANCE): searched
     pending = [index for index in range(len(searches)) if floors[index] < objective * (1 - PRUNE_TOLERANCE)]
     for _ in range(2):  # a second pass resumes the inventories stopped early, with the better incumbent
