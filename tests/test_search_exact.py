@@ -810,14 +810,19 @@ def test_column_plans_keep_the_costliest_sends_inside_nodes():
     """32-64-device seed 198 (four six-stage fast pipelines, nodes of 8, 8, 7 and 6 fast groups): its optimum
     keeps columns 0-1 and 3-4 inside nodes, where the sends are costly, and crosses at the others. The
     placements tried first varied the last columns only (18.685624); the merged placement
-    (`columns._merged`) builds the optimum, the floor the branch and bound proves (18.489604)."""
+    (`columns._merged`) builds the optimum, the floor the branch and bound proves (18.489604). Cut by a
+    copy plan's 18.687634 it still finds it: its candidate's estimate had priced all the work once plus
+    the slowest stage again (18.9375), above the optimum, so a better copy plan lost it."""
     from chameleon_opt.solve.columns import column_plans
 
     data, failed = _bench_instance(198, (32, 64))
     instance = build_instance(data)
-    plans = column_plans(instance, failed, PerfModel(instance), Deadline.never())
+    model = PerfModel(instance)
+    plans = column_plans(instance, failed, model, Deadline.never())
     assert plans[0][1] == pytest.approx(18.48960378219764, rel=1e-9)
     assert check_plan(instance, plans[0][0], failed).ok
+    cut = column_plans(instance, failed, model, Deadline.never(), 18.687633782197643)
+    assert cut and cut[0][1] == pytest.approx(18.48960378219764, rel=1e-9)
 
 
 def _counted_reference(relaxation, lower, least: int, rounds: int, mixed, forced: int) -> list[list[float | None]]:
