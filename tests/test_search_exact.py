@@ -1137,12 +1137,13 @@ def test_copy_plan_pairs_placed_by_layers_ring_the_heavy_layer_inside_a_node():
 
 def test_copy_plans_mix_more_shapes_than_two_where_the_groups_allow_no_pair():
     """24-32-device seed 3253 (seven pipelines of one micro-batch each, 21 fast and 5 slow groups; a fast
-    stage fits one layer, a slow one two): by hand, pipelines of one or two shapes either put a slow
-    two-layer stage in five pipelines, whose layer 0 then rings across nodes (five copies of slow-fast-fast
-    beside two fast four-stage ones: 22.359885, the search's plan at 2 s), or run out of fast groups; with
-    only two such pipelines (both slow groups of node 1) the others need the other three slow groups in
-    four-stage pipelines, and layer 0's seven holders fit node 1 (two slow, five fast) and layer 2's node 3
-    (seven fast): 22.241479 as built by hand (two slow-fast-fast pipelines, fast-slow-fast-slow, fast-slow-
+    stage fits one layer, a slow one two): by hand, the pipelines under 22.36 s are the four-stage ones
+    (4 fast, 3 fast and a slow, 2 and 2) and slow(0-1)-fast-fast; of one or two such shapes, at least
+    three pipelines are slow(0-1)-fast-fast, whose layer 0 then rings across nodes (at most two slow
+    groups a node; five such copies beside two fast four-stage ones: 22.359885, the search's plan at 2
+    s), or the groups run out; with only two (both slow groups of node 1) the others need the other three
+    slow groups in four-stage pipelines, and layer 0's seven holders fit node 1 (two slow, five fast) and
+    layer 2's node 3 (seven fast): 22.241479 as built by hand (two slow-fast-fast pipelines, fast-slow-fast-slow, fast-slow-
     fast-fast, three fast four-stage ones), which `_mixes` meets."""
     from chameleon_opt.solve.copies import copy_plans
 
