@@ -544,16 +544,17 @@ def _mixes(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
     times_of = np.array(times)  # (shape, micro-batches - 1): nondecreasing along the micro-batches
     uses = [tuple(Counter(types)[t] for t in kinds) for types, _ in shapes]
 
-    def mix(bound: float, below: float = -math.inf, slow: int = 0) -> list[int] | None:
-        """Shapes (indices, one per pipeline) that run every micro-batch within `bound`, at most `slow`
+    def mix(bound: float, below: float = -math.inf, beyond: int = 0) -> list[int] | None:
+        """Shapes (indices, one per pipeline) that run every micro-batch within `bound`, at most `beyond`
         of them past `below` (the rest within it; without `below`, no limit), the fewest pipelines."""
         items = []  # (shape, groups used of each type and pipelines past `below`, micro-batches it runs)
         for i, row in enumerate(times_of):
             within, past = int((row <= below).sum()), int((row <= bound).sum())
-            items += [(i, uses[i] + (0,), within)] if within else []
-            items += [(i, uses[i] + (1,), past)] if past > within and below > -math.inf else []
-            items += [(i, uses[i] + (0,), past)] if past and below == -math.inf else []
-        limits = have + (slow,)
+            if within:
+                items.append((i, uses[i] + (0,), within))
+            if past > within:
+                items.append((i, uses[i] + (int(below > -math.inf),), past))
+        limits = have + (beyond,)
         level = np.full(tuple(h + 1 for h in limits), -1, dtype=int)  # per groups used: the most micro-batches
         level[(0,) * len(limits)] = 0
         choices = []
@@ -591,8 +592,8 @@ def _mixes(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
         return []
     if high > 0:  # the fewest pipelines at that bound: the others' stages leave the rings room
         below = float(bounds_at[high - 1])
-        picked = next((found_mix for slow in range(1, most + 1)
-                       for found_mix in [mix(float(bounds_at[high]), below, slow)] if found_mix is not None), picked)
+        picked = next((found_mix for beyond in range(1, most + 1) if not deadline.expired()
+                       for found_mix in [mix(float(bounds_at[high]), below, beyond)] if found_mix is not None), picked)
     pipes = [shapes[i] for i in sorted(picked)]
     need = Counter(t for types, _ in pipes for t in types)
     layout = next((layout for have_of, layout in zip(counts, layouts)
