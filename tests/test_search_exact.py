@@ -1201,3 +1201,31 @@ def test_tree_skips_first_pipelines_an_earlier_call_exhausted():
     assert resumed.complete and fresh.complete
     assert resumed.objective == fresh.objective
     assert nodes(resumed) < nodes(fresh)
+
+
+def test_copy_plans_mix_more_shapes_than_two_where_the_groups_allow_no_pair():
+    """24-32-device seed 3253 (seven pipelines of one micro-batch each, 21 fast and 5 slow groups; a fast
+    stage fits one layer, a slow one two): by hand, the pipelines under 22.36 s are the four-stage ones
+    (4 fast, 3 fast and a slow, 2 and 2) and slow(0-1)-fast-fast; of one or two such shapes, at least
+    three pipelines are slow(0-1)-fast-fast, whose layer 0 then rings across nodes (at most two slow
+    groups a node; five such copies beside two fast four-stage ones: 22.359885, the search's plan at 2
+    s), or the groups run out; with only two (both slow groups of node 1) the others need the other three
+    slow groups in four-stage pipelines, and layer 0's seven holders fit node 1 (two slow, five fast) and
+    layer 2's node 3 (seven fast): 22.241479 as built by hand (two slow-fast-fast pipelines, fast-slow-fast-slow, fast-slow-
+    fast-fast, three fast four-stage ones), which `_mixes` meets."""
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = _bench_instance(3253, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    hand = [((7,), (21,), (2,)), ((10,), (22,), (4,)), ((8,), (0,), (23,), (1,)), ((9,), (16,), (24,), (5,)),
+            ((11,), (6,), (25,), (14,)), ((12,), (15,), (26,), (17,)), ((13,), (19,), (27,), (20,))]
+    built = Plan(1, tuple(Pipeline(tuple(Stage(g, *((0, 2), (2, 3), (3, 4))[s]) if len(seq) == 3 else Stage(g, s, s + 1)
+                                         for s, g in enumerate(seq)), 1) for seq in hand))
+    assert check_plan(instance, built, failed).ok
+    assert model.evaluate(built, failed).iteration_time_s == pytest.approx(22.241478896656563, rel=1e-12)
+    plan, step = copy_plans(instance, failed, model, Deadline.never())[0]
+    assert step == pytest.approx(22.241478896656563, rel=1e-12)
+    assert check_plan(instance, plan, failed).ok
+    splits = [tuple(stage.end for stage in pipe.stages) for pipe in plan.pipelines]
+    assert len(plan.pipelines) == 7 and splits.count((2, 3, 4)) == 2

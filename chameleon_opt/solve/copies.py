@@ -54,6 +54,8 @@ PAIR_TRIES = 8
 """Most pairs of shapes priced, by estimate (those that fit no memory or no placement are skipped); 24
 found the same plans on the 24-32-device misses and took copy_plans on 32-64-device seeds 0-39 from 0.25
 s (one shape) to 0.60 s, 8 to 0.51 s."""
+MIX_CELLS = 4_096
+"""Most cells (groups used of each device type) of `_mixes`' knapsack; beyond, no mixed plans."""
 CANDIDATE_BUDGET = 50_000
 """Most (device types along a pipeline, layer split, copies) candidates ranked; beyond, no copy plans
 (32-64-device instances of two device types: at most 4,000; 13 layers of one type and 8 micro-batches:
@@ -391,6 +393,9 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
     shapes = shapes[:max(2, math.isqrt(PAIR_BUDGET // max(total ** 3, 1)))]
     found += _pairs(model, shapes, (forward, backward, update, sends, sizes), available, len(groups),
                     max(per_node.values()), counts, layouts, fit, deadline, failed, best)
+    best = min([best] + [step for _, step in found])
+    found += _mixes(model, shapes, (forward, backward, update, sends, sizes), available, counts, layouts, fit,
+                    deadline, failed, best)
     return sorted(found, key=lambda item: item[1])
 
 
@@ -500,3 +505,103 @@ def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
                 found.append(priced)
                 best = min(best, priced[1])
     return found
+
+
+def _mixes(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]]], prefix: tuple,
+           available: Counter, counts: list[Counter], layouts: list[dict], fit: Callable[..., bool],
+           deadline: Deadline, failed: frozenset[int], best: float) -> list[tuple[Plan, float]]:
+    """(plan, exact step) of the plan of any number of shapes whose pipelines' estimated time is least,
+    when below `best`. Why: the groups of each type may allow no plan of one or two shapes as fast as
+    one of three or four (24-32-device seed 3253: seven pipelines of one micro-batch on 21 fast and 5
+    slow groups, fast stages of one layer each; five slow-fast-fast copies beside two fast four-stage
+    ones 22.3599, two slow-fast-fast, three fast-slow-fast-fast and two fast four-stage ones 22.2405).
+    Each shape's time is its closed-form 1F1B floor per micro-batch count plus its optimizer step (no
+    ring); the least bound t for which some multiset of shapes, within the groups of each type, runs
+    every micro-batch with each pipeline's time at most t (bisection over the floors' values; per t a
+    knapsack over the groups used of each type, the most micro-batches per number of pipelines) is
+    placed by layers (`_place_layers`) and priced by the performance model with its best reliefs."""
+    forward, backward, update, sends, _ = prefix
+    total, tp = model.instance.global_micro_batches, model.instance.plan.tensor_parallel
+    kinds = sorted(available)
+    have = tuple(available[t] for t in kinds)
+    if len(shapes) < 3 or total < 2 or math.prod(h + 1 for h in have) > MIX_CELLS:
+        return []
+    times = []
+    for types, bounds in shapes:
+        stages, first, end = len(types), np.array(bounds[:-1]), np.array(bounds[1:])
+        send = np.zeros(stages)
+        send[:-1] = sends[end[:-1] - 1]
+        f = np.array([forward[t][end[s]] - forward[t][first[s]] for s, t in enumerate(types)]) + send
+        b = np.array([backward[t][end[s]] - backward[t][first[s]] for s, t in enumerate(types)])
+        b[1:] += send[:-1]
+        m = np.arange(1, total + 1)[:, None]
+        floor = ((f + b).sum() + (m - 1) * b + np.maximum(m - 1 - np.arange(stages - 1, -1, -1), 0) * f).max(axis=1)
+        times.append(floor + max(update[t][end[s]] - update[t][first[s]] for s, t in enumerate(types)))
+    most = min(total, sum(have))
+    for (types, bounds), row in zip(shapes, times):  # no more micro-batches than fit in memory with the most replicas
+        row[[not all(fit(t, bounds[s], bounds[s + 1], s, len(types), m, most) for s, t in enumerate(types))
+             for m in range(1, total + 1)]] = np.inf
+    times_of = np.array(times)  # (shape, micro-batches - 1): nondecreasing along the micro-batches
+    uses = [tuple(Counter(types)[t] for t in kinds) for types, _ in shapes]
+
+    def mix(bound: float, below: float = -math.inf, beyond: int = 0) -> list[int] | None:
+        """Shapes (indices, one per pipeline) that run every micro-batch within `bound`, at most `beyond`
+        of them past `below` (the rest within it; without `below`, no limit), the fewest pipelines."""
+        items = []  # (shape, groups used of each type and pipelines past `below`, micro-batches it runs)
+        for i, row in enumerate(times_of):
+            within, past = int((row <= below).sum()), int((row <= bound).sum())
+            if within:
+                items.append((i, uses[i] + (0,), within))
+            if past > within:
+                items.append((i, uses[i] + (int(below > -math.inf),), past))
+        limits = have + (beyond,)
+        level = np.full(tuple(h + 1 for h in limits), -1, dtype=int)  # per groups used: the most micro-batches
+        level[(0,) * len(limits)] = 0
+        choices = []
+        for _ in range(most):
+            after, chosen = np.full_like(level, -1), np.full_like(level, -1)
+            for k, (_, use, run) in enumerate(items):
+                target = tuple(slice(u, None) for u in use)
+                source = level[tuple(slice(0, h + 1 - u) for h, u in zip(limits, use))]
+                gain = np.where(source >= 0, source + run, -1)
+                better = gain > after[target]
+                after[target] = np.where(better, gain, after[target])
+                chosen[target] = np.where(better, k, chosen[target])
+            choices.append(chosen)
+            level = after
+            if level.max() >= total:
+                cell = np.unravel_index(int(level.argmax()), level.shape)
+                picked = []
+                for chosen in reversed(choices):
+                    k = int(chosen[cell])
+                    picked.append(items[k][0])
+                    cell = tuple(c - u for c, u in zip(cell, items[k][1]))
+                return picked
+        return None
+
+    bounds_at = np.unique(times_of[np.isfinite(times_of) & (times_of < best)])
+    low, high, picked = 0, len(bounds_at), None
+    while low < high and not deadline.expired():  # the least bound with a mix
+        middle = (low + high) // 2
+        found_mix = mix(float(bounds_at[middle]))
+        if found_mix is None:
+            low = middle + 1
+        else:
+            high, picked = middle, found_mix
+    if picked is None or deadline.expired():
+        return []
+    if high > 0:  # the fewest pipelines at that bound: the others' stages leave the rings room
+        below = float(bounds_at[high - 1])
+        picked = next((found_mix for beyond in range(1, most + 1) if not deadline.expired()
+                       for found_mix in [mix(float(bounds_at[high]), below, beyond)] if found_mix is not None), picked)
+    pipes = [shapes[i] for i in sorted(picked)]
+    need = Counter(t for types, _ in pipes for t in types)
+    layout = next((layout for have_of, layout in zip(counts, layouts)
+                   if all(have_of[t] >= k for t, k in need.items())), None)
+    placed = _place_layers(model, pipes, layout) if layout is not None else None
+    if placed is None:
+        return []
+    pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
+                 for seq, (_, bounds) in zip(placed, pipes)]
+    priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
+    return [priced] if priced is not None and priced[1] < best else []
