@@ -10,6 +10,7 @@ it, and report as objective the exact step of the plan it returns.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -1139,7 +1140,7 @@ def test_copy_plan_pairs_placed_by_layers_ring_the_heavy_layer_inside_a_node():
                       if sum(model.stage_device(g).name == "fast" for g in groups) >= 7):
         free.setdefault(instance.node_of(group[0]), {}).setdefault(model.stage_device(group).name, []).append(group)
     pipes = [(("fast", "slow", "fast", "fast"), (0, 2, 3, 5, 6))] + [(("fast", "fast"), (0, 4, 6))] * 2
-    placed = _place_layers(model, pipes, free)
+    placed = _place_layers(model, instance.plan.tensor_parallel, pipes, free)
     assert sorted(len(seq) for seq in placed) == [2, 2, 4]
     assert all(model.stage_device(g).name == t for seq, (types, _) in zip(placed, pipes) for g, t in zip(seq, types))
     assert len({g for seq in placed for g in seq}) == 8  # each group once
@@ -1229,3 +1230,24 @@ def test_copy_plans_mix_more_shapes_than_two_where_the_groups_allow_no_pair():
     assert check_plan(instance, plan, failed).ok
     splits = [tuple(stage.end for stage in pipe.stages) for pipe in plan.pipelines]
     assert len(plan.pipelines) == 7 and splits.count((2, 3, 4)) == 2
+
+
+def test_a_search_for_another_tp_degree_prices_that_degree_with_the_shared_model():
+    """decision.reconfigure_candidate searches every TP degree with the instance's one PerfModel: the
+    relaxation's gradient bytes per rank and the copy plans' TP take the degree searched (its groups'
+    size), not the model's instance's (a TP 1 search through a TP 2 model had built one-device stages
+    labelled TP 2, which the checker refused, in tests/test_runtime_hf.py's TP change)."""
+    from chameleon_opt.instance.load import read_document
+    from chameleon_opt.solve.exact import Relaxation, inventories
+
+    data = read_document(Path(__file__).resolve().parents[1] / "instances" / "runtime-cpu-4.json")
+    data["plan"] = {"tensor_parallel": 2, "layout": {"pipeline_parallel": 1, "data_parallel": 2}}
+    instance = build_instance(data)
+    model, failed = PerfModel(instance), frozenset({3})
+    other = dataclasses.replace(instance, plan=Plan(1, ()))
+    options = [groups for groups in inventories(other, model, failed, 1) if groups]
+    relaxation = Relaxation(model, options, instance.global_micro_batches, [0, 1, 2])
+    assert relaxation.grad == pytest.approx((model.workload.params * model.grad_bytes).tolist())
+    found = search_plan(other, failed, model=model, deadline=Deadline.after(10.0))
+    assert found.status is Status.OPTIMAL and found.solution.tensor_parallel == 1
+    assert check_plan(other, found.solution, failed).ok

@@ -186,7 +186,7 @@ def _place_columns(types: tuple[str, ...], sizes: list[float], penalty: list[flo
     return min(complete, key=lambda item: item[0])[1] if complete else None
 
 
-def _place_layers(model: PerfModel, pipes: list[tuple[tuple[str, ...], tuple[int, ...]]],
+def _place_layers(model: PerfModel, tp: int, pipes: list[tuple[tuple[str, ...], tuple[int, ...]]],
                   free: dict[int, dict[str, list[tuple[int, ...]]]]) -> list[list[tuple[int, ...]]] | None:
     """Groups for pipelines of several shapes with each layer's holders (one stage of every pipeline)
     in one node where a node has their types free, the layers of most gradient bytes first, a layer
@@ -200,7 +200,7 @@ def _place_layers(model: PerfModel, pipes: list[tuple[tuple[str, ...], tuple[int
     per micro-batch of a pipeline's share, both on the inter-node link); None when some type lacks
     groups. `free` is not changed."""
     total, replicas = model.instance.global_micro_batches, len(pipes)
-    grad = model.workload.params * model.grad_bytes / model.instance.plan.tensor_parallel
+    grad = model.workload.params * model.grad_bytes / tp
     layers = len(grad)
     node_of = {g: n for n, pools in free.items() for gs in pools.values() for g in gs}
     penalties = [_penalties(model, bounds) for _, bounds in pipes]
@@ -391,15 +391,15 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
             per_kinds[kinds_used] += 1
             shapes.append((types, bounds))
     shapes = shapes[:max(2, math.isqrt(PAIR_BUDGET // max(total ** 3, 1)))]
-    found += _pairs(model, shapes, (forward, backward, update, sends, sizes), available, len(groups),
+    found += _pairs(model, tp, shapes, (forward, backward, update, sends, sizes), available, len(groups),
                     max(per_node.values()), counts, layouts, fit, deadline, failed, best)
     best = min([best] + [step for _, step in found])
-    found += _mixes(model, shapes, (forward, backward, update, sends, sizes), available, counts, layouts, fit,
+    found += _mixes(model, tp, shapes, (forward, backward, update, sends, sizes), available, counts, layouts, fit,
                     deadline, failed, best)
     return sorted(found, key=lambda item: item[1])
 
 
-def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]]], prefix: tuple,
+def _pairs(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[int, ...]]], prefix: tuple,
            available: Counter, groups: int, most_per_node: int, counts: list[Counter], layouts: list[dict],
            fit: Callable[..., bool], deadline: Deadline, failed: frozenset[int], best: float
            ) -> list[tuple[Plan, float]]:
@@ -414,7 +414,7 @@ def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
     copies are (the first shape's copies, then the second's on the groups left: both orders, on every
     inventory with the groups) and priced by the performance model with its best reliefs."""
     forward, backward, update, sends, sizes = prefix
-    total, tp = model.instance.global_micro_batches, model.instance.plan.tensor_parallel
+    total = model.instance.global_micro_batches
     if len(shapes) < 2 or total < 2:
         return []
     faster = Link(max(model.intra.bandwidth, model.inter.bandwidth), min(model.intra.latency, model.inter.latency))
@@ -494,7 +494,7 @@ def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
         tries += 1
         ways = [min(placements, key=lambda item: item[0])[1]]  # by sends, and by layers
         pipes = [shape for shape, copies in parts for _ in range(copies)]
-        by_layers = _place_layers(model, pipes, layout)
+        by_layers = _place_layers(model, tp, pipes, layout)
         if by_layers is not None:
             ways.append([(seq, bounds) for seq, (_, bounds) in zip(by_layers, pipes)])
         for placed in ways:
@@ -507,7 +507,7 @@ def _pairs(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
     return found
 
 
-def _mixes(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]]], prefix: tuple,
+def _mixes(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[int, ...]]], prefix: tuple,
            available: Counter, counts: list[Counter], layouts: list[dict], fit: Callable[..., bool],
            deadline: Deadline, failed: frozenset[int], best: float) -> list[tuple[Plan, float]]:
     """(plan, exact step) of the plan of any number of shapes whose pipelines' estimated time is least,
@@ -521,7 +521,7 @@ def _mixes(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
     knapsack over the groups used of each type, the most micro-batches per number of pipelines) is
     placed by layers (`_place_layers`) and priced by the performance model with its best reliefs."""
     forward, backward, update, sends, _ = prefix
-    total, tp = model.instance.global_micro_batches, model.instance.plan.tensor_parallel
+    total = model.instance.global_micro_batches
     kinds = sorted(available)
     have = tuple(available[t] for t in kinds)
     if len(shapes) < 3 or total < 2 or math.prod(h + 1 for h in have) > MIX_CELLS:
@@ -598,7 +598,7 @@ def _mixes(model: PerfModel, shapes: list[tuple[tuple[str, ...], tuple[int, ...]
     need = Counter(t for types, _ in pipes for t in types)
     layout = next((layout for have_of, layout in zip(counts, layouts)
                    if all(have_of[t] >= k for t, k in need.items())), None)
-    placed = _place_layers(model, pipes, layout) if layout is not None else None
+    placed = _place_layers(model, tp, pipes, layout) if layout is not None else None
     if placed is None:
         return []
     pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)

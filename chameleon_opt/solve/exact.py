@@ -488,7 +488,9 @@ class Relaxation:
         self.overlapped = bool(model.options.overlap_grad_reduce)
         links = (model.intra, model.inter)
         self.best_link = Link(max(link.bandwidth for link in links), min(link.latency for link in links))
-        self.grad = (model.workload.params * model.grad_bytes / model.instance.plan.tensor_parallel).tolist()  # per layer, rank
+        # per layer, rank: the TP degree searched is the groups' size, not the model's instance's (a search for
+        # another degree shares the model: decision.reconfigure_candidate)
+        self.grad = (model.workload.params * model.grad_bytes / len(self.sample[0])).tolist()
         # per layer: its least optimizer step over the device types and reliefs (a stage's is a sum),
         # unsharded: a floor for P pipelines divides it by model.optimizer_shards(P) (ZeRO >= 1)
         self.update = [min(model.optimizer_time(group, layer, layer + 1, relief)
