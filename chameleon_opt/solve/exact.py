@@ -2110,6 +2110,17 @@ class ExactSearch:
                     if table is None:
                         return None
                     largest = max(largest, table[self.root])
+            for (e, _), segment in zip(profile, segments):
+                if largest >= best or e >= pipelines:
+                    continue
+                # the segment's P holders take P of its node's groups, e left: at most e pipelines have
+                # another stage there, so at least P - e hold the segment's stage off-node at both its
+                # boundaries (a one-stage pipeline has none: `isolate` leaves it free)
+                table = relaxation.coupled(pipelines, refine, forced=(0, pipelines - e), crossed=spanning,
+                                           isolate=((segment[0],), 1), pattern=plain)
+                if table is None:
+                    return None
+                largest = max(largest, table[self.root])
             values[profile] = largest
             return largest
 
