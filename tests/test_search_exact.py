@@ -1251,3 +1251,29 @@ def test_a_search_for_another_tp_degree_prices_that_degree_with_the_shared_model
     found = search_plan(other, failed, model=model, deadline=Deadline.after(10.0))
     assert found.status is Status.OPTIMAL and found.solution.tensor_parallel == 1
     assert check_plan(other, found.solution, failed).ok
+
+
+def test_held_layer_on_a_node_of_p_groups_isolates_its_stage_in_every_longer_pipeline():
+    """24-32-device seed 3253, seven pipelines (nodes of 6, 7, 6, 7 groups): `spans`' least case
+    rings layers 1-3 across nodes and holds layer 0's seven holders in one node, which then is a node
+    of seven groups, all of them those holders: no pipeline has another stage there, so every
+    pipeline of two or more stages crosses nodes at each boundary of the stage holding layer 0
+    (`_assigned`, `coupled`'s `isolate`). The floor of seven pipelines was 22.222502 (slow(0-1)-fast-fast
+    with sends inside nodes); it is now 22.240532, the step of a plan built by hand (two slow(0-1)-fast-fast
+    pipelines on node 1's slow groups, five fast first stages on node 1; found by swapping groups
+    of `_mixes`' 22.241479), never above it."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(3253, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    hand = [((7,), (4,), (2,)), ((10,), (22,), (21,)), ((8,), (0,), (23,), (1,)), ((9,), (16,), (24,), (5,)),
+            ((11,), (6,), (25,), (14,)), ((12,), (15,), (26,), (17,)), ((13,), (19,), (27,), (20,))]
+    built = Plan(1, tuple(Pipeline(tuple(Stage(g, *((0, 2), (2, 3), (3, 4))[s]) if len(seq) == 3 else Stage(g, s, s + 1)
+                                         for s, g in enumerate(seq)), 1) for seq in hand))
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(22.240531753799424, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    search.floor(Deadline.never(), step)
+    assert step * (1 - 1e-12) <= search.by_count[7] <= step * (1 + 1e-12)

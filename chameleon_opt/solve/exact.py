@@ -2069,8 +2069,12 @@ class ExactSearch:
         segments next to each other sit on different nodes. Per assignment of the segments to nodes (nodes of
         equal e and r alike): the pattern table with no pipeline sending within the segments of e = 0 and at
         least P - (the sum of the others' e) within none (`coupled`'s `pattern`), and each segment's
-        layers' `held` tables; the least over the assignments (at least `found`, the case's floor so far: it
-        stops once there), each table only while under `best`. 8-24-device
+        layers' `held` tables, and at least P - e(X) pipelines isolating the stage holding the segment's
+        first layer (its P holders are P of X's groups, each one pipeline's stage: a pipeline with a stage
+        next to it on X takes one of the e(X) others, so the rest cross nodes at every boundary it has,
+        `coupled`'s `isolate`; 24-32-device seed 3253, layer 0 on a node of seven groups, P = 7: 22.2225
+        -> 22.2405, a hand plan's step); the least over the assignments (at least `found`, the case's
+        floor so far: it stops once there), each table only while under `best`. 8-24-device
         seed 873 (P = 4, nodes of 4 and 5 groups, one of four fast): layers 0-2 kept in a node, layer 3 in
         another, layer 4 spanning floored 21.138 as if on the largest node and the fastest; as assigned,
         23.74 (every plan of four pipelines: at least 21.6, the optimum 21.154 has six)."""
@@ -2112,6 +2116,17 @@ class ExactSearch:
                     if table is None:
                         return None
                     largest = max(largest, table[self.root])
+            for (e, _), segment in zip(profile, segments):
+                if largest >= best or e >= pipelines:
+                    continue
+                # the segment's P holders take P of its node's groups, e left: at most e pipelines have
+                # another stage there, so at least P - e hold the segment's stage off-node at both its
+                # boundaries (a one-stage pipeline has none: `isolate` leaves it free)
+                table = relaxation.coupled(pipelines, refine, forced=(0, pipelines - e), crossed=spanning,
+                                           isolate=((segment[0],), 1), pattern=plain)
+                if table is None:
+                    return None
+                largest = max(largest, table[self.root])
             values[profile] = largest
             return largest
 
