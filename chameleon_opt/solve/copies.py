@@ -399,6 +399,22 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
     return sorted(found, key=lambda item: item[1])
 
 
+def _shape_floors(types: tuple[str, ...], bounds: tuple[int, ...], prefix: tuple, total: int) -> np.ndarray:
+    """The closed-form 1F1B floor of one shape (device types along a pipeline, layer split) for each
+    micro-batch count m = 0..total: W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s at its largest stage s
+    (k_s its warm-up forwards), the sends on the stages beside them; `prefix` as `_pairs` takes it."""
+    forward, backward, _, sends, _ = prefix
+    stages, first, end = len(types), np.array(bounds[:-1]), np.array(bounds[1:])
+    send = np.zeros(stages)
+    send[:-1] = sends[end[:-1] - 1]
+    f = np.array([forward[t][end[s]] - forward[t][first[s]] for s, t in enumerate(types)]) + send
+    b = np.array([backward[t][end[s]] - backward[t][first[s]] for s, t in enumerate(types)])
+    b[1:] += send[:-1]
+    m = np.arange(total + 1)[:, None]
+    return ((f + b).sum() + np.maximum(m - 1, 0) * b + np.maximum(m - 1 - np.arange(stages - 1, -1, -1), 0) * f
+            ).max(axis=1)
+
+
 def _pairs(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[int, ...]]], prefix: tuple,
            available: Counter, groups: int, most_per_node: int, counts: list[Counter], layouts: list[dict],
            fit: Callable[..., bool], deadline: Deadline, failed: frozenset[int], best: float
@@ -413,7 +429,7 @@ def _pairs(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[
     larger step and ring over c_A + c_B replicas); by estimate, below `best`, each is placed as the
     copies are (the first shape's copies, then the second's on the groups left: both orders, on every
     inventory with the groups) and priced by the performance model with its best reliefs."""
-    forward, backward, update, sends, sizes = prefix
+    _, _, update, _, sizes = prefix
     total = model.instance.global_micro_batches
     if len(shapes) < 2 or total < 2:
         return []
@@ -421,15 +437,8 @@ def _pairs(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[
     # per shape: its 1F1B floor per micro-batch count (index m), its step, its largest stage's gradient bytes
     tables = []
     for types, bounds in shapes:
-        stages, first, end = len(types), np.array(bounds[:-1]), np.array(bounds[1:])
-        send = np.zeros(stages)
-        send[:-1] = sends[end[:-1] - 1]
-        f = np.array([forward[t][end[s]] - forward[t][first[s]] for s, t in enumerate(types)]) + send
-        b = np.array([backward[t][end[s]] - backward[t][first[s]] for s, t in enumerate(types)])
-        b[1:] += send[:-1]
-        m = np.arange(total + 1)[:, None]
-        floor = ((f + b).sum() + np.maximum(m - 1, 0) * b + np.maximum(m - 1 - np.arange(stages - 1, -1, -1), 0) * f
-                 ).max(axis=1)
+        first, end = np.array(bounds[:-1]), np.array(bounds[1:])
+        floor = _shape_floors(types, bounds, prefix, total)
         step = max(update[t][end[s]] - update[t][first[s]] for s, t in enumerate(types))
         tables.append((floor, step, float((sizes[end] - sizes[first]).max()), Counter(types)))
     floors = np.array([table[0] for table in tables])  # (shape, m)
@@ -520,7 +529,7 @@ def _mixes(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[
     every micro-batch with each pipeline's time at most t (bisection over the floors' values; per t a
     knapsack over the groups used of each type, the most micro-batches per number of pipelines) is
     placed by layers (`_place_layers`) and priced by the performance model with its best reliefs."""
-    forward, backward, update, sends, _ = prefix
+    update = prefix[2]
     total = model.instance.global_micro_batches
     kinds = sorted(available)
     have = tuple(available[t] for t in kinds)
@@ -528,15 +537,9 @@ def _mixes(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[
         return []
     times = []
     for types, bounds in shapes:
-        stages, first, end = len(types), np.array(bounds[:-1]), np.array(bounds[1:])
-        send = np.zeros(stages)
-        send[:-1] = sends[end[:-1] - 1]
-        f = np.array([forward[t][end[s]] - forward[t][first[s]] for s, t in enumerate(types)]) + send
-        b = np.array([backward[t][end[s]] - backward[t][first[s]] for s, t in enumerate(types)])
-        b[1:] += send[:-1]
-        m = np.arange(1, total + 1)[:, None]
-        floor = ((f + b).sum() + (m - 1) * b + np.maximum(m - 1 - np.arange(stages - 1, -1, -1), 0) * f).max(axis=1)
-        times.append(floor + max(update[t][end[s]] - update[t][first[s]] for s, t in enumerate(types)))
+        first, end = np.array(bounds[:-1]), np.array(bounds[1:])
+        times.append(_shape_floors(types, bounds, prefix, total)[1:]
+                     + max(update[t][end[s]] - update[t][first[s]] for s, t in enumerate(types)))
     most = min(total, sum(have))
     for (types, bounds), row in zip(shapes, times):  # no more micro-batches than fit in memory with the most replicas
         row[[not all(fit(t, bounds[s], bounds[s + 1], s, len(types), m, most) for s, t in enumerate(types))
