@@ -1204,6 +1204,13 @@ def test_tree_skips_first_pipelines_an_earlier_call_exhausted():
     assert nodes(resumed) < nodes(fresh)
 
 
+def _plan_3253(hand: list[tuple[tuple[int, ...], ...]]) -> Plan:
+    """24-32-device seed 3253's plan of these groups per pipeline, one micro-batch each: a three-stage
+    pipeline holds layers 0-1 | 2 | 3, a four-stage one a layer a stage."""
+    return Plan(1, tuple(Pipeline(tuple(Stage(g, *((0, 2), (2, 3), (3, 4))[s]) if len(seq) == 3 else Stage(g, s, s + 1)
+                                        for s, g in enumerate(seq)), 1) for seq in hand))
+
+
 def test_copy_plans_mix_more_shapes_than_two_where_the_groups_allow_no_pair():
     """24-32-device seed 3253 (seven pipelines of one micro-batch each, 21 fast and 5 slow groups; a fast
     stage fits one layer, a slow one two): by hand, the pipelines under 22.36 s are the four-stage ones
@@ -1221,8 +1228,7 @@ def test_copy_plans_mix_more_shapes_than_two_where_the_groups_allow_no_pair():
     model = PerfModel(instance)
     hand = [((7,), (21,), (2,)), ((10,), (22,), (4,)), ((8,), (0,), (23,), (1,)), ((9,), (16,), (24,), (5,)),
             ((11,), (6,), (25,), (14,)), ((12,), (15,), (26,), (17,)), ((13,), (19,), (27,), (20,))]
-    built = Plan(1, tuple(Pipeline(tuple(Stage(g, *((0, 2), (2, 3), (3, 4))[s]) if len(seq) == 3 else Stage(g, s, s + 1)
-                                         for s, g in enumerate(seq)), 1) for seq in hand))
+    built = _plan_3253(hand)
     assert check_plan(instance, built, failed).ok
     assert model.evaluate(built, failed).iteration_time_s == pytest.approx(22.241478896656563, rel=1e-12)
     plan, step = copy_plans(instance, failed, model, Deadline.never())[0]
@@ -1269,8 +1275,7 @@ def test_held_layer_on_a_node_of_p_groups_isolates_its_stage_in_every_longer_pip
     model = PerfModel(instance)
     hand = [((7,), (4,), (2,)), ((10,), (22,), (21,)), ((8,), (0,), (23,), (1,)), ((9,), (16,), (24,), (5,)),
             ((11,), (6,), (25,), (14,)), ((12,), (15,), (26,), (17,)), ((13,), (19,), (27,), (20,))]
-    built = Plan(1, tuple(Pipeline(tuple(Stage(g, *((0, 2), (2, 3), (3, 4))[s]) if len(seq) == 3 else Stage(g, s, s + 1)
-                                         for s, g in enumerate(seq)), 1) for seq in hand))
+    built = _plan_3253(hand)
     assert check_plan(instance, built, failed).ok
     step = model.evaluate(built, failed).iteration_time_s
     assert step == pytest.approx(22.240531753799424, rel=1e-12)

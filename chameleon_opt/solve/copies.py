@@ -372,9 +372,7 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
             if columns is not None:
                 ways.append(columns)
         for placed in ways:
-            pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
-                         for seq in placed]
-            priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
+            priced = _priced(model, [(seq, bounds) for seq in placed], tp, total, deadline, failed)
             if priced is not None:
                 found.append(priced)
                 best = min(best, priced[1])
@@ -397,6 +395,15 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
     found += _mixes(model, tp, shapes, (forward, backward, update, sends, sizes), available, counts, layouts, fit,
                     deadline, failed, best)
     return sorted(found, key=lambda item: item[1])
+
+
+def _priced(model: PerfModel, placed: list[tuple[list[tuple[int, ...]], tuple[int, ...]]], tp: int, total: int,
+            deadline: Deadline, failed: frozenset[int]) -> tuple[Plan, float] | None:
+    """(plan, exact step) of pipelines given as (each stage's group, layer boundaries), micro-batches
+    spread and reliefs chosen as every incumbent builder does (`spread_and_priced`); None when none fits."""
+    pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
+                 for seq, bounds in placed]
+    return spread_and_priced(model, pipelines, tp, total, deadline, failed)
 
 
 def _shape_floors(types: tuple[str, ...], bounds: tuple[int, ...], prefix: tuple, total: int) -> np.ndarray:
@@ -507,9 +514,7 @@ def _pairs(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[
         if by_layers is not None:
             ways.append([(seq, bounds) for seq, (_, bounds) in zip(by_layers, pipes)])
         for placed in ways:
-            pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
-                         for seq, bounds in placed]
-            priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
+            priced = _priced(model, placed, tp, total, deadline, failed)
             if priced is not None:
                 found.append(priced)
                 best = min(best, priced[1])
@@ -604,7 +609,6 @@ def _mixes(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[
     placed = _place_layers(model, tp, pipes, layout) if layout is not None else None
     if placed is None:
         return []
-    pipelines = [Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
-                 for seq, (_, bounds) in zip(placed, pipes)]
-    priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
+    priced = _priced(model, [(seq, bounds) for seq, (_, bounds) in zip(placed, pipes)], tp, total, deadline,
+                     failed)
     return [priced] if priced is not None and priced[1] < best else []
