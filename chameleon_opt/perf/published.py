@@ -157,29 +157,38 @@ def _layers_per_stage(layers: int, pp: int) -> list[int] | None:
     return counts
 
 
-GPT3_SIZES = {  # size: (layers, hidden, heads)
-    "125M": (12, 768, 12), "350M": (24, 1024, 16), "760M": (24, 1536, 16), "1.3B": (24, 2048, 16),
-    "2.7B": (32, 2560, 32), "6.7B": (32, 4096, 32), "13B": (40, 5120, 40), "175B": (96, 12288, 96)}
-"""The 'GPT-3 XXX' configurations Megatron-DeepSpeed's rebase scripts list (examples_deepspeed/rebase/
-ds_pretrain_gpt_125M_flashattn.sh, the GPT-3 paper's Table 2.1), one of which a run uncomments."""
+GPT3_SIZES = {  # size: (layers, hidden, heads, global batch)
+    "125M": (12, 768, 12, 256), "350M": (24, 1024, 16, 256), "760M": (24, 1536, 16, 256),
+    "1.3B": (24, 2048, 16, 512), "2.7B": (32, 2560, 32, 512), "6.7B": (32, 4096, 32, 1024),
+    "13B": (40, 5120, 40, 1024), "175B": (96, 12288, 96, 1536)}
+"""The 'GPT-3 XXX' blocks Megatron-DeepSpeed's rebase scripts list (examples_deepspeed/rebase/
+ds_pretrain_gpt_125M_flashattn.sh at c08e2cc2, lines 19-96; the GPT-3 paper's Table 2.1), one of which a
+run uncomments: each block sets num_layers, hidden_size, num_attn_heads and global_batch_size (the
+micro-batch, layout and ZeRO stage are set once, below the blocks)."""
 GPT2_BPE_VOCAB = 50257
 """The GPT-2 BPE vocabulary (gpt2-vocab.json) those scripts download; Megatron pads it (_padded_vocab)."""
 
 
 def _with_gpt3_dimensions(row: dict[str, Any]) -> dict[str, Any]:
     """A Megatron-DeepSpeed row that names a 'GPT-3 <size>' model but leaves its dimensions blank, with the
-    dimensions of that size in the script it ran. Why: the rebase README's 2.7B pair ('scaling up the model
-    to 2.7B using the same script') states no dimensions, but that script lists the 2.7B configuration
-    (32 layers, hidden 2560, 32 heads; Megatron's default FFN of 4 x hidden, the GPT-2 vocabulary).
-    Every other row is returned as it is."""
+    configuration of that size in the script it ran. Why: the rebase README's 2.7B pair ('scaling up the
+    model to 2.7B using the same script') states no dimensions, but that script lists the 2.7B block
+    (32 layers, hidden 2560, 32 heads; Megatron's default FFN of 4 x hidden, the GPT-2 vocabulary). The
+    block also sets global_batch_size 512 (and a later uncommented block overrides an earlier one), so a
+    global batch the row only carries over from another run ('same', the 125M's 256) is the block's;
+    Megatron-DeepSpeed's printed TFLOP/s counts that batch (utils.py throughput_calculator: micro-batch
+    x micro-batches x DP), so the step time it converts to doubles. Every other row is returned as it is."""
     m = row["model"]
     found = re.fullmatch(r"GPT-3 (\S+)", str(m.get("name") or ""))
     if row["_source"] != "deepspeed" or not found or found.group(1) not in GPT3_SIZES or m.get("layers"):
         return row
-    layers, hidden, heads = GPT3_SIZES[found.group(1)]
+    layers, hidden, heads, global_batch = GPT3_SIZES[found.group(1)]
     model = {**m, "layers": layers, "hidden": hidden, "heads": heads, "ffn_hidden": 4 * hidden,
              "vocab": m.get("vocab") or GPT2_BPE_VOCAB}
-    return {**row, "model": model}
+    batch = row["batch"]
+    if "batch.global_batch" in (row.get("inferred") or {}) or not batch.get("global_batch"):
+        batch = {**batch, "global_batch": global_batch}
+    return {**row, "model": model, "batch": batch}
 
 
 def _refuse_unsupported(row: dict[str, Any]) -> None:
