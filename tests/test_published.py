@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chameleon_opt.perf.published import Refused, load_rows, to_run
+from chameleon_opt.perf.published import Refused, TimeRefused, load_rows, to_run
 from chameleon_opt.workload.activations import kernels_for
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "published"
@@ -166,6 +166,18 @@ def test_megatron_deepspeed_oom_and_unnamed_rows_are_refused_by_name(rows: dict[
         to_run(rows["deepspeed-018"])
     with pytest.raises(Refused, match="model.name inferred"):
         to_run(rows["deepspeed-015"])
+    # the rebase README's checkpointing A/B: its step time refused (2.6x below the stack's 260-hour 1.3B V100
+    # run), its instance and max-allocated peak kept for the memory check
+    for row_id, peak in (("deepspeed-008", 15241 / 1024), ("deepspeed-009", 12924 / 1024)):
+        with pytest.raises(TimeRefused, match="checkpointing A/B") as refused:
+            to_run(rows[row_id])
+        assert refused.value.run.measured_memory_gib == pytest.approx(peak, abs=1e-3)
+        assert refused.value.run.document["plan"]["tensor_parallel"] == 2
+    from bench.validate_perf import published_runs
+    runs, reasons, memory_only = published_runs(DATA)
+    assert sorted(r.id for r in memory_only) == ["deepspeed-008", "deepspeed-009"]
+    assert not {"deepspeed-008", "deepspeed-009"} & {r.id for r in runs}
+    assert sum(n for why, n in reasons.items() if "checkpointing A/B" in why) == 2
     assert to_run(rows["deepspeed-011"]).attention_kernel == "flash-v1"   # FlashAttention 1.0.4
     assert to_run(rows["deepspeed-010"]).attention_kernel is None         # without FlashAttention
 
