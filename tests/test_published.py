@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chameleon_opt.perf.published import Refused, load_rows, to_run
+from chameleon_opt.perf.published import Refused, TimeRefused, load_rows, to_run
 from chameleon_opt.workload.activations import kernels_for
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "published"
@@ -166,20 +166,46 @@ def test_megatron_deepspeed_oom_and_unnamed_rows_are_refused_by_name(rows: dict[
         to_run(rows["deepspeed-018"])
     with pytest.raises(Refused, match="model.name inferred"):
         to_run(rows["deepspeed-015"])
+    # the rebase README's checkpointing A/B: its step time refused (2.6x below the stack's 260-hour 1.3B V100
+    # run), its instance and max-allocated peak kept for the memory check
+    for row_id, peak in (("deepspeed-008", 15241 / 1024), ("deepspeed-009", 12924 / 1024)):
+        with pytest.raises(TimeRefused, match="checkpointing A/B") as refused:
+            to_run(rows[row_id])
+        assert refused.value.run.measured_memory_gib == pytest.approx(peak, abs=1e-3)
+        assert refused.value.run.document["plan"]["tensor_parallel"] == 2
+    from bench.validate_perf import published_runs
+    runs, reasons, memory_only = published_runs(DATA)
+    assert sorted(r.id for r in memory_only) == ["deepspeed-008", "deepspeed-009"]
+    assert not {"deepspeed-008", "deepspeed-009"} & {r.id for r in runs}
+    assert sum(n for why, n in reasons.items() if "checkpointing A/B" in why) == 2
     assert to_run(rows["deepspeed-011"]).attention_kernel == "flash-v1"   # FlashAttention 1.0.4
     assert to_run(rows["deepspeed-010"]).attention_kernel is None         # without FlashAttention
 
 
 def test_a_named_gpt3_size_without_dimensions_takes_its_scripts_configuration() -> None:
     """The rebase README's 2.7B rows name 'GPT-3 2.7B' and no dimensions; its script lists the 2.7B block
-    (32 layers, hidden 2560, 32 heads), FFN 4 x hidden, the GPT-2 vocabulary. A row with no size the script
-    lists stays refused."""
+    (32 layers, hidden 2560, 32 heads), FFN 4 x hidden, the GPT-2 vocabulary, and the block's global batch
+    where the row only carries one over from another run. A row with no size the script lists stays refused."""
     row = _megatron_deepspeed_row("full")
     row["model"] = {"name": "GPT-3 2.7B", "layers": None, "hidden": None, "heads": None, "kv_heads": None,
                     "ffn_hidden": None, "vocab": None, "seq_len": 2048}
-    architecture = to_run(row).document["workload"]["inline"]["architecture"]
+    run = to_run(row)
+    architecture = run.document["workload"]["inline"]["architecture"]
     assert (architecture["layers"], architecture["hidden"], architecture["heads"], architecture["ffn"],
             architecture["vocab"]) == (32, 2560, 32, 10240, 50257)
+    assert run.document["training"]["global_batch"] == 512   # the row states it
+    # A global batch carried over from another run ('same') is the 2.7B block's 512, not the row's 256: the
+    # printed 121 TFLOP/s on 8 GPUs, 4 passes, V padded to 50432 at TP 2, is then a 12.78 x 2 s step.
+    row["batch"], row["inferred"] = {"micro_batch": 2, "global_batch": 256}, {"batch.global_batch": "same"}
+    row["hardware"] = {"gpu": "NVIDIA A100", "num_gpus": 8, "gpus_per_node": None}
+    row["measured"] = {"tflops_per_gpu": 121.0}
+    row["parallel"] = {"tp": 2, "pp": 2, "zero_stage": 1, "notes": None}
+    run = to_run(row)
+    b, s, l, h, v = 512, 2048, 32, 2560, 50432
+    flops = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    assert run.document["training"]["global_batch"] == 512
+    assert run.measured_step_s == pytest.approx(flops / (121e12 * 8))
+    assert run.measured_step_s == pytest.approx(25.555, abs=1e-3)
     row["model"] = {**row["model"], "name": "GPT-3 5B"}
     with pytest.raises(Refused, match="model.layers not stated"):
         to_run(row)

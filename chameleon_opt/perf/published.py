@@ -58,6 +58,15 @@ class PublishedRun:
     measured_memory_gib: float | None = None  # the row's peak memory, where it states one
 
 
+class TimeRefused(Refused):
+    """A row whose step time is refused while its instance and stated memory peak stand (its memory is
+    still checked): `run` is the instance, its measured_step_s the converted time that is not priced."""
+
+    def __init__(self, reason: str, run: PublishedRun) -> None:
+        super().__init__(reason)
+        self.run = run
+
+
 def load_rows(directory: Path) -> list[dict[str, Any]]:
     rows = []
     for source in SOURCES:
@@ -157,29 +166,58 @@ def _layers_per_stage(layers: int, pp: int) -> list[int] | None:
     return counts
 
 
-GPT3_SIZES = {  # size: (layers, hidden, heads)
-    "125M": (12, 768, 12), "350M": (24, 1024, 16), "760M": (24, 1536, 16), "1.3B": (24, 2048, 16),
-    "2.7B": (32, 2560, 32), "6.7B": (32, 4096, 32), "13B": (40, 5120, 40), "175B": (96, 12288, 96)}
-"""The 'GPT-3 XXX' configurations Megatron-DeepSpeed's rebase scripts list (examples_deepspeed/rebase/
-ds_pretrain_gpt_125M_flashattn.sh, the GPT-3 paper's Table 2.1), one of which a run uncomments."""
+GPT3_SIZES = {  # size: (layers, hidden, heads, global batch)
+    "125M": (12, 768, 12, 256), "350M": (24, 1024, 16, 256), "760M": (24, 1536, 16, 256),
+    "1.3B": (24, 2048, 16, 512), "2.7B": (32, 2560, 32, 512), "6.7B": (32, 4096, 32, 1024),
+    "13B": (40, 5120, 40, 1024), "175B": (96, 12288, 96, 1536)}
+"""The 'GPT-3 XXX' blocks Megatron-DeepSpeed's rebase scripts list (examples_deepspeed/rebase/
+ds_pretrain_gpt_125M_flashattn.sh at c08e2cc2, lines 19-96; the GPT-3 paper's Table 2.1), one of which a
+run uncomments: each block sets num_layers, hidden_size, num_attn_heads and global_batch_size (the
+micro-batch, layout and ZeRO stage are set once, below the blocks)."""
 GPT2_BPE_VOCAB = 50257
 """The GPT-2 BPE vocabulary (gpt2-vocab.json) those scripts download; Megatron pads it (_padded_vocab)."""
 
 
 def _with_gpt3_dimensions(row: dict[str, Any]) -> dict[str, Any]:
     """A Megatron-DeepSpeed row that names a 'GPT-3 <size>' model but leaves its dimensions blank, with the
-    dimensions of that size in the script it ran. Why: the rebase README's 2.7B pair ('scaling up the model
-    to 2.7B using the same script') states no dimensions, but that script lists the 2.7B configuration
-    (32 layers, hidden 2560, 32 heads; Megatron's default FFN of 4 x hidden, the GPT-2 vocabulary).
-    Every other row is returned as it is."""
+    configuration of that size in the script it ran. Why: the rebase README's 2.7B pair ('scaling up the
+    model to 2.7B using the same script') states no dimensions, but that script lists the 2.7B block
+    (32 layers, hidden 2560, 32 heads; Megatron's default FFN of 4 x hidden, the GPT-2 vocabulary). The
+    block also sets global_batch_size 512 (and a later uncommented block overrides an earlier one), so a
+    global batch the row only carries over from another run ('same', the 125M's 256) is the block's;
+    Megatron-DeepSpeed's printed TFLOP/s counts that batch (utils.py throughput_calculator: micro-batch
+    x micro-batches x DP), so the step time it converts to doubles. Every other row is returned as it is."""
     m = row["model"]
     found = re.fullmatch(r"GPT-3 (\S+)", str(m.get("name") or ""))
     if row["_source"] != "deepspeed" or not found or found.group(1) not in GPT3_SIZES or m.get("layers"):
         return row
-    layers, hidden, heads = GPT3_SIZES[found.group(1)]
+    layers, hidden, heads, global_batch = GPT3_SIZES[found.group(1)]
     model = {**m, "layers": layers, "hidden": hidden, "heads": heads, "ffn_hidden": 4 * hidden,
              "vocab": m.get("vocab") or GPT2_BPE_VOCAB}
-    return {**row, "model": model}
+    batch = row["batch"]
+    if "batch.global_batch" in (row.get("inferred") or {}) or not batch.get("global_batch"):
+        batch = {**batch, "global_batch": global_batch}
+    return {**row, "model": model, "batch": batch}
+
+
+DEEPSPEED_CHECKPOINTING_AB = "Notes/TODOs"
+"""The section of Megatron-DeepSpeed's rebase README (examples_deepspeed/rebase/README.md at c08e2cc2,
+'Notes/TODOs', Aug 2023 update) whose sentence compares DeepSpeed's and Megatron-LM's activation
+checkpointing on one DGX-2 (GPT-3 1.3B, 16 V100, TP2 DP8, micro-batch 2): 'older 23.11 TFLOPs newer
+17.26 TFLOPs', 'older max allocated 15241 MB, newer 12924 MB'. Its memory peaks confirm the layout
+(14.88 / 12.62 GiB against 14.35 predicted) and its two TFLOP/s are one step time (23.11 / 17.26 = 4/3,
+_megatron_deepspeed_passes), but that step is not the stack's speed on that setting: the same team's
+GPT-3 1.3B baseline, same stack, script and data (examples_deepspeed/data_efficiency/gpt/pretrain/
+ds_pretrain_gpt_1.3B_dense_base_script.sh: fp16, --checkpoint-activations, the Pile from the same blob
+path with num_workers 0, optimizer-state logging; TP1 ZeRO-1 DP64, micro-batch 8, global batch 512),
+took 260 h for 300B tokens on 64 V100 (microsoft/DeepSpeed docs/_posts/2022-12-12-data-efficiency.md,
+Table 7): at least 5008 tokens/s a GPU, 59.6 TFLOP/s under the same printed formula, against the A/B's
+1943 tokens/s (23.11): 2.58x faster for 260 hours, evaluations and checkpoints included. The README's
+13B on the same DGX-2s prints 55.6, Megatron-LM's 2020 V100 table 52-72. The model prices the A/B's
+setting at 57.5 TFLOP/s and the 260-hour run's at 53.2 (at least 12% slow); nothing in the two A/B scripts (one
+through DeepSpeed's engine, one through Megatron-LM alone, equal to 0.4%) costs a factor of 2.5, and no
+log of them is published. A relative comparison whose absolute speed the stack's own long run
+contradicts is not a measurement of the setting."""
 
 
 def _refuse_unsupported(row: dict[str, Any]) -> None:
@@ -413,8 +451,14 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     overlap = "--tp-comm-overlap" in notes
     memory = row["measured"].get("peak_mem_gib")
     family = _family(row) + (" FP8" if fp8 else "")
-    return PublishedRun(row["id"], source, family, gpu, label + (" fp8" if fp8 else ""), document, measured, metric, overlap, kernel,
-                        float(memory) if memory else None)
+    run = PublishedRun(row["id"], source, family, gpu, label + (" fp8" if fp8 else ""), document, measured, metric,
+                       overlap, kernel, float(memory) if memory else None)
+    cited = row["source"]
+    if (source == "deepspeed" and str(cited.get("path") or "").endswith("rebase/README.md")
+            and str(cited.get("section") or "").startswith(DEEPSPEED_CHECKPOINTING_AB)):
+        raise TimeRefused("Megatron-DeepSpeed's checkpointing A/B (rebase README Notes/TODOs): its 1.3B V100 step is "
+                          "2.6x slower than the same stack's 260-hour 1.3B run on V100, not the setting's speed", run)
+    return run
 
 
 def predict_step(run: PublishedRun, efficiency: float) -> float:
