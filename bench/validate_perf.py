@@ -680,22 +680,15 @@ def as_data_parallel(run):
 
 def ring_margin(run, fit) -> float:
     """The largest ratio, over blocks and directions, of one ring step's K/V message to one step's attention
-    under the run's held-out calibration: below 1 the exchanges hide behind the attention."""
+    (PerfModel.context_parallel_steps) under the run's held-out calibration: below 1 the exchanges hide."""
     from chameleon_opt.perf.published import attention_utilisation, efficiency_calibration, tp_exposed
     instance = build_instance(run.document, f"<{run.id}>")
     calibration = efficiency_calibration({run.gpu: fit.compute[run.gpu]}, fit.memory_efficiency, tp_exposed(run),
                                          attention_utilisation(run), run.document["training"]["attention"])
-    model = PerfModel(instance, calibration=calibration)
-    cp, plan = model.context_parallel, instance.plan
-    stage = plan.pipelines[0].stages[0]
-    nodes = {instance.node_of(plan.pipelines[k].stages[0].devices[0]) for k in range(cp)}
-    link = model.inter if len(nodes) > 1 else model.intra
-    attention_f, attention_b = model.attention_core_seconds(model.stage_device(stage.devices), len(stage.devices))
-    kv = model.workload.context_parallel_kv_bytes_per_sample(len(stage.devices)) * model.micro_batch_size
-    blocks = kv > 0
-    step = link.latency + kv[blocks] / link.bandwidth
-    return float(max((step / (attention_f[blocks] / cp)).max(),
-                     ((link.latency + 2.0 * kv[blocks] / link.bandwidth) / (attention_b[blocks] / cp)).max()))
+    message_f, message_b, step_f, step_b = PerfModel(instance, calibration=calibration).context_parallel_steps(
+        instance.plan, 0, 0)
+    blocks = message_f > 0
+    return float(max((message_f[blocks] / step_f[blocks]).max(), (message_b[blocks] / step_b[blocks]).max()))
 
 
 def cp_validation(bf16_runs: list, cp_runs: list, ratios: dict[str, float], interference: float) -> dict:

@@ -73,6 +73,20 @@ def test_layout_groups_cp_ranks_next_to_tp_and_reduces_gradients_over_dp_x_cp() 
     assert model.data_parallel_time(instance.plan) == pytest.approx(ring_allreduce_time(grads, 4, Link(1e9, 0.0)))
 
 
+def test_pipeline_stages_keep_cp_ranks_adjacent_and_explicit_groups_must_match() -> None:
+    """PP 2 x CP 2 (order tp-pp-dp, cp inserted after tp: tp-cp-pp-dp): cp ranks 0, 1 hold stage 0 and
+    2, 3 stage 1. An explicit plan's cp groups must repeat the same stages and micro-batches."""
+    doc = copy.deepcopy(DOC)
+    doc["plan"]["layout"] = {"pipeline_parallel": 2, "data_parallel": 1}
+    plan = build_instance(doc).plan
+    assert [[s.devices for s in p.stages] for p in plan.pipelines] == [[(0,), (2,)], [(1,), (3,)]]
+    doc["plan"] = {"tensor_parallel": 1, "pipelines": [
+        {"micro_batches": 4, "stages": [{"devices": [0], "layers": [0, 4]}]},
+        {"micro_batches": 4, "stages": [{"devices": [1], "layers": [0, 2]}, {"devices": [2], "layers": [2, 4]}]}]}
+    with pytest.raises(InputError, match="plan.pipelines.*context_parallel 2"):
+        build_instance(doc)
+
+
 def test_refusals_name_the_field() -> None:
     with pytest.raises(InputError, match="training"):
         build_instance(with_training(attention="eager"))

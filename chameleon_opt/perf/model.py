@@ -537,36 +537,44 @@ class PerfModel:
         forward = core / (peak * (fit.compute_efficiency if fit is not None else device.efficiency))
         return forward, 2.0 * forward
 
+    def context_parallel_steps(self, plan: Plan, pipeline_index: int, s: int
+                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One ring step of each block of stage s under context parallelism (cp > 1), one micro-batch:
+        (forward message s, backward message s, forward attention s, backward attention s).
+        Transformer Engine's AttnFuncWithCPAndKVP2P (context_parallel.py) runs cp steps per block:
+        step i computes the local queries against the K/V chunk received at step i - 1 while the next
+        chunk is sent to the ring's next rank and received from its previous one (isend / irecv on the
+        cp group); its backward passes K, V and their gradients together (twice the bytes). The
+        load-balanced split (chunks i and 2cp - 1 - i per rank) makes every step 1 / cp of the rank's
+        causal attention. The ring runs over the cp group's link: inside a node when all its ranks
+        are on one node, else the per-GPU network share (Megatron numbers cp ranks next to tp, so
+        tp x cp <= GPUs per node keeps it inside)."""
+        cp = self.context_parallel
+        group = pipeline_index - pipeline_index % cp
+        stage = plan.pipelines[pipeline_index].stages[s]
+        nodes = {self.instance.node_of(plan.pipelines[k].stages[s].devices[0]) for k in range(group, group + cp)}
+        link = self.inter if len(nodes) > 1 else self.intra
+        device, tp = self.stage_device(stage.devices), len(stage.devices)
+        attention_f, attention_b = self.attention_core_seconds(device, tp)
+        kv = self.workload.context_parallel_kv_bytes_per_sample(tp)[stage.first:stage.end] * self.micro_batch_size
+        blocks = slice(stage.first, stage.end)
+        sent = kv > 0
+        return (np.where(sent, link.latency + kv / link.bandwidth, 0.0),
+                np.where(sent, link.latency + 2.0 * kv / link.bandwidth, 0.0),
+                attention_f[blocks] / cp, attention_b[blocks] / cp)
+
     def context_parallel_exposed(self, plan: Plan, pipeline_index: int, s: int) -> tuple[float, float]:
         """(forward, backward) seconds of one micro-batch's ring-attention exchanges on stage s that its
-        attention compute does not hide (context parallelism, cp > 1). Transformer Engine's
-        AttnFuncWithCPAndKVP2P (context_parallel.py) runs cp steps per block: step i computes attention
-        of the local queries against the K/V chunk received at step i - 1 while the next chunk is sent
-        to the ring's next rank and received from its previous one (isend / irecv on the cp group); the
-        load-balanced split (chunks i and 2cp - 1 - i per rank) makes every step 1 / cp of the rank's
-        causal attention. So each of the cp - 1 exchanges shows max(0, message time - one step's
-        attention): forward K and V, backward K, V and their gradients (twice the bytes); a rerun of
-        the forward (full or Megatron's selective recomputation) repeats the forward's. The ring
-        runs over the cp group's link: inside a node when all its ranks are on one node, else the
-        per-GPU network share (Megatron numbers cp ranks next to tp, so tp x cp <= GPUs per node
-        keeps it inside)."""
+        attention compute does not hide: each of a block's cp - 1 exchanges shows max(0, message time -
+        one step's attention) (context_parallel_steps); a rerun of the forward (full or Megatron's
+        selective recomputation) repeats the forward's. (0, 0) without context parallelism."""
         cp = self.context_parallel
         if cp <= 1:
             return 0.0, 0.0
-        group = pipeline_index - pipeline_index % cp
-        stage = plan.pipelines[pipeline_index].stages[s]
-        heads = {self.instance.node_of(plan.pipelines[k].stages[s].devices[0]) for k in range(group, group + cp)}
-        link = self.inter if len(heads) > 1 else self.intra
-        device, tp = self.stage_device(stage.devices), len(stage.devices)
-        attention_f, attention_b = self.attention_core_seconds(device, tp)
-        kv = self.workload.context_parallel_kv_bytes_per_sample(tp) * self.micro_batch_size
-        blocks = slice(stage.first, stage.end)
-        sent = kv[blocks] > 0
-        step_f = np.where(sent, link.latency + kv[blocks] / link.bandwidth, 0.0)
-        step_b = np.where(sent, link.latency + 2.0 * kv[blocks] / link.bandwidth, 0.0)
-        forward = (cp - 1) * float(np.maximum(step_f - attention_f[blocks] / cp, 0.0).sum())
-        backward = (cp - 1) * float(np.maximum(step_b - attention_b[blocks] / cp, 0.0).sum())
-        mode, _ = self.relief_of(stage.relief)
+        message_f, message_b, step_f, step_b = self.context_parallel_steps(plan, pipeline_index, s)
+        forward = (cp - 1) * float(np.maximum(message_f - step_f, 0.0).sum())
+        backward = (cp - 1) * float(np.maximum(message_b - step_b, 0.0).sum())
+        mode, _ = self.relief_of(plan.pipelines[pipeline_index].stages[s].relief)
         return forward, backward + (forward if mode in ("full", "selective") else 0.0)
 
     def stage_times(self, devices: tuple[int, ...], first: int, end: int, relief: str | None = None
