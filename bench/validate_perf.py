@@ -695,7 +695,7 @@ def cp_validation(bf16_runs: list, cp_runs: list, ratios: dict[str, float], inte
     """Context-parallel rows (all fp8 here), held out twice over: the bf16 efficiencies fitted on every bf16
     family but the row's own stack's, and the fp8 GEMM ratio fitted on each source's fp8 rows without
     context parallelism (none of these rows is in any fit). Against the naive pricing (as_data_parallel)."""
-    from chameleon_opt.perf.published import fit_efficiencies, predict_calibrated
+    from chameleon_opt.perf.published import fit_efficiencies
     rows = []
     for r in cp_runs:
         own = r.family.removesuffix(" FP8")

@@ -310,7 +310,8 @@ def expand_layout(layout: Layout, tp: int, num_layers: int, global_micro: int, n
     pp, dp = layout.pipeline_parallel, layout.data_parallel
     if pp * dp * tp * cp > num_devices:
         grid = f"{pp}x{dp}x{tp}" + (f"x{cp} (context_parallel)" if cp > 1 else "")
-        raise InputError(path, "plan.layout", f"needs {grid} = {pp * dp * tp * cp} devices, the cluster has {num_devices}",
+        raise InputError(path, "plan.layout",
+                         f"needs {grid} = {pp * dp * tp * cp} devices, the cluster has {num_devices}",
                          "lower data_parallel or pipeline_parallel, or enlarge the cluster")
     if pp > num_layers:
         raise InputError(path, "plan.layout.pipeline_parallel", f"{pp} stages for {num_layers} layers",

@@ -8,7 +8,8 @@ What it covers: per-stage forward/backward compute (profiled, or FLOPs / (peak x
 Megatron tensor-parallel all-reduces, blocking point-to-point activation transfers, the 1F1B
 schedule (Eq. 9/10/11), the DP gradient all-reduce per group of layers that share replicas (only its
 reduce-scatter under Megatron's --overlap-param-gather), ZeRO-3 / FSDP's all-gathers and reduce-scatters
-on every micro-batch beside the compute (sharded_collective_times, overlap_sharded), the
+on every micro-batch beside the compute (sharded_collective_times, overlap_sharded), context
+parallelism's ring K/V exchanges beside the attention (context_parallel_exposed), the
 optimizer step, per-stage memory (Eq. 14 generalised), and rerouted work (Eq. 12/13 generalised).
 Schedule options real trainers use (ScheduleOptions; defaults from the instance's training
 settings reproduce the plain 1F1B numbers): the gradient all-reduce overlapped with the last
@@ -97,7 +98,7 @@ class StageCost:
     relief_s: float = 0.0                  # what it adds to one micro-batch's forward + backward
     relief_optimizer_s: float = 0.0        # and to the optimizer step (optimizer offload)
     sharded_s: float = 0.0                 # what ZeRO-3's gathers and reduce-scatters add to forward_s + backward_s
-    context_parallel_s: float = 0.0        # ring-attention K/V exchanges not hidden behind attention (in forward_s + backward_s)
+    context_parallel_s: float = 0.0        # ring K/V exchanges attention does not hide (in forward_s + backward_s)
 
     @property
     def op_forward_s(self) -> float:
@@ -906,7 +907,8 @@ class PerfModel:
             head = stage.devices[0]
             sharded = self.sharded_collective_times(plan, pipeline_index, s)
             ring_f, ring_b = self.context_parallel_exposed(plan, pipeline_index, s)
-            key = (ring_f, ring_b, id(self.stage_device(stage.devices)), len(stage.devices), len({node(d) for d in stage.devices}) > 1,
+            key = (ring_f, ring_b, id(self.stage_device(stage.devices)), len(stage.devices),
+                   len({node(d) for d in stage.devices}) > 1,
                    stage.first, stage.end, s, len(stages), pipe.micro_batches, extra[s], shards, stage.relief,
                    node(head) == node(stages[s + 1].devices[0]) if s + 1 < len(stages) else None,
                    (node(head) == node(stages[s - 1].devices[0]), stages[s - 1].end) if s > 0 else None,

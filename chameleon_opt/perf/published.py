@@ -8,10 +8,11 @@ uniform TP x PP x DP plan on its GPU type, its batch and recomputation) and a me
 seconds, derived from the row's own metric: the step time where printed, else tokens per second,
 else its TFLOP/s under the FLOP formula its `metric_definition` names (Megatron 2021 and
 DeepSpeed count the recompute forward, Megatron 2024 counts model FLOPs). A row whose setting the
-model does not price is refused with the setting named (MoE, CPU offload, LoRA,
-fp8 without fp8 tensor cores, an unknown GPU, missing dimensions): it is never priced as something
-else. Context-parallel rows (parallel.cp) are priced with training.context_parallel (PerfModel.
-context_parallel_exposed: each rank s / cp tokens, the K/V ring beside the attention). fp8 rows carry their stack's recipe (FP8_RECIPES, perf/fp8.py) and form their own families.
+model does not price is refused with the setting named (MoE, CPU offload, LoRA, fp8 without fp8
+tensor cores, an unknown GPU, missing dimensions): it is never priced as something else.
+Context-parallel rows (parallel.cp) are priced with training.context_parallel (each rank s / cp
+tokens, the K/V ring beside the attention: PerfModel.context_parallel_exposed). fp8 rows carry their
+stack's recipe (FP8_RECIPES, perf/fp8.py) and form their own families.
 """
 
 from __future__ import annotations
