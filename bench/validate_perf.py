@@ -671,6 +671,92 @@ def render_fp8(fp8: dict) -> list[str]:
     return lines + [""]
 
 
+def context_parallel(run) -> int:
+    """The run's context-parallel size (training.context_parallel; 1 without)."""
+    return int(run.document["training"].get("context_parallel", 1))
+
+
+def as_data_parallel(run):
+    """The naive pricing context parallelism is checked against: each cp rank as a data-parallel replica
+    of s / cp-token sequences (attention over s / cp keys instead of s, no K/V ring)."""
+    cp = context_parallel(run)
+    doc = json.loads(json.dumps(run.document))
+    training, layout = doc["training"], doc["plan"]["layout"]
+    training["sequence_length"] //= cp
+    training["global_batch"] *= cp
+    training["context_parallel"] = 1
+    layout["data_parallel"] *= cp
+    return replace(run, document=doc)
+
+
+def ring_margin(run, fit) -> float:
+    """The largest ratio, over blocks and directions, of one ring step's K/V message to one step's attention
+    (PerfModel.context_parallel_steps) under the run's held-out calibration: below 1 the exchanges hide."""
+    from chameleon_opt.perf.published import attention_utilisation, efficiency_calibration, tp_exposed
+    instance = build_instance(run.document, f"<{run.id}>")
+    calibration = efficiency_calibration({run.gpu: fit.compute[run.gpu]}, fit.memory_efficiency, tp_exposed(run),
+                                         attention_utilisation(run), run.document["training"]["attention"])
+    message_f, message_b, step_f, step_b = PerfModel(instance, calibration=calibration).context_parallel_steps(
+        instance.plan, 0, 0)
+    blocks = message_f > 0
+    return float(max((message_f[blocks] / step_f[blocks]).max(), (message_b[blocks] / step_b[blocks]).max()))
+
+
+def cp_validation(bf16_runs: list, cp_runs: list, ratios: dict[str, float], interference: float) -> dict:
+    """Context-parallel rows (all fp8 here), held out twice over: the bf16 efficiencies fitted on every bf16
+    family but the row's own stack's, and the fp8 GEMM ratio fitted on each source's fp8 rows without
+    context parallelism (none of these rows is in any fit). Against the naive pricing (as_data_parallel)."""
+    from chameleon_opt.perf.published import fit_efficiencies
+    rows = []
+    for r in cp_runs:
+        own = r.family.removesuffix(" FP8")
+        fit = fit_efficiencies(fitted_runs(bf16_runs, own), {b.id: step_terms_of(b) for b in bf16_runs})
+        a, b = fp8_terms(r, fit, interference)
+        naive_a, naive_b = fp8_terms(as_data_parallel(r), fit, interference)
+        errors = {s: (a + b / ratio) / r.measured_step_s - 1 for s, ratio in ratios.items()}
+        naive = {s: (naive_a + naive_b / ratio) / r.measured_step_s - 1 for s, ratio in ratios.items()}
+        instance = build_instance(r.document, f"<{r.id}>")
+        peak = max(c.memory_bytes for c in PerfModel(instance).evaluate(instance.plan).pipelines[0].stages) / GIB
+        rows.append({"id": r.id, "source": r.source, "family": r.family, "label": r.label, "cp": context_parallel(r),
+                     "measured_s": r.measured_step_s, "metric": r.metric,
+                     **{f"error_fit_{s}": e for s, e in errors.items()},
+                     **{f"naive_error_fit_{s}": e for s, e in naive.items()},
+                     "ring_margin": ring_margin(r, fit), "predicted_peak_gib": peak,
+                     "measured_mem_gib": r.measured_memory_gib})
+    summary = {}
+    for s in ratios:
+        for key in (f"error_fit_{s}", f"naive_error_fit_{s}"):
+            values = np.abs([row[key] for row in rows])
+            summary[key] = {"median": float(np.median(values)), "worst": float(values.max())} if len(values) else {}
+    return {"rows": rows, "ratios": ratios, "summary": summary}
+
+
+def render_cp(found: dict) -> list[str]:
+    """The context-parallel section (markdown, also printed)."""
+    sources = list(found["ratios"])
+    lines = ["## Context-parallel rows (ring attention), held out", "",
+             "bf16 efficiencies fitted without the row's family; the fp8 ratio fitted on each source's fp8 rows "
+             "without context parallelism. Naive: each cp rank priced as a data-parallel replica of s / cp-token "
+             "sequences. Ring margin: largest K/V message / attention time of one ring step (below 1: hidden).", "",
+             "| row | configuration | measured s | " + " | ".join(f"error ({s} ratio)" for s in sources)
+             + " | " + " | ".join(f"naive ({s})" for s in sources) + " | ring margin | peak GiB (pred) |",
+             "|---" * (5 + 2 * len(sources)) + "|"]
+    for row in found["rows"]:
+        lines.append(f"| {row['id']} | {row['label']} | {row['measured_s']:.3f} | "
+                     + " | ".join(f"{row[f'error_fit_{s}']:+.1%}" for s in sources) + " | "
+                     + " | ".join(f"{row[f'naive_error_fit_{s}']:+.1%}" for s in sources)
+                     + f" | {row['ring_margin']:.2f} | {row['predicted_peak_gib']:.1f} |")
+    lines.append("")
+    for s in sources:
+        model, naive = found["summary"][f"error_fit_{s}"], found["summary"][f"naive_error_fit_{s}"]
+        if model:
+            lines.append(f"- {s} ratio: median |error| {model['median']:.1%}, worst {model['worst']:.1%}; "
+                         f"naive median {naive['median']:.1%}, worst {naive['worst']:.1%}")
+    for line in lines:
+        console.print(line)
+    return lines + [""]
+
+
 def peak_gib(run) -> float:
     """The model's largest stage peak for a published run (the catalogue calibration: memory needs no fit)."""
     instance = build_instance(run.document, f"<{run.id}>")
@@ -796,8 +882,9 @@ def main() -> None:
         from chameleon_opt.perf.published import is_fp8
         args.out.mkdir(parents=True, exist_ok=True)
         runs, refused, memory_only = published_runs(args.published_dir)
-        fp8_runs = [r for r in runs if is_fp8(r)]
-        runs = [r for r in runs if not is_fp8(r)]  # fp8 rows: their own section, in no bf16 fit
+        cp_runs = [r for r in runs if context_parallel(r) > 1]  # their own section, in no fit
+        fp8_runs = [r for r in runs if is_fp8(r) and context_parallel(r) == 1]
+        runs = [r for r in runs if not is_fp8(r) and context_parallel(r) == 1]  # fp8 rows: their own section
         terms = {r.id: step_terms_of(r) for r in runs}
         # The two FSDP families price each other: llm-foundry's fit prices torchtitan's runs, torchtitan's
         # (the model's SHARDED_OVERLAP_INTERFERENCE) prices llm-foundry's.
@@ -821,6 +908,9 @@ def main() -> None:
         fp8 = fp8_validation(runs, fp8_runs, refused, torchtitan["fitted_interference"], torchtitan["refused"])
         lines += render_fp8(fp8)
         (args.out / "validate_perf_fp8.json").write_text(json.dumps(fp8, indent=1))
+        found = cp_validation(runs, cp_runs, fp8["ratios"], torchtitan["fitted_interference"])
+        lines += render_cp(found)
+        (args.out / "validate_perf_cp.json").write_text(json.dumps(found, indent=1))
         (args.out / "validate_perf_published.md").write_text("\n".join(lines) + "\n")
         (args.out / "validate_perf_published.json").write_text(json.dumps(published, indent=1))
     else:

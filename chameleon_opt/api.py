@@ -38,7 +38,7 @@ from chameleon_opt.instance.load import Instance, build_instance, load_instance
 from chameleon_opt.perf.model import Estimate, PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.planning import POLICIES, PlanningOptions, RecoveryDecision, plan_recovery
-from chameleon_opt.decision import RecoveryOption, check_tp_degrees, with_stale_copies
+from chameleon_opt.decision import RecoveryOption, check_tp_degrees, refuse_context_parallel, with_stale_copies
 from chameleon_opt.rejoin import plan_join
 from chameleon_opt.solve.backends import SolverOptions
 
@@ -77,6 +77,7 @@ class Planner:
         else:
             base = load_instance(instance)
         self.policy, self.time_limit_s, self.threads, self.seed = policy, time_limit_s, threads, seed
+        refuse_context_parallel(base)
         check_tp_degrees(base, degrees)
         self.options = PlanningOptions(policy, time_limit_s, SolverOptions(threads=threads, seed=seed), target=target,
                                        tp_degrees=degrees)

@@ -403,6 +403,17 @@ def _resharded(instance: Instance, failed: frozenset[int], model: PerfModel, res
                           bytes_moved=reshard.total_bytes, reshard=reshard)
 
 
+def refuse_context_parallel(instance: Instance) -> None:
+    """Raise InputError for a context-parallel job: the searches build TP x PP x DP plans (no cp groups
+    of pipelines to keep together), so they would plan a job other than the one running. `estimate`
+    prices it (PerfModel.context_parallel_exposed)."""
+    cp = instance.spec.training.context_parallel
+    if cp > 1:
+        raise InputError(instance.path, "training.context_parallel", f"is {cp}: the planner searches tensor x "
+                         "pipeline x data parallel plans only (context parallelism is priced by `estimate`, "
+                         "not planned)", "set context_parallel to 1 to plan, or use `estimate` for this job")
+
+
 def check_tp_degrees(instance: Instance, degrees: tuple[int, ...]) -> None:
     """Raise InputError for a candidate TP degree no plan can use: a TP group sits inside one node,
     and the runtime shards attention by heads (query and KV heads) and the MLP by its inner size."""
@@ -577,6 +588,7 @@ def decide(instance: Instance, failed: frozenset[int], policy: str = "auto", *, 
     if gone:
         raise UnrecoverableError(f"layers {gone[0]}-{gone[-1]} ({len(gone)} layers) lost every replica: no surviving "
                                  "copy of their parameters and optimizer state; restart from the last checkpoint")
+    refuse_context_parallel(instance)
     check_tp_degrees(instance, tp_degrees)
     model = model or PerfModel(instance)  # another model: what a policy believes (e.g. perturbed)
     survivors = instance.num_devices - len(failed)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from chameleon_opt.instance.load import build_instance
 from chameleon_opt.perf.published import Refused, TimeRefused, load_rows, to_run
 from chameleon_opt.workload.activations import kernels_for
 
@@ -20,15 +21,27 @@ def rows() -> dict[str, dict]:
     return {r["id"]: r for r in load_rows(DATA)}
 
 
-def test_cp_moe_and_lora_rows_are_refused_by_name(rows: dict[str, dict]) -> None:
+def test_moe_and_lora_rows_are_refused_by_name(rows: dict[str, dict]) -> None:
     reasons = {}
-    for key in ("megatron-038", "megatron-041", "nemo-016", "nemo-013"):
+    for key in ("megatron-041", "nemo-016", "nemo-013", "nemo-012"):
         with pytest.raises(Refused) as refused:
             to_run(rows[key])
         reasons[key] = str(refused.value)
-    assert "context parallelism" in reasons["megatron-038"]
     assert "mixture of experts" in reasons["megatron-041"]
     assert "LoRA" in reasons["nemo-016"] and "packed" in reasons["nemo-013"]
+    assert "parallel.vp" in reasons["nemo-012"]  # context-parallel, but interleaved: refused for that
+
+
+def test_context_parallel_rows_are_priced_with_their_cp_groups(rows: dict[str, dict]) -> None:
+    """Megatron-LM's Llama 3 8B FP8 row: 8 GPUs at CP 2, so DP 4 (world = tp x cp x pp x dp), 128 sequences
+    of 8,192 tokens, 4,096 a rank; 8 pipelines of 32 micro-batches, cp ranks on neighbouring GPUs."""
+    run = to_run(rows["megatron-038"])
+    assert run.document["training"]["context_parallel"] == 2
+    assert run.document["plan"]["layout"]["data_parallel"] == 4 and "CP2" in run.label
+    instance = build_instance(run.document)
+    assert instance.workload.sequence_length == 4096
+    assert [p.stages[0].devices for p in instance.plan.pipelines[:2]] == [(0,), (1,)]
+    assert sum(p.micro_batches for p in instance.plan.pipelines) == 2 * 128
 
 
 def test_fp8_rows_carry_their_stacks_delayed_recipe(rows: dict[str, dict]) -> None:

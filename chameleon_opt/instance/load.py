@@ -302,11 +302,16 @@ def grid_position(order: str, sizes: dict[str, int], rank: int) -> dict[str, int
 
 
 def expand_layout(layout: Layout, tp: int, num_layers: int, global_micro: int, num_devices: int,
-                  path: Path | str | None) -> list[Pipeline]:
-    """The explicit pipelines of a regular layout, device ids numbered by `layout.order`."""
+                  path: Path | str | None, cp: int = 1) -> list[Pipeline]:
+    """The explicit pipelines of a regular layout, device ids numbered by `layout.order`. Under
+    context parallelism each data-parallel pipeline becomes cp consecutive pipelines (one per cp
+    rank, each with the replica's micro-batches), the cp rank numbered right after tp as in
+    Megatron-LM's orders (tp-cp-ep-dp-pp, tp-cp-ep-pp-dp: parallel_state.RankGenerator)."""
     pp, dp = layout.pipeline_parallel, layout.data_parallel
-    if pp * dp * tp > num_devices:
-        raise InputError(path, "plan.layout", f"needs {pp}x{dp}x{tp} = {pp * dp * tp} devices, the cluster has {num_devices}",
+    if pp * dp * tp * cp > num_devices:
+        grid = f"{pp}x{dp}x{tp}" + (f"x{cp} (context_parallel)" if cp > 1 else "")
+        raise InputError(path, "plan.layout",
+                         f"needs {grid} = {pp * dp * tp * cp} devices, the cluster has {num_devices}",
                          "lower data_parallel or pipeline_parallel, or enlarge the cluster")
     if pp > num_layers:
         raise InputError(path, "plan.layout.pipeline_parallel", f"{pp} stages for {num_layers} layers",
@@ -323,14 +328,31 @@ def expand_layout(layout: Layout, tp: int, num_layers: int, global_micro: int, n
     pipelines, bounds = [], [0]
     for c in counts:
         bounds.append(bounds[-1] + c)
-    sizes = {"tp": tp, "pp": pp, "dp": dp}
+    sizes = {"tp": tp, "pp": pp, "dp": dp, "cp": cp}
+    order = layout.order.replace("tp", "tp-cp")
     for j in range(dp):
-        stages = []
-        for s in range(pp):
-            group = tuple(rank_of(layout.order, sizes, {"tp": t, "pp": s, "dp": j}) for t in range(tp))
-            stages.append(Stage(group, bounds[s], bounds[s + 1]))
-        pipelines.append(Pipeline(tuple(stages), shares[j]))
+        for c in range(cp):
+            stages = []
+            for s in range(pp):
+                group = tuple(rank_of(order, sizes, {"tp": t, "pp": s, "dp": j, "cp": c}) for t in range(tp))
+                stages.append(Stage(group, bounds[s], bounds[s + 1]))
+            pipelines.append(Pipeline(tuple(stages), shares[j]))
     return pipelines
+
+
+def _check_context_parallel(workload: WorkloadSpec, sequence_length: int | None, cp: int,
+                            path: Path | str | None) -> None:
+    """What context parallelism needs: an architecture (the per-rank share is derived from it), no
+    measured profiles (they time whole sequences), and a sequence that splits into 2 x cp equal chunks
+    (Transformer Engine's load-balanced causal split gives each rank chunks i and 2cp - 1 - i)."""
+    if workload.architecture is None or workload.profiles:
+        raise InputError(path, "training.context_parallel", f"is {cp} but the workload "
+                         + ("has no architecture" if workload.architecture is None else "has measured profiles"),
+                         "describe the workload by its architecture without profiles, or set context_parallel to 1")
+    seq = sequence_length or workload.architecture.seq_len
+    if seq % (2 * cp):
+        raise InputError(path, "training.context_parallel", f"{cp} does not split the {seq}-token sequence into "
+                         f"2 x {cp} equal chunks", "use a sequence length divisible by 2 x context_parallel")
 
 
 def _explicit_pipelines(plan: PlanSpec) -> list[Pipeline]:
@@ -339,8 +361,16 @@ def _explicit_pipelines(plan: PlanSpec) -> list[Pipeline]:
 
 
 def check_plan_shape(pipelines: list[Pipeline], tp: int, num_layers: int, num_devices: int,
-                     global_micro: int, path: Path | str | None) -> None:
-    """Cross-field checks of a plan: TP group sizes, device ids, layer tiling, micro-batch sum."""
+                     global_micro: int, path: Path | str | None, cp: int = 1) -> None:
+    """Cross-field checks of a plan: TP group sizes, device ids, layer tiling, micro-batch sum (each
+    of cp consecutive pipelines runs the same micro-batches' slices under context parallelism)."""
+    if cp > 1:
+        groups = [pipelines[g:g + cp] for g in range(0, len(pipelines), cp)]
+        if len(pipelines) % cp or any(len({(p.micro_batches, tuple((s.first, s.end) for s in p.stages))
+                                           for p in group}) > 1 for group in groups):
+            raise InputError(path, "plan.pipelines", f"{len(pipelines)} pipelines are not groups of "
+                             f"context_parallel {cp} consecutive pipelines with equal stages and micro-batches",
+                             "give each context-parallel group's cp pipelines the same layers and micro_batches")
     seen: dict[int, str] = {}
     for j, pipe in enumerate(pipelines):
         expected_first = 0
@@ -369,7 +399,7 @@ def check_plan_shape(pipelines: list[Pipeline], tp: int, num_layers: int, num_de
         if expected_first != num_layers:
             raise InputError(path, f"plan.pipelines[{j}].stages", f"layers end at {expected_first}",
                              f"the last stage must end at {num_layers} (the workload's layer count, head included)")
-    total = sum(p.micro_batches for p in pipelines)
+    total = sum(p.micro_batches for p in pipelines[::cp])  # one pipeline per context-parallel group
     if total != global_micro:
         raise InputError(path, "plan.pipelines[*].micro_batches", f"they sum to {total}",
                          f"make them sum to global_batch / micro_batch_size = {global_micro}")
@@ -403,7 +433,10 @@ def build_instance(data: Any, path: Path | str | None = None) -> Instance:
         raise InputError(path, "training.global_batch",
                          f"{training.global_batch // training.micro_batch_size} micro-batches per iteration",
                          f"use at most {MAX_COUNT} (global_batch / micro_batch_size)")
-    workload = Workload(workload_spec, training.sequence_length, training.dtype_bytes)
+    cp = training.context_parallel
+    if cp > 1:
+        _check_context_parallel(workload_spec, training.sequence_length, cp, path)
+    workload = Workload(workload_spec, training.sequence_length, training.dtype_bytes, cp)
 
     cluster = spec.cluster
     num_devices = cluster.nodes * cluster.devices_per_node
@@ -423,10 +456,10 @@ def build_instance(data: Any, path: Path | str | None = None) -> Instance:
     tp = spec.plan.tensor_parallel
     global_micro = training.global_batch // training.micro_batch_size
     if spec.plan.layout is not None:
-        pipelines = expand_layout(spec.plan.layout, tp, workload.num_layers, global_micro, num_devices, path)
+        pipelines = expand_layout(spec.plan.layout, tp, workload.num_layers, global_micro, num_devices, path, cp)
     else:
         pipelines = _explicit_pipelines(spec.plan)
-    check_plan_shape(pipelines, tp, workload.num_layers, num_devices, global_micro, path)
+    check_plan_shape(pipelines, tp, workload.num_layers, num_devices, global_micro, path, cp)
 
     if workload_spec.architecture is None:
         for d in {d for p in pipelines for d in p.devices}:

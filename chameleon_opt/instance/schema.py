@@ -165,6 +165,13 @@ class Training(Strict):
         "dropout (5 a s^2 bytes per sample and layer, Korthikanti et al. Table 2). Default assumes flash")
     sequence_parallel: bool = Field(
         False, description="Megatron sequence parallelism: layer norms and dropouts sharded over TP")
+    context_parallel: PositiveInt = Field(
+        1, description="context parallelism (Megatron-LM --context-parallel-size, Transformer Engine's ring "
+        "attention with the load-balanced causal split): cp ranks share every sequence, s / cp tokens each, and "
+        "exchange K and V over a ring in each block's attention; the plan's pipelines then come in groups of cp "
+        "consecutive ones (a layout's ranks: cp next to tp, Megatron's order) whose micro-batch counts are equal, "
+        "and the gradients are reduced over dp x cp. Priced by `estimate`; the planner's searches refuse it. "
+        "Needs flash attention, a workload architecture without profiles, and a sequence divisible by 2 x cp")
     distributed_optimizer: bool = Field(
         False, description="shard optimizer state over data-parallel replicas (ZeRO-1, Megatron's distributed "
         "optimizer); the same as zero_stage 1")
@@ -234,6 +241,9 @@ class Training(Strict):
 
     @model_validator(mode="after")
     def _consistent_switches(self) -> "Training":
+        if self.context_parallel > 1 and self.attention == "eager":
+            raise ValueError("context_parallel above 1 runs Transformer Engine's flash / fused attention only "
+                             "(no eager softmax path): set attention to flash or context_parallel to 1")
         if self.recomputation is not None and self.activation_recomputation and self.recomputation != "full":
             raise ValueError(f"activation_recomputation is true but recomputation is {self.recomputation!r}: "
                              "drop activation_recomputation")

@@ -480,9 +480,10 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
     if r.int(par, "parallelism", "context_parallel_degree", 1) != 1:
         # every context-parallel run torchtitan published is float8 (bench/data/torchtitan_published.json),
         # so a ring-attention model could not be checked against a measured bf16 run
-        raise r.refuse("parallelism.context_parallel_degree", "is above 1: context parallelism (ring attention, "
-                       "K and V passed around the CP ring, each rank holding 1/CP of the sequence) is not modelled",
-                       "the planner models DP x PP x TP only: set it to 1")
+        raise r.refuse("parallelism.context_parallel_degree", "is above 1: torchtitan's context parallelism "
+                       "(PyTorch's experimental context-parallel attention, "
+                       "torch.distributed.tensor.experimental._attention) is not modelled (training.context_parallel prices Transformer Engine's K/V ring) and the "
+                       "planner plans DP x PP x TP only", "set it to 1")
     for key in ("expert_parallel_degree", "expert_tensor_parallel_degree"):
         if r.int(par, "parallelism", key, 1) != 1:
             raise r.refuse(f"parallelism.{key}", "is above 1", "the planner models DP x PP x TP only: set it to 1")

@@ -8,7 +8,8 @@ What it covers: per-stage forward/backward compute (profiled, or FLOPs / (peak x
 Megatron tensor-parallel all-reduces, blocking point-to-point activation transfers, the 1F1B
 schedule (Eq. 9/10/11), the DP gradient all-reduce per group of layers that share replicas (only its
 reduce-scatter under Megatron's --overlap-param-gather), ZeRO-3 / FSDP's all-gathers and reduce-scatters
-on every micro-batch beside the compute (sharded_collective_times, overlap_sharded), the
+on every micro-batch beside the compute (sharded_collective_times, overlap_sharded), context
+parallelism's ring K/V exchanges beside the attention (context_parallel_exposed), the
 optimizer step, per-stage memory (Eq. 14 generalised), and rerouted work (Eq. 12/13 generalised).
 Schedule options real trainers use (ScheduleOptions; defaults from the instance's training
 settings reproduce the plain 1F1B numbers): the gradient all-reduce overlapped with the last
@@ -97,6 +98,7 @@ class StageCost:
     relief_s: float = 0.0                  # what it adds to one micro-batch's forward + backward
     relief_optimizer_s: float = 0.0        # and to the optimizer step (optimizer offload)
     sharded_s: float = 0.0                 # what ZeRO-3's gathers and reduce-scatters add to forward_s + backward_s
+    context_parallel_s: float = 0.0        # ring K/V exchanges attention does not hide (in forward_s + backward_s)
 
     @property
     def op_forward_s(self) -> float:
@@ -261,6 +263,7 @@ class PerfModel:
         self.tp_async = training.tp_async
         self.attention = training.attention
         self.sequence_parallel = training.sequence_parallel
+        self.context_parallel = training.context_parallel
         self.zero_stage = training.zero
         self.shard_copies = training.shard_replicas if training.zero >= 1 else 1  # copies of each ZeRO shard
         self.dtype_bytes = training.dtype_bytes
@@ -517,6 +520,63 @@ class PerfModel:
         the measured collective ring, `network.collective_gbps`, when given)."""
         nodes = {self.instance.node_of(d) for d in devices}
         return self.inter if len(nodes) > 1 else self.collective
+
+    def attention_core_seconds(self, device: DeviceType, tp: int) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) seconds per layer of one micro-batch's attention core on one rank, priced
+        as the layer tables price it: the calibration's flash kernel at its utilisation (calibration.
+        flash_attention_seconds: the causal half, backward 2.5x), else GEMM FLOPs at the fitted (or
+        catalogue) efficiency, backward twice the forward."""
+        w, mbs = self.workload, self.micro_batch_size
+        core = w.attention_core_flops_per_sample * mbs / tp
+        fit = self.calibration.devices.get(device.name) if self.calibration is not None else None
+        peak = (fit.peak_tflops if fit is not None else device.peak_tflops) * 1e12
+        utilisation = (self.calibration.attention_utilisation.get(device.name)
+                       if fit is not None and self.calibration.attention == "flash" else None)
+        if utilisation:
+            from chameleon_opt.perf.calibration import flash_attention_seconds
+            return flash_attention_seconds(core, peak * utilisation)
+        forward = core / (peak * (fit.compute_efficiency if fit is not None else device.efficiency))
+        return forward, 2.0 * forward
+
+    def context_parallel_steps(self, plan: Plan, pipeline_index: int, s: int
+                               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One ring step of each block of stage s under context parallelism (cp > 1), one micro-batch:
+        (forward message s, backward message s, forward attention s, backward attention s).
+        Transformer Engine's AttnFuncWithCPAndKVP2P (context_parallel.py) runs cp steps per block:
+        step i computes the local queries against the K/V chunk received at step i - 1 while the next
+        chunk is sent to the ring's next rank and received from its previous one (isend / irecv on the
+        cp group); its backward passes K, V and their gradients together (twice the bytes). The
+        load-balanced split (chunks i and 2cp - 1 - i per rank) makes every step 1 / cp of the rank's
+        causal attention. The ring runs over the cp group's link: inside a node when all its ranks
+        are on one node, else the per-GPU network share (Megatron numbers cp ranks next to tp, so
+        tp x cp <= GPUs per node keeps it inside)."""
+        cp = self.context_parallel
+        group = pipeline_index - pipeline_index % cp
+        stage = plan.pipelines[pipeline_index].stages[s]
+        nodes = {self.instance.node_of(plan.pipelines[k].stages[s].devices[0]) for k in range(group, group + cp)}
+        link = self.inter if len(nodes) > 1 else self.intra
+        device, tp = self.stage_device(stage.devices), len(stage.devices)
+        attention_f, attention_b = self.attention_core_seconds(device, tp)
+        kv = self.workload.context_parallel_kv_bytes_per_sample(tp)[stage.first:stage.end] * self.micro_batch_size
+        blocks = slice(stage.first, stage.end)
+        sent = kv > 0
+        return (np.where(sent, link.latency + kv / link.bandwidth, 0.0),
+                np.where(sent, link.latency + 2.0 * kv / link.bandwidth, 0.0),
+                attention_f[blocks] / cp, attention_b[blocks] / cp)
+
+    def context_parallel_exposed(self, plan: Plan, pipeline_index: int, s: int) -> tuple[float, float]:
+        """(forward, backward) seconds of one micro-batch's ring-attention exchanges on stage s that its
+        attention compute does not hide: each of a block's cp - 1 exchanges shows max(0, message time -
+        one step's attention) (context_parallel_steps); a rerun of the forward (full or Megatron's
+        selective recomputation) repeats the forward's. (0, 0) without context parallelism."""
+        cp = self.context_parallel
+        if cp <= 1:
+            return 0.0, 0.0
+        message_f, message_b, step_f, step_b = self.context_parallel_steps(plan, pipeline_index, s)
+        forward = (cp - 1) * float(np.maximum(message_f - step_f, 0.0).sum())
+        backward = (cp - 1) * float(np.maximum(message_b - step_b, 0.0).sum())
+        mode, _ = self.relief_of(plan.pipelines[pipeline_index].stages[s].relief)
+        return forward, backward + (forward if mode in ("full", "selective") else 0.0)
 
     def stage_times(self, devices: tuple[int, ...], first: int, end: int, relief: str | None = None
                     ) -> tuple[float, float, float, float]:
@@ -846,7 +906,9 @@ class PerfModel:
             # At 16,384 devices 2,048 stages share a few dozen keys (an evaluation: 0.25 -> 0.1 s).
             head = stage.devices[0]
             sharded = self.sharded_collective_times(plan, pipeline_index, s)
-            key = (id(self.stage_device(stage.devices)), len(stage.devices), len({node(d) for d in stage.devices}) > 1,
+            ring_f, ring_b = self.context_parallel_exposed(plan, pipeline_index, s)
+            key = (ring_f, ring_b, id(self.stage_device(stage.devices)), len(stage.devices),
+                   len({node(d) for d in stage.devices}) > 1,
                    stage.first, stage.end, s, len(stages), pipe.micro_batches, extra[s], shards, stage.relief,
                    node(head) == node(stages[s + 1].devices[0]) if s + 1 < len(stages) else None,
                    (node(head) == node(stages[s - 1].devices[0]), stages[s - 1].end) if s > 0 else None,
@@ -872,12 +934,13 @@ class PerfModel:
                 relief_opt_s = self.optimizer_time(stage.devices, stage.first, stage.end, stage.relief, shards) - \
                     self.optimizer_time(stage.devices, stage.first, stage.end, replicas=shards)
             name = stage.relief if stage.relief is not None else self.recompute
+            fwd, bwd = fwd + ring_f, bwd + ring_b
             with_f, with_b = self.overlap_sharded(fwd, bwd, sharded)
             sharded_s = with_f - fwd + with_b - bwd
             # the schedule's own work per operation (network.schedule_overhead_us)
             with_f, with_b = with_f + self.op_overhead_s, with_b + self.op_overhead_s
             costs.append(StageCost(with_f, with_b, compute, tp_time, send_f, send_b, memory.total,
-                                   have, memory, name, relief_s, relief_opt_s, sharded_s))
+                                   have, memory, name, relief_s, relief_opt_s, sharded_s, ring_f + ring_b))
             self._stage_costs[key] = costs[-1]
         return costs
 
@@ -1049,8 +1112,9 @@ class PerfModel:
         tensor_parallel = load * cost.tensor_parallel_s
         p2p = load * (cost.send_forward_s + cost.send_backward_s)
         sharded = load * cost.sharded_s  # ZeRO-3 gathers and reduce-scatters inside each micro-batch
+        ring = load * cost.context_parallel_s  # ring-attention exchanges attention does not hide
         parts = {"compute": compute,
-                 "pipeline_bubble": max(pipeline_time - compute - tensor_parallel - p2p - sharded, 0.0),
+                 "pipeline_bubble": max(pipeline_time - compute - tensor_parallel - p2p - sharded - ring, 0.0),
                  "p2p": p2p, "tensor_parallel": tensor_parallel, "data_parallel": dp_time + sharded,
-                 "optimizer": opt_time}
+                 "optimizer": opt_time, **({"context_parallel": ring} if cost.context_parallel_s > 0 else {})}
         return {name: float(value) for name, value in parts.items()}

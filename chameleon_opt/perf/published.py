@@ -8,9 +8,11 @@ uniform TP x PP x DP plan on its GPU type, its batch and recomputation) and a me
 seconds, derived from the row's own metric: the step time where printed, else tokens per second,
 else its TFLOP/s under the FLOP formula its `metric_definition` names (Megatron 2021 and
 DeepSpeed count the recompute forward, Megatron 2024 counts model FLOPs). A row whose setting the
-model does not price is refused with the setting named (context parallelism, MoE, CPU offload, LoRA,
-fp8 without fp8 tensor cores, an unknown GPU, missing dimensions): it is never priced as something
-else. fp8 rows carry their stack's recipe (FP8_RECIPES, perf/fp8.py) and form their own families.
+model does not price is refused with the setting named (MoE, CPU offload, LoRA, fp8 without fp8
+tensor cores, an unknown GPU, missing dimensions): it is never priced as something else.
+Context-parallel rows (parallel.cp) are priced with training.context_parallel (each rank s / cp
+tokens, the K/V ring beside the attention: PerfModel.context_parallel_exposed). fp8 rows carry their
+stack's recipe (FP8_RECIPES, perf/fp8.py) and form their own families.
 """
 
 from __future__ import annotations
@@ -230,8 +232,6 @@ def _refuse_unsupported(row: dict[str, Any]) -> None:
     if row["_source"] == "nemo" and section.lower().startswith("finetuning"):
         raise Refused("NeMo fine-tuning on SQuAD packed to the sequence length: attention runs over each packed "
                       "sample, whose lengths the row does not state, so a full causal sequence would misprice it")
-    if (p.get("cp") or 1) > 1:
-        raise Refused(f"parallel.cp {p['cp']}: context parallelism is not modelled")
     if (p.get("ep") or 1) > 1 or "mixtral" in (row["model"]["name"] or "").lower():
         raise Refused("mixture of experts (parallel.ep / Mixtral): not modelled")
     if (p.get("vp") or 1) > 1:
@@ -381,10 +381,10 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     fp8 = _fp8(row, gpu)
     m, p, b, hw = row["model"], row["parallel"], row["batch"], row["hardware"]
     gpus = int(hw["num_gpus"] or 0)
-    tp, pp = int(p.get("tp") or 1), int(p.get("pp") or 1)
-    if not gpus or gpus % (tp * pp):
-        raise Refused("hardware.num_gpus not a multiple of TP x PP")
-    dp = gpus // (tp * pp)
+    tp, pp, cp = int(p.get("tp") or 1), int(p.get("pp") or 1), int(p.get("cp") or 1)
+    if not gpus or gpus % (tp * pp * cp):
+        raise Refused("hardware.num_gpus not a multiple of TP x PP x CP")
+    dp = gpus // (tp * pp * cp)  # Megatron: world = tp x cp x pp x dp
     mbs = b.get("micro_batch") or 1
     global_batch = b.get("global_batch") or mbs * dp * (b.get("grad_accum") or 1)
     if global_batch % (mbs * dp):
@@ -437,7 +437,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         "workload": {"inline": {"name": row["id"], "architecture": architecture}},
         "training": {"global_batch": global_batch, "micro_batch_size": mbs, "sequence_length": m["seq_len"],
                      "recomputation": recomputation, "zero_stage": zero, "attention": attention,
-                     "sequence_parallel": bool(p.get("sequence_parallel")) and tp > 1,
+                     "sequence_parallel": bool(p.get("sequence_parallel")) and tp > 1, "context_parallel": cp,
                      "overlap_grad_reduce": source != "deepspeed", **sharded, **({"fp8": fp8} if fp8 else {})},
         "plan": {"tensor_parallel": tp, "layout": {"pipeline_parallel": pp, "data_parallel": dp}},
     }
@@ -447,7 +447,8 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     if split is not None:
         document["plan"]["layout"]["layers_per_stage"] = split
     measured, metric = _measured(row, global_batch, gpus)
-    label = f"{m['name']} {gpu} {gpus}g TP{tp} PP{pp} DP{dp} s{m['seq_len']} mbs{mbs} {recomputation}"
+    label = (f"{m['name']} {gpu} {gpus}g TP{tp} PP{pp} DP{dp}" + (f" CP{cp}" if cp > 1 else "")
+             + f" s{m['seq_len']} mbs{mbs} {recomputation}")
     overlap = "--tp-comm-overlap" in notes
     memory = row["measured"].get("peak_mem_gib")
     family = _family(row) + (" FP8" if fp8 else "")

@@ -37,6 +37,9 @@ def unexecuted_settings(instance: Instance, *, relief: bool, early_stop: bool | 
     if training.fp8 is not None:
         found.append(("training.fp8", "fp8 linears are priced but the runtimes compute in float32 / float64",
                       "drop training.fp8"))
+    if training.context_parallel > 1:
+        found.append(("training.context_parallel", "context parallelism is priced but the runtimes give every "
+                      "rank whole sequences", "set context_parallel to 1"))
     if training.loss_chunks > 1:
         found.append(("training.loss_chunks", "the runtimes compute the head and loss over the whole micro-batch",
                       "set loss_chunks to 1"))

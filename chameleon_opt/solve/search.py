@@ -112,6 +112,8 @@ def level_model_for(instance: Instance, failed: frozenset[int], model: PerfModel
     """The level model the search would solve for these failures (for export and benchmarks).
 
     Raises InfeasibleError when no template fits."""
+    from chameleon_opt.decision import refuse_context_parallel
+    refuse_context_parallel(instance)
     model = model or PerfModel(instance)
     space = search_space(instance, failed, model)
     hint = heuristic_mix(space.templates, space.budget, space.total) if space.templates else None

@@ -69,12 +69,18 @@ def _recompute_mode(recompute: bool | str) -> str:
 class Workload:
     """A workload with its derived per-layer quantities, for one sequence length and precision."""
 
-    def __init__(self, spec: WorkloadSpec, sequence_length: int | None, dtype_bytes: int) -> None:
+    def __init__(self, spec: WorkloadSpec, sequence_length: int | None, dtype_bytes: int,
+                 context_parallel: int = 1) -> None:
+        """`context_parallel` (cp): each rank holds s / cp of every sequence (Megatron-LM / Transformer
+        Engine context parallelism), so every per-sample quantity here is one rank's share: the
+        linears, element-wise work, activations and messages of s / cp tokens, and the attention core
+        of those s / cp queries against all s keys (the s^2 terms divided by cp, not cp^2)."""
         self.spec = spec
         self.name = spec.name
         self.architecture: Architecture | None = spec.architecture
         arch_seq = self.architecture.seq_len if self.architecture else None
-        self.sequence_length = sequence_length or arch_seq or 0
+        self.context_parallel = context_parallel
+        self.sequence_length = (sequence_length or arch_seq or 0) // context_parallel  # one rank's tokens
         self.dtype_bytes = dtype_bytes
         self._tables: dict[tuple[str, int, int], LayerTable | None] = {}
 
@@ -129,18 +135,19 @@ class Workload:
         a, s = self.architecture, self.sequence_length
         h = a.hidden
         matmul_params = 2 * h * a.q_dim + 2 * h * a.kv_dim + (3 if a.gated_mlp else 2) * h * a.ffn
-        block = 2.0 * s * matmul_params + 4.0 * s * s * a.q_dim
+        block = 2.0 * s * matmul_params + 4.0 * s * (s * self.context_parallel) * a.q_dim
         head = 2.0 * s * h * a.vocab
         return np.array([0.0] + [block] * a.layers + [head])
 
     @cached_property
     def attention_core_flops_per_sample(self) -> np.ndarray:
         """Forward FLOPs of the attention core (Q K^T and attention x V: 4*s^2*q per block): what
-        selective recomputation repeats in the backward."""
+        selective recomputation repeats in the backward. Under context parallelism one rank's s / cp
+        queries against the whole sequence's s keys: 4*(s/cp)*s*q."""
         if self.architecture is None:
             return np.zeros(self.num_layers)
         a, s = self.architecture, self.sequence_length
-        return np.array([0.0] + [4.0 * s * s * a.q_dim] * a.layers + [0.0])
+        return np.array([0.0] + [4.0 * s * (s * self.context_parallel) * a.q_dim] * a.layers + [0.0])
 
     def activation_bytes_per_sample(self, tp: int, recompute: bool | str, attention: str = "flash",
                                     sequence_parallel: bool = False, kernels: Kernels | None = None) -> np.ndarray:
@@ -301,6 +308,16 @@ class Workload:
         pairs[1:-1] = 2.0 * s * np.array([a.hidden * (a.q_dim + 2 * a.kv_dim), a.q_dim * a.hidden, up,
                                           a.ffn * a.hidden])
         return pairs
+
+    def context_parallel_kv_bytes_per_sample(self, tp: int) -> np.ndarray:
+        """Bytes of one ring step's K and V message per layer and sample on one rank (context
+        parallelism): the rank's s / cp tokens of K and V, kv heads split over TP. Transformer Engine's
+        AttnFuncWithCPAndKVP2P sends this each forward step and K, V and their gradients (twice this)
+        each backward step (its p2p_comm_buffers hold (2, *kv.shape))."""
+        if self.architecture is None or self.context_parallel <= 1:
+            return np.zeros(self.num_layers)
+        kv = 2.0 * self.sequence_length * self.architecture.kv_dim / tp * self.dtype_bytes
+        return np.array([0.0] + [kv] * self.architecture.layers + [0.0])
 
     def tp_allreduce_bytes_per_sample(self) -> float:
         if self.architecture is None:
