@@ -263,6 +263,11 @@ def test_virtual_stage_rows_run_interleaved_with_their_stacks_settings(rows: dic
     assert [r.document["training"]["virtual_stages"] for r in (llama2, llama3, small)] == [20, 5, 10]
     assert llama2.tp_comm_overlap and llama2.document["training"]["sequence_parallel"]
     assert llama3.tp_comm_overlap and not small.tp_comm_overlap
+    # GPT-3 175B: the 128-GPU row ran gpt3/175b.yaml (no TP overlap), the 512-GPU micro-batch-2 row 175b_mlperf.yaml
+    # (TP overlap); both tokenize with the GPT-2 vocabulary the rows leave blank
+    gpt128, gpt512 = to_run(rows["nemo-003"]), to_run(rows["nemo-004"])
+    assert not gpt128.tp_comm_overlap and gpt512.tp_comm_overlap
+    assert gpt128.document["workload"]["inline"]["architecture"]["vocab"] == 50257
     nemo = rows["nemo-007"]
     uneven = {**nemo, "parallel": {**nemo["parallel"], "vp": 3}}  # 80 layers over 4 x 3 chunks
     with pytest.raises(Refused, match="not a multiple of pp x vp"):

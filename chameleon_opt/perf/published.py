@@ -233,28 +233,35 @@ FP8_RECIPES = {
 
 STACK_CONFIGS = {
     # NeMo 24.07's pretraining table (docs/source/performance/performance_summary.md) ran NeMo-Framework-Launcher's
-    # training configs, which at 1a7171d7 (2024-07-17) hold the rows' TP / PP / VP: llama/llama2_70b.yaml
-    # (TP4 PP4 VP20) sets sequence_parallel and ub_tp_comm_overlap (TE userbuffers, cfg
-    # ub_cfg_h100_h8192_tp4_mbs1_seqlen4096); llama/llama2_13b.yaml (TP1 PP4 VP10) neither; gpt3/175b.yaml
-    # (TP4 PP8 VP6) sequence_parallel only. Every one of them sets overlap_p2p_comm (the model's interleaved pricing).
-    ("nemo", "Pretraining (NeMo 24.07", "LLAMA2-70B"): {"sequence_parallel": True, "tp_comm_overlap": True},
-    ("nemo", "Pretraining (NeMo 24.07", "LLAMA2-13B"): {"sequence_parallel": False, "tp_comm_overlap": False},
-    ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B"): {"sequence_parallel": True, "tp_comm_overlap": False},
+    # training configs (launcher_scripts/conf/training/ at 1a7171d7, 2024-07-17), whose TP / PP / VP / micro-batch
+    # are the rows': llama/llama2_70b.yaml (TP4 PP4 VP20) sets sequence_parallel and ub_tp_comm_overlap (TE
+    # userbuffers); llama/llama2_13b.yaml (TP1 PP4 VP10) neither; gpt3/175b.yaml (TP4 PP8 VP6, micro-batch 1)
+    # sequence_parallel only; gpt3/175b_mlperf.yaml (121c975d, 2024-07-18: 64 nodes, micro-batch 2, the 512-GPU row
+    # whose cell links to MLPerf) both. The GPT-3 configs tokenize with Megatron's GPT2BPETokenizer (the GPT-2
+    # vocabulary the rows leave blank). Every one of them sets overlap_p2p_comm (the model's interleaved pricing).
+    ("nemo", "Pretraining (NeMo 24.07", "LLAMA2-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
+    ("nemo", "Pretraining (NeMo 24.07", "LLAMA2-13B", 1): {"sequence_parallel": False, "tp_comm_overlap": False},
+    ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 1): {"sequence_parallel": True, "tp_comm_overlap": False,
+                                                          "vocab": GPT2_BPE_VOCAB},
+    ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 2): {"sequence_parallel": True, "tp_comm_overlap": True,
+                                                          "vocab": GPT2_BPE_VOCAB},
     # Megatron-LM's Llama 3 FP8 table "follows NeMo Framework's performance scripts" (examples/llama/README.md):
     # NeMo's scripts/performance/llm/pretrain_llama3_70b.py asserts the comm-overlap callback ("Required for
     # performance") and gives it TE userbuffers for H100 fp8 TP4 (userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192);
     # Megatron's tp_comm_overlap requires sequence parallelism.
-    ("megatron_lm", "FP8 Performance", "LLAMA3-70B"): {"sequence_parallel": True, "tp_comm_overlap": True},
+    ("megatron_lm", "FP8 Performance", "LLAMA3-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
 }
-"""Settings a row does not state but its stack's own configuration for that model and layout does, keyed by
-(source, section prefix, model name)."""
+"""Settings a row does not state but its stack's own configuration for that model, layout and micro-batch does,
+keyed by (source, section prefix, model name, micro-batch size)."""
 
 
-def _stack_config(row: dict[str, Any]) -> dict[str, bool]:
+def _stack_config(row: dict[str, Any]) -> dict[str, Any]:
     """The row's STACK_CONFIGS entry, {} where none applies."""
     section = str(row["source"].get("section") or "")
-    return next((v for (source, prefix, name), v in STACK_CONFIGS.items()
-                 if row["_source"] == source and section.startswith(prefix) and row["model"]["name"] == name), {})
+    mbs = row["batch"].get("micro_batch") or 1
+    return next((v for (source, prefix, name, micro), v in STACK_CONFIGS.items()
+                 if row["_source"] == source and section.startswith(prefix) and row["model"]["name"] == name
+                 and mbs == micro), {})
 
 
 def _fp8(row: dict[str, Any], gpu: str) -> dict[str, str] | None:
@@ -362,6 +369,9 @@ def _torch_early_stop(row: dict[str, Any]) -> bool:
 def to_run(row: dict[str, Any]) -> PublishedRun:
     """The row as an instance and a measured step time (Refused when it cannot be priced faithfully)."""
     row = _with_gpt3_dimensions(row)
+    stack = _stack_config(row)
+    if stack.get("vocab") and not row["model"].get("vocab"):
+        row = {**row, "model": {**row["model"], "vocab": stack["vocab"]}}
     _refuse_unsupported(row)
     gpu = _gpu(row)
     fp8 = _fp8(row, gpu)
@@ -411,7 +421,6 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         zero = max(zero, 1)
         sharded["overlap_param_gather"] = True
     attention, kernel = _attention(row)
-    stack = _stack_config(row)
     per_node = min(int(hw.get("gpus_per_node") or 8), gpus)
     gated = _gated(m)
     # Heads unstated (Megatron's 2021 table): h / 128, which changes no FLOP and, under flash
