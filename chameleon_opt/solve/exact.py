@@ -1809,11 +1809,37 @@ class ExactSearch:
         the seventh crosses twice (17.264283 -> 17.264493, its plan); 94 (three stages, nodes of at
         most two fast groups, B = 5): 19.469159 -> 19.469369 (its plan) by the counted form."""
         relaxation = self.relaxation
-        per_node = self.node_groups()
         extra = self._least_extras(pipelines)
         best = 0.0
+        for kind, stages, crossings, rounds, by_runs in self._paired_cases(pipelines):
+            if max(best, value) >= floor:
+                continue
+            table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), paired=(crossings, stages))
+            if table is None:
+                return best
+            best = max(best, table[self.root])
+            if crossings == 1 and by_runs and max(best, value) < floor:
+                best = max(best, self.thresholds(pipelines, refine, max(best, value), floor,
+                                                 forced=(kind, rounds), paired=(crossings, stages)))
+            if max(best, value) >= floor:
+                continue
+            # or with the pipeline times counted by the shortest one's stage count (`floor`'s counted)
+            least = math.inf
+            for shortest, paid in extra.items():
+                row = relaxation.paired_level(pipelines, shortest, refine, (kind, rounds), (crossings, stages))
+                if row is None:
+                    return best
+                least = min(least, row[self.root] + paid)
+            best = max(best, least)
+        return best
+
+    def _paired_cases(self, pipelines: int) -> Iterator[tuple[int, int, int, int, bool]]:
+        """`paired`'s cases (kind k, s0 stages, c crossings, R pipelines forced, whether the runs bind):
+        at least R of P pipelines are of another kind than k somewhere, shorter than s0 stages, or
+        cross nodes at least c times."""
+        relaxation = self.relaxation
         for kind in range(len(relaxation.kind_count)):
-            of_kind = [self.of_kind(groups, kind) for groups in per_node.values()]
+            of_kind = [self.of_kind(groups, kind) for groups in self.node_groups().values()]
             shared = sum(max(count - 1, 0) for count in of_kind)
             for stages in range(2, self.longest + 1):
                 for crossings in range(-(-stages // relaxation.most_per_node), stages):
@@ -1821,26 +1847,29 @@ class ExactSearch:
                     run = -(-stages // crossings)
                     runs_in_nodes = sum(count // run for count in of_kind)
                     rounds = pipelines - min(shared // (stages - crossings), runs_in_nodes)
-                    if rounds <= 0 or max(best, value) >= floor:
-                        continue
-                    table = relaxation.coupled(pipelines, refine, forced=(kind, rounds),
-                                               paired=(crossings, stages))
-                    if table is None:
-                        return best
-                    best = max(best, table[self.root])
-                    if crossings == 1 and runs_in_nodes < shared // (stages - 1) and max(best, value) < floor:
-                        best = max(best, self.thresholds(pipelines, refine, max(best, value), floor,
-                                                         forced=(kind, rounds), paired=(crossings, stages)))
-                    if max(best, value) >= floor:
-                        continue
-                    # or with the pipeline times counted by the shortest one's stage count (`floor`'s counted)
-                    least = math.inf
-                    for shortest, paid in extra.items():
-                        row = relaxation.paired_level(pipelines, shortest, refine, (kind, rounds), (crossings, stages))
-                        if row is None:
-                            return best
-                        least = min(least, row[self.root] + paid)
-                    best = max(best, least)
+                    if rounds > 0:
+                        yield kind, stages, crossings, rounds, runs_in_nodes < shared // (stages - 1)
+
+    def paired_union(self, pipelines: int, refine: Deadline, value: float, floor: float,
+                     union: tuple[int, ...]) -> float:
+        """Floor of the plans of P pipelines whose boundaries lie in U (`union_rings`' sets) by `paired`'s
+        argument, which holds for every plan: the coupled table on U's splits with U's rings and R
+        pipelines of another kind somewhere, shorter than s0 stages or crossing nodes c times, the
+        largest over `paired`'s cases, while below `floor`. `paired` alone lets each pipeline take the
+        split that crosses cheapest, and `union_rings` alone keeps every boundary inside a node:
+        32-64-device seed 365 (four fast pipelines, nodes of at most two fast groups, a 100 MB send
+        before layer 3) had U = {2, 3} floored at 19.013760, one ring start-up below its optimum
+        19.013880, the floor of U = {1, 2, 3}: of four three-stage fast pipelines 0-1 | 2 | 3, at most
+        two keep a boundary inside a node."""
+        best = value
+        for kind, stages, crossings, rounds, _ in self._paired_cases(pipelines):
+            if best >= floor:
+                break
+            table = self.relaxation.coupled(pipelines, refine, forced=(kind, rounds), paired=(crossings, stages),
+                                            union=union)
+            if table is None:
+                break
+            best = max(best, table[self.root])
         return best
 
     def _least_extras(self, pipelines: int) -> dict[int, float]:
@@ -1955,6 +1984,8 @@ class ExactSearch:
                 return floors[union]
             raised.add(union)
             floors[union] = max(floors[union], self.thresholds(pipelines, refine, value, floor, union=union))
+            if floors[union] < floor:
+                floors[union] = self.paired_union(pipelines, refine, floors[union], floor, union)
             if floors[union] <= value:
                 return floors[union]  # it cannot raise `value`
 
