@@ -807,6 +807,25 @@ def test_column_plans_cut_by_the_incumbent():
     assert column_plans(instance, failed, model, Deadline.after(5.0), 0.0) == []
 
 
+def test_column_least_step_is_the_best_share_of_the_1f1b_floors():
+    """`columns.least_step` by hand: stages of 1 and 2 s (T(m) = 1 + 2m) beside one of 3 s (T(m) = 3m),
+    three micro-batches: the shares (3, 0), (2, 1), (1, 2), (0, 3) give 7, 5, 6 and 9, so 5. And on
+    32-64-device seed 45's column optimum (the model's step, 11.335293) it stays below."""
+    from chameleon_opt.solve.columns import column_plans, least_step
+
+    pipes = [Pipeline((Stage((0,), 0, 1), Stage((1,), 1, 2)), 1), Pipeline((Stage((2,), 0, 2),), 1)]
+    by_hand = {0: 1.0, 1: 2.0, 2: 3.0}
+    assert least_step(pipes, 3, lambda pipe: [by_hand[st.devices[0]] for st in pipe.stages]) == 5.0
+    data, failed = _bench_instance(45, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plan, step = column_plans(instance, failed, model, Deadline.after(5.0), 11.36954271040385)[0]
+    least = least_step(list(plan.pipelines), instance.global_micro_batches, lambda pipe: [
+        min(sum(model.stage_times(st.devices, st.first, st.end, r)[:2]) for r in model.relief_options)
+        for st in pipe.stages])
+    assert 0.9 * step < least <= step
+
+
 def test_column_plans_keep_the_costliest_sends_inside_nodes():
     """32-64-device seed 198 (four six-stage fast pipelines, nodes of 8, 8, 7 and 6 fast groups): its optimum
     keeps columns 0-1 and 3-4 inside nodes, where the sends are costly, and crosses at the others. The
