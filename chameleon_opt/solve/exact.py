@@ -2630,6 +2630,7 @@ class ExactSearch:
         bits = [[sum(1 << layer for layer in range(first, end)) for end in range(self.layers + 1)]
                 for first in range(self.layers + 1)]  # bits[f][e]: layers f..e - 1 as a bit set
         running: dict[int, list[float]] = {}  # per bit set of crossing layers: their gradient bytes below each layer
+        slot_rings: dict[tuple[int, int, int, int], float] = {}  # `stage_ring` by (replicas, crossing layers, first, end)
         # per set of chosen pipelines (a stack, `hold`): each node's layers that cross unless a stage there holds
         # them, and the crossing floor by (crossing layers, candidate's bounds, replicas)
         memo: list[tuple[dict[int, int], dict[tuple[int, tuple[int, ...], int], float]]] = [({}, {})]
@@ -2683,9 +2684,13 @@ class ExactSearch:
                         spanning.append(crossed)
                     running[crossing] = spanning
                 # each stage's own all-reduce: its crossing layers' bytes across, the rest on the floor's link
-                known = max(self.relaxation.stage_ring(pipelines, total_grad[end] - total_grad[first],
-                                                       spanning[end] - spanning[first])
-                            for first, end in itertools.chain(zip(bounds, bounds[1:]), spans))
+                known = 0.0
+                for first, end in itertools.chain(zip(bounds, bounds[1:]), spans):
+                    slot = slot_rings.get((pipelines, crossing, first, end))
+                    if slot is None:  # memoised across the tree (the stack's memo only holds whole floors)
+                        slot = slot_rings[pipelines, crossing, first, end] = self.relaxation.stage_ring(
+                            pipelines, total_grad[end] - total_grad[first], spanning[end] - spanning[first])
+                    known = max(known, slot)
                 floors[crossing, bounds, pipelines] = known
             return max(known, largest)
 
