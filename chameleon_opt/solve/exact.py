@@ -117,11 +117,14 @@ bound (`ExactSearch.floor` with a deadline: tables built on demand; tens of ms b
 0.3 s on 54 of 60 random 32-64-device instances, 0.5-1.4 s on the two of 64 devices and 7 micro-batches);
 an inventory whose refined floor meets the incumbent is not searched. Only a slow floor uses it all,
 and its tree rarely finishes in the rest without it (32-64 seed 56: the floor meets the plan)."""
-SOLE_REFINE_SHARE = 0.8
+SOLE_REFINE_SHARE = 0.6
 """REFINE_SHARE where a single inventory's floor is below the incumbent: its tree is then all that could
 prove the plan otherwise, and it rarely does once the floors outlast their share (32-64 seeds 0-389 and
 1000-1199 at 2 s: of the nine whose refining ran out, the six with one inventory left were never proven by
-its tree; when set, 324's floor met its plan after 1.14 s of refining, 0.95 s at REFINE_SHARE)."""
+its tree; when set at 0.8, 324's floor met its plan after 1.14 s of refining, 0.95 s at REFINE_SHARE). Not
+more: a small tree then has no time left (32-64 seed 192: its floors refine for 1.7 s and stay 0.18%
+below the plan, its tree ends in 0.26 s; at 0.8 it had 0.25 s, at 0.6 it is proven in 1.66 s, while 324
+and 53 still meet their plans by refining, in 0.85 and 1.08 s)."""
 STEP_POLISH_SHARE = 0.1
 """Of what is left, at most this much polishes each better plan a tree finds (`polish_step_splits`)."""
 REACHING_SHARE = 0.1
