@@ -807,6 +807,25 @@ def test_column_plans_cut_by_the_incumbent():
     assert column_plans(instance, failed, model, Deadline.after(5.0), 0.0) == []
 
 
+def test_column_least_step_is_the_best_share_of_the_1f1b_floors():
+    """`columns.least_step` by hand: stages of 1 and 2 s (T(m) = 1 + 2m) beside one of 3 s (T(m) = 3m),
+    three micro-batches: the shares (3, 0), (2, 1), (1, 2), (0, 3) give 7, 5, 6 and 9, so 5. And on
+    32-64-device seed 45's column optimum (the model's step, 11.335293) it stays below."""
+    from chameleon_opt.solve.columns import column_plans, least_step
+
+    pipes = [Pipeline((Stage((0,), 0, 1), Stage((1,), 1, 2)), 1), Pipeline((Stage((2,), 0, 2),), 1)]
+    by_hand = {0: 1.0, 1: 2.0, 2: 3.0}
+    assert least_step(pipes, 3, lambda pipe: [by_hand[st.devices[0]] for st in pipe.stages]) == 5.0
+    data, failed = _bench_instance(45, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plan, step = column_plans(instance, failed, model, Deadline.after(5.0), 11.36954271040385)[0]
+    least = least_step(list(plan.pipelines), instance.global_micro_batches, lambda pipe: [
+        min(sum(model.stage_times(st.devices, st.first, st.end, r)[:2]) for r in model.relief_options)
+        for st in pipe.stages])
+    assert 0.9 * step < least <= step
+
+
 def test_column_plans_keep_the_costliest_sends_inside_nodes():
     """32-64-device seed 198 (four six-stage fast pipelines, nodes of 8, 8, 7 and 6 fast groups): its optimum
     keeps columns 0-1 and 3-4 inside nodes, where the sends are costly, and crosses at the others. The
@@ -1070,6 +1089,35 @@ def test_union_floor_rings_each_run_of_a_stage_between_the_plans_boundaries(seed
     assert floor == pytest.approx(optimum, rel=1e-12)
     if extra_rings is not None:
         assert floor == pytest.approx(coupled + extra_rings * 2 * (pipelines - 1) * model.inter.latency, rel=1e-12)
+
+
+def test_union_floor_pairs_the_boundaries_nodes_can_keep_inside():
+    """32-64-device seed 365 (TP 2, nodes of two groups, at most two of them fast in a node; a 100 MB
+    send before layer 3). Its plan, written out here, runs two three-stage fast pipelines 0-1 | 2 | 3
+    beside two four-stage ones, so U = {1, 2, 3} and the two-layer stages ring two groups: one ring
+    start-up (2 (P - 1) steps of the inter-node latency) above `coupled`'s one ring a stage. The
+    plans of U = {2, 3} (every pipeline 0-1 | 2 | 3 or coarser) were floored one start-up lower, as
+    if every such pipeline kept its sends inside nodes; by `paired`'s count (two nodes of two fast
+    groups keep two boundaries inside) two of four three-stage fast pipelines cross at both,
+    100 MB each way, so U = {2, 3} now floors above the plan, and the least over U meets it
+    (`ExactSearch.paired_union`; before, the tree did not close the 6e-6 gap in 14 s)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(365, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    plan = Plan(2, (Pipeline((Stage((0, 1), 0, 2), Stage((4, 5), 2, 3), Stage((6, 7), 3, 4)), 2),
+                    Pipeline((Stage((8, 10), 0, 2), Stage((32, 33), 2, 3), Stage((34, 35), 3, 4)), 1),
+                    Pipeline((Stage((29, 30), 0, 1), Stage((36, 37), 1, 2), Stage((14, 15), 2, 3),
+                              Stage((16, 19), 3, 4)), 2),
+                    Pipeline((Stage((40, 41), 0, 1), Stage((45, 46), 1, 2), Stage((21, 23), 2, 3),
+                              Stage((24, 27), 3, 4)), 2)))
+    assert check_plan(instance, plan, failed).ok
+    optimum = model.evaluate(plan, failed).iteration_time_s
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    coupled = search.relaxation.coupled(4, Deadline.never())[search.root]
+    assert optimum == pytest.approx(coupled + 2 * 3 * model.inter.latency, rel=1e-12)
+    assert search.union_rings(4, Deadline.never(), coupled, math.inf) == pytest.approx(optimum, rel=1e-12)
 
 
 @pytest.mark.parametrize("seed, optimum, shape, counts", [(3144, 16.401047303897773, (0, 1, 3), [2, 3]),

@@ -115,6 +115,24 @@ def _merged(free: list[list[tuple[int, ...]]], speed: dict[tuple[int, ...], floa
     return assign(runs)
 
 
+def least_step(pipelines: list[Pipeline], total: int, times: Callable[[Pipeline], list[float]]) -> float:
+    """A floor on the step of a plan of these pipelines however its `total` micro-batches are shared
+    (`spread_and_priced` spreads, then rebalances them): the step is at least the slowest pipeline's
+    1F1B time (ring and optimizer step only add), and a pipeline running m micro-batches takes at
+    least T(m) = max over stages s of (the forward + backward of the stages before s + m x stage
+    s's): its first micro-batch's forward reaches s only after those stages' forwards, s runs all m
+    forwards and backwards, and the last backward leaves through the backwards before s (`times`:
+    each stage's forward + backward, at most the model's under any relief, sends excluded). T
+    grows with m, so the least over shares of the slowest is the `total`-th least of every
+    pipeline's T(1..total) (a pipeline left idle counts as 0). Plain 1F1B only: 0 under interleaving."""
+    values = []
+    for pipe in pipelines:
+        work = np.array(times(pipe))
+        before = np.concatenate([[0.0], np.cumsum(work)[:-1]])
+        values.extend(np.max(before[None, :] + np.arange(1, total + 1)[:, None] * work[None, :], axis=1))
+    return float(np.partition(values, total - 1)[total - 1]) if len(values) >= total else 0.0
+
+
 FITTED_VISITS = 2_000
 """Most partial column-to-node assignments `_fitted` visits per (stages, split, pipelines)."""
 
@@ -217,6 +235,17 @@ def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, d
             costs[key] = sum(model.stage_times(group, first, end, relief)[:2]) if fits else math.inf
         return costs[key]
 
+    work: dict[tuple[tuple[int, ...], int, int], float] = {}  # per (group, first, end): `least_step`'s time
+
+    def stage_work(pipe: Pipeline) -> list[float]:
+        """Each stage's least forward + backward of one micro-batch over the reliefs (`least_step`)."""
+        for st in pipe.stages:
+            if (st.devices, st.first, st.end) not in work:
+                work[st.devices, st.first, st.end] = min(sum(model.stage_times(st.devices, st.first, st.end, r)[:2])
+                                                         for r in model.relief_options)
+        return [work[st.devices, st.first, st.end] for st in pipe.stages]
+
+    interleaved = (model.options.virtual_stages or 1) > 1
     for estimate, stages, bounds, count in candidates:
         if estimate >= best or deadline.expired():
             break
@@ -233,6 +262,8 @@ def column_plans(instance: Instance, failed: frozenset[int], model: PerfModel, d
                 break
             pipelines = [Pipeline(tuple(Stage(sorted(columns[s], key=lambda g: (speed[g], g))[j], bounds[s],
                                               bounds[s + 1]) for s in range(stages)), 1) for j in range(count)]
+            if not interleaved and least_step(pipelines, total, stage_work) >= best:
+                continue  # its groups cannot beat the best so far, however it is priced (ms saved per placement)
             priced = spread_and_priced(model, pipelines, tp, total, deadline, failed)
             if priced is not None:
                 found.append(priced)

@@ -117,11 +117,14 @@ bound (`ExactSearch.floor` with a deadline: tables built on demand; tens of ms b
 0.3 s on 54 of 60 random 32-64-device instances, 0.5-1.4 s on the two of 64 devices and 7 micro-batches);
 an inventory whose refined floor meets the incumbent is not searched. Only a slow floor uses it all,
 and its tree rarely finishes in the rest without it (32-64 seed 56: the floor meets the plan)."""
-SOLE_REFINE_SHARE = 0.8
+SOLE_REFINE_SHARE = 0.6
 """REFINE_SHARE where a single inventory's floor is below the incumbent: its tree is then all that could
 prove the plan otherwise, and it rarely does once the floors outlast their share (32-64 seeds 0-389 and
 1000-1199 at 2 s: of the nine whose refining ran out, the six with one inventory left were never proven by
-its tree; when set, 324's floor met its plan after 1.14 s of refining, 0.95 s at REFINE_SHARE)."""
+its tree; when set at 0.8, 324's floor met its plan after 1.14 s of refining, 0.95 s at REFINE_SHARE). Not
+more: a small tree then has no time left (32-64 seed 192: its floors refine for 1.7 s and stay 0.18%
+below the plan, its tree ends in 0.26 s; at 0.8 it had 0.25 s, at 0.6 it is proven in 1.66 s, while 324
+and 53 still meet their plans by refining, in 0.85 and 1.08 s)."""
 STEP_POLISH_SHARE = 0.1
 """Of what is left, at most this much polishes each better plan a tree finds (`polish_step_splits`)."""
 REACHING_SHARE = 0.1
@@ -1816,11 +1819,37 @@ class ExactSearch:
         the seventh crosses twice (17.264283 -> 17.264493, its plan); 94 (three stages, nodes of at
         most two fast groups, B = 5): 19.469159 -> 19.469369 (its plan) by the counted form."""
         relaxation = self.relaxation
-        per_node = self.node_groups()
         extra = self._least_extras(pipelines)
         best = 0.0
+        for kind, stages, crossings, rounds, by_runs in self._paired_cases(pipelines):
+            if max(best, value) >= floor:
+                continue
+            table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), paired=(crossings, stages))
+            if table is None:
+                return best
+            best = max(best, table[self.root])
+            if crossings == 1 and by_runs and max(best, value) < floor:
+                best = max(best, self.thresholds(pipelines, refine, max(best, value), floor,
+                                                 forced=(kind, rounds), paired=(crossings, stages)))
+            if max(best, value) >= floor:
+                continue
+            # or with the pipeline times counted by the shortest one's stage count (`floor`'s counted)
+            least = math.inf
+            for shortest, paid in extra.items():
+                row = relaxation.paired_level(pipelines, shortest, refine, (kind, rounds), (crossings, stages))
+                if row is None:
+                    return best
+                least = min(least, row[self.root] + paid)
+            best = max(best, least)
+        return best
+
+    def _paired_cases(self, pipelines: int) -> Iterator[tuple[int, int, int, int, bool]]:
+        """`paired`'s cases (kind k, s0 stages, c crossings, R pipelines forced, whether the runs bind):
+        at least R of P pipelines are of another kind than k somewhere, shorter than s0 stages, or
+        cross nodes at least c times."""
+        relaxation = self.relaxation
         for kind in range(len(relaxation.kind_count)):
-            of_kind = [self.of_kind(groups, kind) for groups in per_node.values()]
+            of_kind = [self.of_kind(groups, kind) for groups in self.node_groups().values()]
             shared = sum(max(count - 1, 0) for count in of_kind)
             for stages in range(2, self.longest + 1):
                 for crossings in range(-(-stages // relaxation.most_per_node), stages):
@@ -1828,26 +1857,29 @@ class ExactSearch:
                     run = -(-stages // crossings)
                     runs_in_nodes = sum(count // run for count in of_kind)
                     rounds = pipelines - min(shared // (stages - crossings), runs_in_nodes)
-                    if rounds <= 0 or max(best, value) >= floor:
-                        continue
-                    table = relaxation.coupled(pipelines, refine, forced=(kind, rounds),
-                                               paired=(crossings, stages))
-                    if table is None:
-                        return best
-                    best = max(best, table[self.root])
-                    if crossings == 1 and runs_in_nodes < shared // (stages - 1) and max(best, value) < floor:
-                        best = max(best, self.thresholds(pipelines, refine, max(best, value), floor,
-                                                         forced=(kind, rounds), paired=(crossings, stages)))
-                    if max(best, value) >= floor:
-                        continue
-                    # or with the pipeline times counted by the shortest one's stage count (`floor`'s counted)
-                    least = math.inf
-                    for shortest, paid in extra.items():
-                        row = relaxation.paired_level(pipelines, shortest, refine, (kind, rounds), (crossings, stages))
-                        if row is None:
-                            return best
-                        least = min(least, row[self.root] + paid)
-                    best = max(best, least)
+                    if rounds > 0:
+                        yield kind, stages, crossings, rounds, runs_in_nodes < shared // (stages - 1)
+
+    def paired_union(self, pipelines: int, refine: Deadline, value: float, floor: float,
+                     union: tuple[int, ...]) -> float:
+        """Floor of the plans of P pipelines whose boundaries lie in U (`union_rings`' sets) by `paired`'s
+        argument, which holds for every plan: the coupled table on U's splits with U's rings and R
+        pipelines of another kind somewhere, shorter than s0 stages or crossing nodes c times, the
+        largest over `paired`'s cases, while below `floor`. `paired` alone lets each pipeline take the
+        split that crosses cheapest, and `union_rings` alone keeps every boundary inside a node:
+        32-64-device seed 365 (four fast pipelines, nodes of at most two fast groups, a 100 MB send
+        before layer 3) had U = {2, 3} floored at 19.013760, one ring start-up below its optimum
+        19.013880, the floor of U = {1, 2, 3}: of four three-stage fast pipelines 0-1 | 2 | 3, at most
+        two keep a boundary inside a node."""
+        best = value
+        for kind, stages, crossings, rounds, _ in self._paired_cases(pipelines):
+            if best >= floor:
+                break
+            table = self.relaxation.coupled(pipelines, refine, forced=(kind, rounds), paired=(crossings, stages),
+                                            union=union)
+            if table is None:
+                break
+            best = max(best, table[self.root])
         return best
 
     def _least_extras(self, pipelines: int) -> dict[int, float]:
@@ -1962,6 +1994,8 @@ class ExactSearch:
                 return floors[union]
             raised.add(union)
             floors[union] = max(floors[union], self.thresholds(pipelines, refine, value, floor, union=union))
+            if floors[union] < floor:
+                floors[union] = self.paired_union(pipelines, refine, floors[union], floor, union)
             if floors[union] <= value:
                 return floors[union]  # it cannot raise `value`
 
@@ -2606,6 +2640,7 @@ class ExactSearch:
         bits = [[sum(1 << layer for layer in range(first, end)) for end in range(self.layers + 1)]
                 for first in range(self.layers + 1)]  # bits[f][e]: layers f..e - 1 as a bit set
         running: dict[int, list[float]] = {}  # per bit set of crossing layers: their gradient bytes below each layer
+        slot_rings: dict[tuple[int, int, int, int], float] = {}  # `stage_ring` by (replicas, crossing layers, first, end)
         # per set of chosen pipelines (a stack, `hold`): each node's layers that cross unless a stage there holds
         # them, and the crossing floor by (crossing layers, candidate's bounds, replicas)
         memo: list[tuple[dict[int, int], dict[tuple[int, tuple[int, ...], int], float]]] = [({}, {})]
@@ -2659,9 +2694,13 @@ class ExactSearch:
                         spanning.append(crossed)
                     running[crossing] = spanning
                 # each stage's own all-reduce: its crossing layers' bytes across, the rest on the floor's link
-                known = max(self.relaxation.stage_ring(pipelines, total_grad[end] - total_grad[first],
-                                                       spanning[end] - spanning[first])
-                            for first, end in itertools.chain(zip(bounds, bounds[1:]), spans))
+                known = 0.0
+                for first, end in itertools.chain(zip(bounds, bounds[1:]), spans):
+                    slot = slot_rings.get((pipelines, crossing, first, end))
+                    if slot is None:  # memoised across the tree (the stack's memo only holds whole floors)
+                        slot = slot_rings[pipelines, crossing, first, end] = self.relaxation.stage_ring(
+                            pipelines, total_grad[end] - total_grad[first], spanning[end] - spanning[first])
+                    known = max(known, slot)
                 floors[crossing, bounds, pipelines] = known
             return max(known, largest)
 
@@ -2733,12 +2772,7 @@ class ExactSearch:
             if stats["nodes"] % 512 == 0 and window[0].expired():
                 stats["complete"] = False
                 return
-            stages = len(classes)
-            if stages:
-                times, others = prefix_floors.get(shape[0]) or prefix_floor(shape[0])
-                if max(worst, times[n_left] if final else others[after][n_left]) + opt + ring \
-                        >= best[0] * (1 - PRUNE_TOLERANCE):
-                    return  # too slow, whatever this pipeline's further stages, split and crossings
+            stages = len(classes)  # a child too slow by its first stages' types was cut before its call (below)
             if stages and not self.overlapped:
                 # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on), and at least
                 # `coming` pipelines, this one included, are still to be chosen, each with a holder of
@@ -2846,6 +2880,7 @@ class ExactSearch:
             order = self.order
             if copy:  # the first pipeline's type at this stage, else one that dominates it (stands in)
                 order = sorted(order, key=lambda c: self.class_type[c] != last[2][0][stages])
+            too_slow: dict[str, bool] = {}  # per next stage's device type: every child of it is cut at once
             for c in order:  # fastest device types first: good plans (and cuts) come early
                 node = class_node[c]
                 if taken[c] == pool_size[c] or (not touched[node] and class_rank[c] != opened[class_family[c]]):
@@ -2853,6 +2888,15 @@ class ExactSearch:
                 if copy and (not self.stands_in[class_type[c], last[2][0][stages]] or (stages and (
                         node != class_node[classes[-1]]) != last[2][1][stages - 1])):
                     continue
+                name = class_type[c]
+                if name not in too_slow or not too_slow[name]:  # a cut stays one: the incumbent only falls
+                    types = shape[0] + (name,)
+                    times, others = prefix_floors.get(types) or prefix_floor(types)
+                    too_slow[name] = max(worst, times[n_left] if final else others[after - class_stride[c]][n_left]) \
+                        + opt + ring >= best[0] * (1 - PRUNE_TOLERANCE)
+                if too_slow[name]:
+                    continue  # too slow, whatever this pipeline's further stages, split and crossings (80% of
+                    # the children of 32-64 seed 172's tree: cut here, before the call and its tuples)
                 group = pools[c][taken[c]]
                 taken[c] += 1
                 opened[class_family[c]] += not touched[node]
