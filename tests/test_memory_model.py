@@ -199,3 +199,22 @@ def test_interleaved_time_is_narayanan_closed_form_for_identical_stages():
     costs = [StageCost(tf, tb, tf + tb, 0.0, 0.0, 0.0, 0.0, 1.0)] * p
     for v in (1, 2, 4):
         assert PerfModel.pipeline_time(costs, m, v) == pytest.approx((m + (p - 1) / v) * (tf + tb))
+
+
+def test_interleaved_hand_worked_p4_v2_m8_with_overlapped_sends():
+    """p = 4 devices, v = 2 chunks, m = 8 micro-batches, every chunk's forward and backward 1 s, every
+    send 0.1 s. Megatron's interleaved order (schedules.py, microbatch groups of p) keeps each device
+    busy once filled: 16 chunk forwards + 16 chunk backwards = 32 s of work on device 0, plus the
+    fill and drain of (p - 1) = 3 chunk ops each way: (m v + p - 1)(1 + 1) = 38 s of compute.
+    With overlap_p2p_comm (on whenever virtual stages are set) a send delays only its receiver: the
+    first micro-batch's forward crosses 2 x 3 stage boundaries and 1 wrap from device 3 to device 0
+    (7 sends), the last one's backward the same 7: 38 + 14 x 0.1 = 39.4 s."""
+    from chameleon_opt.perf.model import StageCost
+    p, v, m, send = 4, 2, 8, 0.1
+    costs = [StageCost(2.0, 2.0, 4.0, 0.0, send if s < p - 1 else 0.0, send if s > 0 else 0.0, 0.0, 1.0)
+             for s in range(p)]
+    assert PerfModel.pipeline_time(costs, m, v) == pytest.approx(39.4)
+    # Megatron's warm-up on rank r: 2 (p - r - 1) + (v - 1) p chunk forwards, then one more before the
+    # first backward, each chunk 1/v of the stage's activations: 11 / 2 on rank 0, 5 / 2 on rank 3.
+    assert in_flight_micro_batches(0, p, m, virtual=v) == pytest.approx(5.5)
+    assert in_flight_micro_batches(p - 1, p, m, virtual=v) == pytest.approx(2.5)

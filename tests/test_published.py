@@ -23,13 +23,15 @@ def rows() -> dict[str, dict]:
 
 def test_moe_and_lora_rows_are_refused_by_name(rows: dict[str, dict]) -> None:
     reasons = {}
-    for key in ("megatron-041", "nemo-016", "nemo-013", "nemo-012"):
+    for key in ("megatron-041", "nemo-016", "nemo-013"):
         with pytest.raises(Refused) as refused:
             to_run(rows[key])
         reasons[key] = str(refused.value)
     assert "mixture of experts" in reasons["megatron-041"]
     assert "LoRA" in reasons["nemo-016"] and "packed" in reasons["nemo-013"]
-    assert "parallel.vp" in reasons["nemo-012"]  # context-parallel, but interleaved: refused for that
+    interleaved = to_run(rows["nemo-012"])  # context-parallel and interleaved: both priced
+    assert interleaved.document["training"]["context_parallel"] > 1
+    assert interleaved.document["training"]["virtual_stages"] > 1
 
 
 def test_context_parallel_rows_are_priced_with_their_cp_groups(rows: dict[str, dict]) -> None:
@@ -304,3 +306,25 @@ def test_configurations_only_the_earlier_table_has_become_runs_of_their_stated_l
     assert line80["measured_s"] == pytest.approx(3072 * 2048 / (876 * 64))
     assert line80["label"].startswith("MPT-30b A100-80 64g TP1 PP1 DP64 s2048 mbs16 full")
     assert 0.0 < found["median"] <= found["worst"]
+
+
+def test_virtual_stage_rows_run_interleaved_with_their_stacks_settings(rows: dict[str, dict]) -> None:
+    """NeMo's Llama 2 70B (TP4 PP4 VP20) and Megatron's Llama 3 70B (TP4 PP8 VP5) price interleaved 1F1B with the
+    launcher's sequence parallelism and TP overlap; an uneven chunk split or a micro-batch count that is not a
+    multiple of PP (Megatron's interleaved schedule raises) is refused by name."""
+    llama2, llama3, small = to_run(rows["nemo-007"]), to_run(rows["megatron-039"]), to_run(rows["nemo-006"])
+    assert [r.document["training"]["virtual_stages"] for r in (llama2, llama3, small)] == [20, 5, 10]
+    assert llama2.tp_comm_overlap and llama2.document["training"]["sequence_parallel"]
+    assert llama3.tp_comm_overlap and not small.tp_comm_overlap
+    # GPT-3 175B: the 128-GPU row ran gpt3/175b.yaml (no TP overlap), the 512-GPU micro-batch-2 row 175b_mlperf.yaml
+    # (TP overlap); both tokenize with the GPT-2 vocabulary the rows leave blank
+    gpt128, gpt512 = to_run(rows["nemo-003"]), to_run(rows["nemo-004"])
+    assert not gpt128.tp_comm_overlap and gpt512.tp_comm_overlap
+    assert gpt128.document["workload"]["inline"]["architecture"]["vocab"] == 50257
+    nemo = rows["nemo-007"]
+    uneven = {**nemo, "parallel": {**nemo["parallel"], "vp": 3}}  # 80 layers over 4 x 3 chunks
+    with pytest.raises(Refused, match="not a multiple of pp x vp"):
+        to_run(uneven)
+    odd = {**nemo, "batch": {**nemo["batch"], "global_batch": 120, "grad_accum": 30}}  # 30 micro-batches, PP4
+    with pytest.raises(Refused, match="not a multiple of parallel.pp"):
+        to_run(odd)

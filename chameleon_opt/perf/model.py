@@ -1085,20 +1085,26 @@ class PerfModel:
 
     @staticmethod
     def pipeline_time(costs: list[StageCost], micro_batches: int, virtual: int = 1) -> float:
-        """One pipeline's schedule time. v = 1: the exact 1F1B longest path (Eq. 11). v > 1
-        (interleaved 1F1B): each device runs v chunks of 1/v of its layers and sends at every chunk
-        boundary, so an operation costs t/v + send; the bubble is the 1F1B longest path of the chunk
-        operations and the steady state adds (v - 1)/v of m bottleneck operations, which equals
-        Narayanan et al.'s (m + (p - 1)/v)(t_f + t_b) + v times the sends for identical stages."""
+        """One pipeline's schedule time. v = 1: the exact 1F1B longest path (Eq. 11), sends blocking.
+        v > 1 (interleaved 1F1B, Megatron-LM's forward_backward_pipelining_with_interleaving): each
+        device runs v chunks of 1/v of its layers; compute is the 1F1B longest path of the chunk
+        operations plus (v - 1)/v of m bottleneck operations, i.e. Narayanan et al.'s
+        (m + (p - 1)/v)(t_f + t_b) for identical stages. Megatron overlaps the p2p of interleaving
+        with compute (overlap_p2p_comm, on by default whenever virtual stages are set: arguments.py),
+        so a send delays only its receiver: what stays exposed is the first micro-batch's forward
+        through all p v chunks and the last one's backward, 2 (p v - 1) sends for identical links
+        (v sends across each stage boundary and v - 1 from the last device back to the first, priced
+        at the slowest boundary's send); an event simulation of Megatron's order gives exactly that
+        for identical stages and less where stages' slack hides sends."""
         if virtual <= 1:
             return one_f_one_b_time([c.op_forward_s for c in costs], [c.op_backward_s for c in costs], micro_batches)
-        last = len(costs) - 1
-        forward = [c.forward_s / virtual + (c.send_forward_s or (costs[0].send_backward_s if s == last else 0.0))
-                   for s, c in enumerate(costs)]  # the last stage sends chunk outputs back to the first device
-        backward = [c.backward_s / virtual + c.send_backward_s for c in costs]
-        bubble = one_f_one_b_time(forward, backward, micro_batches)
-        bottleneck = max(f + b for f, b in zip(forward, backward))
-        return bubble + micro_batches * (virtual - 1) * bottleneck
+        forward = [c.forward_s / virtual for c in costs]
+        backward = [c.backward_s / virtual for c in costs]
+        compute = one_f_one_b_time(forward, backward, micro_batches) + micro_batches * (virtual - 1) * max(
+            f + b for f, b in zip(forward, backward))
+        wrap = max((c.send_forward_s for c in costs), default=0.0)
+        exposed = virtual * sum(c.send_forward_s + c.send_backward_s for c in costs) + 2 * (virtual - 1) * wrap
+        return compute + exposed
 
     @staticmethod
     def _breakdown(pipe: PipelineEstimate, pipeline_time: float, dp_time: float, opt_time: float) -> dict[str, float]:

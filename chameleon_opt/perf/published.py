@@ -234,8 +234,6 @@ def _refuse_unsupported(row: dict[str, Any]) -> None:
                       "sample, whose lengths the row does not state, so a full causal sequence would misprice it")
     if (p.get("ep") or 1) > 1 or "mixtral" in (row["model"]["name"] or "").lower():
         raise Refused("mixture of experts (parallel.ep / Mixtral): not modelled")
-    if (p.get("vp") or 1) > 1:
-        raise Refused(f"parallel.vp {p['vp']}: validated on one virtual stage only")
     notes = " ".join(str(x) for x in (p.get("notes"), row.get("activation_checkpointing"), row.get("notes")))
     if "offload" in notes.lower() and "activation_cpu_offload=false" not in notes.lower().replace(" ", ""):
         raise Refused("CPU offload of ZeRO-3 state / activations: not validated")
@@ -269,6 +267,39 @@ FP8_RECIPES = {
     "llm_foundry": {"recipe": "delayed", "weight_cast": "per_micro_batch"},
 }
 """The fp8 recipe each source's stack runs (perf/fp8.py models delayed scaling only)."""
+
+
+STACK_CONFIGS = {
+    # NeMo 24.07's pretraining table (docs/source/performance/performance_summary.md) ran NeMo-Framework-Launcher's
+    # training configs (launcher_scripts/conf/training/ at 1a7171d7, 2024-07-17), whose TP / PP / VP / micro-batch
+    # are the rows': llama/llama2_70b.yaml (TP4 PP4 VP20) sets sequence_parallel and ub_tp_comm_overlap (TE
+    # userbuffers); llama/llama2_13b.yaml (TP1 PP4 VP10) neither; gpt3/175b.yaml (TP4 PP8 VP6, micro-batch 1)
+    # sequence_parallel only; gpt3/175b_mlperf.yaml (121c975d, 2024-07-18: 64 nodes, micro-batch 2, the 512-GPU row
+    # whose cell links to MLPerf) both. The GPT-3 configs tokenize with Megatron's GPT2BPETokenizer (the GPT-2
+    # vocabulary the rows leave blank). Every one of them sets overlap_p2p_comm (the model's interleaved pricing).
+    ("nemo", "Pretraining (NeMo 24.07", "LLAMA2-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
+    ("nemo", "Pretraining (NeMo 24.07", "LLAMA2-13B", 1): {"sequence_parallel": False, "tp_comm_overlap": False},
+    ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 1): {"sequence_parallel": True, "tp_comm_overlap": False,
+                                                          "vocab": GPT2_BPE_VOCAB},
+    ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 2): {"sequence_parallel": True, "tp_comm_overlap": True,
+                                                          "vocab": GPT2_BPE_VOCAB},
+    # Megatron-LM's Llama 3 FP8 table "follows NeMo Framework's performance scripts" (examples/llama/README.md):
+    # NeMo's scripts/performance/llm/pretrain_llama3_70b.py asserts the comm-overlap callback ("Required for
+    # performance") and gives it TE userbuffers for H100 fp8 TP4 (userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192);
+    # Megatron's tp_comm_overlap requires sequence parallelism.
+    ("megatron_lm", "FP8 Performance", "LLAMA3-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
+}
+"""Settings a row does not state but its stack's own configuration for that model, layout and micro-batch does,
+keyed by (source, section prefix, model name, micro-batch size)."""
+
+
+def _stack_config(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's STACK_CONFIGS entry, {} where none applies."""
+    section = str(row["source"].get("section") or "")
+    mbs = row["batch"].get("micro_batch") or 1
+    return next((v for (source, prefix, name, micro), v in STACK_CONFIGS.items()
+                 if row["_source"] == source and section.startswith(prefix) and row["model"]["name"] == name
+                 and mbs == micro), {})
 
 
 def _fp8(row: dict[str, Any], gpu: str) -> dict[str, str] | None:
@@ -417,6 +448,9 @@ def _distributed_optimizer(row: dict[str, Any]) -> bool:
 def to_run(row: dict[str, Any]) -> PublishedRun:
     """The row as an instance and a measured step time (Refused when it cannot be priced faithfully)."""
     row = _with_gpt3_dimensions(row)
+    stack = _stack_config(row)
+    if stack.get("vocab") and not row["model"].get("vocab"):
+        row = {**row, "model": {**row["model"], "vocab": stack["vocab"]}}
     _refuse_unsupported(row)
     gpu = _gpu(row)
     fp8 = _fp8(row, gpu)
@@ -430,6 +464,17 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     global_batch = b.get("global_batch") or mbs * dp * (b.get("grad_accum") or 1)
     if global_batch % (mbs * dp):
         raise Refused("batch.global_batch not a whole number of micro-batches per replica")
+    vp = int(p.get("vp") or 1)
+    if vp > 1 and (global_batch // (mbs * dp)) % pp:
+        # Megatron-LM's interleaved schedule runs micro-batches in groups of PP (microbatch_group_size_per_vp_stage's
+        # default) and raises unless the count is a multiple of it (schedules.py, forward_backward_pipelining_with_interleaving)
+        raise Refused(f"parallel.vp {vp}: micro-batches per replica not a multiple of parallel.pp {pp}, which "
+                      "Megatron's interleaved schedule refuses")
+    if vp > 1 and m["layers"] % (pp * vp):
+        # the model splits each device's layers evenly over its v chunks, as Megatron's
+        # --num-layers-per-virtual-pipeline-stage does (arguments.py asserts the division)
+        raise Refused(f"parallel.vp {vp}: model.layers {m['layers']} not a multiple of pp x vp, so the chunks are "
+                      "uneven (a pipeline layout the row does not state)")
     ac = str(row.get("activation_checkpointing") or "none").lower()
     source = row["_source"]
     definition = row["metric_definition"]
@@ -477,8 +522,9 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         "workload": {"inline": {"name": row["id"], "architecture": architecture}},
         "training": {"global_batch": global_batch, "micro_batch_size": mbs, "sequence_length": m["seq_len"],
                      "recomputation": recomputation, "zero_stage": zero, "attention": attention,
-                     "sequence_parallel": bool(p.get("sequence_parallel")) and tp > 1, "context_parallel": cp,
-                     "overlap_grad_reduce": source != "deepspeed", **sharded, **({"fp8": fp8} if fp8 else {})},
+                     "sequence_parallel": bool(p.get("sequence_parallel") or stack.get("sequence_parallel")) and tp > 1,
+                     "context_parallel": cp, "overlap_grad_reduce": source != "deepspeed", "virtual_stages": vp,
+                     **sharded, **({"fp8": fp8} if fp8 else {})},
         "plan": {"tensor_parallel": tp, "layout": {"pipeline_parallel": pp, "data_parallel": dp}},
     }
     # Megatron-DeepSpeed's GPTModelPipe partitions by 'type:transformer' (blocks evenly, the embedding
@@ -488,8 +534,8 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         document["plan"]["layout"]["layers_per_stage"] = split
     measured, metric = _measured(row, global_batch, gpus)
     label = (f"{m['name']} {gpu} {gpus}g TP{tp} PP{pp} DP{dp}" + (f" CP{cp}" if cp > 1 else "")
-             + f" s{m['seq_len']} mbs{mbs} {recomputation}")
-    overlap = "--tp-comm-overlap" in notes
+             + (f" VP{vp}" if vp > 1 else "") + f" s{m['seq_len']} mbs{mbs} {recomputation}")
+    overlap = "--tp-comm-overlap" in notes or stack.get("tp_comm_overlap", False)
     memory = row["measured"].get("peak_mem_gib")
     family = _family(row) + (" FP8" if fp8 else "")
     run = PublishedRun(row["id"], source, family, gpu, label + (" fp8" if fp8 else ""), document, measured, metric,

@@ -1085,6 +1085,9 @@ class Relaxation:
         placed = ranges[orders, :, position]  # (pair, stage, split, forward/backward)
         forward = placed[..., 0].transpose(0, 2, 1).copy()
         backward = placed[..., 1].transpose(0, 2, 1).copy()
+        # interleaving prices compute and sends apart (a send exposed once per chunk boundary crossed,
+        # not per micro-batch): its relaxation keeps them apart too, or folded sends would exceed it
+        bare = (forward.reshape(-1, stages).copy(), backward.reshape(-1, stages).copy()) if self.virtual > 1 else None
         forward[:, :, :-1] += sends
         backward[:, :, 1:] += sends
         fitting = fits[orders, :, position].all(axis=1)  # (pair, split, m - 1)
@@ -1110,7 +1113,11 @@ class Relaxation:
             for m in range(1, total + 1):
                 if not fit[k, m - 1] or (self.virtual == 1 and closed[k, m - 1] >= best[m]):
                     continue  # no plan, or the simulation is at least the closed form
-                ops = ops or [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
+                if ops is None and bare is None:
+                    ops = [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
+                elif ops is None:
+                    ops = [_Ops(bare[0][k, s], bare[1][k, s], forward[k, s] - bare[0][k, s],
+                                backward[k, s] - bare[1][k, s]) for s in range(stages)]
                 best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
         return best, np.maximum(per_split, best[1:])
 
@@ -2919,8 +2926,9 @@ class ExactSearch:
 
 @dataclass(frozen=True)
 class _Ops:
-    """A stage's operation times for PerfModel.pipeline_time (the relaxation's fastest ones, sends
-    included: the interleaved schedule's own send terms are then zero, which only lowers it)."""
+    """A stage's operation times for PerfModel.pipeline_time (the relaxation's fastest ones): under
+    plain 1F1B sends folded into the operations (op_*_s); under interleaving compute and sends apart,
+    as pipeline_time prices them."""
 
     forward_s: float
     backward_s: float
@@ -2929,11 +2937,11 @@ class _Ops:
 
     @property
     def op_forward_s(self) -> float:
-        return self.forward_s
+        return self.forward_s + self.send_forward_s
 
     @property
     def op_backward_s(self) -> float:
-        return self.backward_s
+        return self.backward_s + self.send_backward_s
 
 
 @dataclass
