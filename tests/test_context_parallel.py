@@ -73,6 +73,30 @@ def test_layout_groups_cp_ranks_next_to_tp_and_reduces_gradients_over_dp_x_cp() 
     assert model.data_parallel_time(instance.plan) == pytest.approx(ring_allreduce_time(grads, 4, Link(1e9, 0.0)))
 
 
+def test_distributed_optimizer_shards_over_dp_x_cp_and_reduce_scatters() -> None:
+    """Megatron's distributed optimizer at dp 2 x cp 2: the toy's 120,704 parameters (embedding 128 x 64 +
+    64 x 64 = 12,288, two blocks of 50,048, head 128 x 64 + 2 x 64 = 8,320) on each of the 4 ranks keep
+    bf16 parameters and gradients whole, 241,408 bytes each, and a quarter of the 12-byte fp32 master
+    and Adam moments, 362,112 bytes (1,448,448 unsharded). The gradients (241,408 bytes) are
+    reduce-scattered over the 4 ranks at 1 GB/s: 3 steps of 60,352 bytes = 181.056 us; the parameter
+    all-gather runs behind the next forward (overlap_param_gather). Without overlap both halves count,
+    an all-reduce's 362.112 us. Each rank steps a quarter of the parameters."""
+    plain = build_instance(DOC)
+    instance = build_instance(with_training(zero_stage=1, overlap_param_gather=True))
+    assert float(instance.workload.params.sum()) == 12_288 + 2 * 50_048 + 8_320 == 120_704
+    stage = instance.plan.pipelines[0].stages[0]
+    sharded, whole = PerfModel(instance), PerfModel(plain)
+    memory = sharded.stage_memory_breakdown(stage.devices, stage.first, stage.end, 0, 1, 2, replicas=4)
+    assert (memory.parameters, memory.gradients, memory.optimizer) == (241_408, 241_408, 362_112)
+    unsharded = whole.stage_memory_breakdown(stage.devices, stage.first, stage.end, 0, 1, 2, replicas=4)
+    assert unsharded.optimizer == 1_448_448
+    assert sharded.data_parallel_time(instance.plan) == pytest.approx(181.056e-6, rel=1e-9)
+    no_overlap = build_instance(with_training(zero_stage=1))
+    assert PerfModel(no_overlap).data_parallel_time(no_overlap.plan) == pytest.approx(362.112e-6, rel=1e-9)
+    step = whole.optimizer_time(stage.devices, stage.first, stage.end, replicas=4)
+    assert sharded.optimizer_time(stage.devices, stage.first, stage.end, replicas=4) == pytest.approx(step / 4)
+
+
 def test_pipeline_stages_keep_cp_ranks_adjacent_and_explicit_groups_must_match() -> None:
     """PP 2 x CP 2 (order tp-pp-dp, cp inserted after tp: tp-cp-pp-dp): cp ranks 0, 1 hold stage 0 and
     2, 3 stage 1. An explicit plan's cp groups must repeat the same stages and micro-batches."""

@@ -99,6 +99,19 @@ def test_megatron_2024_overlap_flags_mean_the_distributed_optimizer(rows: dict[s
     assert (training["attention"], run.attention_kernel) == ("flash", "flash-v2")
 
 
+def test_recipes_with_the_distributed_optimizer_shard_it_and_the_rest_do_not(rows: dict[str, dict]) -> None:
+    """NeMo's launcher configs (24.07 pretraining table, 24.03.01 long-sequence H100 rows), Megatron-LM's
+    train_llama3_8b_h100_fp8.sh and the NeMo performance recipes its Llama table follows run the
+    distributed optimizer with the parameter all-gather overlapped; the 2021 Selene rows (before
+    Megatron-LM had one) and the 2020 rows stay plain data parallel."""
+    for key in ("nemo-005", "nemo-011", "nemo-027", "nemo-035", "megatron-038", "megatron-039"):
+        training = to_run(rows[key]).document["training"]
+        assert (key, training["zero_stage"], training.get("overlap_param_gather")) == (key, 1, True)
+    for key in ("megatron-012", "megatron-026"):
+        training = to_run(rows[key]).document["training"]
+        assert (key, training["zero_stage"], training.get("overlap_param_gather")) == (key, 0, None)
+
+
 def test_unknown_hugging_face_family_is_refused() -> None:
     with pytest.raises(ValueError, match="no Hugging Face activation model for family 'bloom'"):
         kernels_for("hf", "bloom")

@@ -404,6 +404,46 @@ def _torch_early_stop(row: dict[str, Any]) -> bool:
     return precision.startswith("amp_")
 
 
+DISTRIBUTED_OPTIMIZER_TABLES: frozenset[tuple[str, str, str]] = frozenset({
+    # (source, source.path, source.section) of tables every row of which ran such a recipe. Each shards
+    # the fp32 master weights and Adam moments over the data-parallel x context-parallel group and
+    # overlaps the parameter all-gather with the next forward.
+    #
+    # NVIDIA/NeMo-Framework-Launcher tag 24.07, launcher_scripts/conf/training/<family>/<model>.yaml:
+    # optim.name distributed_fused_adam, overlap_param_sync true (llama/llama3_8b.yaml lines 147, 155;
+    # llama/llama2_7b.yaml 150, 158; the same in gpt3/{5b,20b,175b}, nemotron/*, llama2_13b/70b,
+    # llama3_70b); its examples/training/llama/h100/*_fp8.sh run those configs.
+    ("nemo", "docs/source/performance/performance_summary.md", "Pretraining (NeMo 24.07 container, DGX-H100, FP8)"),
+    # NeMo 24.03.01 container: NeMo-Framework-Launcher tag 24.03.01,
+    # launcher_scripts/conf/training/llama/llama2_7b.yaml lines 143 (distributed_fused_adam), 151
+    # (overlap_param_sync true).
+    ("nemo", "docs/source/performance/performance_long_sequence.md", "LLAMA2-7B (FP8) - H100"),
+    # NVIDIA/Megatron-LM at d98e8a64: LLAMA3-8B's script examples/llama/train_llama3_8b_h100_fp8.sh
+    # lines 126-128: --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+    # (arguments.py: --use-distributed-optimizer is store_true, off unless given). The 70B and 405B
+    # rows have no script; the README (line 101) says the table follows NeMo's scripts/performance,
+    # whose pretrain_llama3_70b.py / pretrain_llama31_405b.py (NVIDIA/NeMo at 1b458635, line 57) run
+    # pretrain_recipe(performance_mode=True): recipes/llama3_70b.py line 194 and llama31_405b.py
+    # line 201 take distributed_fused_adam_with_cosine_annealing (recipes/optim/adam.py line 47:
+    # use_distributed_optimizer=True), overlap_param_gather=True (lines 120, 128).
+    ("megatron_lm", "examples/llama/README.md", "FP8 Performance"),
+})
+"""Published tables whose runs used Megatron's distributed optimizer (NeMo 1.x: its
+MegatronDistributedFusedAdam, nemo/core/optim/distributed_adam.py, shards over
+get_data_parallel_group(with_context_parallel=True)), by the source's recipe, not the row's notes."""
+
+
+def _distributed_optimizer(row: dict[str, Any]) -> bool:
+    """Whether the row's run used Megatron's distributed optimizer with the parameter all-gather
+    overlapped (DISTRIBUTED_OPTIMIZER_TABLES), or its notes name --overlap-param-gather, which
+    Megatron-LM accepts only with --use-distributed-optimizer (arguments.py)."""
+    if "--overlap-param-gather" in str(row["parallel"].get("notes") or ""):
+        return True
+    cited = row["source"]
+    key = (row["_source"], str(cited.get("path") or ""), str(cited.get("section") or ""))
+    return key in DISTRIBUTED_OPTIMIZER_TABLES
+
+
 def to_run(row: dict[str, Any]) -> PublishedRun:
     """The row as an instance and a measured step time (Refused when it cannot be priced faithfully)."""
     row = _with_gpt3_dimensions(row)
@@ -454,8 +494,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         sharded["reshard_after_forward"] = p.get("sharding_strategy") != "SHARD_GRAD_OP"
         sharded["recompute_early_stop"] = _torch_early_stop(row)
         sharded["kernels"] = "llm-foundry"  # MPT's saved tensors and fused loss (activations.LLM_FOUNDRY)
-    elif "--overlap-param-gather" in notes:
-        # Megatron-LM asserts --use-distributed-optimizer with --overlap-param-gather (arguments.py).
+    elif _distributed_optimizer(row):
         zero = max(zero, 1)
         sharded["overlap_param_gather"] = True
     attention, kernel = _attention(row)
