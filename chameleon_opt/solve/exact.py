@@ -68,7 +68,7 @@ import numpy as np
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import Link, ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.memory import in_flight_micro_batches
-from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.perf.model import GIB, PerfModel, interleaving_refusal
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.bounds import MemoryRelaxation
@@ -2496,6 +2496,8 @@ class ExactSearch:
                 lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
                          for c, fit in zip(costs, fitting)]
                 optimizer = max(min(t[2] for t in fit) for fit in fitting)
+            if interleaving_refusal(stages, m, self.virtual) is not None:
+                continue  # the model refuses it (Megatron's interleaved schedule needs m >= stages)
             time_s = model.pipeline_time(lower, m, self.virtual)
             if time_s + optimizer >= limit:
                 break  # the time grows with m
