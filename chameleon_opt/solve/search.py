@@ -300,12 +300,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     # whole-layer shapes) are skipped. Tables built here serve the branch and bound's own refining below.
     prepared = exact_floors(instance, model, failed, deadline.share(EXACT_SHARE)) \
         if plan is not None and len(groups) <= EXACT_GROUPS and not deadline.expired() else None
-    # Under interleaved 1F1B the branch and bound's floors (1F1B longest-path tables, Eq. 11) are not
-    # lower bounds of the interleaved time (bench/brute_force.py --virtual-stages 2: bounds above the
-    # optimum on 7 of 11 seeds): it then only supplies incumbents, and the relaxation is the bound.
-    interleaved = (model.options.virtual_stages or 1) > 1
-    floored = isinstance(prepared, Inventories) and not interleaved \
-        and prepared.refine(value, deadline.share(EARLY_REFINE_SHARE))
+    floored = isinstance(prepared, Inventories) and prepared.refine(value, deadline.share(EARLY_REFINE_SHARE))
     if plan is not None and len(groups) <= EXACT_GROUPS and not deadline.expired() and not floored:
         placed, placed_value = polish_placement(model, plan, failed, deadline.share(PLACEMENT_SHARE))
         if placed_value < value * (1 - 1e-12):
@@ -328,7 +323,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
             notes.append(f"the paper's enumeration ({paper.status.value}) found a faster plan")
     # An exhausted branch and bound already proved its incumbent (or the plan it was given) optimal: the
     # bound-guided sets could not beat it (32-64 seed 164 spent 1.4 s of its 1.85 s there after the proof).
-    proven = exact is not None and exact.complete and not interleaved
+    proven = exact is not None and exact.complete
     if whole is not None and not proven and whole.value < value * (1 - OPTIMALITY_TOLERANCE) \
             and not deadline.expired():
         built = shape_plans(instance, model, failed, whole, deadline.share(0.9), plan)  # only incumbents
@@ -339,7 +334,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         notes.append(exact.reason)
         if exact.plan is not None and exact.objective < value * (1 - 1e-12):
             plan, value, used = exact.plan, exact.objective, "branch-and-bound"
-    if proven:
+    if exact is not None and exact.complete:
         bound: float | None = value
     elif deadline.expired() and (exact is None or exact.bound <= 0) and whole is None:
         bound = None  # no time for the relaxation (seconds at 16,384 devices): the gap is unknown, and
@@ -347,7 +342,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     else:
         bound = 0.0 if deadline.expired() else relaxation_bound(model, groups, instance.global_micro_batches, live,
                                                                 deadline)
-        if exact is not None and not interleaved and exact.bound > bound:  # its own floor (memory-aware)
+        if exact is not None and exact.bound > bound:  # the branch and bound's own floor (memory-aware)
             bound = exact.bound
             notes.append("bound: the branch and bound's relaxation (every inventory's floor)")
         if whole is not None and whole.value > bound:
@@ -357,9 +352,10 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
                          if whole.pipelines else "bound: whole-layer splits of one device type meet the plan")
     wall = time.perf_counter() - start
     space = f"space: {SPACE}"
+    if (model.options.virtual_stages or 1) > 1:
+        space += (f"; interleaved with {model.options.virtual_stages} chunks per device: each pipeline runs at "
+                  "least as many micro-batches as it has stages (Megatron-LM's schedule refuses fewer)")
     if plan is None or not math.isfinite(value):
-        # No incumbent reached the branch and bound, so it cut only what no memory fits (its time floors
-        # never met a finite incumbent): its exhaustion proves infeasibility, interleaved or not.
         if (exact is not None and exact.complete) or (bound is not None and not math.isfinite(bound)):
             reason = template.reason if template.status is Status.INFEASIBLE else \
                 infeasibility_reason(instance, model, groups)
@@ -377,10 +373,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     plan = assert_sound(instance, plan, failed, model=model, stage="search")
     bound = None if bound is None else min(bound, value)
     status = Status.OPTIMAL if bound is not None and value - bound <= OPTIMALITY_TOLERANCE * value else Status.FEASIBLE
-    if interleaved and exact is not None:
-        notes.append(f"interleaved 1F1B (virtual_stages {model.options.virtual_stages}): the branch and bound's "
-                     "floors assume plain 1F1B, so it only proposes plans; the bound is the relaxation's")
-    if status is Status.OPTIMAL and proven:
+    if status is Status.OPTIMAL and exact is not None and exact.complete:
         notes.append("proven: the branch and bound exhausted the space")
     elif status is Status.OPTIMAL:
         notes.append("proven: the plan meets the relaxation bound")
