@@ -992,7 +992,8 @@ def main(argv: list[str] | None = None) -> int:
         print(_line(row) + (f"  {row['error']}" if row["status"] == "CRASH" else ""), flush=True)
     summary = summarise(rows)
     print(f"\n{summary['instances']} instances ({low}-{high} devices, layers {LAYERS[0]}-{LAYERS[1]}, micro-batches "
-          f"{MICRO[0]}-{MICRO[1]}, virtual stages {args.virtual_stages}, search --time-limit {args.time_limit:g} s): search matches the brute force on "
+          f"{MICRO[0]}-{MICRO[1]}, virtual stages {args.virtual_stages}, search --time-limit {args.time_limit:g} s): "
+          f"search matches the brute force on "
           f"{summary['match']}, worse on {summary['worse']}; OPTIMAL while worse: {summary['optimal_but_worse']}; "
           f"bound above the optimum: {summary['bound_above_optimum']}; INFEASIBLE while a plan fits: "
           f"{summary['infeasible_but_feasible']}; crashes: {summary['crash']}; search better than the brute force: "

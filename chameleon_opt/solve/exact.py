@@ -471,7 +471,7 @@ class Relaxation:
         self.split_lower: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
         self.cover: list[list[float]] = []
         # prefix_lower[kinds][m]: a floor on the time of every pipeline whose first stages are of these kinds,
-        # in this order, running m micro-batches (`_least_times`; plain 1F1B only: empty when interleaved)
+        # in this order, running m micro-batches (`_least_times`' closed forms, interleaved ones under interleaving)
         self.prefix_lower: dict[tuple[int, ...], list[float]] = {}
         self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
@@ -546,12 +546,12 @@ class Relaxation:
 
     def build(self, deadline: Deadline) -> bool:
         """Fills the tables; False when `deadline` passed first."""
-        prefixes: dict[tuple[int, ...], np.ndarray] | None = {} if self.virtual == 1 else None
+        prefixes: dict[tuple[int, ...], np.ndarray] = {}
         found = self.lower_times(deadline, self.most_per_node, prefixes=prefixes)
         if found is None:
             return False
         lower, self.split_lower[self.most_per_node, 0] = found
-        self.prefix_lower = {kinds: [math.inf] + times.tolist() for kinds, times in (prefixes or {}).items()}
+        self.prefix_lower = {kinds: [math.inf] + times.tolist() for kinds, times in prefixes.items()}
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
@@ -1088,9 +1088,10 @@ class Relaxation:
         every candidate comes first (numpy; under interleaving `interleaved_closed`); the simulation
         then visits candidates by it, skipping those whose bound cannot lower the minimum.
         `crossing` (split, boundary): boundaries that also cross nodes on that split.
-        `prefixes` (plain 1F1B only): per leading kinds of the orders tried (every length), lowered to
+        `prefixes`: per leading kinds of the orders tried (every length), lowered to
         the least closed form by m - 1 of the candidates whose order starts with them. Each closed form
-        is at most its candidate's 1F1B time (the longest path passes through those operations), and
+        is at most its candidate's time (1F1B: the longest path passes through those operations;
+        interleaved: `interleaved_closed`), and
         the candidates of an order cover every split and node placement, so a pipeline whose first
         stages are of those kinds takes at least that long, whatever its further stages."""
         stages, total = b.shape[1] - 1, self.total
