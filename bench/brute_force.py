@@ -8,7 +8,8 @@ compares the search with it (`python bench/brute_force.py --seeds 60`).
 The space: TP groups formed inside each node from any of its survivors (any members, any number of
 groups, leftovers idle); any set of disjoint pipelines (ordered sequences of those groups, idle groups
 allowed); every contiguous non-empty layer split of each pipeline; every allocation of the global
-micro-batches to the pipelines (each >= 1); with several supported memory reliefs, every relief on
+micro-batches to the pipelines (each >= 1; under interleaving each >= the pipeline's stages, as the model and
+the checker require: `interleaving_refusal`); with several supported memory reliefs, every relief on
 every stage. A plan counts when `PerfModel.evaluate(plan, failed).memory_ok`; its value is
 `iteration_time_s`. The brute force returns the minimum (up to PRUNE_TOLERANCE, relative).
 
@@ -60,7 +61,7 @@ sys.path.insert(0, str(ROOT))  # measure this checkout's package, not whichever 
 from chameleon_opt.check import check_plan  # noqa: E402
 from chameleon_opt.instance.load import Instance, build_instance  # noqa: E402
 from chameleon_opt.perf.comm import ring_allgather_time, ring_allreduce_time  # noqa: E402
-from chameleon_opt.perf.model import GIB, PerfModel  # noqa: E402
+from chameleon_opt.perf.model import GIB, PerfModel, interleaving_refusal  # noqa: E402
 from chameleon_opt.plan import Pipeline, Plan, Stage  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "brute_force.json"
@@ -425,7 +426,7 @@ class _Space:
                             costs = [_Op(fwd[s], bwd[s], send(ends[s] - 1, same[s]) if s + 1 < k else 0.0,
                                          send(starts[s] - 1, same[s - 1]) if s else 0.0) for s in range(k)]
                             for m in range(1, micro + 1):
-                                if alone[m - 1] or shared[m - 1]:
+                                if (alone[m - 1] or shared[m - 1]) and interleaving_refusal(k, m, virtual) is None:
                                     shapes.append(Shape(len(shapes), m, ends, types, same, reliefs,
                                                         model.pipeline_time(costs, m, virtual), opt,
                                                         alone[m - 1], shared[m - 1]))
@@ -879,13 +880,17 @@ def brute_force_result(instance: Instance, failed: frozenset[int], deadline_s: f
 
 # -- the comparison with the search -------------------------------------------------------------------
 
-def compare(seed: int, devices: tuple[int, int], time_limit_s: float, brute_limit_s: float) -> dict[str, Any]:
-    """One instance: the brute force's optimum against search_plan's answer under `time_limit_s`.
+def compare(seed: int, devices: tuple[int, int], time_limit_s: float, brute_limit_s: float,
+            virtual_stages: int = 1) -> dict[str, Any]:
+    """One instance: the brute force's optimum against search_plan's answer under `time_limit_s`;
+    virtual_stages > 1 prices both under interleaved 1F1B (training.virtual_stages).
     A search that raises is recorded (status CRASH and the error), not propagated."""
     from chameleon_opt.solve.deadline import Deadline  # the search, only for the comparison
     from chameleon_opt.solve.search import search_plan
 
     data, failed = random_instance(seed, devices)
+    if virtual_stages > 1:
+        data["training"]["virtual_stages"] = virtual_stages
     instance = build_instance(data)
     brute = brute_force_result(instance, failed, brute_limit_s)
     row: dict[str, Any] = {
@@ -972,18 +977,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S,
                         help="the search's deadline per instance (default: the CLI's --time-limit default)")
     parser.add_argument("--brute-limit", type=float, default=600.0, help="the brute force's deadline per instance")
+    parser.add_argument("--virtual-stages", type=int, default=1,
+                        help="interleaved 1F1B chunks per device (training.virtual_stages) for every instance")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
+    if args.virtual_stages < 1:
+        parser.error("--virtual-stages must be >= 1")
     low, high = (int(x) for x in args.devices.replace(",", "-").split("-"))
     rows = []
     print(HEADER, flush=True)
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        row = compare(seed, (low, high), args.time_limit, args.brute_limit)
+        row = compare(seed, (low, high), args.time_limit, args.brute_limit, args.virtual_stages)
         rows.append(row)
         print(_line(row) + (f"  {row['error']}" if row["status"] == "CRASH" else ""), flush=True)
     summary = summarise(rows)
     print(f"\n{summary['instances']} instances ({low}-{high} devices, layers {LAYERS[0]}-{LAYERS[1]}, micro-batches "
-          f"{MICRO[0]}-{MICRO[1]}, search --time-limit {args.time_limit:g} s): search matches the brute force on "
+          f"{MICRO[0]}-{MICRO[1]}, virtual stages {args.virtual_stages}, search --time-limit {args.time_limit:g} s): "
+          f"search matches the brute force on "
           f"{summary['match']}, worse on {summary['worse']}; OPTIMAL while worse: {summary['optimal_but_worse']}; "
           f"bound above the optimum: {summary['bound_above_optimum']}; INFEASIBLE while a plan fits: "
           f"{summary['infeasible_but_feasible']}; crashes: {summary['crash']}; search better than the brute force: "
@@ -996,7 +1006,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps({"settings": {"seeds": args.seeds, "first_seed": args.first_seed,
                                                  "devices": [low, high], "layers": list(LAYERS),
                                                  "micro_batches": list(MICRO), "time_limit_s": args.time_limit,
-                                                 "brute_limit_s": args.brute_limit},
+                                                 "brute_limit_s": args.brute_limit,
+                                                 "virtual_stages": args.virtual_stages},
                                     "summary": summary, "rows": rows}, indent=1))
     print(f"wrote {args.out}")
     return 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from chameleon_opt.errors import ChameleonError
 from chameleon_opt.instance.load import Instance
-from chameleon_opt.perf.model import GIB, PerfModel, memory_reason
+from chameleon_opt.perf.model import GIB, PerfModel, interleaving_refusal, memory_reason
 from chameleon_opt.plan import Plan
 
 
@@ -93,6 +93,9 @@ def check_plan(instance: Instance, plan: Plan, failed: frozenset[int] = frozense
                             f"{owed} micro-batches rerouted")
     model = model or PerfModel(instance)
     for j, pipe in enumerate(plan.pipelines):
+        refusal = interleaving_refusal(len(pipe.stages), pipe.micro_batches, model.options.virtual_stages or 1)
+        if refusal is not None:
+            problems.append(f"pipeline {j}: {refusal}")
         for s, stage in enumerate(pipe.stages):
             if stage.relief is not None and stage.relief not in model.relief_options:
                 problems.append(f"pipeline {j} stage {s}: relief {stage.relief!r} is not one the trainer supports "

@@ -101,3 +101,55 @@ def test_brute_force_prices_the_gradient_ring_as_the_model_under_overlap_param_g
     outcome = exact_search(instance, PerfModel(instance), failed, math.inf, Deadline.after(20.0))
     assert outcome.bound <= found.best * (1 + 1e-9) and found.best <= outcome.objective * (1 + 1e-9)
     assert outcome.objective == pytest.approx(outcome.bound, rel=1e-6)  # proven: the two agree exactly
+
+
+@pytest.mark.parametrize("seed", [1, 8, 20])
+def test_reduced_equals_naive_interleaved(seed):
+    """Under interleaved 1F1B (virtual_stages 2) the brute force's shapes leave out the pipelines the
+    model refuses (fewer micro-batches than stages), as PerfModel.evaluate does."""
+    data, failed = random_instance(seed, **TINY)
+    data["training"]["virtual_stages"] = 2
+    instance = build_instance(data)
+    naive, _ = naive_brute_force(instance, failed)
+    best, plan, _, complete = brute_force(instance, failed)
+    unbounded, _, _, _ = brute_force(instance, failed, verify=True, bound=False)
+    assert complete and _same(best, naive) and _same(unbounded, naive), (best, unbounded, naive)
+    assert plan is None or all(p.micro_batches >= len(p.stages) for p in plan.pipelines)
+
+
+@pytest.mark.parametrize("seed", [5, 29])
+def test_interleaved_search_meets_the_brute_force(seed):
+    """virtual_stages 2, 8-12 devices: the search answered OPTIMAL above the brute force (seed 5: one
+    pipeline of 5 stages and 4 micro-batches, which interleaving cannot run, against two of 2 stages;
+    seed 29: three pipelines pruned by floors of plain 1F1B's closed form, which exceeds the
+    interleaved time). It now proves the brute force's optimum with a bound below it."""
+    data, failed = random_instance(seed, (8, 12))
+    data["training"]["virtual_stages"] = 2
+    instance = build_instance(data)
+    best, _, _, complete = brute_force(instance, failed)
+    assert complete and math.isfinite(best)
+    result = search_plan(instance, failed, Deadline.after(10))
+    assert result.status is Status.OPTIMAL, result.reason
+    assert result.objective == pytest.approx(best, rel=1e-6)
+    assert result.bound <= best * (1 + 1e-9)
+
+
+def test_interleaving_refuses_fewer_micro_batches_than_stages():
+    """Megatron-LM's interleaved schedule needs at least as many micro-batches as stages: the model
+    prices such a pipeline at an infinite step and the checker names the setting."""
+    from chameleon_opt.check import check_plan
+    from chameleon_opt.plan import Pipeline, Plan, Stage
+    from chameleon_opt.solve.groups import survivor_groups
+
+    data, failed = random_instance(5, (8, 12))
+    data["training"]["virtual_stages"] = 2
+    instance = build_instance(data)
+    groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
+    layers, total = instance.workload.num_layers, instance.global_micro_batches
+    stages = total + 1  # one more stage than micro-batches
+    bounds = [round(layers * s / stages) for s in range(stages + 1)]
+    plan = Plan(instance.plan.tensor_parallel, (Pipeline(tuple(
+        Stage(groups[s], bounds[s], bounds[s + 1]) for s in range(stages)), total),))
+    assert math.isinf(PerfModel(instance).evaluate(plan, failed).iteration_time_s)
+    report = check_plan(instance, plan, failed)
+    assert any("training.virtual_stages" in v and "micro-batches" in v for v in report.violations), report.violations

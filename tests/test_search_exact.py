@@ -1330,3 +1330,32 @@ def test_held_layer_on_a_node_of_p_groups_isolates_its_stage_in_every_longer_pip
     (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
     search.floor(Deadline.never(), step)
     assert step * (1 - 1e-12) <= search.by_count[7] <= step * (1 + 1e-12)
+
+
+def test_interleaved_closed_form_is_below_the_interleaved_time():
+    """The relaxation's interleaved closed form (`interleaved_closed`) never exceeds
+    PerfModel.pipeline_time under interleaving, for drawn stage times, sends and m below and above the
+    stage count; plain 1F1B's form on folded sends did (the bubble is (p - 1) / v of 1F1B's)."""
+    import numpy as np
+
+    from chameleon_opt.solve.exact import _Ops, interleaved_closed
+
+    rng = random.Random(3)
+    above_plain = 0
+    for _ in range(60):
+        stages, virtual, most = rng.randint(1, 5), rng.randint(2, 4), 9
+        forward = [rng.uniform(0.1, 3.0) for _ in range(stages)]
+        backward = [rng.uniform(0.1, 6.0) for _ in range(stages)]
+        sends = [rng.choice([0.0, 0.01, 0.5]) for _ in range(stages - 1)]
+        ops = [_Ops(forward[s], backward[s], sends[s] if s < stages - 1 else 0.0, sends[s - 1] if s else 0.0)
+               for s in range(stages)]
+        closed = interleaved_closed(np.array([forward]), np.array([backward]), np.array([sends]).reshape(1, -1),
+                                    most, virtual)[0]
+        for m in range(1, most + 1):
+            exact = PerfModel.pipeline_time(ops, m, virtual)
+            assert closed[m - 1] <= exact * (1 + 1e-12), (stages, virtual, m, closed[m - 1], exact)
+            work = sum(o.op_forward_s + o.op_backward_s for o in ops)
+            plain = max(work + (m - 1) * o.op_backward_s + max(m - 1 - (stages - s - 1), 0) * o.op_forward_s
+                        for s, o in enumerate(ops))
+            above_plain += plain > exact * (1 + 1e-9)
+    assert above_plain > 0  # the plain form is no bound under interleaving: the case this guards

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import copy
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -213,6 +214,18 @@ def memory_reason(cost: StageCost) -> str:
     name = cost.memory.dominant()
     return f": largest term {name} ({TERM_MEANING[name]}) {getattr(cost.memory, name) / GIB:.1f} GiB"
 
+
+
+def interleaving_refusal(stages: int, micro_batches: int, virtual: int) -> str | None:
+    """Why interleaved 1F1B cannot run this pipeline, None when it can. Megatron-LM's interleaved
+    schedule (core/pipeline_parallel/schedules.py) raises unless its micro-batch group size lies in
+    [pipeline size, micro-batches], so a pipeline of p > 1 stages needs at least p micro-batches
+    (a single group of m covers any m >= p); the model's formula would under-price m < p by 10-33%."""
+    if virtual > 1 and stages > 1 and micro_batches < stages:
+        return (f"{micro_batches} micro-batches on {stages} stages: interleaved 1F1B (training.virtual_stages = "
+                f"{virtual}) needs at least as many micro-batches as stages (Megatron-LM's schedule refuses "
+                "fewer); give it more micro-batches or fewer stages, or set virtual_stages to 1")
+    return None
 
 
 def _remember_last(size: int) -> Any:
@@ -1035,11 +1048,14 @@ class PerfModel:
             costs = self.stage_costs(plan, j, extras[j], replicas)
             key = (tuple((c.op_forward_s, c.op_backward_s) for c in costs), pipe.micro_batches)
             if key not in cache:  # identical pipelines are the common case: schedule them once
-                cache[key] = self.pipeline_time(costs, pipe.micro_batches, virtual)
+                refused = interleaving_refusal(len(costs), pipe.micro_batches, virtual) is not None
+                cache[key] = math.inf if refused else self.pipeline_time(costs, pipe.micro_batches, virtual)
             rerouted_s = sum(e * (c.op_forward_s + c.op_backward_s) for e, c in zip(extras[j], costs) if e)
             pipelines.append(PipelineEstimate(pipe.micro_batches, cache[key] + rerouted_s, tuple(costs),
                                               tuple(extras[j])))
-        if self.options.overlap_grad_reduce:
+        if not all(math.isfinite(p.iteration_time_s) for p in pipelines):
+            dp_time = 0.0  # a refused pipeline (interleaving_refusal): the step is infinite, no overlap to price
+        elif self.options.overlap_grad_reduce:
             dp_time = self.exposed_data_parallel_time(plan, pipelines, failed)
         else:
             dp_time = self.data_parallel_time(plan, failed)

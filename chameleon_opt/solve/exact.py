@@ -68,7 +68,7 @@ import numpy as np
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import Link, ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.memory import in_flight_micro_batches
-from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.perf.model import GIB, PerfModel, interleaving_refusal
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.bounds import MemoryRelaxation
@@ -406,6 +406,30 @@ def _fitting(items: list[tuple[int, np.ndarray, int, np.ndarray]], parts: np.nda
             yield stages, offset, times, fit
 
 
+def interleaved_closed(forward: np.ndarray, backward: np.ndarray, sends: np.ndarray, most: int,
+                       virtual: int) -> np.ndarray:
+    """closed[candidate, m - 1] for m = 1..most: a lower bound on PerfModel.pipeline_time under
+    interleaving (v > 1) from each candidate's compute (forward, backward: candidate x stage, sends
+    excluded) and sends (candidate x boundary). pipeline_time is LP(f / v, b / v, m) + m (v - 1)
+    max_s (f_s + b_s) / v + E, with E = v sum (send_forward + send_backward) + 2 (v - 1) max
+    send_forward = 2 v sum sends + 2 (v - 1) max sends, taken exactly here; LP, the 1F1B longest path
+    of the chunk operations, is at least bounds.py's per-stage form W' + (m - 1) b'_s +
+    max(m - 1 - k_s, 0) f'_s on them (W' their sum, k_s = S - s - 1): the same 1F1B operation graph,
+    other durations. The plain 1F1B form on folded sends is no bound here: interleaving shrinks the
+    bubble to (p - 1) / v of plain 1F1B's and exposes each send a fixed number of times, not per
+    micro-batch (bench/brute_force.py --virtual-stages 2 found floors above the optimum with it)."""
+    stages = forward.shape[1]
+    counts = np.arange(1, most + 1)
+    warmup = np.arange(stages - 1, -1, -1)
+    chunk_f, chunk_b = forward / virtual, backward / virtual
+    whole = chunk_f.sum(axis=1) + chunk_b.sum(axis=1)
+    path = (whole[:, None, None] + (counts - 1)[None, :, None] * chunk_b[:, None, :]
+            + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * chunk_f[:, None, :]).max(axis=2)
+    heaviest = (chunk_f + chunk_b).max(axis=1)
+    exposed = 2 * virtual * sends.sum(axis=1) + 2 * (virtual - 1) * (sends.max(axis=1) if stages > 1 else 0.0)
+    return path + counts[None, :] * (virtual - 1) * heaviest[:, None] + exposed[:, None]
+
+
 class Relaxation:
     """The branch and bound's relaxation, one for every inventory of the same survivors (their
     group counts per device type differ, nothing else it reads does): kinds of groups, each
@@ -450,7 +474,7 @@ class Relaxation:
         self.split_lower: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
         self.cover: list[list[float]] = []
         # prefix_lower[kinds][m]: a floor on the time of every pipeline whose first stages are of these kinds,
-        # in this order, running m micro-batches (`_least_times`; plain 1F1B only: empty when interleaved)
+        # in this order, running m micro-batches (`_least_times`' closed forms, interleaved ones under interleaving)
         self.prefix_lower: dict[tuple[int, ...], list[float]] = {}
         self.capped: list[list[list[float]]] = []
         self.completion: list[list[list[float]]] = []
@@ -525,12 +549,12 @@ class Relaxation:
 
     def build(self, deadline: Deadline) -> bool:
         """Fills the tables; False when `deadline` passed first."""
-        prefixes: dict[tuple[int, ...], np.ndarray] | None = {} if self.virtual == 1 else None
+        prefixes: dict[tuple[int, ...], np.ndarray] = {}
         found = self.lower_times(deadline, self.most_per_node, prefixes=prefixes)
         if found is None:
             return False
         lower, self.split_lower[self.most_per_node, 0] = found
-        self.prefix_lower = {kinds: [math.inf] + times.tolist() for kinds, times in (prefixes or {}).items()}
+        self.prefix_lower = {kinds: [math.inf] + times.tolist() for kinds, times in prefixes.items()}
         self.lower = lower
         self.capped, self.completion = self.cover_tables(lower)
         self.cover = self.capped[self.longest]
@@ -1064,12 +1088,13 @@ class Relaxation:
         whether it fits in memory with m micro-batches (`fits`: kind, split, stage, m - 1); and
         per_split[i, m - 1], a lower bound on that time on split i alone (its candidates' least
         closed form, and never below best[m]: no extra simulation). The closed-form bound of
-        every candidate comes first (numpy); the simulation then visits candidates by it, skipping
-        those whose bound cannot lower the minimum (plain 1F1B only: interleaving is simulated).
+        every candidate comes first (numpy; under interleaving `interleaved_closed`); the simulation
+        then visits candidates by it, skipping those whose bound cannot lower the minimum.
         `crossing` (split, boundary): boundaries that also cross nodes on that split.
-        `prefixes` (plain 1F1B only): per leading kinds of the orders tried (every length), lowered to
+        `prefixes`: per leading kinds of the orders tried (every length), lowered to
         the least closed form by m - 1 of the candidates whose order starts with them. Each closed form
-        is at most its candidate's 1F1B time (the longest path passes through those operations), and
+        is at most its candidate's time (1F1B: the longest path passes through those operations;
+        interleaved: `interleaved_closed`), and
         the candidates of an order cover every split and node placement, so a pipeline whose first
         stages are of those kinds takes at least that long, whatever its further stages."""
         stages, total = b.shape[1] - 1, self.total
@@ -1097,8 +1122,12 @@ class Relaxation:
         forward = forward.reshape(-1, stages)
         backward = backward.reshape(-1, stages)
         whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
-        closed = (whole[:, None, None] + (counts - 1)[None, :, None] * backward[:, None, :]
-                  + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
+        if bare is None:
+            closed = (whole[:, None, None] + (counts - 1)[None, :, None] * backward[:, None, :]
+                      + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
+        else:
+            closed = interleaved_closed(bare[0], bare[1], sends.reshape(len(pairs) * len(b), stages - 1),
+                                        self.total, self.virtual)
         fit = fitting.reshape(-1, total)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
         per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
@@ -1114,7 +1143,7 @@ class Relaxation:
         for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
             ops = None
             for m in range(1, total + 1):
-                if not fit[k, m - 1] or (self.virtual == 1 and closed[k, m - 1] >= best[m]):
+                if not fit[k, m - 1] or closed[k, m - 1] >= best[m]:
                     continue  # no plan, or the simulation is at least the closed form
                 if ops is None and bare is None:
                     ops = [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
@@ -2530,6 +2559,8 @@ class ExactSearch:
                 lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
                          for c, fit in zip(costs, fitting)]
                 optimizer = max(min(t[2] for t in fit) for fit in fitting)
+            if interleaving_refusal(stages, m, self.virtual) is not None:
+                continue  # the model refuses it (Megatron's interleaved schedule needs m >= stages)
             time_s = model.pipeline_time(lower, m, self.virtual)
             if time_s + optimizer >= limit:
                 break  # the time grows with m

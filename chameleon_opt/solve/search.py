@@ -352,6 +352,9 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
                          if whole.pipelines else "bound: whole-layer splits of one device type meet the plan")
     wall = time.perf_counter() - start
     space = f"space: {SPACE}"
+    if (model.options.virtual_stages or 1) > 1:
+        space += (f"; interleaved with {model.options.virtual_stages} chunks per device: each pipeline runs at "
+                  "least as many micro-batches as it has stages (Megatron-LM's schedule refuses fewer)")
     if plan is None or not math.isfinite(value):
         if (exact is not None and exact.complete) or (bound is not None and not math.isfinite(bound)):
             reason = template.reason if template.status is Status.INFEASIBLE else \
