@@ -2345,6 +2345,8 @@ class ExactSearch:
                 value = self._held_columns(pipelines, refine, runs, segments, state, value, min(best, cap))
             if value < min(best, cap):
                 value = self._packed_runs(pipelines, refine, runs, segments, state, value, min(best, cap))
+            if value < min(best, cap):
+                value = self._summed_deficits(pipelines, refine, runs, segments, state, value, min(best, cap))
             best = min(best, value)
         return best
 
@@ -2364,6 +2366,38 @@ class ExactSearch:
             if table is None:
                 break
             value = max(value, table[state])
+        return value
+
+    def _summed_deficits(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
+                         value: float, best: float) -> float:
+        """The column floor of K runs (`columns`: `value` at `state`) raised by the holders of another kind
+        summed over the runs, while below `best`. Run r sits on its own slot of a node (`_run_slots`: the
+        nodes counted n // P times) of f_r kind-k groups, so at each of its layers d_r = P - f_r holders,
+        in as many pipelines, are of another kind; so the plan has D >= the sum of the K least slot deficits
+        (stage, run) pairs of another kind, on distinct stages (two runs never share a stage, `column_room`).
+        Either no pipeline has two of them, and D <= P pipelines each have a stage of another kind, or one
+        pipeline has at least two such stages: the lesser of those two coupled tables (`both`'s argument).
+        `columns`' own forced count takes only the K-th slot's deficit, `_run_slots` one run at a time.
+        24-32-device seed 6016: three pipelines on nodes of at most three fast groups but one of four, five
+        one-layer runs put slow holders on two of them: the plans of three pipelines 12.648 -> 12.896."""
+        relaxation, per_node = self.relaxation, self.node_groups()
+        every = tuple(range(self.layers))
+        for kind in range(len(relaxation.kind_count) if len(relaxation.kind_count) > 1 else 0):
+            deficits = sorted(max(pipelines - self.of_kind(groups, kind), 0) for groups in per_node.values()
+                              for _ in range(sum(groups.values()) // pipelines))[:segments]
+            if len(deficits) < segments:
+                return math.inf  # no K runs fit the nodes
+            summed = sum(deficits)
+            if summed < 2 or summed <= deficits[-1]:
+                continue  # one pipeline of another kind at most: `columns`' own forced table
+            spread = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, summed)) \
+                if summed <= pipelines else [math.inf] * (state + 1)
+            doubled = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, 1), held=(every, 2))
+            if spread is None or doubled is None:
+                return value
+            value = max(value, min(spread[state], doubled[state]))
+            if value >= best:
+                break
         return value
 
     def _packed_runs(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
