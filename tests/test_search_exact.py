@@ -1282,3 +1282,29 @@ def test_held_layer_on_a_node_of_p_groups_isolates_its_stage_in_every_longer_pip
     (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
     search.floor(Deadline.never(), step)
     assert step * (1 - 1e-12) <= search.by_count[7] <= step * (1 + 1e-12)
+
+
+def test_column_floor_sums_the_slow_holders_over_its_runs():
+    """24-32-device seed 6016 (TP 1, five layers, five micro-batches; nodes of four groups holding 2, 3, 3,
+    2, 2, 4, 2 and 1 fast): three pipelines whose every layer rings inside a node put each layer's three
+    holders on one node, and only nodes 1, 2 and 5 hold three fast groups, so five one-layer runs put a slow
+    holder on two of them: two pipelines with a slow stage, or one with two (`_summed_deficits`). By the
+    profile a fast pipeline of one layer a stage takes 10.52 s a micro-batch and a slow layer adds 1.14 to
+    2.78 s, so the one-micro-batch pipeline takes one slow stage beside the two-micro-batch ones' 12.62 s
+    but not two (13.01 s at least). The best plan of three pipelines rings its small layers 0 and 1 across
+    nodes (12.895710: the tree's complete search of three pipelines, a 20 s run); the column case had floored
+    them at 12.648, below the optimum (five pipelines, 12.773689), and now at 13.046."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(6016, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    groups = [((0,), (3,), (5,), (8,), (20,)), ((12,), (13,), (6,), (10,), (21,)), ((7,), (17,), (4,), (11,), (22,))]
+    built = Plan(1, tuple(Pipeline(tuple(Stage(g, s, s + 1) for s, g in enumerate(seq)), m)
+                          for seq, m in zip(groups, (2, 2, 1))))
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(12.895710419158526, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    search.floor(Deadline.never(), step)
+    assert step * (1 - 1e-12) <= search.by_count[3] <= step * (1 + 1e-12)
