@@ -1308,3 +1308,33 @@ def test_column_floor_sums_the_slow_holders_over_its_runs():
     (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
     search.floor(Deadline.never(), step)
     assert step * (1 - 1e-12) <= search.by_count[3] <= step * (1 + 1e-12)
+
+
+def test_segments_on_nodes_of_p_groups_isolate_their_stages_together():
+    """24-32-device seed 6127 (three pipelines; nine nodes of at most three groups, two of them, 3 and 7,
+    of three fast): in the case where layers 0, 1, 3 and 5 ring across nodes and layers 2 and 4 (600 M
+    parameters each) are held in nodes, each held layer's three holders are all its node's groups, so
+    every pipeline's stages holding layers 2 and 4 cross nodes at both their boundaries: four 1 MB sends
+    across nodes in every pipeline (`_isolated_together`). One segment at a time (`_assigned`) floored
+    the case at 22.593921; together it meets this plan of the case (six one-layer fast stages per
+    pipeline), the optimum, which the search proved at a 20 s limit before this floor."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(6127, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    groups = [((14,), (2,), (9,), (1,), (21,), (12,)), ((17,), (5,), (10,), (3,), (22,), (16,)),
+              ((20,), (8,), (11,), (6,), (23,), (19,))]
+    built = Plan(1, tuple(Pipeline(tuple(Stage(g, s, s + 1) for s, g in enumerate(seq)), m)
+                          for seq, m in zip(groups, (2, 2, 1))))
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(22.597940555939406, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    spanning, sends = (0, 1, 3, 5), (((3, 4),), (), ())  # the send between the held layers crosses nodes
+    whole = ((0, ()), (0, ()))  # (e, r per kind): both on nodes of exactly P groups, e = 0 (r not read)
+    each = [search.relaxation.coupled(3, Deadline.never(), forced=(0, 3), crossed=spanning, isolate=((layer,), 1),
+                                      pattern=sends)[search.root] for layer in (2, 4)]
+    assert max(each) == pytest.approx(22.593920555939405, rel=1e-12)
+    together = search._isolated_together(3, Deadline.never(), spanning, whole, [[2], [4]], sends)
+    assert step * (1 - 1e-12) <= together <= step * (1 + 1e-12)
