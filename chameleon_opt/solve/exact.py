@@ -1139,7 +1139,8 @@ class Relaxation:
                   + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
         fit = fitting.reshape(-1, total)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
-        if self.virtual == 1 and len(closed) * stages * total * (total + 1) <= GRAPH_UNITS:
+        graphed = self.virtual == 1 and len(closed) * stages * total * (total + 1) <= GRAPH_UNITS
+        if graphed:
             for m in range(1, total + 1):  # each candidate's own longest path, at least its closed form
                 rows = np.flatnonzero(np.isfinite(closed[:, m - 1]))
                 if rows.size:
@@ -1152,7 +1153,7 @@ class Relaxation:
                     known = prefixes.get(order[:k])
                     prefixes[order[:k]] = times if known is None else np.minimum(known, times)
         best = np.full(total + 1, np.inf)
-        if not simulate:
+        if not simulate or graphed:  # every candidate's path is known: nothing left to simulate
             best[1:] = closed.min(axis=0)
             return best, per_split
         for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
