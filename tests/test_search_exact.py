@@ -1369,3 +1369,25 @@ def test_graph_times_are_the_1f1b_longest_paths():
     closed = max(work + 2 * backward[0, s] + max(2 - (4 - s), 0) * forward[0, s] for s in range(5))
     assert _graph_times(forward, backward, 3)[0] == pytest.approx(24.661468141316643, rel=1e-12)
     assert closed == pytest.approx(23.41, abs=0.01)  # W 15.91 + 2 x stage 1's backward 3.75
+
+
+def test_copy_plan_pairs_count_the_copies_nodes_keep_whole():
+    """24-32-device seed 6166 (TP 2, six one-micro-batch pipelines; a 100 MB send after layer 0, 1 Gb/s
+    between nodes; four nodes hold a slow and a fast group, node 1 two fast): a slow(0)-fast(1-5) copy keeps
+    its send inside a node on four nodes only (`_inside`), so four of them beside two fast(0)-fast(1-5)
+    ones, one of those across nodes, beat five beside one (the fifth slow copy crossing: 21.2573); both
+    orders of placing the two shapes are priced (their crossing costs tie). The plan built by hand below is
+    21.059315, the floor of every plan (so the search proves it at once)."""
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = _bench_instance(6166, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    pairs = [((3, 5), (0, 1)), ((12, 13), (14, 15)), ((18, 20), (19, 21)), ((26, 27), (24, 25)),
+             ((6, 9), (10, 11)), ((2, 4), (16, 17))]
+    built = Plan(2, tuple(Pipeline((Stage(first, 0, 1), Stage(rest, 1, 6)), 1) for first, rest in pairs))
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(21.059314741509414, rel=1e-12)
+    best_plan, best = copy_plans(instance, failed, model, Deadline.never())[0]
+    assert best == pytest.approx(step, rel=1e-12) and check_plan(instance, best_plan, failed).ok
