@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -1339,37 +1338,6 @@ def test_segments_on_nodes_of_p_groups_isolate_their_stages_together():
     assert max(each) == pytest.approx(22.593920555939405, rel=1e-12)
     together = search._isolated_together(3, Deadline.never(), spanning, whole, [[2], [4]], sends)
     assert step * (1 - 1e-12) <= together <= step * (1 + 1e-12)
-
-
-def test_graph_times_are_the_1f1b_longest_paths():
-    """`_graph_times` (every candidate's 1F1B makespan at once, the relaxation's per-split times) against
-    perf.pipeline.one_f_one_b_time, candidate by candidate, on random stage times (an infinite one
-    included): equal to the last bit for 1 to 7 stages and 1 to 9 micro-batches. And on 24-32-device
-    seed 6157's fast-fast-fast-slow-fast pipeline of three micro-batches (layers 0 | 1 | 2 | 3-4 | 5), the
-    closed form W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s at its best stage is 1.25 s below that path
-    (24.661468, one_f_one_b_time on these stage times): stage 1's backwards wait on the slow stage's
-    forwards."""
-    from chameleon_opt.perf.pipeline import one_f_one_b_time
-    from chameleon_opt.solve.exact import _graph_times
-
-    rng = random.Random(21)
-    for stages, micro_batches in itertools.product(range(1, 8), range(1, 10)):
-        rows = [([rng.uniform(0, 3) for _ in range(stages)], [rng.uniform(0, 5) for _ in range(stages)])
-                for _ in range(6)]
-        rows[0][0][-1] = math.inf
-        forward, backward = (np.array([row[k] for row in rows]) for k in (0, 1))
-        assert _graph_times(forward, backward, micro_batches).tolist() == \
-            [one_f_one_b_time(f, b, micro_batches) for f, b in rows]
-    data, _ = _bench_instance(6157, (24, 32))
-    model = PerfModel(build_instance(data))
-    groups, bounds = [(18, 19), (20, 21), (22, 23), (16, 17), (8, 9)], (0, 1, 2, 3, 5, 6)
-    times = [model.stage_times(g, bounds[s], bounds[s + 1], "none")[:2] for s, g in enumerate(groups)]
-    forward, backward = np.array([[t[0] for t in times]]), np.array([[t[1] for t in times]])
-    work = float(forward.sum() + backward.sum())
-    closed = max(work + 2 * backward[0, s] + max(2 - (4 - s), 0) * forward[0, s] for s in range(5))
-    assert _graph_times(forward, backward, 3)[0] == pytest.approx(24.661468141316643, rel=1e-12)
-    assert closed == pytest.approx(23.41, abs=0.01)  # W 15.91 + 2 x stage 1's backward 3.75
-
 
 def test_copy_plan_pairs_count_the_copies_nodes_keep_whole():
     """24-32-device seed 6166 (TP 2, six one-micro-batch pipelines; a 100 MB send after layer 0, 1 Gb/s

@@ -68,7 +68,6 @@ import numpy as np
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import Link, ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.memory import in_flight_micro_batches
-from chameleon_opt.perf.pipeline import one_f_one_b_order
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
@@ -87,9 +86,6 @@ boundary takes its faster link."""
 LOWER_SIMULATION_UNITS = 100_000
 """Most stage x micro-batch operations the relaxation simulates (about 3 us each); beyond, it uses the
 per-stage closed-form bound."""
-GRAPH_UNITS = 4_000_000
-"""Most (candidate, operation) pairs of one `_least_times` call whose 1F1B longest paths are taken at once
-(`_graph_times`, numpy, about 5 ns each); beyond, each candidate keeps its closed-form bound."""
 TABLE_BUDGET = 500_000
 """Most steps of the relaxation's cover and completion tables (groups x micro-batches^2 x stages)."""
 COUNTED_BUDGET = 20_000_000
@@ -303,44 +299,6 @@ def inventories(instance: Instance, model: PerfModel, failed: frozenset[int], tp
         if key not in found or tuple(index) < found[key]:
             found[key] = tuple(index)
     return [[g for node, i in enumerate(index) for g in per_node[node][i]] for index in sorted(found.values())]
-
-
-@functools.lru_cache(maxsize=None)
-def _one_f_one_b_graph(stages: int, micro_batches: int) -> tuple[tuple[int, bool, int, int], ...]:
-    """The operations of 1F1B on (stages, micro-batches) in an order where each comes after those it
-    waits on (perf.pipeline._one_f_one_b_ends' rules): per operation, (stage, forward?, the index of
-    its stage's previous operation, the index of the neighbour's operation it waits on; -1: none)."""
-    orders = [one_f_one_b_order(s, stages, micro_batches) for s in range(stages)]
-    index: dict[tuple[int, bool, int], int] = {}
-    placed: list[tuple[int, bool, int, int]] = []
-    position = [0] * stages
-    while len(placed) < 2 * stages * micro_batches:
-        for s in range(stages):
-            while position[s] < len(orders[s]):
-                forward, m = orders[s][position[s]]
-                waits = (s - 1, True, m) if forward and s else (s + 1, False, m) if not forward and s < stages - 1 \
-                    else (s, True, m) if not forward else None
-                if waits is not None and waits not in index:
-                    break
-                previous = index[(s,) + orders[s][position[s] - 1]] if position[s] else -1
-                index[s, forward, m] = len(placed)
-                placed.append((s, forward, previous, -1 if waits is None else index[waits]))
-                position[s] += 1
-    return tuple(placed)
-
-
-def _graph_times(forward: np.ndarray, backward: np.ndarray, micro_batches: int) -> np.ndarray:
-    """The exact 1F1B makespan (perf.pipeline.one_f_one_b_time) of each row of (forward, backward), each
-    (candidates, stages): the same longest path, one operation at a time over every candidate at once
-    (each end is max(its stage's previous end, the end it waits on) + its time, as there)."""
-    graph = _one_f_one_b_graph(forward.shape[1], micro_batches)
-    ends = np.zeros((len(graph), forward.shape[0]))
-    for k, (stage, is_forward, previous, waits) in enumerate(graph):
-        start = ends[previous] if previous >= 0 else 0.0
-        if waits >= 0:
-            start = np.maximum(start, ends[waits])
-        ends[k] = start + (forward if is_forward else backward)[:, stage]
-    return ends[[k for k, (stage, is_forward, _, _) in enumerate(graph) if stage == 0 and not is_forward]].max(axis=0)
 
 
 def _profiles(counts: list[int], stages: int) -> list[tuple[int, ...]]:
@@ -1102,9 +1060,7 @@ class Relaxation:
         crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
         whether it fits in memory with m micro-batches (`fits`: kind, split, stage, m - 1); and
         per_split[i, m - 1], a lower bound on that time on split i alone (its candidates' least
-        closed form, or 1F1B longest path where GRAPH_UNITS affords them all (`_graph_times`: 24-32-device
-        seed 6157's fast-fast-fast-slow-fast pipeline of three micro-batches, 23.41 closed, 24.66 its
-        path), and never below best[m]: no extra simulation). The closed-form bound of
+        closed form, and never below best[m]: no extra simulation). The closed-form bound of
         every candidate comes first (numpy); the simulation then visits candidates by it, skipping
         those whose bound cannot lower the minimum (plain 1F1B only: interleaving is simulated).
         `crossing` (split, boundary): boundaries that also cross nodes on that split.
@@ -1139,13 +1095,6 @@ class Relaxation:
                   + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
         fit = fitting.reshape(-1, total)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
-        graphed = self.virtual == 1 and len(closed) * stages * total * (total + 1) <= GRAPH_UNITS
-        if graphed:
-            for m in range(1, total + 1):  # each candidate's own longest path, at least its closed form
-                rows = np.flatnonzero(np.isfinite(closed[:, m - 1]))
-                if rows.size:
-                    closed[rows, m - 1] = np.maximum(closed[rows, m - 1],
-                                                     _graph_times(forward[rows], backward[rows], m))
         per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
         if prefixes is not None:
             for (_, order), times in zip(pairs, closed.reshape(len(pairs), len(b), total).min(axis=1)):
@@ -1153,7 +1102,7 @@ class Relaxation:
                     known = prefixes.get(order[:k])
                     prefixes[order[:k]] = times if known is None else np.minimum(known, times)
         best = np.full(total + 1, np.inf)
-        if not simulate or graphed:  # every candidate's path is known: nothing left to simulate
+        if not simulate:
             best[1:] = closed.min(axis=0)
             return best, per_split
         for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
