@@ -1339,6 +1339,7 @@ def test_segments_on_nodes_of_p_groups_isolate_their_stages_together():
     together = search._isolated_together(3, Deadline.never(), spanning, whole, [[2], [4]], sends)
     assert step * (1 - 1e-12) <= together <= step * (1 + 1e-12)
 
+
 def test_copy_plan_pairs_count_the_copies_nodes_keep_whole():
     """24-32-device seed 6166 (TP 2, six one-micro-batch pipelines; a 100 MB send after layer 0, 1 Gb/s
     between nodes; four nodes hold a slow and a fast group, node 1 two fast): a slow(0)-fast(1-5) copy keeps
