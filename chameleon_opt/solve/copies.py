@@ -424,13 +424,13 @@ def _shape_floors(types: tuple[str, ...], bounds: tuple[int, ...], prefix: tuple
 
 def _inside(model: PerfModel, types: tuple[str, ...], bounds: tuple[int, ...],
             layout: dict[int, dict[str, list[tuple[int, ...]]]]) -> int:
-    """The most copies of a shape `_place` puts on these groups (per node, per type) with every paying
-    send inside a node: past them, some copy sends across nodes (24-32-device seed 6166: slow-fast
-    copies whose 100 MB send must stay in a node, four nodes with a slow and a fast group)."""
+    """How many copies of a shape `_place` puts one after another on these groups (per node, per type)
+    with every paying send inside a node: past them, some copy sends across nodes (24-32-device seed
+    6166: slow-fast copies whose 100 MB send must stay in a node, four nodes with a slow and a fast group)."""
     penalty, copies = _penalties(model, bounds), 0
+    free = {n: {t: list(gs) for t, gs in pools.items()} for n, pools in layout.items()}
     while True:
-        free = {n: {t: list(gs) for t, gs in pools.items()} for n, pools in layout.items()}
-        got = _place(types, penalty, copies + 1, free)
+        got = _place(types, penalty, 1, free)
         if got is None or got[1] > 0.0:
             return copies
         copies += 1
@@ -538,9 +538,11 @@ def _pairs(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[
         if not placements:
             continue
         tries += 1
-        # by sends in both orders (equal crossing costs can slow the slowest pipeline or a faster one:
-        # 24-32-device seed 6166, a 100 MB send across on a slow-fast copy or on a fast-fast one), and by layers
-        ways = [placed for _, placed in sorted(placements, key=lambda item: item[0])]
+        # by sends, each order whose crossings cost the least (equal costs can slow the slowest pipeline or
+        # a faster one: 24-32-device seed 6166, a 100 MB send across on a slow-fast copy or on a fast-fast
+        # one), and by layers
+        cheapest = min(cost for cost, _ in placements)
+        ways = [placed for cost, placed in placements if cost <= cheapest]
         pipes = [shape for shape, copies in parts for _ in range(copies)]
         by_layers = _place_layers(model, tp, pipes, layout)
         if by_layers is not None:
