@@ -2412,7 +2412,7 @@ class ExactSearch:
                 return math.inf  # no K runs fit the nodes
             summed = sum(deficits)
             if summed < 2 or summed <= deficits[-1]:
-                continue  # one pipeline of another kind at most: `columns`' own forced table
+                continue  # at most one run's deficit: `columns`' own forced table counts it
             spread = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, summed)) \
                 if summed <= pipelines else [math.inf] * (state + 1)
             doubled = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, 1), held=(every, 2))
