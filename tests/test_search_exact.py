@@ -1359,3 +1359,80 @@ def test_interleaved_closed_form_is_below_the_interleaved_time():
                         for s, o in enumerate(ops))
             above_plain += plain > exact * (1 + 1e-9)
     assert above_plain > 0  # the plain form is no bound under interleaving: the case this guards
+
+def test_column_floor_sums_the_slow_holders_over_its_runs():
+    """24-32-device seed 6016 (TP 1, five layers, five micro-batches; nodes of four groups holding 2, 3, 3,
+    2, 2, 4, 2 and 1 fast): three pipelines whose every layer rings inside a node put each layer's three
+    holders on one node, and only nodes 1, 2 and 5 hold three fast groups, so five one-layer runs put a slow
+    holder on two of them: two pipelines with a slow stage, or one with two (`_summed_deficits`). By the
+    profile a fast pipeline of one layer a stage takes 10.52 s a micro-batch and a slow layer adds 1.14 to
+    2.78 s, so the one-micro-batch pipeline takes one slow stage beside the two-micro-batch ones' 12.62 s
+    but not two (13.01 s at least). The best plan of three pipelines rings its small layers 0 and 1 across
+    nodes (12.895710: the tree's complete search of three pipelines, a 20 s run); the column case had floored
+    them at 12.648, below the optimum (five pipelines, 12.773689), and now at 13.046."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(6016, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    groups = [((0,), (3,), (5,), (8,), (20,)), ((12,), (13,), (6,), (10,), (21,)), ((7,), (17,), (4,), (11,), (22,))]
+    built = Plan(1, tuple(Pipeline(tuple(Stage(g, s, s + 1) for s, g in enumerate(seq)), m)
+                          for seq, m in zip(groups, (2, 2, 1))))
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(12.895710419158526, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    search.floor(Deadline.never(), step)
+    assert step * (1 - 1e-12) <= search.by_count[3] <= step * (1 + 1e-12)
+
+
+def test_segments_on_nodes_of_p_groups_isolate_their_stages_together():
+    """24-32-device seed 6127 (three pipelines; nine nodes of at most three groups, two of them, 3 and 7,
+    of three fast): in the case where layers 0, 1, 3 and 5 ring across nodes and layers 2 and 4 (600 M
+    parameters each) are held in nodes, each held layer's three holders are all its node's groups, so
+    every pipeline's stages holding layers 2 and 4 cross nodes at both their boundaries: four 1 MB sends
+    across nodes in every pipeline (`_isolated_together`). One segment at a time (`_assigned`) floored
+    the case at 22.593921; together it meets this plan of the case (six one-layer fast stages per
+    pipeline), the optimum, which the search proved at a 20 s limit before this floor."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(6127, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    groups = [((14,), (2,), (9,), (1,), (21,), (12,)), ((17,), (5,), (10,), (3,), (22,), (16,)),
+              ((20,), (8,), (11,), (6,), (23,), (19,))]
+    built = Plan(1, tuple(Pipeline(tuple(Stage(g, s, s + 1) for s, g in enumerate(seq)), m)
+                          for seq, m in zip(groups, (2, 2, 1))))
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(22.597940555939406, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    spanning, sends = (0, 1, 3, 5), (((3, 4),), (), ())  # the send between the held layers crosses nodes
+    whole = ((0, ()), (0, ()))  # (e, r per kind): both on nodes of exactly P groups, e = 0 (r not read)
+    each = [search.relaxation.coupled(3, Deadline.never(), forced=(0, 3), crossed=spanning, isolate=((layer,), 1),
+                                      pattern=sends)[search.root] for layer in (2, 4)]
+    assert max(each) == pytest.approx(22.593920555939405, rel=1e-12)
+    together = search._isolated_together(3, Deadline.never(), spanning, whole, [[2], [4]], sends)
+    assert step * (1 - 1e-12) <= together <= step * (1 + 1e-12)
+
+
+def test_copy_plan_pairs_count_the_copies_nodes_keep_whole():
+    """24-32-device seed 6166 (TP 2, six one-micro-batch pipelines; a 100 MB send after layer 0, 1 Gb/s
+    between nodes; four nodes hold a slow and a fast group, node 1 two fast): a slow(0)-fast(1-5) copy keeps
+    its send inside a node on four nodes only (`_inside`), so four of them beside two fast(0)-fast(1-5)
+    ones, one of those across nodes, beat five beside one (the fifth slow copy crossing: 21.2573); both
+    orders of placing the two shapes are priced (their crossing costs tie). The plan built by hand below is
+    21.059315, the floor of every plan (so the search proves it at once)."""
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = _bench_instance(6166, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    pairs = [((3, 5), (0, 1)), ((12, 13), (14, 15)), ((18, 20), (19, 21)), ((26, 27), (24, 25)),
+             ((6, 9), (10, 11)), ((2, 4), (16, 17))]
+    built = Plan(2, tuple(Pipeline((Stage(first, 0, 1), Stage(rest, 1, 6)), 1) for first, rest in pairs))
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(21.059314741509414, rel=1e-12)
+    best_plan, best = copy_plans(instance, failed, model, Deadline.never())[0]
+    assert best == pytest.approx(step, rel=1e-12) and check_plan(instance, best_plan, failed).ok

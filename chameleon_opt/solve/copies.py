@@ -422,6 +422,20 @@ def _shape_floors(types: tuple[str, ...], bounds: tuple[int, ...], prefix: tuple
             ).max(axis=1)
 
 
+def _inside(model: PerfModel, types: tuple[str, ...], bounds: tuple[int, ...],
+            layout: dict[int, dict[str, list[tuple[int, ...]]]]) -> int:
+    """How many copies of a shape `_place` puts one after another on these groups (per node, per type)
+    with every paying send inside a node: past them, some copy sends across nodes (24-32-device seed
+    6166: slow-fast copies whose 100 MB send must stay in a node, four nodes with a slow and a fast group)."""
+    penalty, copies = _penalties(model, bounds), 0
+    free = {n: {t: list(gs) for t, gs in pools.items()} for n, pools in layout.items()}
+    while True:
+        got = _place(types, penalty, 1, free)
+        if got is None or got[1] > 0.0:
+            return copies
+        copies += 1
+
+
 def _pairs(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[int, ...]]], prefix: tuple,
            available: Counter, groups: int, most_per_node: int, counts: list[Counter], layouts: list[dict],
            fit: Callable[..., bool], deadline: Deadline, failed: frozenset[int], best: float
@@ -455,6 +469,12 @@ def _pairs(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[
     uses = np.array([[table[3][t] for t in sorted(available)] for table in tables])  # (shape, type)
     have = np.array([available[t] for t in sorted(available)])
     upper = np.triu(np.ones((len(shapes), len(shapes)), dtype=bool), 1)  # each unordered pair once
+    # past the copies its nodes keep whole (`_inside`), a shape's estimate takes its paying sends across nodes
+    inside = np.array([_inside(model, types, bounds, layouts[0]) for types, bounds in shapes])
+    across = (prefix[0], prefix[1], update,
+              np.array([model.boundary_send_on(model.inter, layer) for layer in range(len(prefix[3]))]), sizes)
+    crossing = np.array([_shape_floors(types, bounds, across, total) for types, bounds in shapes])
+    crossing[:, 0] = np.inf
     largest, slowest = np.maximum.outer(sizes_of, sizes_of), np.maximum.outer(steps, steps)
     estimates = []
     for copies_a in range(1, min(total, groups)):
@@ -465,22 +485,32 @@ def _pairs(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[
                 uses[:, None, :] * copies_a + uses[None, :, :] * copies_b <= have, axis=2)
             if not fits.any():
                 continue
-            time_s = np.full(fits.shape, np.inf)
+            time_s, placed_s = np.full(fits.shape, np.inf), np.full(fits.shape, np.inf)
+            first = np.where((copies_a > inside)[:, None], crossing, floors)
+            second = np.where((copies_b > inside)[:, None], crossing, floors)
             for m in range(1, (total - copies_b) // copies_a + 1):
                 other = -(-(total - copies_a * m) // copies_b)
                 np.minimum(time_s, np.maximum.outer(floors[:, m], floors[:, other]), out=time_s)
+                np.minimum(placed_s, np.maximum.outer(first[:, m], second[:, other]), out=placed_s)
             replicas = copies_a + copies_b
             link = faster if replicas <= most_per_node else model.inter
             ring = 2 * (replicas - 1) * (link.latency + largest / replicas / link.bandwidth)
-            estimate = np.where(fits, time_s + slowest / model.optimizer_shards(replicas) + ring, np.inf)
+            extra = slowest / model.optimizer_shards(replicas) + ring
+            estimate = np.where(fits, time_s + extra, np.inf)
             for i, j in zip(*np.nonzero(estimate < best * (1 - 1e-9))):
-                estimates.append((float(estimate[i, j]), int(i), copies_a, int(j), copies_b))
+                union = len(set(shapes[i][1]) | set(shapes[j][1]))
+                estimates.append((float(placed_s[i, j] + extra[i, j]), union, float(estimate[i, j]), int(i), copies_a,
+                                  int(j), copies_b))
+    # by the estimate with the crossings the nodes force, then the fewest boundaries in both splits (a stage
+    # rings one group per run of its layers between them, each with its own latency), then the estimate
     estimates.sort()
     found: list[tuple[Plan, float]] = []
     tries = 0
-    for estimate, i, copies_a, j, copies_b in estimates:
-        if estimate >= best * (1 - 1e-9) or tries >= PAIR_TRIES or deadline.expired():
+    for _, _, estimate, i, copies_a, j, copies_b in estimates:
+        if tries >= PAIR_TRIES or deadline.expired():
             break
+        if estimate >= best * (1 - 1e-9):
+            continue
         parts = ((shapes[i], copies_a), (shapes[j], copies_b))
         replicas, m = copies_a + copies_b, -(-total // (copies_a + copies_b))
         if not all(fit(t, bounds[s], bounds[s + 1], s, len(types), m, replicas)
@@ -508,7 +538,11 @@ def _pairs(model: PerfModel, tp: int, shapes: list[tuple[tuple[str, ...], tuple[
         if not placements:
             continue
         tries += 1
-        ways = [min(placements, key=lambda item: item[0])[1]]  # by sends, and by layers
+        # by sends, each order whose crossings cost the least (equal costs can slow the slowest pipeline or
+        # a faster one: 24-32-device seed 6166, a 100 MB send across on a slow-fast copy or on a fast-fast
+        # one), and by layers
+        cheapest = min(cost for cost, _ in placements)
+        ways = [placed for cost, placed in placements if cost <= cheapest]
         pipes = [shape for shape, copies in parts for _ in range(copies)]
         by_layers = _place_layers(model, tp, pipes, layout)
         if by_layers is not None:

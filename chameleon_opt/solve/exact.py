@@ -2197,6 +2197,11 @@ class ExactSearch:
                 if table is None:
                     return None
                 largest = max(largest, table[self.root])
+            if largest < best:
+                together = self._isolated_together(pipelines, refine, spanning, profile, segments, plain)
+                if together is None:
+                    return None
+                largest = max(largest, together)
             values[profile] = largest
             return largest
 
@@ -2226,6 +2231,24 @@ class ExactSearch:
         if not assign(0, None, ()):
             return found
         return max(found, least[0])
+
+    def _isolated_together(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...],
+                           profile: tuple[tuple[int, tuple[int, ...]], ...], segments: list[list[int]],
+                           plain: tuple | None) -> float | None:
+        """`_assigned`'s isolated stages of every segment on a node of exactly P groups at once (0 when
+        fewer than two such; None when the table is out of reach). Such a segment's holders are all its
+        node's groups, so every pipeline holds it on a stage whose both boundaries cross nodes; two
+        segments never share a stage (`column_room`), so every pipeline has all those stages isolated
+        together (`coupled`'s `isolate` with q = their number), where `_assigned` took the largest of
+        one segment at a time. 24-32-device seed 6127 (three pipelines, nodes of at most three groups):
+        layers 2 and 4 held on the nodes of three fast groups each isolate a stage, four 1 MB sends
+        across nodes: 22.593921 -> 22.597941, its optimum."""
+        whole = tuple(segment[0] for (e, _), segment in zip(profile, segments) if e == 0)
+        if len(whole) < 2:
+            return 0.0
+        table = self.relaxation.coupled(pipelines, refine, forced=(0, pipelines), crossed=spanning,
+                                        isolate=(whole, len(whole)), pattern=plain)
+        return None if table is None else table[self.root]
 
     def _run_slots(self, pipelines: int, refine: Deadline, runs: list[list[int]], low: float, best: float,
                    state: int | None = None, crossed: tuple[int, ...] = (), pattern: tuple | None = None) -> float:
@@ -2415,6 +2438,8 @@ class ExactSearch:
                 value = self._held_columns(pipelines, refine, runs, segments, state, value, min(best, cap))
             if value < min(best, cap):
                 value = self._packed_runs(pipelines, refine, runs, segments, state, value, min(best, cap))
+            if value < min(best, cap):
+                value = self._summed_deficits(pipelines, refine, runs, segments, state, value, min(best, cap))
             best = min(best, value)
         return best
 
@@ -2434,6 +2459,38 @@ class ExactSearch:
             if table is None:
                 break
             value = max(value, table[state])
+        return value
+
+    def _summed_deficits(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
+                         value: float, best: float) -> float:
+        """The column floor of K runs (`columns`: `value` at `state`) raised by the holders of another kind
+        summed over the runs, while below `best`. Run r sits on its own slot of a node (`_run_slots`: the
+        nodes counted n // P times) of f_r kind-k groups, so at each of its layers d_r = P - f_r holders,
+        in as many pipelines, are of another kind; so the plan has D >= the sum of the K least slot deficits
+        (stage, run) pairs of another kind, on distinct stages (two runs never share a stage, `column_room`).
+        Either no pipeline has two of them, and D <= P pipelines each have a stage of another kind, or one
+        pipeline has at least two such stages: the lesser of those two coupled tables (`both`'s argument).
+        `columns`' own forced count takes only the K-th slot's deficit, `_run_slots` one run at a time.
+        24-32-device seed 6016: three pipelines on nodes of at most three fast groups but one of four, five
+        one-layer runs put slow holders on two of them: the plans of three pipelines 12.648 -> 12.896."""
+        relaxation, per_node = self.relaxation, self.node_groups()
+        every = tuple(range(self.layers))
+        for kind in range(len(relaxation.kind_count) if len(relaxation.kind_count) > 1 else 0):
+            deficits = sorted(max(pipelines - self.of_kind(groups, kind), 0) for groups in per_node.values()
+                              for _ in range(sum(groups.values()) // pipelines))[:segments]
+            if len(deficits) < segments:
+                return math.inf  # no K runs fit the nodes
+            summed = sum(deficits)
+            if summed < 2 or summed <= deficits[-1]:
+                continue  # at most one run's deficit: `columns`' own forced table counts it
+            spread = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, summed)) \
+                if summed <= pipelines else [math.inf] * (state + 1)
+            doubled = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, 1), held=(every, 2))
+            if spread is None or doubled is None:
+                return value
+            value = max(value, min(spread[state], doubled[state]))
+            if value >= best:
+                break
         return value
 
     def _packed_runs(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
