@@ -69,6 +69,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import Link, ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.memory import in_flight_micro_batches
 from chameleon_opt.perf.model import GIB, PerfModel
+from chameleon_opt.perf.pipeline import one_f_one_b_floors
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.bounds import MemoryRelaxation
@@ -857,8 +858,8 @@ class Relaxation:
         so shorter pipelines cannot run: inf). The time of
         those operations, minimised over the layer splits and orders, is the exact 1F1B longest path
         (monotone in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the
-        per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
-        bound also skips the simulations that cannot lower the minimum. A split counts only where
+        per-stage bounds of `one_f_one_b_floors` (plain 1F1B; interleaved: T >= W + (m - 1) b_s +
+        max(m - 1 - k_s, 0) f_s); that bound also skips the simulations that cannot lower the minimum. A split counts only where
         every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
         micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layers L, kind k, q):
         only orders in which at least q of the stages holding L's layers (distinct stages: one holding
@@ -1091,8 +1092,11 @@ class Relaxation:
         forward = forward.reshape(-1, stages)
         backward = backward.reshape(-1, stages)
         whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
-        closed = (whole[:, None, None] + (counts - 1)[None, :, None] * backward[:, None, :]
-                  + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
+        if self.virtual == 1:  # also a slow stage's own m forwards and backwards (one_f_one_b_floors)
+            closed = one_f_one_b_floors(forward, backward, counts)
+        else:
+            closed = (whole[:, None, None] + (counts - 1)[None, :, None] * backward[:, None, :]
+                      + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
         fit = fitting.reshape(-1, total)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
         per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
