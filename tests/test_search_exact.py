@@ -11,6 +11,7 @@ it, and report as objective the exact step of the plan it returns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -1282,3 +1283,64 @@ def test_held_layer_on_a_node_of_p_groups_isolates_its_stage_in_every_longer_pip
     (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
     search.floor(Deadline.never(), step)
     assert step * (1 - 1e-12) <= search.by_count[7] <= step * (1 + 1e-12)
+
+
+@functools.lru_cache(maxsize=1)
+def _search_3163() -> tuple[Any, PerfModel, frozenset[int], Any]:
+    """24-32-device seed 3163 (TP 2, six layers, seven micro-batches) and the search of its inventory with
+    nodes of 2 slow + 2 fast, 1 slow + 2 fast and 2 fast + 1 slow groups, which holds its optimum (built
+    once: its floors only cache tables, the same whichever test asks first)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(3163, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    searches = exact_floors(instance, model, failed, Deadline.never()).searches
+    wanted = sorted(sorted(counts.items()) for counts in ({"slow": 2, "fast": 2}, {"slow": 1, "fast": 2},
+                                                          {"slow": 1, "fast": 2}))
+    (search,) = [s for s in searches if sorted(sorted(c.items()) for c in s.node_groups().values()) == wanted
+                 and s.node_groups()[0] == {"slow": 2, "fast": 2}]
+    return instance, model, failed, search
+
+
+def _plan_3163(spec: list[tuple[list[tuple[tuple[int, int], int, int]], int]]) -> Plan:
+    """Seed 3163's plan of these (group, first layer, end) stages per pipeline, with its micro-batches."""
+    return Plan(2, tuple(Pipeline(tuple(Stage(g, a, b) for g, a, b in stages), m) for stages, m in spec))
+
+
+def test_spans_case_takes_the_slowest_time_and_the_largest_ring_apart():
+    """24-32-device seed 3163, four pipelines: its optimum (the tree's, complete at 60 s) runs two fast
+    stages of layers 0-4 with two micro-batches (25.97 s; one node of four groups holds layers 2-3,
+    so layers 0-1 and 4 ring across nodes, 1.36 s). `spans`' case with layers 0-2 held on that node
+    had been floored at 27.2034 by a fast stage of layers 0-4 beside one-micro-batch pipelines whose
+    stages of layers 3-5 ring 1.8 s, each pipeline charged its own ring; with the slowest time and
+    the largest ring apart (`thresholds` on the case's rings and sends, `_case_thresholds`) the
+    floor of four pipelines is the optimum's step less one ring's start-up latency (its stage rings
+    layers 0-1 and 4 as two rings, the floor as one: 6 x 20 us), never above it (it was 26.41)."""
+    instance, model, failed, search = _search_3163()
+    optimum = _plan_3163([([((11, 12), 0, 2), ((0, 2), 2, 4), ((13, 15), 4, 5), ((17, 18), 5, 6)], 2),
+                          ([((1, 3), 0, 5), ((8, 9), 5, 6)], 2), ([((4, 5), 0, 5), ((19, 20), 5, 6)], 2),
+                          ([((6, 7), 0, 4), ((21, 22), 4, 6)], 1)])
+    assert check_plan(instance, optimum, failed).ok
+    step = model.evaluate(optimum, failed).iteration_time_s
+    assert step == pytest.approx(27.354051563765335, rel=1e-12)
+    floor = search.spans(4, Deadline.never(), 0.0, math.inf)
+    assert step - 6 * 2e-5 - 1e-9 <= floor <= step
+
+
+def test_column_floor_makes_every_pipeline_cross_at_the_same_cuts():
+    """24-32-device seed 3163, three pipelines whose every layer's holders share a node: K = 3 runs sit
+    on the three nodes, so every pipeline crosses nodes before the same two layers. The least-crossings
+    table alone (each pipeline crossing twice, anywhere) took two slow(0)-fast(1-4)-slow(5) pipelines
+    beside a fast one split 2 | 2 | 1 | 1 (crossings before 1 and 5, and before 2, 4 and 5: no two cuts
+    shared), 26.17; the column floor is now above that, and below the best column plan built by hand
+    (two fast 0-1 | 2-3 | 4-5 pipelines of three micro-batches, a slow one of one, the runs on nodes 0, 1
+    and 2: 30.319444)."""
+    instance, model, failed, search = _search_3163()
+    column = _plan_3163([([((1, 3), 0, 2), ((11, 12), 2, 4), ((17, 18), 4, 6)], 3),
+                         ([((4, 5), 0, 2), ((13, 15), 2, 4), ((21, 22), 4, 6)], 3),
+                         ([((0, 2), 0, 2), ((8, 9), 2, 4), ((19, 20), 4, 6)], 1)])
+    assert check_plan(instance, column, failed).ok
+    step = model.evaluate(column, failed).iteration_time_s
+    assert step == pytest.approx(30.319444298065694, rel=1e-12)
+    assert 26.2 < search.columns(3, Deadline.never()) <= step
