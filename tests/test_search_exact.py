@@ -1308,24 +1308,29 @@ def _plan_3163(spec: list[tuple[list[tuple[tuple[int, int], int, int]], int]]) -
     return Plan(2, tuple(Pipeline(tuple(Stage(g, a, b) for g, a, b in stages), m) for stages, m in spec))
 
 
-def test_spans_case_takes_the_slowest_time_and_the_largest_ring_apart():
-    """24-32-device seed 3163, four pipelines: its optimum (the tree's, complete at 60 s) runs two fast
-    stages of layers 0-4 with two micro-batches (25.97 s; one node of four groups holds layers 2-3,
-    so layers 0-1 and 4 ring across nodes, 1.36 s). `spans`' case with layers 0-2 held on that node
-    had been floored at 27.2034 by a fast stage of layers 0-4 beside one-micro-batch pipelines whose
-    stages of layers 3-5 ring 1.8 s, each pipeline charged its own ring; with the slowest time and
-    the largest ring apart (`thresholds` on the case's rings and sends, `_case_thresholds`) the
-    floor of four pipelines is the optimum's step less one ring's start-up latency (its stage rings
-    layers 0-1 and 4 as two rings, the floor as one: 6 x 20 us), never above it (it was 26.41)."""
+def test_relaxation_prices_a_slow_first_stage_at_its_own_forwards_and_backwards():
+    """24-32-device seed 3163: its optimum (the tree's, complete at 60 s, 27.354052) runs two fast(0-4) |
+    slow(5) pipelines of two micro-batches. By hand, the fast stage runs its two forwards (6.7319 s) and
+    two backwards (6.2538 s) one after another, 25.9714 s, before the sends; the model's 1F1B time is
+    25.973482. The relaxation's closed form W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s gave 25.03 there
+    (the floor of four pipelines 26.41, 3.5% below the optimum); the busy-stage bound
+    (`one_f_one_b_floors`) lies between the two, and the floor of four pipelines (`spans`) now too."""
     instance, model, failed, search = _search_3163()
     optimum = _plan_3163([([((11, 12), 0, 2), ((0, 2), 2, 4), ((13, 15), 4, 5), ((17, 18), 5, 6)], 2),
                           ([((1, 3), 0, 5), ((8, 9), 5, 6)], 2), ([((4, 5), 0, 5), ((19, 20), 5, 6)], 2),
                           ([((6, 7), 0, 4), ((21, 22), 4, 6)], 1)])
     assert check_plan(instance, optimum, failed).ok
-    step = model.evaluate(optimum, failed).iteration_time_s
-    assert step == pytest.approx(27.354051563765335, rel=1e-12)
-    floor = search.spans(4, Deadline.never(), 0.0, math.inf)
-    assert step - 6 * 2e-5 - 1e-9 <= floor <= step
+    estimate = model.evaluate(optimum, failed)
+    assert estimate.iteration_time_s == pytest.approx(27.354051563765335, rel=1e-12)
+    forward, backward = model.stage_times((1, 3), 0, 5)[:2]
+    assert 2 * (forward + backward) == pytest.approx(25.9714, abs=1e-4)
+    relaxation = search.relaxation
+    fast, slow = (relaxation.kind_of[name] for name in ("fast", "slow"))
+    kinds = tuple(1 if k in (fast, slow) else 0 for k in range(len(relaxation.kind_count)))
+    split = relaxation.splits[2].index((0, 5, 6))
+    priced = relaxation.split_lower[relaxation.most_per_node, 0][kinds][split, 1]  # two micro-batches
+    assert 2 * (forward + backward) <= priced <= estimate.pipelines[1].iteration_time_s
+    assert 27.2 < search.spans(4, Deadline.never(), 0.0, math.inf) <= estimate.iteration_time_s
 
 
 def test_column_floor_makes_every_pipeline_cross_at_the_same_cuts():

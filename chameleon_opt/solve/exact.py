@@ -480,9 +480,8 @@ class Relaxation:
         # (across nodes) and before none of F's (`lower_times`' `pattern`)
         self._patterned: dict[tuple, dict[tuple[int, ...], np.ndarray]] = {}
         # per P: every split's all-reduce + optimizer step floor (`coupled`), ascending; per (P, U), those of
-        # the splits inside U with U's rings (`coupled`'s `union`); per (P, (), S), with S's rings across
-        # nodes (`coupled`'s `crossed`; `values_key`)
-        self.extra_values: dict[int | tuple, list[float]] = {}
+        # the splits inside U with U's rings (`coupled`'s `union`)
+        self.extra_values: dict[int | tuple[int, tuple[int, ...]], list[float]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -677,8 +676,7 @@ class Relaxation:
         before l are of that kind crosses nodes there (`lower_times`' `boundary`, `ExactSearch.boundaries`);
         `ring_cap` E: each pipeline priced at its time alone, on the splits whose all-reduce and step are at
         most E (`ExactSearch.thresholds`).
-        The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained,
-        or with `crossed`'s rings across nodes).
+        The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained).
         `pattern` (C, F, G) or (C, F, G, H): every pipeline sends before some layer of each group of C, across nodes,
         and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), and
         given H, they send across nodes before some layer of each group of H too; else they are priced as
@@ -724,8 +722,8 @@ class Relaxation:
                 held_by = np.sort(np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in within[0]], axis=1), axis=1)
                 holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
             extras[stages] = (rings, update / self.model.optimizer_shards(pipelines), holding[:, None])
-        if not crossing:
-            self.extra_values[self.values_key(pipelines, union, crossed)] = sorted(
+        if not crossing and not crossed:
+            self.extra_values[pipelines if union is None else (pipelines, union)] = sorted(
                 {float(x) for rings, update, _ in extras.values() for x in rings + update if x < math.inf})
         kind, rounds = forced
         forcing = None
@@ -813,13 +811,6 @@ class Relaxation:
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
-
-    @staticmethod
-    def values_key(pipelines: int, union: tuple[int, ...] | None = None, crossed: tuple[int, ...] = ()) -> int | tuple:
-        """`extra_values`' key of P's splits with U's rings (`union`) or these layers' rings across nodes."""
-        if crossed:
-            return pipelines, (), crossed
-        return pipelines if union is None else (pipelines, union)
 
     def _patterned_times(self, runs: int, least: int, sends: tuple[tuple[int, ...], ...], barred: tuple[int, ...],
                          deadline: Deadline) -> dict[tuple[int, ...], np.ndarray] | None:
@@ -1984,32 +1975,7 @@ class ExactSearch:
             spanning, held_runs, crossed, sends, found = least
             if (spanning, crossed) in raised:
                 return best
-            found = self._assigned(pipelines, refine, spanning, held_runs, sends, found, floor)
-            if found < floor:
-                found = max(found, self._case_thresholds(pipelines, refine, spanning, held_runs, sends, found, floor))
-            raised[spanning, crossed] = found
-
-    def _case_thresholds(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...], segments: list[list[int]],
-                         sends: tuple[tuple[int, ...], ...], found: float, floor: float) -> float:
-        """`spans`' case (S, which pairs of held layers cross) by `thresholds` on its rings and sends: the
-        plan's step is its slowest pipeline's time plus its largest slot ring and step, not each pipeline's
-        own, and the case fixes S's rings across nodes, the sends across before the crossed pairs and,
-        where no node has a group beyond P, none within a segment (`_spans_pass`' pattern). 24-32-device
-        seed 3163 (P = 4, one node of four groups): with layers 0-2 held there, the fast pipeline holding
-        layers 0-4 in one stage (its time 25.97 s, its ring 1.2 s) beside one-micro-batch pipelines whose
-        stages of layers 3-5 ring 1.8 s were floored by the larger pipeline's sum alone."""
-        inner = tuple(layer for segment in segments for first, second in zip(segment, segment[1:])
-                      for layer in range(first + 1, second + 1))
-        barred = inner if self.most_per_node == pipelines else ()
-        pattern = (sends, barred, ()) if sends or barred else None
-        best = self.thresholds(pipelines, refine, found, floor, crossed=spanning, pattern=pattern)
-        # each held layer's P holders are groups of one node of at least P: r of another kind than k (`forced`)
-        for (kind, rounds), layer in itertools.product(self.forced(pipelines), sorted(set(sum(segments, [])))):
-            if max(best, found) >= floor or refine.expired():
-                break
-            best = max(best, self.thresholds(pipelines, refine, max(best, found), floor, forced=(kind, rounds),
-                                             crossed=spanning, pattern=pattern, held=((layer,), 1)))
-        return best
+            raised[spanning, crossed] = self._assigned(pipelines, refine, spanning, held_runs, sends, found, floor)
 
     def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float]
                     ) -> tuple[float, tuple | None]:
@@ -2298,9 +2264,7 @@ class ExactSearch:
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
                    forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None,
-                   paired: tuple[int, int] | None = None, union: tuple[int, ...] | None = None,
-                   crossed: tuple[int, ...] = (), pattern: tuple | None = None,
-                   held: tuple[tuple[int, ...], int] | None = None) -> float:
+                   paired: tuple[int, int] | None = None, union: tuple[int, ...] | None = None) -> float:
         """Floor of the plans of P pipelines with the slowest time and the largest all-reduce + step
         taken apart but on the same splits: a plan whose largest split value (its pipeline's stage
         ring + step, `coupled`'s) is E runs every pipeline on a split of value at most E, so its step
@@ -2309,17 +2273,15 @@ class ExactSearch:
         are at least that). `coupled` charges each pipeline its own split's ring, so a fast split of
         large stages in one pipeline beside small stages elsewhere was priced below either (8-24-device
         seed 769: one pipeline holding layers 1-2 in one stage saves a 100 MB send, 9.4447 + 0.2134 s,
-        while the plan's ring is then that stage's, 0.13 s more). `forced`, `kept`, `paired`, `pattern`,
-        `held`: as `coupled`'s (`boundaries`, `paired`, `spans` take this form too); `union`: the same over the
-        splits inside U with U's rings (`union_rings`); `crossed`: with these layers' rings across nodes
-        (the values E then those of the splits with those rings, `spans`)."""
+        while the plan's ring is then that stage's, 0.13 s more). `forced`, `kept`, `paired`: as
+        `coupled`'s (`boundaries`, `paired` take this form too); `union`: the same over the splits inside
+        U with U's rings (`union_rings`)."""
         relaxation = self.relaxation
-        if (union is not None or crossed) and relaxation.coupled(pipelines, refine, union=union, crossed=crossed) is None:
+        if union is not None and relaxation.coupled(pipelines, refine, union=union) is None:
             return 0.0  # its values are kept by that table
-        values = relaxation.extra_values.get(relaxation.values_key(pipelines, union, crossed))
-        terms = {"forced": forced, "kept": kept, "paired": paired, "union": union, "crossed": crossed,
-                 "pattern": pattern, "held": held}
-        free = relaxation.coupled(pipelines, refine, ring_cap=math.inf, **terms) if values else None
+        values = relaxation.extra_values.get(pipelines if union is None else (pipelines, union))
+        free = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=math.inf,
+                                  union=union) if values else None
         if free is None:
             return 0.0
         base, best = free[self.root], math.inf
@@ -2327,7 +2289,8 @@ class ExactSearch:
             least = cap + base  # every cap from here on gives at least this
             if least >= min(best, floor):
                 return min(best, least)
-            table = relaxation.coupled(pipelines, refine, ring_cap=cap, **terms)
+            table = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=cap,
+                                       union=union)
             if table is None:
                 return min(best, least)
             best = min(best, cap + table[self.root])
@@ -2413,12 +2376,13 @@ class ExactSearch:
         into their nodes: a run of several layers on a node of n groups has a stage of each pipeline per
         layer range it splits the run into, so at least 2P - n pipelines hold the whole run on one stage
         (n at most the largest node). Per way to cut the layers into K runs, the largest over its runs of
-        the coupled table with that many such pipelines (`within`), of the one in which every pipeline
-        sends before each cut across nodes (two adjacent runs sit on two nodes, so every pipeline's stages
-        holding the layers on both sides of a cut differ: `coupled`'s `pattern`; the least-crossings table
-        lets each pipeline cross at its own layers: 24-32-device seed 3163, P = 3, K = 3, two pipelines
-        crossing before layers 1 and 5 beside one crossing before 2, 4 and 5, 26.17 -> 28.55), and of the
-        runs' slots on those tables (`_run_slots`); the least over the ways. At most
+        the coupled table with that many such pipelines (`within`) and of the runs' slots (`_run_slots`),
+        then, while below the least so far, of the table in which every pipeline sends before each cut
+        across nodes and of the slots on such tables (two adjacent runs sit on two nodes, so every
+        pipeline's stages holding the layers on both sides of a cut differ: `coupled`'s `pattern`; the
+        least-crossings table lets each pipeline cross at its own layers: 24-32-device seed 3163, P = 3,
+        K = 3, two pipelines crossing before layers 1 and 5 beside one crossing before 2, 4 and 5, 26.17
+        -> 28.55); the least over the ways. At most
         SINGLE_LAYERS layers (2^(L-1) ways at most). 32-64-device seed 221: five pipelines, nodes of at
         most seven groups, so three hold each two-layer run on one stage."""
         relaxation, per_node = self.relaxation, self.node_groups()
@@ -2428,12 +2392,7 @@ class ExactSearch:
         least = math.inf
         for cuts in itertools.combinations(range(1, self.layers), segments - 1):
             bounds = (0,) + cuts + (self.layers,)
-            # adjacent runs sit on two nodes: every pipeline sends before each cut, across nodes
-            pattern = (tuple((cut,) for cut in cuts), (), ())
-            table = relaxation.coupled(pipelines, refine, runs, segments - 1, pattern=pattern)
-            if table is None:
-                return value
-            found = max(value, table[state])
+            found = value
             for first, end in zip(bounds[:-1], bounds[1:]):
                 if end - first < 2 or found >= min(least, cap) or whole <= 0:
                     continue
@@ -2442,9 +2401,17 @@ class ExactSearch:
                 if table is None:
                     return value
                 found = max(found, table[state])
+            layers = [list(range(first, end)) for first, end in zip(bounds[:-1], bounds[1:])]
             if found < min(least, cap):
-                layers = [list(range(first, end)) for first, end in zip(bounds[:-1], bounds[1:])]
-                found = self._run_slots(pipelines, refine, layers, found, min(least, cap), state, pattern=pattern)
+                found = self._run_slots(pipelines, refine, layers, found, min(least, cap), state)
+            if found < min(least, cap):  # adjacent runs sit on two nodes: every pipeline sends before each cut, across
+                pattern = (tuple((cut,) for cut in cuts), (), ())
+                table = relaxation.coupled(pipelines, refine, runs, segments - 1, pattern=pattern)
+                if table is None:
+                    return value
+                found = max(found, table[state])
+                if found < min(least, cap):
+                    found = self._run_slots(pipelines, refine, layers, found, min(least, cap), state, pattern=pattern)
             least = min(least, found)
         return max(value, least)
 
