@@ -859,9 +859,9 @@ class Relaxation:
         those operations, minimised over the layer splits and orders, is the exact 1F1B longest path
         (monotone in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the
         per-stage bounds of `one_f_one_b_floors` (plain 1F1B; interleaved: T >= W + (m - 1) b_s +
-        max(m - 1 - k_s, 0) f_s); that bound also skips the simulations that cannot lower the minimum. A split counts only where
-        every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
-        micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layers L, kind k, q):
+        max(m - 1 - k_s, 0) f_s); that bound also skips the simulations that cannot lower the minimum.
+        A split counts only where every stage fits the relaxed memory (MemoryRelaxation) of its kind's
+        device types with the micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layers L, kind k, q):
         only orders in which at least q of the stages holding L's layers (distinct stages: one holding
         two of them counts once) are of another kind than k count, by the closed form alone (with
         `reach` r, one layer: some stage within r of it is).
@@ -2382,8 +2382,7 @@ class ExactSearch:
         pipeline's stages holding the layers on both sides of a cut differ: `coupled`'s `pattern`; the
         least-crossings table lets each pipeline cross at its own layers: 24-32-device seed 3163, P = 3,
         K = 3, two pipelines crossing before layers 1 and 5 beside one crossing before 2, 4 and 5, 26.17
-        -> 28.55); the least over the ways. At most
-        SINGLE_LAYERS layers (2^(L-1) ways at most). 32-64-device seed 221: five pipelines, nodes of at
+        -> 28.55); the least over the ways. At most SINGLE_LAYERS layers (2^(L-1) ways at most). 32-64-device seed 221: five pipelines, nodes of at
         most seven groups, so three hold each two-layer run on one stage."""
         relaxation, per_node = self.relaxation, self.node_groups()
         whole = 2 * pipelines - max(sum(groups.values()) for groups in per_node.values())
