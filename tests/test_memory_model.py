@@ -190,6 +190,13 @@ def test_schedule_options_default_to_todays_numbers_and_change_what_they_should(
     assert selective.iteration_time_s > plain.iteration_time_s
     interleaved = base.with_options(ScheduleOptions(virtual_stages=2)).evaluate(instance.plan)
     assert interleaved.pipelines[0].stages[0].memory.activations > plain.pipelines[0].stages[0].memory.activations
+    # The head's logits stay at one micro-batch on the last stage, interleaved or not (Megatron runs
+    # the head chunk's backward right after its forward); its other activations take the interleaved
+    # count (2 (p - s - 1) + (v - 1) p + 1) / v = (0 + 2 + 1) / 2 = 1.5 at p = 2, v = 2.
+    last, last_plain = interleaved.pipelines[0].stages[-1], plain.pipelines[0].stages[-1]
+    assert last_plain.memory.logits > 0
+    assert last.memory.logits == pytest.approx(last_plain.memory.logits)
+    assert last.memory.activations == pytest.approx(1.5 * last_plain.memory.activations)
 
 
 def test_interleaved_time_is_narayanan_closed_form_for_identical_stages():
