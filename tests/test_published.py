@@ -97,6 +97,11 @@ def test_megatron_2024_overlap_flags_mean_the_distributed_optimizer(rows: dict[s
     training = run.document["training"]
     assert (training["zero_stage"], training["overlap_param_gather"], run.tp_comm_overlap) == (1, True, True)
     assert (training["attention"], run.attention_kernel) == ("flash", "flash-v2")
+    # --tp-comm-overlap runs only under --sequence-parallel (Megatron's arguments.py asserts it): TP 1
+    # has no sequence to split, the 314B row at TP 8 does, which divides its blocks' activations by 8.
+    assert training["sequence_parallel"] is False
+    big = to_run(rows["megatron-008"])
+    assert big.tp_comm_overlap and big.document["training"]["sequence_parallel"] is True
 
 
 def test_recipes_with_the_distributed_optimizer_shard_it_and_the_rest_do_not(rows: dict[str, dict]) -> None:

@@ -508,6 +508,11 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
                     "learned_positions": not gated, **({"kv_heads": m["kv_heads"]} if m.get("kv_heads") else {})}
     from chameleon_opt.instance.devices import CATALOGUE
     device = CATALOGUE[gpu]
+    overlap = "--tp-comm-overlap" in notes or stack.get("tp_comm_overlap", False)
+    # Megatron-LM refuses --tp-comm-overlap without --sequence-parallel (training/arguments.py, r0.8.0 at
+    # 8a78edd line 203: "Tensor parallel communication/GEMM overlap can happen only when sequence
+    # parallelism is enabled"), so a row that states the overlap ran sequence parallel.
+    sequence_parallel = bool(p.get("sequence_parallel") or stack.get("sequence_parallel") or overlap) and tp > 1
     # DeepSpeed's engine all-reduces (ZeRO-0) or reduce-scatters (ZeRO-1 without overlap_comm, its
     # default) the gradients at the accumulation boundary, after the last backward: not overlapped.
     document = {
@@ -521,7 +526,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         "workload": {"inline": {"name": row["id"], "architecture": architecture}},
         "training": {"global_batch": global_batch, "micro_batch_size": mbs, "sequence_length": m["seq_len"],
                      "recomputation": recomputation, "zero_stage": zero, "attention": attention,
-                     "sequence_parallel": bool(p.get("sequence_parallel") or stack.get("sequence_parallel")) and tp > 1,
+                     "sequence_parallel": sequence_parallel,
                      "context_parallel": cp, "overlap_grad_reduce": source != "deepspeed", "virtual_stages": vp,
                      **sharded, **({"fp8": fp8} if fp8 else {})},
         "plan": {"tensor_parallel": tp, "layout": {"pipeline_parallel": pp, "data_parallel": dp}},
@@ -534,7 +539,6 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     measured, metric = _measured(row, global_batch, gpus)
     label = (f"{m['name']} {gpu} {gpus}g TP{tp} PP{pp} DP{dp}" + (f" CP{cp}" if cp > 1 else "")
              + (f" VP{vp}" if vp > 1 else "") + f" s{m['seq_len']} mbs{mbs} {recomputation}")
-    overlap = "--tp-comm-overlap" in notes or stack.get("tp_comm_overlap", False)
     memory = row["measured"].get("peak_mem_gib")
     family = _family(row) + (" FP8" if fp8 else "")
     run = PublishedRun(row["id"], source, family, gpu, label + (" fp8" if fp8 else ""), document, measured, metric,
