@@ -41,6 +41,20 @@ def test_block_activations_reproduce_korthikanti_table_2(tp, recompute, attentio
     assert block == pytest.approx(S * H * coefficient)
 
 
+def test_fp8_linears_save_one_byte_inputs_hand_worked():
+    """GPT-3's block (q = h, f = 4h, ungated), TP 1, Megatron's kernels, linears in fp8 (Transformer
+    Engine saves the fp8 cast of a linear's input). Flash, per token in units of h: norm inputs 2 x 2,
+    QKV and MLP-in linear inputs 2 x 1 (not 2 x 2), dropout masks 2, Q K V 6, attention output 2 kept by
+    the flash kernel + 1 for the out-projection's fp8 copy, GEMM-1 output 2 x 4 (the GeLU keeps it) +
+    GEMM-2's fp8 input 4 (not 8): 29 against 34. Eager: the out-projection alone keeps the context (1,
+    not 2), the a*s^2 terms are unchanged: 27 + 5as/h against 34 + 5as/h."""
+    w = gpt3()
+    assert w.activation_bytes_per_sample(1, "none", "flash", fp8_linears=True)[1] == pytest.approx(S * H * 29)
+    assert w.activation_bytes_per_sample(1, "none", "eager", fp8_linears=True)[1] == pytest.approx(
+        S * H * (27 + 5 * A * S / H))
+    assert w.activation_bytes_per_sample(1, "full", "flash", fp8_linears=True)[1] == pytest.approx(2 * S * H)
+
+
 def test_gpt3_175b_table_2_numbers_in_gib():
     """Table 2 at GPT-3 175B (5as/h = 80), t = 8: sbh x 114 bytes per layer without parallelism,
     sbh x 23 with TP alone, sbh x 4.25 with TP + SP + selective: the paper's 5x cut."""

@@ -433,7 +433,8 @@ class PerfModel:
             tp_fwd, tp_bwd = self._async_tp_exposed(device, tp, one, tp_fwd, tp_bwd, count_f, count_b)
         elif self.calibration is not None:  # the stack's overlap of TP collectives with its GEMMs
             tp_fwd, tp_bwd = tp_fwd * self.calibration.tp_exposed, tp_bwd * self.calibration.tp_exposed
-        act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels) * mbs
+        act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels,
+                                            fp8_linears=self.fp8 is not None) * mbs
         return {"fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
                 "params": w.params / tp, "act": act, "fp8_cache": self._fp8_cache_bytes(tp), "fp8_step": fp8_step}
 
