@@ -322,6 +322,9 @@ def test_virtual_stage_rows_run_interleaved_with_their_stacks_settings(rows: dic
     assert [r.document["training"]["virtual_stages"] for r in (llama2, llama3, small)] == [20, 5, 10]
     assert llama2.tp_comm_overlap and llama2.document["training"]["sequence_parallel"]
     assert llama3.tp_comm_overlap and not small.tp_comm_overlap
+    # NeMo's Llama 3 70B (TP4 PP4 CP2 VP5) ran llama/llama3_70b.yaml: sequence parallel with TP overlap
+    nemo70 = to_run(rows["nemo-012"])
+    assert nemo70.tp_comm_overlap and nemo70.document["training"]["sequence_parallel"]
     # GPT-3 175B: the 128-GPU row ran gpt3/175b.yaml (no TP overlap), the 512-GPU micro-batch-2 row 175b_mlperf.yaml
     # (TP overlap); both tokenize with the GPT-2 vocabulary the rows leave blank
     gpt128, gpt512 = to_run(rows["nemo-003"]), to_run(rows["nemo-004"])

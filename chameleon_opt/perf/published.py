@@ -279,6 +279,10 @@ STACK_CONFIGS = {
     # vocabulary the rows leave blank). Every one of them sets overlap_p2p_comm (the model's interleaved pricing).
     ("nemo", "Pretraining (NeMo 24.07", "LLAMA2-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
     ("nemo", "Pretraining (NeMo 24.07", "LLAMA2-13B", 1): {"sequence_parallel": False, "tp_comm_overlap": False},
+    # llama/llama3_70b.yaml (TP4 PP4 CP2) sets both in every version from 1a7171d7 (where VP is 10) to 3dd35614
+    # (VP 5, the row's); llama/llama3_8b.yaml (TP1 CP2) neither.
+    ("nemo", "Pretraining (NeMo 24.07", "LLAMA3-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
+    ("nemo", "Pretraining (NeMo 24.07", "LLAMA3-8B", 1): {"sequence_parallel": False, "tp_comm_overlap": False},
     ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 1): {"sequence_parallel": True, "tp_comm_overlap": False,
                                                           "vocab": GPT2_BPE_VOCAB},
     ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 2): {"sequence_parallel": True, "tp_comm_overlap": True,
