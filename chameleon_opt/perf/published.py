@@ -437,6 +437,36 @@ MegatronDistributedFusedAdam, nemo/core/optim/distributed_adam.py, shards over
 get_data_parallel_group(with_context_parallel=True)), by the source's recipe, not the row's notes."""
 
 
+NEMO_1X_OPTIMIZER_BYTES = 10.0
+"""Optimizer bytes per parameter of NeMo 1.x's distributed Adam on a bf16 model (NeMo 24.03 / 24.07 launcher
+configs: distributed_fused_adam, megatron_amp_O2, no fp8_params): nemo/collections/nlp/models/language_modeling/
+megatron_base_model.py (v1.23.0 lines 744-752, v2.0.0rc0 784-792) sets store_params False and
+store_param_remainders True when the optimizer is fp32 and the model bf16, so Apex's DistributedFusedAdam
+keeps the fp32 moments (4 + 4) and the low 16 bits of each fp32 master weight (2), whose high half is the
+bf16 parameter itself: 10, not Megatron's 12."""
+
+
+def _gradient_bytes(row: dict[str, Any]) -> dict[str, Any]:
+    """Gradient and optimizer-state precision of a row with the distributed optimizer, where its stack's
+    code fixes them ({} keeps the defaults: gradients in the parameter precision, 12 optimizer bytes).
+    NeMo 1.x: parameter remainders (NEMO_1X_OPTIMIZER_BYTES); gradients in bf16, since every H100 fp8
+    example script of the launcher (examples/training/{llama,gpt}/h100/*_fp8.sh at tags 24.03.01 and 24.07)
+    passes +training.model.optim.grad_sync_dtype=bf16 (Apex's DistributedFusedAdam would otherwise keep its
+    contiguous gradient buffer in the fp32 optimizer dtype). Megatron-LM 2024 (Megatron-Core r0.8.0): a bf16
+    run accumulates and reduces gradients in fp32 (training/arguments.py at 8a78edd lines 303-309 force
+    accumulate_allreduce_grads_in_fp32). Not the Llama 3 table's rows: its 8B script passes
+    --grad-reduce-in-bf16, and NeMo's performance recipes its 70B row follows set grad_reduce_in_fp32 False
+    (recipes/llama3_70b.py line 246 at 1b458635)."""
+    precision = str(row.get("precision") or "bf16").lower().split()[0]
+    if not _distributed_optimizer(row) or precision not in ("bf16", "fp8"):  # bf16 models, fp8 linears or not
+        return {}
+    if row["_source"] == "nemo":
+        return {"optimizer": {"state_bytes_per_param": NEMO_1X_OPTIMIZER_BYTES}}
+    if row["_source"] == "megatron_lm" and "r0.8.0" in str(row.get("software") or ""):
+        return {"grad_bytes_per_param": 4.0}
+    return {}
+
+
 def _distributed_optimizer(row: dict[str, Any]) -> bool:
     """Whether the row's run used Megatron's distributed optimizer with the parameter all-gather
     overlapped (DISTRIBUTED_OPTIMIZER_TABLES), or its notes name --overlap-param-gather, which
@@ -501,6 +531,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     elif _distributed_optimizer(row):
         zero = max(zero, 1)
         sharded["overlap_param_gather"] = True
+        sharded.update(_gradient_bytes(row))
     attention, kernel = _attention(row)
     per_node = min(int(hw.get("gpus_per_node") or 8), gpus)
     gated = _gated(m)
