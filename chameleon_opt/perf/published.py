@@ -446,24 +446,16 @@ keeps the fp32 moments (4 + 4) and the low 16 bits of each fp32 master weight (2
 bf16 parameter itself: 10, not Megatron's 12."""
 
 
-def _gradient_bytes(row: dict[str, Any]) -> dict[str, Any]:
-    """Gradient and optimizer-state precision of a row with the distributed optimizer, where its stack's
-    code fixes them ({} keeps the defaults: gradients in the parameter precision, 12 optimizer bytes).
-    NeMo 1.x: parameter remainders (NEMO_1X_OPTIMIZER_BYTES); gradients in bf16, since every H100 fp8
-    example script of the launcher (examples/training/{llama,gpt}/h100/*_fp8.sh at tags 24.03.01 and 24.07)
-    passes +training.model.optim.grad_sync_dtype=bf16 (Apex's DistributedFusedAdam would otherwise keep its
-    contiguous gradient buffer in the fp32 optimizer dtype). Megatron-LM 2024 (Megatron-Core r0.8.0): a bf16
-    run accumulates and reduces gradients in fp32 (training/arguments.py at 8a78edd lines 303-309 force
-    accumulate_allreduce_grads_in_fp32). Not the Llama 3 table's rows: its 8B script passes
-    --grad-reduce-in-bf16, and NeMo's performance recipes its 70B row follows set grad_reduce_in_fp32 False
-    (recipes/llama3_70b.py line 246 at 1b458635)."""
+def _optimizer_bytes(row: dict[str, Any]) -> dict[str, Any]:
+    """Optimizer-state bytes of a row with the distributed optimizer where its stack's code sets them
+    ({} keeps the default 12: Megatron-Core's fp32 master weights and moments). NeMo 1.x on a bf16 model:
+    parameter remainders (NEMO_1X_OPTIMIZER_BYTES). Its gradients stay in bf16 (the default): every H100
+    fp8 example script of the launcher (examples/training/{llama,gpt}/h100/*_fp8.sh at tags 24.03.01 and
+    24.07) passes +training.model.optim.grad_sync_dtype=bf16, without which Apex's DistributedFusedAdam
+    keeps its contiguous gradient buffer in the fp32 optimizer dtype."""
     precision = str(row.get("precision") or "bf16").lower().split()[0]
-    if not _distributed_optimizer(row) or precision not in ("bf16", "fp8"):  # bf16 models, fp8 linears or not
-        return {}
-    if row["_source"] == "nemo":
+    if row["_source"] == "nemo" and _distributed_optimizer(row) and precision in ("bf16", "fp8"):
         return {"optimizer": {"state_bytes_per_param": NEMO_1X_OPTIMIZER_BYTES}}
-    if row["_source"] == "megatron_lm" and "r0.8.0" in str(row.get("software") or ""):
-        return {"grad_bytes_per_param": 4.0}
     return {}
 
 
@@ -531,7 +523,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     elif _distributed_optimizer(row):
         zero = max(zero, 1)
         sharded["overlap_param_gather"] = True
-        sharded.update(_gradient_bytes(row))
+        sharded.update(_optimizer_bytes(row))
     attention, kernel = _attention(row)
     per_node = min(int(hw.get("gpus_per_node") or 8), gpus)
     gated = _gated(m)
