@@ -211,6 +211,15 @@ def test_schedule_options_default_to_todays_numbers_and_change_what_they_should(
     assert last_plain.memory.logits > 0
     assert last.memory.logits == pytest.approx(last_plain.memory.logits)
     assert last.memory.activations == pytest.approx(1.5 * last_plain.memory.activations)
+    # The solvers' memory relaxation stays below that need on every last-stage range (a lower bound).
+    from chameleon_opt.solve.bounds import MemoryRelaxation
+    model = base.with_options(ScheduleOptions(virtual_stages=2))
+    groups = [tuple(range(i * 4, i * 4 + 4)) for i in range(4)]
+    relaxation, layers = MemoryRelaxation(model, groups, 1), model.workload.num_layers
+    for first in range(1, layers):
+        b = model.stage_memory_breakdown(groups[0], first, layers, 1, 2, 8)
+        need = b.total - b.framework - b.comm_buffers - b.transient
+        assert relaxation.need(first, layers, in_flight_micro_batches(1, 2, 8, virtual=2)) <= need
 
 
 def test_interleaved_time_is_narayanan_closed_form_for_identical_stages():
