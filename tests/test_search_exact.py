@@ -1502,3 +1502,31 @@ def test_column_floor_makes_every_pipeline_cross_at_the_same_cuts():
     step = model.evaluate(column, failed).iteration_time_s
     assert step == pytest.approx(30.319444298065694, rel=1e-12)
     assert 26.2 < search.columns(3, Deadline.never()) <= step
+
+
+def test_spans_case_rings_each_run_between_the_plans_boundaries_across_nodes():
+    """24-32-device seed 6139 (TP 1, four pipelines on nodes of 5, 5, 6 and 6 groups): `spans`' case where
+    layers 2, 4 and 5 ring across nodes and layers 0, 1 and 3 are held in nodes floored every plan at
+    24.192158 with layers 4-5 on one stage, one ring across, in every pipeline. By the union of the plans'
+    boundaries (`_spans_union`): no pipeline splitting 4-5 makes every pipeline 0 | 1 | 2 | 3 | 4-5, at
+    least two isolating layer 3's stage (a node holds its four holders and at most two more groups):
+    24.192473, the best such plan (a brute force over those placements); a pipeline splitting 4-5 makes
+    the others' 4-5 stages ring twice: this plan, the optimum, which the search proved in 7 s before."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(6139, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    splits = [(0, 1, 2, 3, 4, 5, 6)] * 2 + [(0, 1, 2, 3, 4, 6)] * 2
+    groups = [(0, 6, 1, 12, 18, 13), (2, 8, 19, 14, 20, 21), (3, 9, 10, 15, 16), (5, 11, 22, 17, 23)]
+    built = Plan(1, tuple(Pipeline(tuple(Stage((g,), a, b) for g, a, b in zip(seq, bounds, bounds[1:])), m)
+                          for seq, bounds, m in zip(groups, splits, (2, 2, 2, 1))))
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(24.192278313276828, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    spanning, sends = (2, 4, 5), ((1,), (2, 3))
+    plain = search.relaxation.coupled(4, Deadline.never(), crossed=spanning, pattern=(sends, (), ()))[search.root]
+    assert plain == pytest.approx(24.192158313276828, rel=1e-12)
+    raised = search._spans_union(4, Deadline.never(), spanning, [[0], [1], [3]], sends, plain, math.inf)
+    assert step * (1 - 1e-12) <= raised <= step * (1 + 1e-12)

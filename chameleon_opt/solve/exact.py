@@ -710,7 +710,8 @@ class Relaxation:
         `held` says. `reaching` S: the forced pipelines (any kind) have at least S stages each
         (`ExactSearch.reaching`). `union` U: every pipeline's boundaries (the layers its stages start at,
         but 0) lie in U, and a stage reduces one group per run of its layers between U's boundaries
-        (`ExactSearch.union_rings`); not with `crossing` or `crossed`."""
+        (`ExactSearch.union_rings`), a run with a `crossed` layer across nodes (its holders are that
+        layer's: no pipeline splits the run); not with `crossing`."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
                shortest, short_runs, kept, ring_cap, pattern) + ((reaching,) if reaching else ()) \
@@ -734,7 +735,8 @@ class Relaxation:
                     self.stage_ring(pipelines, nbytes, across)
                 if union is not None:  # one ring per run of the stage's layers between U's boundaries
                     cuts = [first] + [layer for layer in union if first < layer < end] + [end]
-                    ring[first, end] = sum(self.ring_bound(pipelines, sum(self.grad[a:b]))
+                    ring[first, end] = sum(self.stage_ring(pipelines, sum(self.grad[a:b]),
+                                                           sum(self.grad[layer] for layer in crossed if a <= layer < b))
                                            for a, b in zip(cuts, cuts[1:]))
         extras = {}  # per stage count: (its slowest stage's all-reduce, slowest stage's step) per split
         for stages, splits in self.splits.items():
@@ -2041,6 +2043,9 @@ class ExactSearch:
             if (spanning, crossed) in raised:
                 return best
             raised[spanning, crossed] = self._assigned(pipelines, refine, spanning, held_runs, sends, found, floor)
+            if raised[spanning, crossed] < floor:
+                raised[spanning, crossed] = self._spans_union(pipelines, refine, spanning, held_runs, sends,
+                                                              raised[spanning, crossed], floor)
 
     def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float]
                     ) -> tuple[float, tuple | None]:
@@ -2126,6 +2131,46 @@ class ExactSearch:
                 if best <= value:
                     break
         return best, least_case
+
+    def _spans_union(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...], segments: list[list[int]],
+                     sends: tuple[tuple[int, ...], ...], found: float, best: float) -> float:
+        """`spans`' case (S spanning, sends C across nodes, held segments) raised by the union U of the
+        plan's boundaries (`union_rings`' argument), at least `found`: the least over U of the coupled
+        table with S's rings across, C's sends and U's splits and rings (`coupled`'s `union` with
+        `crossed`: a stage holding layers of several runs between U's boundaries reduces each run with
+        its own ring, across nodes when the run holds a layer of S), raised per segment by `_assigned`'s
+        isolation on any node: its P holders take P of a node's groups, at most e = (the most groups of
+        a node) - P left, so at least P - e pipelines cross nodes at both boundaries of the stage holding
+        its first layer. `found` when a table is out of reach or U's sets are too many. Each alone misses
+        the other: `spans` rings a stage's layers once, `union_rings` keeps every ring inside a node.
+        24-32-device seed 6139 (four pipelines, nodes of 5, 5, 6, 6 groups): S = {2, 4, 5} floored
+        24.192158 with layers 4-5 on one stage (one ring across) in every pipeline; U = {1, .., 4} (no
+        pipeline splits 4-5) is 24.192473 with two pipelines isolating layer 3, U = {1, .., 5} (the
+        4-5 stages ring twice) 24.192278, its optimum."""
+        if self.overlapped or 2 ** (self.layers - 1) > UNION_SETS:
+            return found
+        relaxation = self.relaxation
+        pattern = (sends, (), ()) if sends else None
+        isolated = max(pipelines - (self.most_per_node - pipelines), 0)
+        least = best
+        for size in range(self.layers):
+            for union in itertools.combinations(range(1, self.layers), size):
+                table = relaxation.coupled(pipelines, refine, crossed=spanning, pattern=pattern, union=union)
+                if table is None:
+                    return found
+                value = table[self.root]
+                for segment in segments if isolated else []:
+                    if value >= least:
+                        break
+                    table = relaxation.coupled(pipelines, refine, forced=(0, isolated), crossed=spanning,
+                                               isolate=((segment[0],), 1), pattern=pattern, union=union)
+                    if table is None:
+                        return found
+                    value = max(value, table[self.root])
+                least = min(least, value)
+                if least <= found:
+                    return found
+        return max(found, least)
 
     def _assigned(self, pipelines: int, refine: Deadline, spanning: tuple[int, ...], segments: list[list[int]],
                   sends: tuple[tuple[int, ...], ...], found: float, best: float) -> float:
