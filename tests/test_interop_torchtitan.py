@@ -362,8 +362,8 @@ def test_python_era_recipe_dump_as_torchtitan_writes_it(tmp_path):
     chunked = PerfModel(build_instance(doc))
     whole = PerfModel(build_instance({**doc, "training": {**doc["training"], "loss_chunks": 1}}))
     # 14 B per token and vocabulary entry for the whole micro-batch, one eighth with 8 chunks
-    assert whole._head_logit_bytes(1) == pytest.approx(14 * 16384 * 128256)
-    assert chunked._head_logit_bytes(1) == pytest.approx(whole._head_logit_bytes(1) / 8)
+    assert whole.head_logit_bytes(1) == pytest.approx(14 * 16384 * 128256)
+    assert chunked.head_logit_bytes(1) == pytest.approx(whole.head_logit_bytes(1) / 8)
     pipelined = torchtitan_config(dump, TorchtitanParallelism(
         data_parallel_replicate_degree=1, data_parallel_shard_degree=4, tensor_parallel_degree=1,
         pipeline_parallel_degree=2, pipeline_parallel_microbatch_size=2,

@@ -41,6 +41,20 @@ def test_block_activations_reproduce_korthikanti_table_2(tp, recompute, attentio
     assert block == pytest.approx(S * H * coefficient)
 
 
+def test_fp8_linears_save_one_byte_inputs_hand_worked():
+    """GPT-3's block (q = h, f = 4h, ungated), TP 1, Megatron's kernels, linears in fp8 (Transformer
+    Engine saves the fp8 cast of a linear's input). Flash, per token in units of h: norm inputs 2 x 2,
+    QKV and MLP-in linear inputs 2 x 1 (not 2 x 2), dropout masks 2, Q K V 6, attention output 2 kept by
+    the flash kernel + 1 for the out-projection's fp8 copy, GEMM-1 output 2 x 4 (the GeLU keeps it) +
+    GEMM-2's fp8 input 4 (not 8): 29 against 34. Eager: the out-projection alone keeps the context (1,
+    not 2), the a*s^2 terms are unchanged: 27 + 5as/h against 34 + 5as/h."""
+    w = gpt3()
+    assert w.activation_bytes_per_sample(1, "none", "flash", fp8_linears=True)[1] == pytest.approx(S * H * 29)
+    assert w.activation_bytes_per_sample(1, "none", "eager", fp8_linears=True)[1] == pytest.approx(
+        S * H * (27 + 5 * A * S / H))
+    assert w.activation_bytes_per_sample(1, "full", "flash", fp8_linears=True)[1] == pytest.approx(2 * S * H)
+
+
 def test_gpt3_175b_table_2_numbers_in_gib():
     """Table 2 at GPT-3 175B (5as/h = 80), t = 8: sbh x 114 bytes per layer without parallelism,
     sbh x 23 with TP alone, sbh x 4.25 with TP + SP + selective: the paper's 5x cut."""
@@ -190,6 +204,22 @@ def test_schedule_options_default_to_todays_numbers_and_change_what_they_should(
     assert selective.iteration_time_s > plain.iteration_time_s
     interleaved = base.with_options(ScheduleOptions(virtual_stages=2)).evaluate(instance.plan)
     assert interleaved.pipelines[0].stages[0].memory.activations > plain.pipelines[0].stages[0].memory.activations
+    # The head's logits stay at one micro-batch on the last stage, interleaved or not (Megatron runs
+    # the head chunk's backward right after its forward); its other activations take the interleaved
+    # count (2 (p - s - 1) + (v - 1) p + 1) / v = (0 + 2 + 1) / 2 = 1.5 at p = 2, v = 2.
+    last, last_plain = interleaved.pipelines[0].stages[-1], plain.pipelines[0].stages[-1]
+    assert last_plain.memory.logits > 0
+    assert last.memory.logits == pytest.approx(last_plain.memory.logits)
+    assert last.memory.activations == pytest.approx(1.5 * last_plain.memory.activations)
+    # The solvers' memory relaxation stays below that need on every last-stage range (a lower bound).
+    from chameleon_opt.solve.bounds import MemoryRelaxation
+    model = base.with_options(ScheduleOptions(virtual_stages=2))
+    groups = [tuple(range(i * 4, i * 4 + 4)) for i in range(4)]
+    relaxation, layers = MemoryRelaxation(model, groups, 1), model.workload.num_layers
+    for first in range(1, layers):
+        b = model.stage_memory_breakdown(groups[0], first, layers, 1, 2, 8)
+        need = b.total - b.framework - b.comm_buffers - b.transient
+        assert relaxation.need(first, layers, in_flight_micro_batches(1, 2, 8, virtual=2)) <= need
 
 
 def test_interleaved_time_is_narayanan_closed_form_for_identical_stages():

@@ -14,8 +14,8 @@ from chameleon_opt.instance.load import load_instance
 from chameleon_opt.perf.comm import Link, ring_allreduce_time
 from chameleon_opt.perf.memory import in_flight_micro_batches, stage_memory_eq14
 from chameleon_opt.perf.model import PerfModel
-from chameleon_opt.perf.pipeline import (one_f_one_b_order, one_f_one_b_time, reroute_eq12_time,
-                                         uniform_1f1b_time)
+from chameleon_opt.perf.pipeline import (one_f_one_b_floors, one_f_one_b_order, one_f_one_b_time,
+                                         reroute_eq12_time, uniform_1f1b_time)
 from chameleon_opt.perf.reroute import even_reroute
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,6 +96,27 @@ def test_longest_path_bounds(times, micro):
 
 def test_longest_path_exceeds_the_straggler_approximation():
     assert one_f_one_b_time([1, 4, 1], [4, 1, 1], 2) == pytest.approx(18.0)
+
+
+def test_1f1b_floors_meet_a_slow_first_stage_and_never_pass_the_schedule():
+    """Two stages, f = (6, 2), b = (6, 3), two micro-batches, by hand: stage 0 runs F0 [0, 6], F1 [6, 12],
+    B0 [12, 18] (stage 1's B0 ended at 11), B1 [18, 24] (stage 1's F1 [12, 14], B1 [14, 17]): 24, its
+    own 2 (6 + 6). The path bound W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s gives only 23 (stage 0) and
+    22; the busy stage reaches 24. And on random pipelines (every stage count up to 6, zero times
+    included) no floor passes the exact schedule."""
+    import numpy as np
+
+    assert one_f_one_b_time([6, 2], [6, 3], 2) == pytest.approx(24.0)
+    assert one_f_one_b_floors(np.array([[6.0, 2.0]]), np.array([[6.0, 3.0]]), np.array([1, 2]))[0] \
+        == pytest.approx([17.0, 24.0])
+    rng = np.random.default_rng(7)
+    for stages in range(1, 7):
+        forward = rng.choice([0.0, 0.3, 1.0, 4.0], size=(40, stages)) * rng.random((40, stages))
+        backward = rng.choice([0.0, 0.3, 1.0, 4.0], size=(40, stages)) * rng.random((40, stages))
+        floors = one_f_one_b_floors(forward, backward, np.arange(1, 8))
+        for c in range(40):
+            for m in range(1, 8):
+                assert floors[c, m - 1] <= one_f_one_b_time(forward[c].tolist(), backward[c].tolist(), m) * (1 + 1e-12) + 1e-12
 
 
 def test_1f1b_order_keeps_at_most_stages_minus_s_forwards_in_flight():

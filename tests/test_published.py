@@ -97,6 +97,17 @@ def test_megatron_2024_overlap_flags_mean_the_distributed_optimizer(rows: dict[s
     training = run.document["training"]
     assert (training["zero_stage"], training["overlap_param_gather"], run.tp_comm_overlap) == (1, True, True)
     assert (training["attention"], run.attention_kernel) == ("flash", "flash-v2")
+    # --tp-comm-overlap runs only under --sequence-parallel (Megatron's arguments.py asserts it): TP 1
+    # has no sequence to split, the 314B row at TP 8 does, which divides its blocks' activations by 8.
+    assert training["sequence_parallel"] is False
+    big = to_run(rows["megatron-008"])
+    assert big.tp_comm_overlap and big.document["training"]["sequence_parallel"] is True
+    # NeMo 1.x's distributed Adam keeps 16-bit remainders of the fp32 master weights (10 optimizer bytes)
+    # and its fp8 scripts reduce gradients in bf16; Megatron-Core's distributed optimizer keeps the defaults.
+    nemo = to_run(rows["nemo-012"]).document["training"]
+    assert nemo["optimizer"]["state_bytes_per_param"] == 10.0 and "grad_bytes_per_param" not in nemo
+    llama3 = to_run(rows["megatron-039"]).document["training"]
+    assert "grad_bytes_per_param" not in llama3 and "optimizer" not in llama3
 
 
 def test_recipes_with_the_distributed_optimizer_shard_it_and_the_rest_do_not(rows: dict[str, dict]) -> None:
@@ -317,6 +328,9 @@ def test_virtual_stage_rows_run_interleaved_with_their_stacks_settings(rows: dic
     assert [r.document["training"]["virtual_stages"] for r in (llama2, llama3, small)] == [20, 5, 10]
     assert llama2.tp_comm_overlap and llama2.document["training"]["sequence_parallel"]
     assert llama3.tp_comm_overlap and not small.tp_comm_overlap
+    # NeMo's Llama 3 70B (TP4 PP4 CP2 VP5) ran llama/llama3_70b.yaml: sequence parallel with TP overlap
+    nemo70 = to_run(rows["nemo-012"])
+    assert nemo70.tp_comm_overlap and nemo70.document["training"]["sequence_parallel"]
     # GPT-3 175B: the 128-GPU row ran gpt3/175b.yaml (no TP overlap), the 512-GPU micro-batch-2 row 175b_mlperf.yaml
     # (TP overlap); both tokenize with the GPT-2 vocabulary the rows leave blank
     gpt128, gpt512 = to_run(rows["nemo-003"]), to_run(rows["nemo-004"])

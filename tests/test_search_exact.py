@@ -11,6 +11,7 @@ it, and report as objective the exact step of the plan it returns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -1437,6 +1438,70 @@ def test_copy_plan_pairs_count_the_copies_nodes_keep_whole():
     best_plan, best = copy_plans(instance, failed, model, Deadline.never())[0]
     assert best == pytest.approx(step, rel=1e-12) and check_plan(instance, best_plan, failed).ok
 
+@functools.lru_cache(maxsize=1)
+def _search_3163() -> tuple[Any, PerfModel, frozenset[int], Any]:
+    """24-32-device seed 3163 (TP 2, six layers, seven micro-batches) and the search of its inventory with
+    nodes of 2 slow + 2 fast, 1 slow + 2 fast and 2 fast + 1 slow groups, which holds its optimum (built
+    once: its floors only cache tables, the same whichever test asks first)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(3163, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    searches = exact_floors(instance, model, failed, Deadline.never()).searches
+    wanted = sorted(sorted(counts.items()) for counts in ({"slow": 2, "fast": 2}, {"slow": 1, "fast": 2},
+                                                          {"slow": 1, "fast": 2}))
+    (search,) = [s for s in searches if sorted(sorted(c.items()) for c in s.node_groups().values()) == wanted
+                 and s.node_groups()[0] == {"slow": 2, "fast": 2}]
+    return instance, model, failed, search
+
+
+def _plan_3163(spec: list[tuple[list[tuple[tuple[int, int], int, int]], int]]) -> Plan:
+    """Seed 3163's plan of these (group, first layer, end) stages per pipeline, with its micro-batches."""
+    return Plan(2, tuple(Pipeline(tuple(Stage(g, a, b) for g, a, b in stages), m) for stages, m in spec))
+
+
+def test_relaxation_prices_a_slow_first_stage_at_its_own_forwards_and_backwards():
+    """24-32-device seed 3163: its optimum (the tree's, complete at 60 s, 27.354052) runs two fast(0-4) |
+    slow(5) pipelines of two micro-batches. By hand, the fast stage runs its two forwards (6.7319 s) and
+    two backwards (6.2538 s) one after another, 25.9714 s, before the sends; the model's 1F1B time is
+    25.973482. The relaxation's closed form W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s gave 25.03 there
+    (the floor of four pipelines 26.41, 3.5% below the optimum); the busy-stage bound
+    (`one_f_one_b_floors`) lies between the two, and the floor of four pipelines (`spans`) now too."""
+    instance, model, failed, search = _search_3163()
+    optimum = _plan_3163([([((11, 12), 0, 2), ((0, 2), 2, 4), ((13, 15), 4, 5), ((17, 18), 5, 6)], 2),
+                          ([((1, 3), 0, 5), ((8, 9), 5, 6)], 2), ([((4, 5), 0, 5), ((19, 20), 5, 6)], 2),
+                          ([((6, 7), 0, 4), ((21, 22), 4, 6)], 1)])
+    assert check_plan(instance, optimum, failed).ok
+    estimate = model.evaluate(optimum, failed)
+    assert estimate.iteration_time_s == pytest.approx(27.354051563765335, rel=1e-12)
+    forward, backward = model.stage_times((1, 3), 0, 5)[:2]
+    assert 2 * (forward + backward) == pytest.approx(25.9714, abs=1e-4)
+    relaxation = search.relaxation
+    fast, slow = (relaxation.kind_of[name] for name in ("fast", "slow"))
+    kinds = tuple(1 if k in (fast, slow) else 0 for k in range(len(relaxation.kind_count)))
+    split = relaxation.splits[2].index((0, 5, 6))
+    priced = relaxation.split_lower[relaxation.most_per_node, 0][kinds][split, 1]  # two micro-batches
+    assert 2 * (forward + backward) <= priced <= estimate.pipelines[1].iteration_time_s
+    assert 27.2 < search.spans(4, Deadline.never(), 0.0, math.inf) <= estimate.iteration_time_s
+
+
+def test_column_floor_makes_every_pipeline_cross_at_the_same_cuts():
+    """24-32-device seed 3163, three pipelines whose every layer's holders share a node: K = 3 runs sit
+    on the three nodes, so every pipeline crosses nodes before the same two layers. The least-crossings
+    table alone (each pipeline crossing twice, anywhere) took two slow(0)-fast(1-4)-slow(5) pipelines
+    beside a fast one split 2 | 2 | 1 | 1 (crossings before 1 and 5, and before 2, 4 and 5: no two cuts
+    shared), 26.17; the column floor is now above that, and below the best column plan built by hand
+    (two fast 0-1 | 2-3 | 4-5 pipelines of three micro-batches, a slow one of one, the runs on nodes 0, 1
+    and 2: 30.319444)."""
+    instance, model, failed, search = _search_3163()
+    column = _plan_3163([([((1, 3), 0, 2), ((11, 12), 2, 4), ((17, 18), 4, 6)], 3),
+                         ([((4, 5), 0, 2), ((13, 15), 2, 4), ((21, 22), 4, 6)], 3),
+                         ([((0, 2), 0, 2), ((8, 9), 2, 4), ((19, 20), 4, 6)], 1)])
+    assert check_plan(instance, column, failed).ok
+    step = model.evaluate(column, failed).iteration_time_s
+    assert step == pytest.approx(30.319444298065694, rel=1e-12)
+    assert 26.2 < search.columns(3, Deadline.never()) <= step
 
 def test_packed_deficit_shares_a_node_among_its_runs():
     """Runs of 4, 4 and 8 groups (P = 4, the last of two layers split by every pipeline) on nodes of (8

@@ -31,6 +31,16 @@ def in_flight_micro_batches(stage: int, stages: int, own: int, extra: float = 0.
     return min(base * (own + extra) / own, own + extra)
 
 
+
+def head_in_flight_micro_batches(stage: int, stages: int, own: int, extra: float = 0.0) -> float:
+    """Micro-batches whose head logits the stage holding the head keeps at its peak, interleaved or
+    not: the plain 1F1B count. Megatron's interleaved order (schedules.py, get_schedule_table,
+    get_model_chunk_id and the steady loop's forward_k = k + warm-up, backward_k = k) warms the last
+    rank up with chunks 0..v-2 only, and each steady step that runs the last chunk's forward (the
+    head's) runs that same micro-batch's last-chunk backward next, so one micro-batch's logits are
+    alive at a time, as on a plain 1F1B last stage."""
+    return in_flight_micro_batches(stage, stages, own, extra, virtual=1)
+
 MEMORY_TERMS = ("parameters", "gradients", "optimizer", "activations", "logits", "transient",
                 "comm_buffers", "framework")
 """The terms of a stage's per-device memory, in the order `estimate` prints them."""

@@ -38,7 +38,8 @@ import numpy as np
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.instance.schema import DeviceType
 from chameleon_opt.perf.comm import Link, ring_allgather_time, ring_allreduce_time, ring_latency, ring_link_across_nodes
-from chameleon_opt.perf.memory import (MemoryBreakdown, TERM_MEANING, in_flight_micro_batches, shard_group_size,
+from chameleon_opt.perf.memory import (MemoryBreakdown, TERM_MEANING, head_in_flight_micro_batches,
+                                       in_flight_micro_batches, shard_group_size,
                                        shard_groups, zero_shards)
 from chameleon_opt.perf.pipeline import one_f_one_b_time
 from chameleon_opt.perf.relief_kinds import ReliefCost, parse_relief, relief_options
@@ -445,7 +446,8 @@ class PerfModel:
             tp_fwd, tp_bwd = self._async_tp_exposed(device, tp, one, tp_fwd, tp_bwd, count_f, count_b)
         elif self.calibration is not None:  # the stack's overlap of TP collectives with its GEMMs
             tp_fwd, tp_bwd = tp_fwd * self.calibration.tp_exposed, tp_bwd * self.calibration.tp_exposed
-        act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels) * mbs
+        act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels,
+                                            fp8_linears=self.fp8 is not None) * mbs
         return {"fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
                 "params": w.params / tp, "act": act, "fp8_cache": self._fp8_cache_bytes(tp), "fp8_step": fp8_step}
 
@@ -775,7 +777,15 @@ class PerfModel:
         head = self.workload.num_layers - 1
         logits = 0.0
         if end > head >= first and self.workload.architecture is not None:
-            logits = in_flight * float(self._head_logit_bytes(tp))
+            # The head is in the last rank's last chunk, whose forward Megatron's interleaved order
+            # follows at once by that micro-batch's backward: the logits of as many micro-batches
+            # are alive as on a plain 1F1B last stage (head_in_flight_micro_batches), not the
+            # stage's interleaved count that its other activations take.
+            per_micro_batch = float(self.head_logit_bytes(tp))
+            held = head_in_flight_micro_batches(stage, stages, int(own_micro_batches), extra_micro_batches)
+            held = min(held, in_flight)
+            activations -= (in_flight - held) * per_micro_batch
+            logits = held * per_micro_batch
         return MemoryBreakdown(
             parameters=params * self.param_bytes / p_div + self._range(table, "fp8_cache", first, end),
             gradients=params * self.grad_bytes / g_div,
@@ -784,7 +794,7 @@ class PerfModel:
             transient=self.transient_bytes(tp, replicas, mode, params), comm_buffers=self.comm_buffer_bytes(replicas),
             framework=self.framework_bytes(device))
 
-    def _head_logit_bytes(self, tp: int) -> float:
+    def head_logit_bytes(self, tp: int) -> float:
         """The loss's logits buffers of one micro-batch on one TP rank (Workload.logit_bytes_per_entry):
         the part of the head's activations that the breakdown names `logits`."""
         a = self.workload.architecture

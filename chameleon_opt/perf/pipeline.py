@@ -115,6 +115,35 @@ def one_f_one_b_time(forward_s: Sequence[float], backward_s: Sequence[float], mi
     return max(_one_f_one_b_ends(forward_s, backward_s, micro_batches)[1][0])
 
 
+def one_f_one_b_floors(forward_s: np.ndarray, backward_s: np.ndarray, micro_batches: np.ndarray) -> np.ndarray:
+    """floors[c, i]: a lower bound on `one_f_one_b_time(forward_s[c], backward_s[c], micro_batches[i])`
+    for many candidates at once (rows of per-stage operation times, sends included). Per stage s,
+    with k_s = S - s - 1 warm-up forwards, W = the sum of every f + b, E_s = the sum of f + b over the
+    stages before s and R_s over those after, the largest over s of three lengths of 1F1B paths:
+    - micro-batch 0 down to the last stage and back up to s, then s's m - 1 later backwards and the
+      forwards it runs after B_0, then B_{m-1} up to stage 0: W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s;
+    - s busy: micro-batch 0 reaches s after the forwards before it, s runs all its m forwards and m
+      backwards one after another, then B_{m-1} goes up through the stages before it: E_s + m (f_s + b_s)
+      (it beats the first when the k_s warm-up forwards outlast the work after s: a slow first stage);
+    - the round trip (c_s = m - 1 - k_s >= 1): micro-batch 0 down and back up to s, s's c_s steady pairs
+      B_0, F_{k_s + 1}, ..., F_{m-1}, then F_{m-1} down and B_{m-1} all the way up: W + R_s + c_s (f_s + b_s).
+    Each is a chain of operations that follow each other on a stage or hand data on, so the makespan
+    is at least its length (solve/bounds.py proves the first and the third per stage)."""
+    forward_s, backward_s = np.asarray(forward_s, dtype=float), np.asarray(backward_s, dtype=float)
+    stages = forward_s.shape[1]
+    m = np.asarray(micro_batches, dtype=float)[None, :, None]  # (1, counts, 1)
+    work = forward_s + backward_s  # (candidates, stages)
+    whole = work.sum(axis=1)[:, None, None]
+    before = (np.cumsum(work, axis=1) - work)[:, None, :]
+    after = whole - before - work[:, None, :]
+    warmup = np.arange(stages - 1, -1, -1)[None, None, :]
+    steady = m - 1 - warmup  # c_s
+    path = whole + (m - 1) * backward_s[:, None, :] + np.maximum(steady, 0) * forward_s[:, None, :]
+    busy = before + m * work[:, None, :]
+    trip = np.where(steady >= 1, whole + after + steady * work[:, None, :], 0.0)
+    return np.maximum(np.maximum(path, busy), trip).max(axis=2)
+
+
 def reroute_eq12_time(stages: int, micro_batches: float, failed_per_stage: Sequence[int], data_parallel: int,
                       forward_s: float, backward_s: float) -> float:
     """Eq. 12/13: T = (N_pp + N_m - 1 + sum_i N_m F_i / (N_dp - F_i)) (t_f + t_b).

@@ -279,6 +279,10 @@ STACK_CONFIGS = {
     # vocabulary the rows leave blank). Every one of them sets overlap_p2p_comm (the model's interleaved pricing).
     ("nemo", "Pretraining (NeMo 24.07", "LLAMA2-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
     ("nemo", "Pretraining (NeMo 24.07", "LLAMA2-13B", 1): {"sequence_parallel": False, "tp_comm_overlap": False},
+    # llama/llama3_70b.yaml (TP4 PP4 CP2) sets both in every version from 1a7171d7 (where VP is 10) to 3dd35614
+    # (VP 5, the row's); llama/llama3_8b.yaml (TP1 CP2) neither.
+    ("nemo", "Pretraining (NeMo 24.07", "LLAMA3-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
+    ("nemo", "Pretraining (NeMo 24.07", "LLAMA3-8B", 1): {"sequence_parallel": False, "tp_comm_overlap": False},
     ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 1): {"sequence_parallel": True, "tp_comm_overlap": False,
                                                           "vocab": GPT2_BPE_VOCAB},
     ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 2): {"sequence_parallel": True, "tp_comm_overlap": True,
@@ -433,6 +437,28 @@ MegatronDistributedFusedAdam, nemo/core/optim/distributed_adam.py, shards over
 get_data_parallel_group(with_context_parallel=True)), by the source's recipe, not the row's notes."""
 
 
+NEMO_1X_OPTIMIZER_BYTES = 10.0
+"""Optimizer bytes per parameter of NeMo 1.x's distributed Adam on a bf16 model (NeMo 24.03 / 24.07 launcher
+configs: distributed_fused_adam, megatron_amp_O2, no fp8_params): nemo/collections/nlp/models/language_modeling/
+megatron_base_model.py (v1.23.0 lines 744-752, v2.0.0rc0 784-792) sets store_params False and
+store_param_remainders True when the optimizer is fp32 and the model bf16, so Apex's DistributedFusedAdam
+keeps the fp32 moments (4 + 4) and the low 16 bits of each fp32 master weight (2), whose high half is the
+bf16 parameter itself: 10, not Megatron's 12."""
+
+
+def _optimizer_bytes(row: dict[str, Any]) -> dict[str, Any]:
+    """Optimizer-state bytes of a row with the distributed optimizer where its stack's code sets them
+    ({} keeps the default 12: Megatron-Core's fp32 master weights and moments). NeMo 1.x on a bf16 model:
+    parameter remainders (NEMO_1X_OPTIMIZER_BYTES). Its gradients stay in bf16 (the default): every H100
+    fp8 example script of the launcher (examples/training/{llama,gpt}/h100/*_fp8.sh at tags 24.03.01 and
+    24.07) passes +training.model.optim.grad_sync_dtype=bf16, without which Apex's DistributedFusedAdam
+    keeps its contiguous gradient buffer in the fp32 optimizer dtype."""
+    precision = str(row.get("precision") or "bf16").lower().split()[0]
+    if row["_source"] == "nemo" and _distributed_optimizer(row) and precision in ("bf16", "fp8"):
+        return {"optimizer": {"state_bytes_per_param": NEMO_1X_OPTIMIZER_BYTES}}
+    return {}
+
+
 def _distributed_optimizer(row: dict[str, Any]) -> bool:
     """Whether the row's run used Megatron's distributed optimizer with the parameter all-gather
     overlapped (DISTRIBUTED_OPTIMIZER_TABLES), or its notes name --overlap-param-gather, which
@@ -497,6 +523,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     elif _distributed_optimizer(row):
         zero = max(zero, 1)
         sharded["overlap_param_gather"] = True
+        sharded.update(_optimizer_bytes(row))
     attention, kernel = _attention(row)
     per_node = min(int(hw.get("gpus_per_node") or 8), gpus)
     gated = _gated(m)
@@ -508,6 +535,11 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
                     "learned_positions": not gated, **({"kv_heads": m["kv_heads"]} if m.get("kv_heads") else {})}
     from chameleon_opt.instance.devices import CATALOGUE
     device = CATALOGUE[gpu]
+    overlap = "--tp-comm-overlap" in notes or stack.get("tp_comm_overlap", False)
+    # Megatron-LM refuses --tp-comm-overlap without --sequence-parallel (training/arguments.py, r0.8.0 at
+    # 8a78edd line 203: "Tensor parallel communication/GEMM overlap can happen only when sequence
+    # parallelism is enabled"), so a row that states the overlap ran sequence parallel.
+    sequence_parallel = bool(p.get("sequence_parallel") or stack.get("sequence_parallel") or overlap) and tp > 1
     # DeepSpeed's engine all-reduces (ZeRO-0) or reduce-scatters (ZeRO-1 without overlap_comm, its
     # default) the gradients at the accumulation boundary, after the last backward: not overlapped.
     document = {
@@ -521,7 +553,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         "workload": {"inline": {"name": row["id"], "architecture": architecture}},
         "training": {"global_batch": global_batch, "micro_batch_size": mbs, "sequence_length": m["seq_len"],
                      "recomputation": recomputation, "zero_stage": zero, "attention": attention,
-                     "sequence_parallel": bool(p.get("sequence_parallel") or stack.get("sequence_parallel")) and tp > 1,
+                     "sequence_parallel": sequence_parallel,
                      "context_parallel": cp, "overlap_grad_reduce": source != "deepspeed", "virtual_stages": vp,
                      **sharded, **({"fp8": fp8} if fp8 else {})},
         "plan": {"tensor_parallel": tp, "layout": {"pipeline_parallel": pp, "data_parallel": dp}},
@@ -534,7 +566,6 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     measured, metric = _measured(row, global_batch, gpus)
     label = (f"{m['name']} {gpu} {gpus}g TP{tp} PP{pp} DP{dp}" + (f" CP{cp}" if cp > 1 else "")
              + (f" VP{vp}" if vp > 1 else "") + f" s{m['seq_len']} mbs{mbs} {recomputation}")
-    overlap = "--tp-comm-overlap" in notes or stack.get("tp_comm_overlap", False)
     memory = row["measured"].get("peak_mem_gib")
     family = _family(row) + (" FP8" if fp8 else "")
     run = PublishedRun(row["id"], source, family, gpu, label + (" fp8" if fp8 else ""), document, measured, metric,

@@ -98,7 +98,14 @@ class MemoryRelaxation:
                 alone = model.layer_costs(group, replicas=1, relief=relief)
                 mode = model.relief_of(relief)[0]
                 self.static = np.minimum(self.static, sharded.static_bytes)
-                activations[mode] = np.minimum(activations.get(mode, np.inf), alone.activation_bytes)
+                held = alone.activation_bytes
+                if self.virtual > 1 and model.workload.architecture is not None:
+                    # Interleaved, the head's logits are held for fewer micro-batches than the
+                    # stage's other activations (perf.memory.head_in_flight_micro_batches): leave
+                    # them out, so the relaxation stays below the model's need.
+                    held = held.copy()
+                    held[-1] -= model.head_logit_bytes(len(group))
+                activations[mode] = np.minimum(activations.get(mode, np.inf), held)
                 self.budget = max(self.budget, device_bytes - alone.stage_constant_bytes - alone.transient_bytes)
         self.static_prefix = np.concatenate([[0.0], np.cumsum(self.static)]).tolist()
         self.activation_prefix = {mode: np.concatenate([[0.0], np.cumsum(a)]).tolist()

@@ -69,6 +69,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import Link, ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.memory import in_flight_micro_batches
 from chameleon_opt.perf.model import GIB, PerfModel, interleaving_refusal
+from chameleon_opt.perf.pipeline import one_f_one_b_floors
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.bounds import MemoryRelaxation
@@ -884,10 +885,10 @@ class Relaxation:
         so shorter pipelines cannot run: inf). The time of
         those operations, minimised over the layer splits and orders, is the exact 1F1B longest path
         (monotone in every operation) when that is affordable (LOWER_SIMULATION_UNITS), else the
-        per-stage bound of solve/bounds.py, T >= W + (m - 1) b_s + max(m - 1 - k_s, 0) f_s; that
-        bound also skips the simulations that cannot lower the minimum. A split counts only where
-        every stage fits the relaxed memory (MemoryRelaxation) of its kind's device types with the
-        micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layers L, kind k, q):
+        per-stage bounds of `one_f_one_b_floors` (plain 1F1B; interleaved: T >= W + (m - 1) b_s +
+        max(m - 1 - k_s, 0) f_s); that bound also skips the simulations that cannot lower the minimum.
+        A split counts only where every stage fits the relaxed memory (MemoryRelaxation) of its kind's
+        device types with the micro-batches 1F1B holds in flight there: inf where none does. `pinned` (layers L, kind k, q):
         only orders in which at least q of the stages holding L's layers (distinct stages: one holding
         two of them counts once) are of another kind than k count, by the closed form alone (with
         `reach` r, one layer: some stage within r of it is).
@@ -1100,7 +1101,6 @@ class Relaxation:
         stages, total = b.shape[1] - 1, self.total
         counts = np.arange(1, total + 1)
         position = np.arange(stages)
-        warmup = np.arange(stages - 1, -1, -1)  # k_s = S - s - 1
         # every candidate at once, (pair, split, stage): one numpy pass instead of a loop over the pairs
         orders = np.array([order for _, order in pairs]).reshape(len(pairs), stages)
         crossed = np.zeros((len(pairs), stages - 1), dtype=bool)  # boundary s crosses nodes
@@ -1122,9 +1122,8 @@ class Relaxation:
         forward = forward.reshape(-1, stages)
         backward = backward.reshape(-1, stages)
         whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
-        if bare is None:
-            closed = (whole[:, None, None] + (counts - 1)[None, :, None] * backward[:, None, :]
-                      + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * forward[:, None, :]).max(axis=2)
+        if bare is None:  # also a slow stage's own m forwards and backwards (one_f_one_b_floors)
+            closed = one_f_one_b_floors(forward, backward, counts)
         else:
             closed = interleaved_closed(bare[0], bare[1], sends.reshape(len(pairs) * len(b), stages - 1),
                                         self.total, self.virtual)
@@ -2730,8 +2729,13 @@ class ExactSearch:
         into their nodes: a run of several layers on a node of n groups has a stage of each pipeline per
         layer range it splits the run into, so at least 2P - n pipelines hold the whole run on one stage
         (n at most the largest node). Per way to cut the layers into K runs, the largest over its runs of
-        the coupled table with that many such pipelines (`within`); the least over the ways. At most
-        SINGLE_LAYERS layers (2^(L-1) ways at most). 32-64-device seed 221: five pipelines, nodes of at
+        the coupled table with that many such pipelines (`within`) and of the runs' slots (`_run_slots`),
+        then, while below the least so far, of the table in which every pipeline sends before each cut
+        across nodes and of the slots on such tables (two adjacent runs sit on two nodes, so every
+        pipeline's stages holding the layers on both sides of a cut differ: `coupled`'s `pattern`; the
+        least-crossings table lets each pipeline cross at its own layers: 24-32-device seed 3163, P = 3,
+        K = 3, two pipelines crossing before layers 1 and 5 beside one crossing before 2, 4 and 5, 26.17
+        -> 28.55); the least over the ways. At most SINGLE_LAYERS layers (2^(L-1) ways at most). 32-64-device seed 221: five pipelines, nodes of at
         most seven groups, so three hold each two-layer run on one stage."""
         relaxation, per_node = self.relaxation, self.node_groups()
         whole = 2 * pipelines - max(sum(groups.values()) for groups in per_node.values())
@@ -2749,9 +2753,18 @@ class ExactSearch:
                 if table is None:
                     return value
                 found = max(found, table[state])
+            layers = [list(range(first, end)) for first, end in zip(bounds[:-1], bounds[1:])]
             if found < min(least, cap):
-                layers = [list(range(first, end)) for first, end in zip(bounds[:-1], bounds[1:])]
                 found = self._run_slots(pipelines, refine, layers, found, min(least, cap), state)
+            if found < min(least, cap):  # adjacent runs sit on two nodes: every pipeline sends before each cut, across
+                pattern = (tuple((cut,) for cut in cuts), (), ())
+                table = relaxation.coupled(pipelines, refine, runs, segments - 1, pattern=pattern)
+                if table is None:
+                    return value
+                found = max(found, table[state])
+                if found < min(least, cap):
+                    found = self._run_slots(pipelines, refine, layers, found, min(least, cap), state, pattern=pattern)
+            if found < min(least, cap):
                 found = self._node_runs(pipelines, refine, layers, found, min(least, cap), state, runs=runs,
                                         least=segments - 1)
             least = min(least, found)

@@ -224,18 +224,33 @@ def kernels_for(stack: str | None, family: str | None) -> Kernels:
                      "or hf")
 
 
-def block_terms(a: Architecture, k: Kernels, s: int, act: float, recompute_core: bool = False
-                ) -> dict[str, tuple[float, str]]:
+FP8_SAVED_BYTES = 1.0
+"""Bytes an element of a linear's input saved for its weight gradient when the linear runs in fp8
+(see block_terms' fp8_linears)."""
+
+
+def block_terms(a: Architecture, k: Kernels, s: int, act: float, recompute_core: bool = False,
+                fp8_linears: bool = False) -> dict[str, tuple[float, str]]:
     """Saved bytes per token of one block by name, with how TP divides each ("tp" or "sp").
 
     `act` is the activation dtype's size, `s` the sequence length (the a*s^2 terms);
     `recompute_core`: selective recomputation, which keeps neither the scores nor the kernel's
-    statistics (the attention core is rerun from Q, K and V in the backward)."""
+    statistics (the attention core is rerun from Q, K and V in the backward).
+
+    `fp8_linears` (training.fp8): Transformer Engine's linears save the fp8 cast of their input for
+    the weight gradient, not the bf16 input (TE 1.x linear.py `_Linear.forward`: saved_inputmat is
+    the fp8 `inputmat` or its fp8 transpose `inputmat_t` under fp8, `inputmat_no_fp8` only without;
+    TE 2.x layernorm_linear.py: the quantised `ln_out`, row- or column-wise usage only, with the bf16
+    norm input kept for the norm's backward). So a tensor that only a linear saves (the norm outputs
+    feeding QKV and the MLP's first GEMM, GEMM-2's input, eager attention's context) is kept at
+    FP8_SAVED_BYTES, and one that another op also saves in bf16 (a flash kernel's output, which it
+    needs for its backward; ReLU's output) gains an fp8 copy beside it."""
+    lin = FP8_SAVED_BYTES if fp8_linears else act
     h, q, kv, f, heads = a.hidden, a.q_dim, a.kv_dim, a.ffn, a.heads
     terms: dict[str, tuple[float, str]] = {}
     norm = {"fused": act * h, "layernorm": act * h, "rmsnorm-fp32": (4.0 + act) * h}[k.norm]
     terms["norm inputs (2 norms)"] = (2.0 * norm, "sp")
-    terms["linear inputs (QKV, MLP in)"] = (2.0 * act * h, "sp")
+    terms["linear inputs (QKV, MLP in)"] = (2.0 * lin * h, "sp")
     if k.hidden_dropout:
         terms["dropout masks (2)"] = (2.0 * k.mask_bytes * h, "sp")
     if k.attention == "eager":
@@ -254,14 +269,21 @@ def block_terms(a: Architecture, k: Kernels, s: int, act: float, recompute_core:
         terms["Q, K, V"] = (act * (q + 2 * kv), "tp")
         if k.count_lse and not recompute_core:
             terms["flash log-sum-exp"] = (4.0 * heads, "tp")
-    terms["attention output (out-proj input)"] = (act * q, "tp")
+    # A flash kernel keeps its output for its own backward: the out-projection's saved input is that
+    # tensor in bf16, or an fp8 copy beside it. Eager attention's backward needs its probabilities and
+    # V, not its output.
+    kept_by_core = act if k.attention == "flash" and fp8_linears else 0.0
+    terms["attention output (out-proj input)"] = ((lin + kept_by_core) * q, "tp")
     units = {"fused": 3.0 if a.gated_mlp else 2.0, "gelu": 2.0, "gelu-python": 5.0, "relu": 1.0,
              "swiglu": 4.0}[k.mlp]
     if k.mlp in ("gelu", "gelu-python", "relu") and a.gated_mlp:
         raise ValueError(f"kernels {k.name!r} have a non-gated MLP but the architecture is gated")
     if k.mlp == "swiglu" and not a.gated_mlp:
         raise ValueError(f"kernels {k.name!r} have a SwiGLU MLP but the architecture is not gated")
-    terms["MLP intermediates"] = (units * act * f, "tp")
+    mlp = units * act
+    if fp8_linears:  # the last unit is GEMM-2's input, which ReLU's backward keeps too (its output)
+        mlp += lin - (0.0 if k.mlp == "relu" else act)
+    terms["MLP intermediates"] = (mlp * f, "tp")
     return terms
 
 
@@ -286,14 +308,16 @@ def op_sac_recomputed_flops_per_token(a: Architecture) -> float:
 
 
 def block_bytes_per_sample(a: Architecture, k: Kernels, s: int, act: float, tp: int,
-                           sequence_parallel: bool = False, recompute_core: bool = False) -> float:
-    """One block's saved bytes for one sequence on one TP rank."""
+                           sequence_parallel: bool = False, recompute_core: bool = False,
+                           fp8_linears: bool = False) -> float:
+    """One block's saved bytes for one sequence on one TP rank (fp8_linears: see block_terms; the
+    per-op policy's terms are not modelled under fp8, which the torchtitan importer refuses)."""
     shard = tp if sequence_parallel else 1
     if recompute_core and k.selective == "op-mm":
         terms = op_sac_terms(a, act)
         if tp > 1 and sequence_parallel:
             terms["reduce-scatter outputs (2)"] = (2.0 * act * a.hidden, "sp")
     else:
-        terms = block_terms(a, k, s, act, recompute_core)
+        terms = block_terms(a, k, s, act, recompute_core, fp8_linears)
     divisor = {"tp": tp, "sp": shard, "full": 1}
     return s * sum(b / divisor[how] for b, how in terms.values())

@@ -150,7 +150,8 @@ class Workload:
         return np.array([0.0] + [4.0 * s * (s * self.context_parallel) * a.q_dim] * a.layers + [0.0])
 
     def activation_bytes_per_sample(self, tp: int, recompute: bool | str, attention: str = "flash",
-                                    sequence_parallel: bool = False, kernels: Kernels | None = None) -> np.ndarray:
+                                    sequence_parallel: bool = False, kernels: Kernels | None = None,
+                                    fp8_linears: bool = False) -> np.ndarray:
         """Activation bytes one in-flight sample keeps per layer until its backward, per TP rank.
 
         Blocks: the saved tensors of the code that runs them (workload/activations.py; `kernels`,
@@ -158,7 +159,8 @@ class Workload:
         s*h*(10 + 24/t) + 5*a*s^2/t for MHA and a 4h GeLU MLP under eager attention, everything
         divided by t with sequence parallelism), under `attention` (eager keeps the a*s^2 scores,
         flash its Q, K, V, output and log-sum-exp). Selective recomputation keeps the block without
-        the attention core's scores; full recomputation keeps the block input (2*s*h). Embedding:
+        the attention core's scores; full recomputation keeps the block input (2*s*h). fp8_linears:
+        the blocks' linears save fp8 inputs (activations.block_terms). Embedding:
         its dropout mask (s*h bytes) where the stack's kernels have a hidden dropout (none at p = 0).
         Head: final-norm and projection inputs (4*s*h) and the loss's logits buffers
         (logit_bytes_per_entry * s*V/t, vocab-parallel: by default fp32 logits and the half-precision
@@ -179,7 +181,7 @@ class Workload:
             block = 2.0 * s * h / shard * scale
         else:
             block = block_bytes_per_sample(a, chosen, s, float(self.dtype_bytes), tp, sequence_parallel,
-                                           recompute_core=mode == "selective")
+                                           recompute_core=mode == "selective", fp8_linears=fp8_linears)
         embedding = s * h / shard * chosen.mask_bytes if chosen.hidden_dropout else 0.0
         head = 4.0 * s * h / shard * scale + self.logit_bytes_per_entry(kernels) * s * a.vocab / tp
         return np.array([embedding] + [block] * a.layers + [head])
