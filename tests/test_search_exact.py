@@ -1503,6 +1503,7 @@ def test_column_floor_makes_every_pipeline_cross_at_the_same_cuts():
     assert step == pytest.approx(30.319444298065694, rel=1e-12)
     assert 26.2 < search.columns(3, Deadline.never()) <= step
 
+
 def test_packed_deficit_shares_a_node_among_its_runs():
     """Runs of 4, 4 and 8 groups (P = 4, the last of two layers split by every pipeline) on nodes of (8
     groups, 5 kind-k) and (7, 3) x 2: by hand, the 8-group run fits only the node of 8, alone (3 of another
