@@ -1530,3 +1530,44 @@ def test_spans_case_rings_each_run_between_the_plans_boundaries_across_nodes():
     assert plain == pytest.approx(24.192158313276828, rel=1e-12)
     raised = search._spans_union(4, Deadline.never(), spanning, [[0], [1], [3]], sends, plain, math.inf)
     assert step * (1 - 1e-12) <= raised <= step * (1 + 1e-12)
+
+def test_packed_deficit_shares_a_node_among_its_runs():
+    """Runs of 4, 4 and 8 groups (P = 4, the last of two layers split by every pipeline) on nodes of (8
+    groups, 5 kind-k) and (7, 3) x 2: by hand, the 8-group run fits only the node of 8, alone (3 of another
+    kind), and two runs of 4 do not fit one node of 7, so each takes one (1 + 1): 5. A run that fits no
+    node: None. Two runs of 4 on one node of 8 with 5 kind-k: 3, where its two slots, each counted with the
+    node's 5, gave 0."""
+    from chameleon_opt.solve.exact import ExactSearch
+
+    assert ExactSearch._packed_deficit([4, 4, 8], [(8, 5), (7, 3), (7, 3)]) == 5
+    assert ExactSearch._packed_deficit([4, 4], [(8, 5), (8, 5)]) == 0
+    assert ExactSearch._packed_deficit([4, 4], [(8, 5)]) == 3  # both on the one node: 8 holders, 5 of kind k
+    assert ExactSearch._packed_deficit([8], [(7, 7)]) is None
+
+
+def test_runs_on_one_node_share_its_fast_groups():
+    """32-64-device seed 367 (TP 1, four one-micro-batch pipelines, five layers; nodes of 8, 7, 7 and 8
+    groups with 5, 3, 3 and 5 fast). By the profile a fast pipeline of one layer a stage takes 15.929 s and
+    a slow stage adds 1.807 s at layer 3, 2.015 at 0, 2.912 at 4, 6.06 at 2, 9.68 at 1; 16 fast groups for
+    20 stages, so every pipeline has a slow stage. This plan (layer 3 slow in every pipeline, on node 1;
+    layers 0 and 2 ringing across nodes) is the optimum (the tree's proof at 8 s). In the case where only
+    layer 0 rings across nodes and layers 1 | 2 | 3 | 4 are each held on a node, `_run_slots` counted each of
+    node 0's and node 3's two slots with all five fast groups (17.7776); two runs there have 8 holders, 5
+    fast, so layers 1, 2 and 4 are all-fast on two nodes at most: one of them has a slow holder, at least
+    15.929 + 2.912 s (`_node_runs`). The floor of four pipelines meets the plan (17.7653 before)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(367, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    groups = [(20, 0, 10, 8, 24), (7, 3, 11, 9, 27), (21, 4, 12, 14, 28), (31, 5, 17, 15, 29)]
+    built = Plan(1, tuple(Pipeline(tuple(Stage((g,), s, s + 1) for s, g in enumerate(seq)), 1) for seq in groups))
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(17.837597251838663, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    runs, where = [[1], [2], [3], [4]], dict(crossed=(0,), pattern=(((2,), (3,), (4,)), (), ()))
+    assert search._run_slots(4, Deadline.never(), runs, 0.0, math.inf, **where) < step
+    assert search._node_runs(4, Deadline.never(), runs, 0.0, math.inf, **where) > 15.929 + 2.912
+    search.floor(Deadline.never(), step)
+    assert step * (1 - 1e-12) <= search.by_count[4] <= step * (1 + 1e-12)

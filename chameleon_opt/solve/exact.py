@@ -2127,6 +2127,12 @@ class ExactSearch:
                     found = self._run_slots(pipelines, refine, held_runs, found, best, crossed=spanning,
                                             pattern=(sends, barred, ()) if sends or barred else None)
                 if found < best:
+                    found = self._node_runs(pipelines, refine, held_runs, found, best, crossed=spanning,
+                                            pattern=(sends, barred, ()) if sends or barred else None)
+                if found < best:
+                    found = self._packed_holders(pipelines, refine, held_runs, self.root, found, best, crossed=spanning,
+                                                 pattern=(sends, barred, ()) if sends or barred else None)
+                if found < best:
                     best, least_case = found, (spanning, held_runs, crossed, sends, found)
                 if best <= value:
                     break
@@ -2361,6 +2367,100 @@ class ExactSearch:
                 break
         return found
 
+    def _node_runs(self, pipelines: int, refine: Deadline, held_runs: list[list[int]], low: float, best: float,
+                   state: int | None = None, split: bool = False, **where: Any) -> float:
+        """`_run_slots`' floor with each node's kind-k groups shared by the runs it holds (tables: `coupled` with
+        `where`, at `state`), raised from `low` up to `best` at most. A run's holders A_r are groups of its
+        node, disjoint from other runs' (`_run_slots`), at least P of them, 2P for a run of several layers
+        when every pipeline holds it on two stages or more (`split`: the caller floors the other plans). The
+        runs on a node of n groups, f of kind k, then fit its n groups; give each run a_r <= |A_r| of the f
+        (sum <= f): at each of its layers P - a_r holders, one per pipeline, are of another kind (`_run_slots`'
+        T(P - a_r, run), which only grows with the count: fewer plans), and with `split` one of its stages
+        at least is when a_r < 2P (`coupled`'s `held` on the run's layers). Every plan takes the largest such
+        T over its runs, so at least the least, over the ways to put the runs on the nodes and to share each
+        node's f among them, of that largest (a min-max over the nodes and the sets of runs placed).
+        `_run_slots` gives each of a node's n // P slots the node's whole f. 32-64-device seed 367 (four
+        pipelines; nodes of 8, 7, 7 and 8 groups, 5, 3, 3 and 5 fast): with layer 0 across nodes, the held
+        layers 1 | 2 | 3 | 4 had two runs on each node of five fast groups, each counted all fast."""
+        relaxation, per_node = self.relaxation, self.node_groups()
+        state = self.root if state is None else state
+        count, found = len(held_runs), low
+        demand = [pipelines * (2 if split and len(run) >= 2 else 1) for run in held_runs]
+        tables: dict[tuple, float] = {}
+        shares: dict[tuple, float] = {}  # per (kind, its groups on a node, runs there): `shared`'s
+
+        def table_value(kind: int, rounds: int, held: tuple[tuple[int, ...], int]) -> float | None:
+            """One coupled table at `state`, cached; None when out of reach."""
+            if (kind, rounds, held) not in tables:
+                table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), held=held, **where)
+                if table is None:
+                    return None
+                tables[kind, rounds, held] = table[state]
+            return tables[kind, rounds, held]
+
+        def cost(kind: int, given: int, run: int) -> float | None:
+            """Run `run`'s floor with `given` of its holders of kind k, up to `best`; None: out of reach."""
+            worst = 0.0
+            if given < demand[run] and demand[run] > pipelines:
+                value = table_value(kind, 1, (tuple(held_runs[run]), 1))
+                if value is None:
+                    return None
+                worst = value
+            for layer in held_runs[run] if given < pipelines else ():
+                if worst >= best:
+                    break
+                value = table_value(kind, pipelines - given, ((layer,), 1))
+                if value is None:
+                    return None
+                worst = max(worst, value)
+            return min(worst, best)
+
+        def shared(kind: int, fast: int, members: tuple[int, ...]) -> float | None:
+            """The least largest cost over the ways to give a node's `fast` kind-k groups to these runs."""
+            if (kind, fast, members) in shares:
+                return shares[kind, fast, members]
+            least = math.inf
+            total = min(fast, sum(demand[r] for r in members))
+            for given in itertools.product(*(range(min(demand[r], fast) + 1) for r in members)):
+                if sum(given) != total:
+                    continue  # more kind-k holders never cost more: only the shares of all of them
+                worst = 0.0
+                for run, share in zip(members, given):
+                    value = cost(kind, share, run)
+                    if value is None:
+                        return None
+                    worst = max(worst, value)
+                    if worst >= least:
+                        break
+                least = min(least, worst)
+            shares[kind, fast, members] = least
+            return least
+
+        nodes = [(sum(groups.values()), groups) for groups in per_node.values()]
+        need = [sum(demand[r] for r in range(count) if mask >> r & 1) for mask in range(1 << count)]
+        for kind in range(len(relaxation.kind_count) if len(relaxation.kind_count) > 1 else 0):
+            least = {0: 0.0}  # per set of runs placed on the nodes so far: the least largest cost
+            for size, groups in nodes:
+                fast, grown = self.of_kind(groups, kind), dict(least)
+                for placed, value in least.items():
+                    free = ((1 << count) - 1) & ~placed
+                    here = free
+                    while here:
+                        if need[here] <= size and value < grown.get(placed | here, math.inf):
+                            node_value = shared(kind, fast, tuple(r for r in range(count) if here >> r & 1))
+                            if node_value is None:
+                                return found
+                            if max(value, node_value) < grown.get(placed | here, math.inf):
+                                grown[placed | here] = max(value, node_value)
+                        here = (here - 1) & free
+                least = grown
+                if refine.expired():
+                    return found
+            found = max(found, least.get((1 << count) - 1, math.inf))
+            if found >= best:
+                return best
+        return found
+
     def column_room(self, pipelines: int) -> int:
         """How many runs of held layers (`spans`: layers whose P holders share a node, consecutive
         held layers on one node forming a run) the nodes can hold: sum over nodes of n // P. Two runs
@@ -2484,6 +2584,8 @@ class ExactSearch:
                 value = self._packed_runs(pipelines, refine, runs, segments, state, value, min(best, cap))
             if value < min(best, cap):
                 value = self._summed_deficits(pipelines, refine, runs, segments, state, value, min(best, cap))
+            if value < min(best, cap):
+                value = self._split_runs(pipelines, refine, runs, segments, state, value, min(best, cap))
             best = min(best, value)
         return best
 
@@ -2524,7 +2626,7 @@ class ExactSearch:
                               for _ in range(sum(groups.values()) // pipelines))[:segments]
             if len(deficits) < segments:
                 return math.inf  # no K runs fit the nodes
-            summed = sum(deficits)
+            summed = max(sum(deficits), self._node_deficit(pipelines, kind, segments))
             if summed < 2 or summed <= deficits[-1]:
                 continue  # at most one run's deficit: `columns`' own forced table counts it
             spread = relaxation.coupled(pipelines, refine, runs, segments - 1, forced=(kind, summed)) \
@@ -2536,6 +2638,135 @@ class ExactSearch:
             if value >= best:
                 break
         return value
+
+    def _node_deficit(self, pipelines: int, kind: int, segments: int) -> int:
+        """Fewest holders of another kind than `kind` that K = `segments` runs of held layers (`columns`) have
+        in all, their nodes taken together: the j runs on a node have disjoint holders (two runs never share a
+        stage, `column_room`), j P groups of the node, of which at most its f kind-k groups are of kind k, so
+        at least max(j P - f, 0) are not; the least over the ways to put K runs on the nodes (at most n // P
+        on a node of n groups), a knapsack over the nodes. At least the sum of the K least slot deficits
+        (`_summed_deficits`, which counts each of a node's slots with its whole f): j max(P - f, 0) <=
+        max(j P - f, 0). 32-64-device seed 367: four pipelines, four runs on nodes of 5, 3, 3 and 5 fast
+        groups of 8: slot deficits 0, 0, 0, 0 but 2 here (two runs on a node of 5 fast groups leave 3)."""
+        least = [0] + [math.inf] * segments  # least[j]: the fewest with j runs placed on the nodes so far
+        for groups in self.node_groups().values():
+            fast, room = self.of_kind(groups, kind), sum(groups.values()) // pipelines
+            least = [min(least[j - here] + max(here * pipelines - fast, 0) for here in range(min(room, j) + 1))
+                     for j in range(segments + 1)]
+        return int(least[segments]) if least[segments] < math.inf else 0
+
+    def _deficit_floor(self, pipelines: int, refine: Deadline, state: int, kind: int, deficit: int,
+                       holders: tuple[int, ...], **where: Any) -> float | None:
+        """Floor of the plans (`coupled` with `where`, read at `state`) with at least `deficit` D >= 1 distinct
+        stages of another kind than `kind` among the stages holding `holders`' layers: D <= P pipelines with
+        one each, or one pipeline with two (`_summed_deficits`' argument), the lesser (`coupled`'s `held`, but
+        where the layers are every layer: any stage then holds one); None when a table is out of reach."""
+        relaxation, spread = self.relaxation, None
+        every = len(holders) == self.layers
+        if deficit <= pipelines:
+            table = relaxation.coupled(pipelines, refine, forced=(kind, deficit),
+                                       held=None if every else (holders, 1), **where)
+            if table is None:
+                return None
+            spread = table[state]
+        if deficit < 2:
+            return spread
+        doubled = relaxation.coupled(pipelines, refine, forced=(kind, 1), held=(holders, 2), **where)
+        if doubled is None:
+            return None
+        return doubled[state] if spread is None else min(spread, doubled[state])
+
+    def _split_runs(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
+                    value: float, cap: float) -> float:
+        """The column floor of K runs (`columns`: `value` at `state`) raised per way to cut the layers into the
+        K runs by the groups its runs of several layers take (`_packed_holders`); the least over the cuts
+        with such a run (the others: `_summed_deficits`). At most SINGLE_LAYERS layers."""
+        if self.layers > SINGLE_LAYERS:
+            return value
+        least = math.inf
+        for cuts in itertools.combinations(range(1, self.layers), segments - 1):
+            if refine.expired():
+                return value
+            bounds = (0,) + cuts + (self.layers,)
+            held_runs = [list(range(first, end)) for first, end in zip(bounds[:-1], bounds[1:])]
+            if all(len(run) < 2 for run in held_runs):
+                least = value  # one-layer runs: `_summed_deficits` with `_node_deficit` counts them
+            else:
+                least = min(least, self._packed_holders(pipelines, refine, held_runs, state, value, cap,
+                                                        runs=runs, least=segments - 1))
+            if least <= value:
+                return value
+        return max(value, least) if least < math.inf else value
+
+    def _packed_holders(self, pipelines: int, refine: Deadline, held_runs: list[list[int]], state: int,
+                        value: float, cap: float, **where: Any) -> float:
+        """Floor of the plans (`coupled` with `where`, at `state`) whose held layers (each layer's P holders
+        on one node) fall into these runs, each on one node, two runs' holders disjoint (`_run_slots`),
+        raised from `value` up to `cap`. Either some pipeline holds a run's first and last layers on one
+        stage (the least over the runs of several layers of the coupled table with one forced pipeline doing
+        so, `within`; none when no stage can hold both, `Relaxation.shareable`), or every pipeline holds each
+        such run on two stages at least, so its holders are 2P distinct groups of its node (P for a run of one
+        layer). The runs on a node of n groups, f of kind k, then need at most n groups and have at least
+        (their groups - f) holders of another kind: D, the least over the ways to put the runs on the nodes
+        (`_packed_deficit`), floors that case (`_deficit_floor`: those stages hold held layers). `_run_slots` counts each of a node's n // P
+        slots with the node's whole f and a run's groups as P. 32-64-device seed 367: four pipelines on nodes
+        of 8 groups with 5, 3, 3 and 5 fast; runs 0 | 1 | 2 | 3-4, each pipeline splitting 3-4, take a whole
+        node for layers 3-4 and leave five slow holders: the column plans 17.7653 -> above the plan, 17.8376."""
+        relaxation = self.relaxation
+        found = math.inf  # the plans where some pipeline holds a run's first and last layers on one stage
+        for run in held_runs:
+            if len(run) >= 2 and relaxation.shareable(run[0], run[-1]):
+                table = relaxation.coupled(pipelines, refine, forced=(0, 1),
+                                           within=(tuple(range(run[0], run[-1] + 1)), run[-1] - run[0] + 1, 1),
+                                           **where)
+                if table is None:
+                    return value
+                found = min(found, table[state])
+            if found <= value:
+                return value
+        demand = [pipelines * min(len(run), 2) for run in held_runs]
+        holders = tuple(sorted(layer for run in held_runs for layer in run))
+        nodes = [(sum(groups.values()), groups) for groups in self.node_groups().values()]
+        split = value  # the plans where every pipeline holds each run of several layers on two stages or more
+        for kind in range(len(relaxation.kind_count) if len(relaxation.kind_count) > 1 else 0):
+            deficit = self._packed_deficit(demand, [(size, self.of_kind(groups, kind)) for size, groups in nodes])
+            if deficit is None:
+                split = math.inf  # the runs fit no nodes
+                break
+            if deficit > 0:
+                floor = self._deficit_floor(pipelines, refine, state, kind, deficit, holders, **where)
+                if floor is None:
+                    return value
+                split = max(split, floor)
+            if split >= cap:
+                break
+        if split < min(found, cap):
+            split = self._node_runs(pipelines, refine, held_runs, split, min(found, cap), state, split=True, **where)
+        return min(max(value, min(found, split)), max(value, cap))
+
+    @staticmethod
+    def _packed_deficit(demand: list[int], nodes: list[tuple[int, int]]) -> int | None:
+        """Fewest holders of another kind when runs needing `demand` groups each (disjoint) go on nodes of
+        (groups, groups of the kind) with every node's runs within its groups: the sum over nodes of
+        max(their demand - the kind's groups, 0), least over the placements (a DP over the nodes and the
+        set of runs placed); None when no placement fits."""
+        count = len(demand)
+        need = [sum(demand[i] for i in range(count) if mask >> i & 1) for mask in range(1 << count)]
+        least = {0: 0}
+        for size, fast in nodes:
+            grown = dict(least)
+            for placed, cost in least.items():
+                free = ((1 << count) - 1) & ~placed
+                here = free
+                while here:
+                    if need[here] <= size:
+                        total = cost + max(need[here] - fast, 0)
+                        key = placed | here
+                        if total < grown.get(key, math.inf):
+                            grown[key] = total
+                    here = (here - 1) & free
+            least = grown
+        return least.get((1 << count) - 1)
 
     def _packed_runs(self, pipelines: int, refine: Deadline, runs: int, segments: int, state: int,
                      value: float, cap: float) -> float:
@@ -2578,6 +2809,9 @@ class ExactSearch:
                 found = max(found, table[state])
                 if found < min(least, cap):
                     found = self._run_slots(pipelines, refine, layers, found, min(least, cap), state, pattern=pattern)
+            if found < min(least, cap):
+                found = self._node_runs(pipelines, refine, layers, found, min(least, cap), state, runs=runs,
+                                        least=segments - 1)
             least = min(least, found)
         return max(value, least)
 
