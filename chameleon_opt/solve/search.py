@@ -50,8 +50,8 @@ from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.homogeneous import HomogeneousBound, homogeneous_bound, shape_plans
 from chameleon_opt.solve.levels import LevelModel, level_model, lp_lower_bound, solve_level_model
 from chameleon_opt.solve.mixed import mixed_plans
-from chameleon_opt.solve.polish import (polish_critical, polish_placement, polish_splits, polish_step_splits, rebalance_exact,
-                                        relieved)
+from chameleon_opt.solve.polish import (polish_critical, polish_placement, polish_splits, polish_step_splits,
+                                        rebalance_exact, relieved)
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.templates import Template, build_templates
 
