@@ -1285,6 +1285,16 @@ def test_copy_plans_mix_more_shapes_than_two_where_the_groups_allow_no_pair():
     assert check_plan(instance, plan, failed).ok
     splits = [tuple(stage.end for stage in pipe.stages) for pipe in plan.pipelines]
     assert len(plan.pipelines) == 7 and splits.count((2, 3, 4)) == 2
+    # its two slow(0-1)-fast-fast copies are the slowest pipelines, tied, each with both sends across
+    # nodes: one swap at a time keeps the step (`polish_placement`), a swap in each at once reaches the
+    # optimum (`polish_critical`; the floor of seven pipelines, the next test)
+    from chameleon_opt.solve.polish import polish_critical, polish_placement
+
+    assert polish_placement(model, plan, failed, Deadline.never())[1] == pytest.approx(step, rel=1e-12)
+    joint, value = polish_critical(model, plan, failed, Deadline.never())
+    assert check_plan(instance, joint, failed).ok
+    assert value == pytest.approx(22.240531753799424, rel=1e-12)
+    assert model.evaluate(joint, failed).iteration_time_s == pytest.approx(value, rel=1e-12)
 
 
 def test_a_search_for_another_tp_degree_prices_that_degree_with_the_shared_model():
