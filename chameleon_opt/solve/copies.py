@@ -52,9 +52,8 @@ PAIR_BUDGET = 20_000_000
 fewest shapes that fit (by copy estimate)."""
 PAIR_TRIES = 8
 """Most pairs of shapes priced per ranking (`_pairs` takes two in turn; pairs that fit no memory or no
-placement are skipped); 24
-found the same plans on the 24-32-device misses and took copy_plans on 32-64-device seeds 0-39 from 0.25
-s (one shape) to 0.60 s, 8 to 0.51 s."""
+placement are skipped); 24 found the same plans on the 24-32-device misses and took copy_plans on
+32-64-device seeds 0-39 from 0.25 s (one shape) to 0.60 s, 8 to 0.51 s."""
 MIX_CELLS = 4_096
 """Most cells (groups used of each device type) of `_mixes`' knapsack; beyond, no mixed plans."""
 CANDIDATE_BUDGET = 50_000
