@@ -59,7 +59,7 @@ import functools
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -405,6 +405,19 @@ def _fitting(items: list[tuple[int, np.ndarray, int, np.ndarray]], parts: np.nda
         fit = (parts >= profile).all(axis=1)
         if fit.any():
             yield stages, offset, times, fit
+
+
+def _largest_below(costs: Iterable[float | None], least: float) -> float | None:
+    """The largest of `costs`, read lazily only until it reaches `least` (a minimax over assignments needs no
+    more: that assignment cannot lower the least largest); None as soon as a cost is out of reach."""
+    worst = 0.0
+    for value in costs:
+        if value is None:
+            return None
+        worst = max(worst, value)
+        if worst >= least:
+            break
+    return worst
 
 
 def interleaved_closed(forward: np.ndarray, backward: np.ndarray, sends: np.ndarray, most: int,
@@ -2351,14 +2364,9 @@ class ExactSearch:
 
             least = math.inf
             for order in itertools.permutations(range(len(runs))):  # run order[i] on the slot of deficits[i]
-                worst = 0.0
-                for d, run in zip(deficits, order):
-                    value = cost(d, run)
-                    if value is None:
-                        return found
-                    worst = max(worst, value)
-                    if worst >= least:
-                        break
+                worst = _largest_below((cost(d, run) for d, run in zip(deficits, order)), least)
+                if worst is None:
+                    return found
                 least = min(least, worst)
                 if least <= found:
                     break  # this kind raises nothing
@@ -2424,14 +2432,9 @@ class ExactSearch:
             for given in itertools.product(*(range(min(demand[r], fast) + 1) for r in members)):
                 if sum(given) != total:
                     continue  # more kind-k holders never cost more: only the shares of all of them
-                worst = 0.0
-                for run, share in zip(members, given):
-                    value = cost(kind, share, run)
-                    if value is None:
-                        return None
-                    worst = max(worst, value)
-                    if worst >= least:
-                        break
+                worst = _largest_below((cost(kind, share, run) for run, share in zip(members, given)), least)
+                if worst is None:
+                    return None
                 least = min(least, worst)
             shares[kind, fast, members] = least
             return least
