@@ -1253,6 +1253,20 @@ def test_tree_skips_first_pipelines_an_earlier_call_exhausted():
     assert nodes(resumed) < nodes(fresh)
 
 
+def _assert_count_floor_meets(instance: Any, model: PerfModel, failed: frozenset[int], built: Plan, expected: float,
+                              count: int) -> None:
+    """A hand-built plan passes the checker and is priced at `expected`, and the search's floor of its
+    pipeline count, refined up to it, equals it: that plan is the optimum of that count."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(expected, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    search.floor(Deadline.never(), step)
+    assert step * (1 - 1e-12) <= search.by_count[count] <= step * (1 + 1e-12)
+
+
 def _plan_3253(hand: list[tuple[tuple[int, ...], ...]]) -> Plan:
     """24-32-device seed 3253's plan of these groups per pipeline, one micro-batch each: a three-stage
     pipeline holds layers 0-1 | 2 | 3, a four-stage one a layer a stage."""
@@ -1327,20 +1341,12 @@ def test_held_layer_on_a_node_of_p_groups_isolates_its_stage_in_every_longer_pip
     with sends inside nodes); it is now 22.240532, the step of a plan built by hand (two slow(0-1)-fast-fast
     pipelines on node 1's slow groups, five fast first stages on node 1; found by swapping groups
     of `_mixes`' 22.241479), never above it."""
-    from chameleon_opt.solve.exact import exact_floors
-
     data, failed = _bench_instance(3253, (24, 32))
     instance = build_instance(data)
     model = PerfModel(instance)
     hand = [((7,), (4,), (2,)), ((10,), (22,), (21,)), ((8,), (0,), (23,), (1,)), ((9,), (16,), (24,), (5,)),
             ((11,), (6,), (25,), (14,)), ((12,), (15,), (26,), (17,)), ((13,), (19,), (27,), (20,))]
-    built = _plan_3253(hand)
-    assert check_plan(instance, built, failed).ok
-    step = model.evaluate(built, failed).iteration_time_s
-    assert step == pytest.approx(22.240531753799424, rel=1e-12)
-    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
-    search.floor(Deadline.never(), step)
-    assert step * (1 - 1e-12) <= search.by_count[7] <= step * (1 + 1e-12)
+    _assert_count_floor_meets(instance, model, failed, _plan_3253(hand), 22.240531753799424, 7)
 
 
 def test_interleaved_closed_form_is_below_the_interleaved_time():
@@ -1381,20 +1387,13 @@ def test_column_floor_sums_the_slow_holders_over_its_runs():
     but not two (13.01 s at least). The best plan of three pipelines rings its small layers 0 and 1 across
     nodes (12.895710: the tree's complete search of three pipelines, a 20 s run); the column case had floored
     them at 12.648, below the optimum (five pipelines, 12.773689), and now at 13.046."""
-    from chameleon_opt.solve.exact import exact_floors
-
     data, failed = _bench_instance(6016, (24, 32))
     instance = build_instance(data)
     model = PerfModel(instance)
     groups = [((0,), (3,), (5,), (8,), (20,)), ((12,), (13,), (6,), (10,), (21,)), ((7,), (17,), (4,), (11,), (22,))]
     built = Plan(1, tuple(Pipeline(tuple(Stage(g, s, s + 1) for s, g in enumerate(seq)), m)
                           for seq, m in zip(groups, (2, 2, 1))))
-    assert check_plan(instance, built, failed).ok
-    step = model.evaluate(built, failed).iteration_time_s
-    assert step == pytest.approx(12.895710419158526, rel=1e-12)
-    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
-    search.floor(Deadline.never(), step)
-    assert step * (1 - 1e-12) <= search.by_count[3] <= step * (1 + 1e-12)
+    _assert_count_floor_meets(instance, model, failed, built, 12.895710419158526, 3)
 
 
 def test_segments_on_nodes_of_p_groups_isolate_their_stages_together():

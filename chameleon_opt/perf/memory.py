@@ -31,7 +31,6 @@ def in_flight_micro_batches(stage: int, stages: int, own: int, extra: float = 0.
     return min(base * (own + extra) / own, own + extra)
 
 
-
 def head_in_flight_micro_batches(stage: int, stages: int, own: int, extra: float = 0.0) -> float:
     """Micro-batches whose head logits the stage holding the head keeps at its peak, interleaved or
     not: the plain 1F1B count. Megatron's interleaved order (schedules.py, get_schedule_table,
@@ -40,6 +39,7 @@ def head_in_flight_micro_batches(stage: int, stages: int, own: int, extra: float
     head's) runs that same micro-batch's last-chunk backward next, so one micro-batch's logits are
     alive at a time, as on a plain 1F1B last stage."""
     return in_flight_micro_batches(stage, stages, own, extra, virtual=1)
+
 
 MEMORY_TERMS = ("parameters", "gradients", "optimizer", "activations", "logits", "transient",
                 "comm_buffers", "framework")

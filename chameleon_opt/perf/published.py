@@ -494,7 +494,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
         # Megatron-LM's interleaved schedule runs micro-batches in groups of PP (microbatch_group_size_per_vp_stage's
         # default) and raises unless the count is a multiple of it (schedules.py, forward_backward_pipelining_with_interleaving)
         raise Refused(f"parallel.vp {vp}: micro-batches per replica not a multiple of parallel.pp {pp}, which "
-                      "Megatron's interleaved schedule refuses")
+                      "Megatron's interleaved schedule refuses at its default group size (the row states none)")
     if vp > 1 and m["layers"] % (pp * vp):
         # the model splits each device's layers evenly over its v chunks, as Megatron's
         # --num-layers-per-virtual-pipeline-stage does (arguments.py asserts the division)

@@ -427,18 +427,15 @@ def interleaved_closed(forward: np.ndarray, backward: np.ndarray, sends: np.ndar
     excluded) and sends (candidate x boundary). pipeline_time is LP(f / v, b / v, m) + m (v - 1)
     max_s (f_s + b_s) / v + E, with E = v sum (send_forward + send_backward) + 2 (v - 1) max
     send_forward = 2 v sum sends + 2 (v - 1) max sends, taken exactly here; LP, the 1F1B longest path
-    of the chunk operations, is at least bounds.py's per-stage form W' + (m - 1) b'_s +
-    max(m - 1 - k_s, 0) f'_s on them (W' their sum, k_s = S - s - 1): the same 1F1B operation graph,
-    other durations. The plain 1F1B form on folded sends is no bound here: interleaving shrinks the
-    bubble to (p - 1) / v of plain 1F1B's and exposes each send a fixed number of times, not per
-    micro-batch (bench/brute_force.py --virtual-stages 2 found floors above the optimum with it)."""
+    of the chunk operations (one_f_one_b_time on f / v, b / v), is at least `one_f_one_b_floors` on
+    them: the same 1F1B operation graph, other durations. The plain 1F1B form on folded sends is no
+    bound here: interleaving shrinks the bubble to (p - 1) / v of plain 1F1B's and exposes each send a
+    fixed number of times, not per micro-batch (bench/brute_force.py --virtual-stages 2 found floors
+    above the optimum with it)."""
     stages = forward.shape[1]
     counts = np.arange(1, most + 1)
-    warmup = np.arange(stages - 1, -1, -1)
     chunk_f, chunk_b = forward / virtual, backward / virtual
-    whole = chunk_f.sum(axis=1) + chunk_b.sum(axis=1)
-    path = (whole[:, None, None] + (counts - 1)[None, :, None] * chunk_b[:, None, :]
-            + np.maximum(counts[:, None] - 1 - warmup[None, :], 0)[None] * chunk_f[:, None, :]).max(axis=2)
+    path = one_f_one_b_floors(chunk_f, chunk_b, counts)
     heaviest = (chunk_f + chunk_b).max(axis=1)
     exposed = 2 * virtual * sends.sum(axis=1) + 2 * (virtual - 1) * (sends.max(axis=1) if stages > 1 else 0.0)
     return path + counts[None, :] * (virtual - 1) * heaviest[:, None] + exposed[:, None]

@@ -191,12 +191,7 @@ def polish_placement(model: PerfModel, plan: Plan, failed: frozenset[int], deadl
             first, second = best.pipelines[a[0]].stages[a[1]], best.pipelines[b[0]].stages[b[1]]
             if model.stage_device(first.devices).name != model.stage_device(second.devices).name:
                 continue
-            stages = [list(pipe.stages) for pipe in best.pipelines]
-            stages[a[0]][a[1]] = Stage(second.devices, first.first, first.end)
-            stages[b[0]][b[1]] = Stage(first.devices, second.first, second.end)
-            candidate = Plan(best.tensor_parallel, tuple(Pipeline(tuple(st), pipe.micro_batches)
-                                                         for st, pipe in zip(stages, best.pipelines)), best.rerouted)
-            candidate, value, total = _scored(model, candidate, failed)
+            candidate, value, total = _scored(model, _swapped(best, a, b), failed)
             if _better(value, total, best_value, best_sum):
                 best, best_value, best_sum, improved = candidate, value, total, True
     return best, best_value
