@@ -33,6 +33,8 @@ class TorchtitanRun:
     document: dict[str, Any]      # the imported instance document
     measured_step_s: float
     measured_memory_gib: float | None
+    source: str                   # the benchmark file the row is from (its held-out report groups)
+    fp8: str | None               # torchao's float8 recipe the job runs (tensorwise, rowwise), None for bf16
 
 
 def family_of(row: dict[str, Any]) -> str:
@@ -72,7 +74,9 @@ def import_row(row: dict[str, Any], devices: dict[str, Any]) -> TorchtitanRun:
         par.get("context_parallel_degree", 1)
     training = row["config"]["training"]
     step = training["local_batch_size"] * training["seq_len"] / (row["measured"]["tokens_per_s_per_gpu"] * non_dp)
-    return TorchtitanRun(row["id"], family_of(row), _die(gpu), document, step, row["measured"].get("memory_gib"))
+    fp8 = document["training"].get("fp8")
+    return TorchtitanRun(row["id"], family_of(row), _die(gpu), document, step, row["measured"].get("memory_gib"),
+                         row["source"]["file"].split("/")[-1].removesuffix(".md"), fp8["recipe"] if fp8 else None)
 
 
 def import_rows(path: Path = DATA) -> tuple[list[TorchtitanRun], dict[str, str]]:
