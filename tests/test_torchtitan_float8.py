@@ -50,6 +50,10 @@ def test_float8_jobs_are_imported_with_their_recipe(tmp_path):
     assert _import(tmp_path, converter)["training"]["fp8"] == {"recipe": "rowwise", "fp8_all_gather": False}
     gathered = LLAMA8_FLOAT8 + "enable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for_fsdp = true\n"
     assert _import(tmp_path, gathered)["training"]["fp8"] == {"recipe": "tensorwise", "fp8_all_gather": True}
+    v022 = LLAMA8_FLOAT8.replace("flavor = \"8B\"", "flavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]").replace(
+        "[float8]\nenable_float8_linear = true", "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n"
+        "precompute_float8_dynamic_scale_for_fsdp = true\nfilter_fqns = [\"output\"]")
+    assert _import(tmp_path, v022)["training"]["fp8"] == {"recipe": "tensorwise", "fp8_all_gather": True}
     assert "fp8" not in _import(tmp_path, LLAMA8_FLOAT8.replace("enable_float8_linear = true", ""))["training"]
 
 
@@ -69,12 +73,17 @@ def test_float8_jobs_are_imported_with_their_recipe(tmp_path):
       "enable_fsdp_float8_all_gather = true"), "float8.enable_fsdp_float8_all_gather"),
     (("enable_float8_linear = true", "enable_float8_linear = true\nenable_magic = true"), "float8.enable_magic"),
     (("enable = true", "enable = false"), "compile.enable"),
+    # the converters' default filter is empty: the output layer would run in float8
+    (("flavor = \"8B\"\n", "flavor = \"8B\"\nconverters = [\"float8\"]\n"), None),
     (("flavor = \"8B\"", "flavor = \"8B\"\nconverters = [\"float8\", \"mx\"]"), "model.converters"),
     (("[float8]", "[mx]\nenable_mx_linear = true\n[float8]"), "mx.enable_mx_linear"),
 ])
 def test_float8_settings_not_modelled_are_refused_by_name(tmp_path, edit, key):
+    text = LLAMA8_FLOAT8.replace(*edit)
+    if key is None:  # the converter without the 2024 switch and without a filter
+        text, key = text.replace("enable_float8_linear = true", ""), "float8.filter_fqns"
     with pytest.raises(InputError) as err:
-        _import(tmp_path, LLAMA8_FLOAT8.replace(*edit))
+        _import(tmp_path, text)
     assert err.value.field == key
 
 

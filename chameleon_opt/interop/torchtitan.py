@@ -176,54 +176,69 @@ _FLOAT8_KEYS = {"enable_float8_linear", "enable_fsdp_float8_all_gather", "precom
 names and filters, float8 switched on by model.converters = ["float8"])."""
 
 
+def _float8_table(r: _Reader) -> tuple[dict[str, Any], str]:
+    """The float8 settings and where they are: `[quantize.linear.float8]` (torchtitan v0.2.x) or `[float8]`."""
+    quantize = r.config.get("quantize")
+    linear = quantize.get("linear") if isinstance(quantize, dict) else None
+    if isinstance(linear, dict) and isinstance(linear.get("float8"), dict):
+        table, where = linear["float8"], "quantize.linear.float8"
+        unknown = sorted(set(table) - _FLOAT8_KEYS)
+        if unknown:
+            raise r.refuse(f"{where}.{unknown[0]}", "is not a setting the planner knows", "remove it")
+        return table, where
+    return r.section("float8", _FLOAT8_KEYS), "float8"
+
+
 def _float8(r: _Reader, blocks_compiled: bool, shard: int, workload: dict[str, Any]) -> dict[str, Any] | None:
     """training.fp8 for torchtitan's float8 (torchao's Float8Linear, perf/fp8.py), or None without it.
 
-    On when `float8.enable_float8_linear` (2024) or "float8" in `model.converters` (2025). The recipe is
-    `recipe_name` (tensorwise by default: dynamic scaling of every operand); torchtitan swaps every
-    nn.Linear whose dims are multiples of 16 and whose name matches no `filter_fqns` entry (the 2024
-    converter skipped `output` always). Refused by name: MX or other converters, rowwise_with_gw_hp,
-    delayed or static scaling, emulation, filters that keep a block linear in bf16 or leave the output
-    layer in float8, eager blocks (the casts are priced as compiled kernels), and the fp8 all-gather
-    without precomputed scales (an amax all-reduce per linear and gather)."""
+    On when `float8.enable_float8_linear` (until February 2025) or a float8 converter in `model.converters`
+    ("float8", v0.2.x "quantize.linear.float8"). The recipe is `recipe_name` (tensorwise by default:
+    dynamic scaling of every operand); torchtitan swaps every nn.Linear whose dims are multiples of 16
+    and whose name contains no `filter_fqns` entry: the 2024 switch's converter always skipped `output`,
+    the converters' default filter is empty (the Llama train_configs set ["output"]). Refused by name:
+    MX or other converters, rowwise_with_gw_hp, delayed or static scaling, emulation, filters that keep a
+    block linear in bf16 or leave the output layer in float8 (the automatic small-shape filter too), eager
+    blocks (the casts are priced as compiled kernels), and the fp8 all-gather without precomputed scales
+    (an amax all-reduce per linear and gather) or with a recipe name (torchtitan refuses it)."""
     spec = r.config.get("model") if isinstance(r.config.get("model"), dict) else {}
-    converters = spec.get("converters") or [] if r.era == "toml" else []
+    converters = (spec.get("converters") or []) if r.era == "toml" else []
     if not isinstance(converters, list):
         converters = [converters]
-    others = [c for c in converters if c != "float8"]
+    others = [c for c in converters if c not in ("float8", "quantize.linear.float8")]
     if others:
         raise r.refuse("model.converters", f"{others} (MX / other low-precision training) is not modelled "
                        "(float8 is)", "remove them to plan the job without them")
-    table = r.section("float8", _FLOAT8_KEYS)
-    if not (table.get("enable_float8_linear") or "float8" in converters):
+    table, where = _float8_table(r)
+    switch = bool(table.get("enable_float8_linear"))
+    if not (switch or converters):
         return None
     for key in ("scaling_type_input", "scaling_type_weight", "scaling_type_grad_output"):
         if str(table.get(key, "dynamic")) != "dynamic":
-            raise r.refuse(f"float8.{key}", f"{table[key]!r} scaling is not modelled (torchao's dynamic scaling is)",
-                           "use dynamic")
+            raise r.refuse(f"{where}.{key}", f"{table[key]!r} scaling is not modelled (torchao's dynamic scaling "
+                           "is)", "use dynamic")
     recipe = table.get("recipe_name") or "tensorwise"
     if recipe not in ("tensorwise", "rowwise"):
-        raise r.refuse("float8.recipe_name", f"{recipe!r} is not modelled (its weight gradient in bf16)",
+        raise r.refuse(f"{where}.recipe_name", f"{recipe!r} is not modelled (its weight gradient in bf16)",
                        "use tensorwise or rowwise")
     if table.get("emulate"):
-        raise r.refuse("float8.emulate", "emulated float8 runs the matmuls in high precision, which is not "
+        raise r.refuse(f"{where}.emulate", "emulated float8 runs the matmuls in high precision, which is not "
                        "modelled", "set it to false on a GPU with fp8 tensor cores")
     if table.get("moe_fqns_prototype"):
-        raise r.refuse("float8.moe_fqns_prototype", "mixture-of-experts float8 is not modelled", "remove it")
+        raise r.refuse(f"{where}.moe_fqns_prototype", "mixture-of-experts float8 is not modelled", "remove it")
     if not blocks_compiled:
         raise r.refuse("compile.enable", "float8 with eager blocks: torchao's amax and cast run as separate eager "
                        "kernels, which are not modelled (the casts are priced as torch.compile fuses them)",
                        "set compile.enable = true with the model component")
     filters = table.get("filter_fqns")
     if filters is None:
-        filters = ["output"]
-        r.assumptions.append("torchtitan float8: filter_fqns not given, so [\"output\"] (the Llama train_configs' "
-                             "setting; the 2024 converter always skipped the output layer): the head stays bf16")
+        filters = ["output"] if switch else []
     if isinstance(filters, str):
         filters = [f for f in filters.split(",") if f]
-    if not isinstance(filters, list) or "output" not in filters:
-        raise r.refuse("float8.filter_fqns", f"{filters!r:.60} converts the output layer to float8, which is not "
-                       "modelled (the blocks' linears are)", "add \"output\" to filter_fqns")
+    if not isinstance(filters, list) or "output" not in filters or "auto_filter_small_kn" in filters:
+        raise r.refuse(f"{where}.filter_fqns", f"{filters!r:.60} converts the output layer to float8 (or leaves the "
+                       "choice to torchao's small-shape filter), which is not modelled (the blocks' linears are)",
+                       "set filter_fqns = [\"output\"]")
     architecture = workload_architecture(workload)
     if architecture is None:
         raise r.refuse("float8", "the workload has no architecture, so which linears float8 converts is unknown",
@@ -233,7 +248,7 @@ def _float8(r: _Reader, blocks_compiled: bool, shard: int, workload: dict[str, A
         "feed_forward.w3")]
     kept = [f for f in filters if any(f in name for name in names)]  # torchtitan: `filter_fqn in fqn`
     if kept:
-        raise r.refuse("float8.filter_fqns", f"{kept} keeps some block linears in bf16, which is not modelled",
+        raise r.refuse(f"{where}.filter_fqns", f"{kept} keeps some block linears in bf16, which is not modelled",
                        "filter only \"output\"")
     odd = [d for d in (architecture.hidden, architecture.q_dim, architecture.kv_dim, architecture.ffn) if d % 16]
     if odd:
@@ -241,13 +256,13 @@ def _float8(r: _Reader, blocks_compiled: bool, shard: int, workload: dict[str, A
                        "bf16, which is not modelled", "plan the bf16 job")
     gather = bool(table.get("enable_fsdp_float8_all_gather")) and shard > 1
     if gather and recipe != "tensorwise":
-        raise r.refuse("float8.enable_fsdp_float8_all_gather", f"with recipe {recipe} (torchao gathers "
+        raise r.refuse(f"{where}.enable_fsdp_float8_all_gather", f"with recipe {recipe} (torchao gathers "
                        "tensorwise-scaled weights only; torchtitan refuses it)", "set it to false")
     if gather and table.get("recipe_name"):
-        raise r.refuse("float8.enable_fsdp_float8_all_gather", "together with recipe_name (torchtitan refuses it)",
+        raise r.refuse(f"{where}.enable_fsdp_float8_all_gather", "together with recipe_name (torchtitan refuses it)",
                        "drop recipe_name (tensorwise is the default) or the fp8 all-gather")
     if gather and not table.get("precompute_float8_dynamic_scale_for_fsdp"):
-        raise r.refuse("float8.precompute_float8_dynamic_scale_for_fsdp", "is off with the fp8 all-gather: each "
+        raise r.refuse(f"{where}.precompute_float8_dynamic_scale_for_fsdp", "is off with the fp8 all-gather: each "
                        "linear's gather then all-reduces its amax, which is not modelled",
                        "set it to true (torchtitan's recommendation)")
     r.assumptions.append(f"torchtitan float8 ({recipe}, torchao Float8Linear on every block linear, output bf16): "
