@@ -140,3 +140,14 @@ def test_the_fp8_all_gather_moves_the_linear_weights_in_one_byte():
     assert model.gathered_bytes[1] == pytest.approx(linear[1] + 2 * (params[1] - linear[1]))
     with pytest.raises(InputError, match="tensorwise"):
         build_instance({**doc, "training": {**doc["training"], "fp8": {"recipe": "rowwise", "fp8_all_gather": True}}})
+
+
+def test_float8_tp_casts_the_sequence_shard_before_the_all_gather():
+    """TP 2, sequence parallel: tensorwise (torchao's float8 TP) casts the attention and MLP inputs on their
+    h / 2 shard and the row-parallel outputs' gradients before the backward all-gather (h / 2); rowwise (plain
+    TP) after the collectives, on h. Inputs h' + q/2 + h' + f/2, gradients (q + 2 kv)/2 + f/2 + 2 h'."""
+    from chameleon_opt.perf.fp8 import torchao_cast_elements
+
+    workload = PerfModel(build_instance(TOY, "<toy>")).workload
+    assert torchao_cast_elements(workload, 2, True) == (512 + 512 + 512 + 2048, 1536 + 2048 + 1024)
+    assert torchao_cast_elements(workload, 2, False) == (1024 + 512 + 1024 + 2048, 1536 + 2048 + 2048)
