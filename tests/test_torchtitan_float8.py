@@ -50,9 +50,10 @@ def test_float8_jobs_are_imported_with_their_recipe(tmp_path):
     assert _import(tmp_path, converter)["training"]["fp8"] == {"recipe": "rowwise", "fp8_all_gather": False}
     gathered = LLAMA8_FLOAT8 + "enable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for_fsdp = true\n"
     assert _import(tmp_path, gathered)["training"]["fp8"] == {"recipe": "tensorwise", "fp8_all_gather": True}
-    v022 = LLAMA8_FLOAT8.replace("flavor = \"8B\"", "flavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]").replace(
-        "[float8]\nenable_float8_linear = true", "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n"
-        "precompute_float8_dynamic_scale_for_fsdp = true\nfilter_fqns = [\"output\"]")
+    v022 = LLAMA8_FLOAT8.replace("flavor = \"8B\"", "flavor = \"8B\"\nconverters = [\"quantize.linear.float8\"]")
+    v022 = v022.replace("[float8]\nenable_float8_linear = true", "[quantize.linear.float8]\n"
+                        "enable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for_fsdp = true\n"
+                        "filter_fqns = [\"output\"]")
     assert _import(tmp_path, v022)["training"]["fp8"] == {"recipe": "tensorwise", "fp8_all_gather": True}
     assert "fp8" not in _import(tmp_path, LLAMA8_FLOAT8.replace("enable_float8_linear = true", ""))["training"]
 

@@ -1,4 +1,5 @@
-"""fp8 linear layers (Transformer Engine's delayed scaling): what they change in a step's time and memory.
+"""fp8 linear layers (Transformer Engine's delayed scaling, torchao's dynamic scaling): what they change in a
+step's time and memory.
 
 Why a mechanism and not a faster device: fp8 runs only the transformer blocks' linear GEMMs on the fp8
 tensor cores; the attention core, the element-wise chains, the embedding and the output layer stay in
@@ -16,8 +17,9 @@ keeps the cast weights across micro-batches (Megatron-LM's TE layers cast on is_
 Delayed scaling takes each tensor's scale from its amax history and records the new amax in the cast
 kernel itself, so a cast reads the bf16 tensor once (2 bytes) and writes the fp8 tensor and its
 transpose (1 + 1 bytes: Hopper's fp8 GEMMs take only the TN layout, and TE's cast-transpose writes
-both): CAST_BYTES_PER_ELEMENT = 4. Memory: activations as in bf16 (assumed: which fp8 copies a TE version saves differs, and no published
-fp8 row states a peak), plus the cached fp8 weights where they are kept across micro-batches.
+both): CAST_BYTES_PER_ELEMENT = 4. Memory: activations as in bf16 (assumed: which fp8 copies a TE
+version saves differs, and no published fp8 row states a peak), plus the cached fp8 weights where they
+are kept across micro-batches.
 
 torchao's Float8Linear (torchtitan's float8: recipes tensorwise and rowwise, dynamic scaling) is priced
 by the same GEMM term and FP8_GEMM_RATIO (fitted on Transformer Engine rows, not refitted) with its own
@@ -26,7 +28,9 @@ each cast is an amax pass and a cast pass, and what each pass moves is torchao's
 (torchao/testing/training/roofline_utils.py, get_tensor_memory_traffic_ovhd_s, with fusion modelling:
 under torch.compile the amax read of a linear's input and output gradient fuses into the op that
 produced it, the weight's does not). TORCHAO_CAST_BYTES gives the bytes per element, split into the
-forward's and the backward's kernels.
+forward's and the backward's kernels. Memory: torchao saves a linear's bf16 input, so the activations are
+bf16's; torchtitan's per-op checkpointing sees its matmuls as aten.mm and keeps its bf16 saved set
+(docs/performance-model.md, torchao float8).
 """
 
 from __future__ import annotations

@@ -1123,8 +1123,8 @@ class PerfModel:
                 fitted = " (fitted on Megatron-LM GPT-3 175B)" if name.startswith("A100") else " (assumed)"
                 lines.append(f"{name} TP {tp} times: {source}{fitted}")
         if training.fp8 is not None and self.torchao_fp8:
-            lines.append(f"fp8 (torchao {training.fp8.recipe} scaling): block linears at {self._fp8_ratio():g} x the bf16 "
-                         "efficiency of the fp8 peak (fitted on NeMo's H100 fp8 rows), casts as torchao's roofline "
+            lines.append(f"fp8 (torchao {training.fp8.recipe} scaling): block linears at {self._fp8_ratio():g} x the "
+                         "bf16 efficiency of the fp8 peak (fitted on NeMo's H100 fp8 rows), casts as torchao's roofline "
                          "counts them under torch.compile (perf/fp8.py TORCHAO_CAST_BYTES), output layer in bf16"
                          + (", linear weights all-gathered in fp8" if training.fp8.fp8_all_gather else ""))
         elif training.fp8 is not None:
