@@ -2,7 +2,8 @@
 
 Each row's `config` goes through the torchtitan importer exactly as a user's job config would
 (interop/torchtitan.py, written to a file and read back); a row whose settings the importer refuses
-is counted with the refused key, never priced. The measured step time comes from torchtitan's
+is counted with the refused key, never priced; float8 rows are priced as torchao's float8 (perf/fp8.py) and
+reported per benchmark file (`source`) and recipe (`fp8`). The measured step time comes from torchtitan's
 logged tokens/s per GPU (tps = local tokens / (seconds x TP x PP x CP)) and the measured memory is
 its logged `max_reserved` (the caching allocator's reserved peak, which excludes the CUDA context
 and NCCL's own buffers), so the prediction compared with it is the allocator's share of the model's
@@ -33,6 +34,8 @@ class TorchtitanRun:
     document: dict[str, Any]      # the imported instance document
     measured_step_s: float
     measured_memory_gib: float | None
+    source: str                   # the benchmark file the row is from (its held-out report groups)
+    fp8: str | None               # torchao's float8 recipe the job runs (tensorwise, rowwise), None for bf16
 
 
 def family_of(row: dict[str, Any]) -> str:
@@ -72,7 +75,9 @@ def import_row(row: dict[str, Any], devices: dict[str, Any]) -> TorchtitanRun:
         par.get("context_parallel_degree", 1)
     training = row["config"]["training"]
     step = training["local_batch_size"] * training["seq_len"] / (row["measured"]["tokens_per_s_per_gpu"] * non_dp)
-    return TorchtitanRun(row["id"], family_of(row), _die(gpu), document, step, row["measured"].get("memory_gib"))
+    fp8 = document["training"].get("fp8")
+    return TorchtitanRun(row["id"], family_of(row), _die(gpu), document, step, row["measured"].get("memory_gib"),
+                         row["source"]["file"].split("/")[-1].removesuffix(".md"), fp8["recipe"] if fp8 else None)
 
 
 def import_rows(path: Path = DATA) -> tuple[list[TorchtitanRun], dict[str, str]]:

@@ -793,7 +793,7 @@ def torchtitan_validation(others: list, interference: float) -> dict:
     for r in runs:
         found = estimate(r, interference)
         peak = max(c.memory_bytes for p in found.pipelines for c in p.stages) / GIB
-        rows.append({"id": r.id, "family": r.family, "measured_s": r.measured_step_s,
+        rows.append({"id": r.id, "family": r.family, "source": r.source, "fp8": r.fp8, "measured_s": r.measured_step_s,
                      "predicted_s": found.iteration_time_s,
                      "error_time": found.iteration_time_s / r.measured_step_s - 1,
                      "measured_mem_gib": r.measured_memory_gib, "predicted_mem_gib": peak,
@@ -801,6 +801,38 @@ def torchtitan_validation(others: list, interference: float) -> dict:
     fitted = interference_of([r for r in runs if fits_interference(r)], lambda r, x: estimate(r, x).iteration_time_s)
     return {"rows": rows, "refused": refused, "fitted_on": list(fit.fitted_on), "interference": interference,
             "fitted_interference": fitted}
+
+
+def render_torchtitan(torchtitan: dict) -> list[str]:
+    """torchtitan's rows held out, per benchmark file, bf16 and float8 apart (markdown, also printed): the
+    float8 rows priced by perf/fp8.py's torchao casts at FP8_GEMM_RATIO (fitted on Transformer Engine rows),
+    none fitted on them; and the rows still refused, by the setting named."""
+    lines = ["## torchtitan's published runs, held out: bf16 and float8 per benchmark file", "",
+             "| file | precision | n | time median | time worst | memory n | memory median | memory worst |",
+             "|---|---|---|---|---|---|---|---|"]
+    for source in sorted({r["source"] for r in torchtitan["rows"]}):
+        for label in ("bf16", "float8 tensorwise", "float8 rowwise"):
+            chosen = [r for r in torchtitan["rows"] if r["source"] == source
+                      and (r["fp8"] or "bf16") == label.removeprefix("float8 ")]
+            if not chosen:
+                continue
+            time = np.abs([r["error_time"] for r in chosen])
+            memory = np.abs([r["error_mem"] for r in chosen if r["error_mem"] is not None])
+            cells = [source, label, str(len(chosen)), f"{np.median(time):.1%}", f"{time.max():.1%}",
+                     str(len(memory)), f"{np.median(memory):.1%}" if len(memory) else "-",
+                     f"{memory.max():.1%}" if len(memory) else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| float8 row | recipe | measured s | predicted s | time error | memory measured / predicted GiB |",
+              "|---|---|---|---|---|---|"]
+    for r in (r for r in torchtitan["rows"] if r["fp8"]):
+        memory = (f"{r['measured_mem_gib']:.1f} / {r['predicted_mem_gib']:.1f} ({r['error_mem']:+.1%})"
+                  if r["error_mem"] is not None else "-")
+        lines.append(f"| {r['id']} | {r['fp8']} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | "
+                     f"{r['error_time']:+.1%} | {memory} |")
+    lines += ["", "Still refused:", ""] + [f"- {i}: {key}" for i, key in sorted(torchtitan["refused"].items())]
+    for line in lines:
+        console.print(line)
+    return lines + [""]
 
 
 def render_published(published: dict, out: Path) -> list[str]:
@@ -900,7 +932,7 @@ def main() -> None:
                       f"model constant {SHARDED_OVERLAP_INTERFERENCE}")
         published = published_validation(runs, refused, terms, torchtitan["fitted_interference"], memory_only)
         args.out.mkdir(parents=True, exist_ok=True)
-        lines = render_published(published, args.out)
+        lines = render_published(published, args.out) + render_torchtitan(torchtitan)
         twice = remeasured(published, args.published_dir)
         twice["earlier_only"] = earlier_only(published, args.published_dir)
         published["remeasured"] = twice

@@ -86,11 +86,17 @@ def test_fp8_on_a_device_without_an_fp8_peak_is_refused() -> None:
     assert refused.value.field == "training.fp8" and "no fp8 peak" in refused.value.problem
 
 
-def test_dynamic_scaling_recipes_are_refused_by_the_schema() -> None:
-    rowwise = copy.deepcopy(TOY)
-    rowwise["training"]["fp8"]["recipe"] = "rowwise"
+def test_unknown_recipes_and_cached_torchao_weights_are_refused_by_the_schema() -> None:
+    """Dynamic scaling (torchao) is priced (tests/test_torchtitan_float8.py); blockwise is not, and torchao
+    casts its weights on every forward."""
+    blockwise = copy.deepcopy(TOY)
+    blockwise["training"]["fp8"]["recipe"] = "blockwise"
     with pytest.raises(Exception, match="recipe"):
-        build_instance(rowwise, "<toy>")
+        build_instance(blockwise, "<toy>")
+    cached = copy.deepcopy(TOY)
+    cached["training"]["fp8"] = {"recipe": "rowwise", "weight_cast": "per_step"}
+    with pytest.raises(Exception, match="per_step"):
+        build_instance(cached, "<toy>")
 
 
 def test_a_calibrated_stack_prices_the_same_change_at_its_fitted_efficiency_and_ratio() -> None:

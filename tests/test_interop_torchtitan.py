@@ -116,10 +116,10 @@ def test_sharding_and_precision_follow_torchtitan(tmp_path):
      "activation_checkpoint.selective_ac_option"),
     (("mode = \"full\"", "mode = \"selective\"\nselective_ac_option = \"0\""),
      "activation_checkpoint.selective_ac_option"),
-    (("flavor = \"70B\"", "flavor = \"70B\"\nconverters = [\"float8\"]"), "model.converters"),
-    # torchtitan 2024's switch, which the importer once accepted and priced as bf16
-    (("flavor = \"70B\"", "flavor = \"70B\"\n[float8]\nenable_float8_linear = true\n[model2]"),
-     "float8.enable_float8_linear"),
+    (("flavor = \"70B\"", "flavor = \"70B\"\nconverters = [\"mx\"]"), "model.converters"),
+    # float8 is priced as torch.compile runs it (tests/test_torchtitan_float8.py); eager blocks are refused
+    (("flavor = \"70B\"", "flavor = \"70B\"\nconverters = [\"float8\"]"), "compile.enable"),
+    (("flavor = \"70B\"", "flavor = \"70B\"\n[float8]\nenable_float8_linear = true\n[model2]"), "compile.enable"),
     (("tensor_parallel_degree = 8", "tensor_parallel_degree = 8\nenable_async_tensor_parallel = true"),
      "parallelism.enable_async_tensor_parallel"),  # without compile, which torchtitan refuses too
     (("tensor_parallel_degree = 8", "tensor_parallel_degree = 8\ndisable_loss_parallel = true"),

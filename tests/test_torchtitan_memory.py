@@ -65,18 +65,21 @@ def test_published_rows_import_or_are_refused_by_name():
     from bench.torchtitan_runs import import_rows
     runs, refused = import_rows(DATA)
     assert {r.id for r in runs} >= {"tt24-8b-fsdp8", "tt24-8b-fsdp128"}
-    fp8 = [i for i in refused if "fp8" in i and "compile" not in i]
-    assert fp8 and all(refused[i] in ("float8.enable_float8_linear",
-                                      "parallelism.enable_async_tensor_parallel") for i in fp8)
-    compiled = {r.id: r.document["training"] for r in runs if "compile" in r.id or "vanillatp" in r.id}
+    # float8 is priced (torchao's tensorwise / rowwise); what is left refused is context parallelism and
+    # the interleaved schedule, every such row a float8 one
+    assert refused == {**{i: "parallelism.context_parallel_degree" for i in (
+        "tt24-8b-fsdp4-cp2", "tt24-8b-fsdp2-cp4", "tt24-8b-fsdp1-cp8", "tt24-405b-4d-fsdp4-cp2",
+        "tt24-405b-4d-fsdp2-cp4", "tt24-405b-4d-fsdp1-cp8")},
+        "tt24-405b-3d-interleaved1f1b": "parallelism.pipeline_parallel_schedule"}
+    assert sum("fp8" in r.document["training"] for r in runs) == 17
+    compiled = {r.id: r.document["training"] for r in runs
+                if ("compile" in r.id or "vanillatp" in r.id) and "fp8" not in r.document["training"]}
     assert set(compiled) == {"tt24-8b-fsdp8-compile", "tt24-8b-fsdp128-compile", "atp25-70b-bf16-vanillatp",
                              "atp25-8b-bf16-vanillatp"}
     assert all(t["kernels"] == "torchtitan-compiled" for t in compiled.values())
     # December 2024's torchtitan did not compile the loss; the 2025 runs' default components do
     assert [i for i, t in compiled.items() if t["compiled_loss"]] == ["atp25-70b-bf16-vanillatp",
                                                                        "atp25-8b-bf16-vanillatp"]
-    assert refused["tt24-8b-fsdp8-compile-fp8"] == "float8.enable_float8_linear"
-    assert refused["tt24-8b-fsdp4-cp2"] == "parallelism.context_parallel_degree"
 
 
 def test_imported_job_is_priced_with_torchtitan_kernels_as_a_user_gets_it():

@@ -114,14 +114,28 @@ class Fp8(Strict):
     """fp8 linear layers (perf/fp8.py): the blocks' linear GEMMs on the fp8 tensor cores, master weights,
     attention and element-wise work in higher precision."""
 
-    recipe: Literal["delayed"] = Field(
+    recipe: Literal["delayed", "tensorwise", "rowwise"] = Field(
         description="the scaling recipe: delayed (Transformer Engine's DelayedScaling, amax history; what NeMo, "
-        "Megatron-LM and llm-foundry's amp_fp8 run). Dynamic tensorwise / rowwise scaling (torchao) is not "
-        "modelled: no published run the model can price checks it")
+        "Megatron-LM and llm-foundry's amp_fp8 run); tensorwise / rowwise (torchao's Float8Linear with dynamic "
+        "scaling, one scale per tensor or per row, under torch.compile: what torchtitan's float8 runs)")
     weight_cast: Literal["per_micro_batch", "per_step"] = Field(
         "per_micro_batch", description="per_step: the cast weights are kept across a step's micro-batches "
         "(Megatron-LM's TE layers, is_first_microbatch), costing their fp8 copies in memory; per_micro_batch: "
-        "cast again on every forward")
+        "cast again on every forward (torchao always)")
+    fp8_all_gather: bool = Field(
+        False, description="tensorwise under zero_stage 3: FSDP all-gathers the linear weights in fp8, cast from "
+        "their shards with scales precomputed once per step (torchao enable_fsdp_float8_all_gather with "
+        "precompute_float8_dynamic_scale_for_fsdp)")
+
+    @model_validator(mode="after")
+    def _recipe_settings(self) -> "Fp8":
+        if self.recipe != "delayed" and self.weight_cast != "per_micro_batch":
+            raise ValueError(f"weight_cast per_step is Transformer Engine's; torchao's {self.recipe} scaling casts "
+                             "the weights on every forward")
+        if self.fp8_all_gather and self.recipe != "tensorwise":
+            raise ValueError("fp8_all_gather needs the tensorwise recipe (torchao gathers tensorwise-scaled "
+                             "weights only)")
+        return self
 
 
 class Training(Strict):

@@ -11,6 +11,7 @@ from typing import Any
 from chameleon_opt.errors import InputError
 from chameleon_opt.instance.load import MODELS_DIR, Instance, grid_position, load_workload_file, resolve_workload_path
 from chameleon_opt.workload.hf import workload_from_hf
+from chameleon_opt.workload.schema import Architecture, WorkloadSpec
 
 TORCHTITAN_ORDER = "tp-dp-pp"
 """torchtitan's device mesh ["pp", "dp_replicate", "dp_shard", "cp", "tp"] with CP 1, innermost first."""
@@ -50,13 +51,22 @@ def workload_document(model: str, field: str) -> dict[str, Any]:
                      "give a name from models/, a workload file, or a Hugging Face config.json (--model)")
 
 
+def workload_architecture(workload: dict[str, Any]) -> Architecture | None:
+    """The architecture of a workload document (None for a workload without one)."""
+    if "inline" in workload:
+        spec = WorkloadSpec.model_validate(workload["inline"])
+    else:
+        found = resolve_workload_path(workload["model"], None)
+        spec = load_workload_file(found) if found is not None else None
+    return spec.architecture if spec is not None else None
+
+
 def workload_blocks(workload: dict[str, Any]) -> int | None:
     """Transformer blocks of a workload document (None for a workload without an architecture)."""
     if "inline" in workload:
         return int(workload["inline"]["architecture"]["layers"])
-    found = resolve_workload_path(workload["model"], None)
-    spec = load_workload_file(found) if found is not None else None
-    return spec.architecture.layers if spec is not None and spec.architecture is not None else None
+    architecture = workload_architecture(workload)
+    return architecture.layers if architecture is not None else None
 
 
 def failure_document(failed: list[int], world: int) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from chameleon_opt.errors import InputError
 from chameleon_opt.instance.load import MODELS_DIR
 from chameleon_opt.instance.schema import torchtitan_always_mixed
 from chameleon_opt.interop.common import (TORCHTITAN_ORDER, ClusterOptions, cluster_document, failure_document,
-                                          workload_blocks, workload_document)
+                                          workload_architecture, workload_blocks, workload_document)
 
 SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")
 MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
@@ -146,20 +146,10 @@ def _model(r: _Reader, override: str | None) -> dict[str, Any]:
     if name in MOE_MODELS or "moe" in flavor.lower() or re.search(r"\d+B-A\d+", flavor):
         raise r.refuse(f"{where}.flavor", f"{name} {flavor} is a mixture-of-experts model, which the planner "
                        "does not model", "plan a dense model (DP x PP x TP)")
-    for section in ("float8", "mx"):  # before converters existed (torchtitan 2024): [float8] enable_float8_linear
-        table = r.config.get(section)
-        if isinstance(table, dict) and any(table.get(k) for k in ("enable_float8_linear", "enable_mx_linear",
-                                                                  "enable_fsdp_float8_all_gather")):
-            key = next(k for k in ("enable_float8_linear", "enable_mx_linear", "enable_fsdp_float8_all_gather")
-                       if table.get(k))
-            raise r.refuse(f"{section}.{key}", "torchao's float8 / MX linear layers (dynamic tensorwise or rowwise "
-                           "scaling, float8 all-gathers) are not modelled: training.fp8 prices Transformer Engine's "
-                           "delayed scaling only, and no published torchtitan float8 run the planner can price "
-                           "(all are compiled) checks them; pricing them as bf16 would be wrong",
-                           f"set {section}.{key} = false to plan the bf16 job")
-    if r.era == "toml" and spec.get("converters"):
-        raise r.refuse("model.converters", f"{spec['converters']} (float8 / MX training) is not modelled",
-                       "remove the converters to plan the bf16 job")
+    mx = r.config.get("mx")
+    if isinstance(mx, dict) and mx.get("enable_mx_linear"):  # before converters existed (torchtitan 2024)
+        raise r.refuse("mx.enable_mx_linear", "torchao's MX formats (block-scaled mxfp8 / mxfp4 linears) are not "
+                       "modelled", "set it to false to plan the bf16 job")
     if r.era == "python" and (r.config.get("model_converters") or {}).get("converters"):
         raise r.refuse("model_converters.converters", "float8 / MX training is not modelled",
                        "remove the converters to plan the bf16 job")
@@ -177,6 +167,110 @@ def _model(r: _Reader, override: str | None) -> dict[str, Any]:
         return {"model": catalogue}
     raise r.refuse(where, f"no catalogue model {catalogue!r} and no config.json under hf_assets_path {assets!r}",
                    "pass --model with a catalogue name or the model's Hugging Face config.json")
+
+
+_FLOAT8_KEYS = {"enable_float8_linear", "enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
+                "force_recompute_fp8_weight_in_bwd", "recipe_name", "filter_fqns", "emulate", "scaling_type_input",
+                "scaling_type_weight", "scaling_type_grad_output", "moe_fqns_prototype"}
+"""The `[float8]` keys of torchtitan's toml era (2024: enable_float8_linear and scaling types; 2025: recipe
+names and filters, float8 switched on by model.converters = ["float8"])."""
+
+
+def _float8_table(r: _Reader) -> tuple[dict[str, Any], str]:
+    """The float8 settings and where they are: `[quantize.linear.float8]` (torchtitan v0.2.x) or `[float8]`."""
+    quantize = r.config.get("quantize")
+    linear = quantize.get("linear") if isinstance(quantize, dict) else None
+    if isinstance(linear, dict) and isinstance(linear.get("float8"), dict):
+        table, where = linear["float8"], "quantize.linear.float8"
+        unknown = sorted(set(table) - _FLOAT8_KEYS)
+        if unknown:
+            raise r.refuse(f"{where}.{unknown[0]}", "is not a setting the planner knows", "remove it")
+        return table, where
+    return r.section("float8", _FLOAT8_KEYS), "float8"
+
+
+def _float8(r: _Reader, blocks_compiled: bool, shard: int, workload: dict[str, Any]) -> dict[str, Any] | None:
+    """training.fp8 for torchtitan's float8 (torchao's Float8Linear, perf/fp8.py), or None without it.
+
+    On when `float8.enable_float8_linear` (until February 2025) or a float8 converter in `model.converters`
+    ("float8", v0.2.x "quantize.linear.float8"). The recipe is `recipe_name` (tensorwise by default:
+    dynamic scaling of every operand); torchtitan swaps every nn.Linear whose dims are multiples of 16
+    and whose name contains no `filter_fqns` entry: the 2024 switch's converter always skipped `output`,
+    the converters' default filter is empty (the Llama train_configs set ["output"]). Refused by name:
+    MX or other converters, rowwise_with_gw_hp, delayed or static scaling, emulation, filters that keep a
+    block linear in bf16 or leave the output layer in float8 (the automatic small-shape filter too), eager
+    blocks (the casts are priced as compiled kernels), and the fp8 all-gather without precomputed scales
+    (an amax all-reduce per linear and gather) or with a recipe name (torchtitan refuses it)."""
+    spec = r.config.get("model") if isinstance(r.config.get("model"), dict) else {}
+    converters = (spec.get("converters") or []) if r.era == "toml" else []
+    if not isinstance(converters, list):
+        converters = [converters]
+    others = [c for c in converters if c not in ("float8", "quantize.linear.float8")]
+    if others:
+        raise r.refuse("model.converters", f"{others} (MX / other low-precision training) is not modelled "
+                       "(float8 is)", "remove them to plan the job without them")
+    table, where = _float8_table(r)
+    switch = bool(table.get("enable_float8_linear"))
+    if not (switch or converters):
+        return None
+    for key in ("scaling_type_input", "scaling_type_weight", "scaling_type_grad_output"):
+        if str(table.get(key, "dynamic")) != "dynamic":
+            raise r.refuse(f"{where}.{key}", f"{table[key]!r} scaling is not modelled (torchao's dynamic scaling "
+                           "is)", "use dynamic")
+    recipe = table.get("recipe_name") or "tensorwise"
+    if recipe not in ("tensorwise", "rowwise"):
+        raise r.refuse(f"{where}.recipe_name", f"{recipe!r} is not modelled (its weight gradient in bf16)",
+                       "use tensorwise or rowwise")
+    if table.get("emulate"):
+        raise r.refuse(f"{where}.emulate", "emulated float8 runs the matmuls in high precision, which is not "
+                       "modelled", "set it to false on a GPU with fp8 tensor cores")
+    if table.get("moe_fqns_prototype"):
+        raise r.refuse(f"{where}.moe_fqns_prototype", "mixture-of-experts float8 is not modelled", "remove it")
+    if not blocks_compiled:
+        raise r.refuse("compile.enable", "float8 with eager blocks: torchao's amax and cast run as separate eager "
+                       "kernels, which are not modelled (the casts are priced as torch.compile fuses them)",
+                       "set compile.enable = true with the model component")
+    filters = table.get("filter_fqns")
+    if filters is None:
+        filters = ["output"] if switch else []
+    if isinstance(filters, str):
+        filters = [f for f in filters.split(",") if f]
+    if not isinstance(filters, list) or "output" not in filters or "auto_filter_small_kn" in filters:
+        raise r.refuse(f"{where}.filter_fqns", f"{filters!r:.60} converts the output layer to float8 (or leaves the "
+                       "choice to torchao's small-shape filter), which is not modelled (the blocks' linears are)",
+                       "set filter_fqns = [\"output\"]")
+    architecture = workload_architecture(workload)
+    if architecture is None:
+        raise r.refuse("float8", "the workload has no architecture, so which linears float8 converts is unknown",
+                       "pass --model with an architecture")
+    names = [f"layers.{i}.{m}" for i in range(architecture.layers) for m in (
+        "attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1", "feed_forward.w2",
+        "feed_forward.w3")]
+    kept = [f for f in filters if any(f in name for name in names)]  # torchtitan: `filter_fqn in fqn`
+    if kept:
+        raise r.refuse(f"{where}.filter_fqns", f"{kept} keeps some block linears in bf16, which is not modelled",
+                       "filter only \"output\"")
+    odd = [d for d in (architecture.hidden, architecture.q_dim, architecture.kv_dim, architecture.ffn) if d % 16]
+    if odd:
+        raise r.refuse("float8", f"linear dims {odd} are not multiples of 16, so torchtitan keeps those linears in "
+                       "bf16, which is not modelled", "plan the bf16 job")
+    gather = bool(table.get("enable_fsdp_float8_all_gather")) and shard > 1
+    if gather and recipe != "tensorwise":
+        raise r.refuse(f"{where}.enable_fsdp_float8_all_gather", f"with recipe {recipe} (torchao gathers "
+                       "tensorwise-scaled weights only; torchtitan refuses it)", "set it to false")
+    if gather and table.get("recipe_name"):
+        raise r.refuse(f"{where}.enable_fsdp_float8_all_gather", "together with recipe_name (torchtitan refuses it)",
+                       "drop recipe_name (tensorwise is the default) or the fp8 all-gather")
+    if gather and not table.get("precompute_float8_dynamic_scale_for_fsdp"):
+        raise r.refuse(f"{where}.precompute_float8_dynamic_scale_for_fsdp", "is off with the fp8 all-gather: each "
+                       "linear's gather then all-reduces its amax, which is not modelled",
+                       "set it to true (torchtitan's recommendation)")
+    r.assumptions.append(f"torchtitan float8 ({recipe}, torchao Float8Linear on every block linear, output bf16): "
+                         "GEMMs at the fp8 GEMM ratio fitted on Transformer Engine rows, casts as torchao's roofline "
+                         "counts them" + (", weights all-gathered in fp8" if gather else "")
+                         + ("; force_recompute_fp8_weight_in_bwd: no memory change under activation checkpointing"
+                            if table.get("force_recompute_fp8_weight_in_bwd") else ""))
+    return {"recipe": recipe, "fp8_all_gather": gather}
 
 
 def _parts_layers(r: _Reader, parts: Any, pp: int) -> list[int]:
@@ -510,6 +604,7 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
     _optimizer(r)
     workload = _model(r, model)
     blocks_compiled, loss_compiled = _compiled(r, compile_)
+    fp8 = _float8(r, blocks_compiled, shard, workload)
     tp_async = False
     for where, table in (("parallelism", par), ("compile", compile_)):
         if table.get("enable_async_tensor_parallel") and tp > 1:
@@ -547,7 +642,7 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
                              "recompute_early_stop": recompute == "full",
                              "kernels": "torchtitan-compiled" if blocks_compiled else "torchtitan",
                              "compiled_loss": loss_compiled, "tp_async": tp_async,
-                             "loss_chunks": _loss_chunks(r),
+                             "loss_chunks": _loss_chunks(r), **({"fp8": fp8} if fp8 else {}),
                              "sequence_parallel": tp > 1 and (era == "toml" or bool(par.get("enable_sequence_parallel",
                                                                                                True))),
                              "assumptions": r.assumptions}

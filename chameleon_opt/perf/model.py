@@ -46,7 +46,7 @@ from chameleon_opt.perf.relief_kinds import ReliefCost, parse_relief, relief_opt
 from chameleon_opt.plan import Pipeline, Plan
 from chameleon_opt.perf.calibration import ELEMENTWISE_HBM_SHARE
 from chameleon_opt.perf.fp8 import (CAST_BYTES_PER_ELEMENT, FP8_CACHE_BYTES_PER_PARAM, FP8_GEMM_RATIO,
-                                    fp8_block_seconds, linear_params)
+                                    TORCHAO_CAST_BYTES, fp8_block_seconds, linear_params, torchao_block_seconds)
 from chameleon_opt.workload.activations import (COMPILED_LOSS_LOGIT_BYTES, COMPILED_STACKS,
                                                ELEMENTWISE_BACKWARD_RATIO, kernels_for)
 
@@ -282,11 +282,17 @@ class PerfModel:
         self.shard_copies = training.shard_replicas if training.zero >= 1 else 1  # copies of each ZeRO shard
         self.dtype_bytes = training.dtype_bytes
         self.fp8 = training.fp8
+        self.torchao_fp8 = training.fp8 is not None and training.fp8.recipe in TORCHAO_CAST_BYTES
         self.param_bytes = float(training.dtype_bytes)
         self.grad_bytes = float(training.grad_bytes_per_param or training.dtype_bytes)
         self.optimizer_bytes = float(training.optimizer.state_bytes_per_param)
         self.grad_bucket_bytes = training.grad_bucket_mb * 2.0 ** 20
         self.gather_bytes = float(training.gather_bytes_per_param or training.dtype_bytes)
+        # bytes each layer's ZeRO-3 all-gather moves per parameter (TP 1): fp8 for the blocks' linear
+        # weights under torchao's FSDP float8 all-gather, gather_bytes for the rest
+        self.gathered_bytes = self.workload.params * self.gather_bytes
+        if training.fp8 is not None and training.fp8.fp8_all_gather and self.workload.architecture is not None:
+            self.gathered_bytes = self.gathered_bytes - linear_params(self.workload) * (self.gather_bytes - 1.0)
         self.reshard_after_forward = training.reshard_after_forward
         self.overlap_param_gather = training.overlap_param_gather and 1 <= training.zero <= 2
         self._holders_memo: list[tuple[Plan, dict[int, list[tuple[int, int]]]]] = []
@@ -384,6 +390,10 @@ class PerfModel:
         update = w.params / tp * ADAM_BYTES_TOUCHED_PER_PARAM / (device.memory_bandwidth_gbps * 1e9)
         count_f, count_b = w.tp_allreduce_counts(recompute)
         one = ring_allreduce_time(w.tp_allreduce_bytes_per_sample() * mbs, tp, self.intra)
+        if self.torchao_fp8 and self.fp8.recipe == "tensorwise" and self.sequence_parallel and tp > 1:
+            # torchao's float8 TP all-gathers in fp8 (the column-parallel inputs forward, the row-parallel
+            # output gradients backward) and reduce-scatters in bf16: half of each all-reduce at half the bytes
+            one = 0.5 * (one + ring_allreduce_time(w.tp_allreduce_bytes_per_sample() * mbs / 2.0, tp, self.intra))
         fp8_step = np.zeros(w.num_layers)  # fp8 weight casts once per step (not sharded by ZeRO)
         if self.fp8 is not None and (profile is not None or (transferred is not None
                                                               and transferred.includes_collectives)):
@@ -446,8 +456,9 @@ class PerfModel:
             tp_fwd, tp_bwd = self._async_tp_exposed(device, tp, one, tp_fwd, tp_bwd, count_f, count_b)
         elif self.calibration is not None:  # the stack's overlap of TP collectives with its GEMMs
             tp_fwd, tp_bwd = tp_fwd * self.calibration.tp_exposed, tp_bwd * self.calibration.tp_exposed
+        # torchao's float8 linears save their bf16 input (matmul_with_hp_or_float8_args), TE's an fp8 copy
         act = w.activation_bytes_per_sample(tp, recompute, self.attention, self.sequence_parallel, self.kernels,
-                                            fp8_linears=self.fp8 is not None) * mbs
+                                            fp8_linears=self.fp8 is not None and not self.torchao_fp8) * mbs
         return {"fwd": fwd, "bwd": bwd, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "update": update,
                 "params": w.params / tp, "act": act, "fp8_cache": self._fp8_cache_bytes(tp), "fp8_step": fp8_step}
 
@@ -479,6 +490,8 @@ class PerfModel:
         w, mbs = self.workload, self.micro_batch_size
         fit = self.calibration.devices.get(device.name) if self.calibration is not None else None
         rate = device.peak_tflops * 1e12 * (fit.compute_efficiency if fit is not None else device.efficiency)
+        if self.fp8 is not None and device.fp8_peak_tflops is not None:  # those GEMMs run in fp8
+            rate = rate * device.fp8_peak_tflops / device.peak_tflops * self._fp8_ratio()
         gemm = w.tp_collective_gemm_flops_per_sample() * mbs / tp / rate
         half = one / 2.0
         exposed = (np.maximum(half - gemm, 0.0) + np.minimum(half, gemm) / tp).sum(axis=1)
@@ -497,13 +510,21 @@ class PerfModel:
             raise InputError(None, "training.fp8", f"device type {device.name} has no fp8 peak (no fp8 tensor "
                              "cores), so fp8 linears cannot run on it", "drop training.fp8, or give the device "
                              "type its fp8_peak_tflops")
-        stated = getattr(self.calibration, "fp8_ratio", None)
         assert self.fp8 is not None
+        if self.torchao_fp8:
+            d_f, d_b = torchao_block_seconds(
+                self.workload, tp, self.micro_batch_size, peak_tflops, device.fp8_peak_tflops, efficiency,
+                device.memory_bandwidth_gbps, self._fp8_ratio(), self.fp8.recipe, self.fp8.fp8_all_gather)
+            return fwd + d_f, bwd + d_b, np.zeros(self.workload.num_layers)
         d_f, d_b, weights = fp8_block_seconds(
             self.workload, tp, self.micro_batch_size, peak_tflops, device.fp8_peak_tflops, efficiency,
-            device.memory_bandwidth_gbps, FP8_GEMM_RATIO if stated is None else float(stated),
-            self.fp8.weight_cast == "per_micro_batch")
+            device.memory_bandwidth_gbps, self._fp8_ratio(), self.fp8.weight_cast == "per_micro_batch")
         return fwd + d_f, bwd + d_b, weights
+
+    def _fp8_ratio(self) -> float:
+        """The fp8 GEMM's share of the bf16 efficiency: the calibration's, else FP8_GEMM_RATIO."""
+        stated = getattr(self.calibration, "fp8_ratio", None)
+        return FP8_GEMM_RATIO if stated is None else float(stated)
 
     def _fp8_cache_bytes(self, tp: int) -> np.ndarray:
         """Per layer and TP rank: the fp8 weight copies kept across a step's micro-batches (weight_cast
@@ -668,7 +689,8 @@ class PerfModel:
         forward; SHARD_GRAD_OP keeps them), and its gradients reduce-scattered after its backward, on every
         micro-batch: FSDP and DeepSpeed ZeRO-3 synchronise every backward (Composer enters no_sync only for
         DDP modules: composer/trainer/dist_strategy.py, ddp_sync_context). Bytes: parameters per TP rank x
-        gather_bytes_per_param (FSDP MixedPrecision.param_dtype) and x the gradient precision (its
+        gather_bytes_per_param (FSDP MixedPrecision.param_dtype; 1 for the linear weights gathered in fp8,
+        gathered_bytes) and x the gradient precision (its
         reduce_dtype); ring all-gather / reduce-scatter over collective_link, its start-up latency once per
         layer and collective.
         Zero below ZeRO-3 or with a shard group of one slot."""
@@ -695,11 +717,12 @@ class PerfModel:
             params = float(self.workload.params[layers].sum()) / tp
             largest = float(self.workload.params[layers].max()) / tp
             share = (n - 1) / n / link.bandwidth
-            gather = len(layers) * latency + params * self.gather_bytes * share
+            gathered = self.gathered_bytes[layers] / tp
+            gather = len(layers) * latency + float(gathered.sum()) * share
             reduce = len(layers) * latency + params * self.grad_bytes * share
             forward += gather
             backward += (gather if self.reshard_after_forward else 0.0) + reduce
-            unit_gather = max(unit_gather, latency + largest * self.gather_bytes * share)
+            unit_gather = max(unit_gather, latency + float(gathered.max()) * share)
             unit_reduce = max(unit_reduce, latency + largest * self.grad_bytes * share)
         return forward, backward, unit_gather, unit_reduce
 
@@ -749,8 +772,8 @@ class PerfModel:
                 tp, recompute, self.attention, self.sequence_parallel, self.kernels) * self.micro_batch_size
         gathered = 0.0
         if self.zero_stage >= 3 and shard_group_size(replicas, self.shard_copies) > 1:
-            gathered = (2.0 * float(self.workload.params.max()) / tp if self.reshard_after_forward
-                        else held_params) * self.gather_bytes
+            gathered = (2.0 * float(self.gathered_bytes.max()) / tp if self.reshard_after_forward
+                        else held_params * self.gather_bytes)
         return self._transient[(tp, recompute)] + gathered
 
     def stage_memory_breakdown(self, devices: tuple[int, ...], first: int, end: int, stage: int, stages: int,
@@ -1099,7 +1122,12 @@ class PerfModel:
             if "catalogue efficiency" in source:
                 fitted = " (fitted on Megatron-LM GPT-3 175B)" if name.startswith("A100") else " (assumed)"
                 lines.append(f"{name} TP {tp} times: {source}{fitted}")
-        if training.fp8 is not None:
+        if training.fp8 is not None and self.torchao_fp8:
+            lines.append(f"fp8 (torchao {training.fp8.recipe} scaling): block linears at {self._fp8_ratio():g} x the "
+                         "bf16 efficiency of the fp8 peak (fitted on NeMo's H100 fp8 rows), casts as torchao's roofline "
+                         "counts them under torch.compile (perf/fp8.py TORCHAO_CAST_BYTES), output layer in bf16"
+                         + (", linear weights all-gathered in fp8" if training.fp8.fp8_all_gather else ""))
+        elif training.fp8 is not None:
             ratio = getattr(self.calibration, "fp8_ratio", None) or FP8_GEMM_RATIO
             lines.append(f"fp8 ({training.fp8.recipe} scaling): block linears at {ratio:g} x the bf16 efficiency of the "
                          f"fp8 peak (fitted on NeMo's H100 fp8 rows), casts {CAST_BYTES_PER_ELEMENT:g} bytes an element "

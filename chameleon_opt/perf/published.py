@@ -606,7 +606,7 @@ FLASH_V2_H100 = 0.35
 ATTENTION_UTILISATION = {
     ("flash-v1", "A100-40"): FLASH_V1_A100, ("flash-v1", "A100-80"): FLASH_V1_A100,
     ("flash-v2", "A100-40"): FLASH_V2_A100, ("flash-v2", "A100-80"): FLASH_V2_A100,
-    ("flash-v2", "H100-80"): FLASH_V2_H100,
+    ("flash-v2", "H100-80"): FLASH_V2_H100, ("flash-v2", "H200-141"): FLASH_V2_H100,  # the same GH100 die
     # Not published for v1 on H100. Pre-Hopper kernels (mma.sync, no TMA or wgmma) lose the same share
     # of the peak on H100 as FlashAttention-2 does: v1's A100 share x FlashAttention-2's H100 / A100.
     ("flash-v1", "H100-80"): FLASH_V1_A100 * FLASH_V2_H100 / FLASH_V2_A100,
@@ -678,10 +678,12 @@ def fit_interference(measured: list[float], at_zero: list[float], at_one: list[f
     return float(np.clip((slope * miss).sum() / (slope * slope).sum(), 0.0, 1.0))
 
 
-CHIP = {"A100-40": "A100", "A100-80": "A100", "H100-80": "H100", "V100-32": "V100"}
+CHIP = {"A100-40": "A100", "A100-80": "A100", "H100-80": "H100", "H200-141": "H100", "V100-32": "V100"}
 """The compute die of each catalogue GPU: A100 40 GB and 80 GB are the same GA100 (108 SMs, 312 TFLOP/s
 dense bf16; NVIDIA A100 data sheet) and differ in HBM, which the memory-traffic term prices by its own
-bandwidth. The compute efficiency is fitted per die, so a family on one A100 is predicted from the other."""
+bandwidth; H200 is the H100's GH100 (989 TFLOP/s dense bf16, NVIDIA H200 data sheet) with 141 GB at
+4.8 TB/s. The compute efficiency is fitted per die, so a family on one A100 is predicted from the other
+(no published family runs on H200: torchtitan's Trainy rows are priced at the H100's fit)."""
 
 
 PROXY_DIE = {"V100": "A100"}

@@ -310,8 +310,9 @@ def op_sac_recomputed_flops_per_token(a: Architecture) -> float:
 def block_bytes_per_sample(a: Architecture, k: Kernels, s: int, act: float, tp: int,
                            sequence_parallel: bool = False, recompute_core: bool = False,
                            fp8_linears: bool = False) -> float:
-    """One block's saved bytes for one sequence on one TP rank (fp8_linears: see block_terms; the
-    per-op policy's terms are not modelled under fp8, which the torchtitan importer refuses)."""
+    """One block's saved bytes for one sequence on one TP rank (fp8_linears: Transformer Engine's fp8 linears,
+    see block_terms; the per-op policy's terms are its bf16 ones under torchao's float8, whose linears the
+    policy sees as `aten.mm`: perf/fp8.py)."""
     shard = tp if sequence_parallel else 1
     if recompute_core and k.selective == "op-mm":
         terms = op_sac_terms(a, act)
