@@ -2,8 +2,9 @@
 
 Each row's `config` goes through the torchtitan importer exactly as a user's job config would
 (interop/torchtitan.py, written to a file and read back); a row whose settings the importer refuses
-is counted with the refused key, never priced; float8 rows are priced as torchao's float8 (perf/fp8.py) and
-reported per benchmark file (`source`) and recipe (`fp8`). The measured step time comes from torchtitan's
+is counted with the refused key, never priced (the float8 rowwise rows among them: float8.recipe_name);
+float8 tensorwise rows are priced as torchao's float8 (perf/fp8.py) and reported per benchmark file
+(`source`) and recipe (`fp8`). The measured step time comes from torchtitan's
 logged tokens/s per GPU (tps = local tokens / (seconds x TP x PP x CP)) and the measured memory is
 its logged `max_reserved` (the caching allocator's reserved peak, which excludes the CUDA context
 and NCCL's own buffers), so the prediction compared with it is the allocator's share of the model's
@@ -35,7 +36,7 @@ class TorchtitanRun:
     measured_step_s: float
     measured_memory_gib: float | None
     source: str                   # the benchmark file the row is from (its held-out report groups)
-    fp8: str | None               # torchao's float8 recipe the job runs (tensorwise, rowwise), None for bf16
+    fp8: str | None               # torchao's float8 recipe the job runs (tensorwise), None for bf16
 
 
 def family_of(row: dict[str, Any]) -> str:

@@ -811,7 +811,7 @@ def render_torchtitan(torchtitan: dict) -> list[str]:
              "| file | precision | n | time median | time worst | memory n | memory median | memory worst |",
              "|---|---|---|---|---|---|---|---|"]
     for source in sorted({r["source"] for r in torchtitan["rows"]}):
-        for label in ("bf16", "float8 tensorwise", "float8 rowwise"):
+        for label in ("bf16", "float8 tensorwise"):
             chosen = [r for r in torchtitan["rows"] if r["source"] == source
                       and (r["fp8"] or "bf16") == label.removeprefix("float8 ")]
             if not chosen:

@@ -21,16 +21,18 @@ both): CAST_BYTES_PER_ELEMENT = 4. Memory: activations as in bf16 (assumed: whic
 version saves differs, and no published fp8 row states a peak), plus the cached fp8 weights where they
 are kept across micro-batches.
 
-torchao's Float8Linear (torchtitan's float8: recipes tensorwise and rowwise, dynamic scaling) is priced
+torchao's Float8Linear (torchtitan's float8, the tensorwise recipe: dynamic scaling) is priced
 by the same GEMM term and FP8_GEMM_RATIO (fitted on Transformer Engine rows, not refitted) with its own
 casts (torchao_block_seconds): dynamic scaling needs a tensor's amax before any element is cast, so
 each cast is an amax pass and a cast pass, and what each pass moves is torchao's own roofline count
 (torchao/testing/training/roofline_utils.py, get_tensor_memory_traffic_ovhd_s, with fusion modelling:
 under torch.compile the amax read of a linear's input and output gradient fuses into the op that
 produced it, the weight's does not). TORCHAO_CAST_BYTES gives the bytes per element, split into the
-forward's and the backward's kernels. Memory: torchao saves a linear's bf16 input, so the activations are
-bf16's; torchtitan's per-op checkpointing sees its matmuls as aten.mm and keeps its bf16 saved set
-(docs/performance-model.md, torchao float8).
+forward's and the backward's kernels. Memory: torchao saves a linear's bf16 input, so the activations
+are bf16's; torchtitan's per-op checkpointing sees its matmuls as aten.mm and keeps its bf16 saved set
+(docs/performance-model.md, torchao float8). torchao's rowwise recipe is not priced (the schema and the
+torchtitan importer refuse it): its row-scaled GEMM's rate depends on the shape, and at this GEMM ratio
+torchtitan's 4 published rowwise TP runs came out 14-28% fast (docs/performance-model.md).
 """
 
 from __future__ import annotations
@@ -108,19 +110,14 @@ def fp8_block_seconds(workload: Workload, tp: int, micro_batch_size: int, peak_t
     return forward, backward, (np.zeros_like(weights) if weights_per_micro_batch else weights)
 
 
-TORCHAO_CAST_BYTES: dict[str, dict[str, tuple[float, float]]] = {
-    # tensorwise: input and output gradient: one kernel reads bf16 (2; the amax read fused into the
-    # producer) and writes fp8 in row- and column-major layout (1 + 1) for the two GEMMs that use it;
-    # weight: an amax read (2, not fusable: the weight is not produced in the block), a cast for the
-    # forward GEMM (2 + 1) and another for the backward's (2 + 1)
-    "tensorwise": {"input": (4.0, 0.0), "weight": (5.0, 3.0), "grad_output": (0.0, 4.0)},
-    # rowwise: per-row scales along each GEMM's reduction dimension, so a tensor used by two GEMMs is
-    # cast twice along different axes; input and output gradient: cast along rows (read fused, write 1),
-    # then a bf16 transpose (2 + 2) cast along the other axis (write 1) for the weight gradient; weight:
-    # cast (2 + 1) for the forward, transposed in bf16 (2 + 2) and cast (2 + 1) for the input gradient
-    "rowwise": {"input": (1.0, 5.0), "weight": (3.0, 7.0), "grad_output": (0.0, 6.0)},
+TORCHAO_CAST_BYTES: dict[str, tuple[float, float]] = {
+    # input and output gradient: one kernel reads bf16 (2; the amax read fused into the producer) and
+    # writes fp8 in row- and column-major layout (1 + 1) for the two GEMMs that use it; weight: an amax
+    # read (2, not fusable: the weight is not produced in the block), a cast for the forward GEMM (2 + 1)
+    # and another for the backward's (2 + 1)
+    "input": (4.0, 0.0), "weight": (5.0, 3.0), "grad_output": (0.0, 4.0),
 }
-"""Bytes per element and micro-batch (forward kernels, backward kernels) of torchao's casts by recipe and
+"""Bytes per element and micro-batch (forward kernels, backward kernels) of torchao's tensorwise casts by
 GEMM operand, derived from torchao's roofline (module docstring). The forward's kernels rerun with a
 recomputed forward."""
 
@@ -130,17 +127,17 @@ gather, 1/shards of the work, neglected), so the forward casts nothing and the b
 GEMM needs its column-major copy (read 1, write 1: Float8Tensor's mm makes the layout contiguous)."""
 
 
-def torchao_cast_elements(workload: Workload, tp: int, tensorwise_tp: bool) -> tuple[float, float]:
+def torchao_cast_elements(workload: Workload, tp: int) -> tuple[float, float]:
     """(input, output-gradient) elements one TP rank casts per token and block under torchtitan's float8.
     The linears wq, wk, wv share one input (the attention norm's output) and w1, w3 another (the MLP
-    norm's): under torch.compile their identical casts are one. tensorwise_tp: torchao's float8 TP
+    norm's): under torch.compile their identical casts are one. torchao's float8 TP
     (Float8ColwiseParallel, PrepareFloat8ModuleInput, Float8RowwiseParallel, which torchtitan applies
     with the tensorwise recipe) casts the sequence-sharded input of the column-parallel linears before
     its all-gather and the row-parallel linears' output gradient before the backward's all-gather, so
-    both are cast on h / tp elements; otherwise (rowwise, or TP 1) after the collective, on h."""
+    both are cast on h / tp elements."""
     a = workload.architecture
     assert a is not None
-    shared = a.hidden / tp if tensorwise_tp and tp > 1 else float(a.hidden)
+    shared = a.hidden / tp
     inputs = 2 * shared + (a.q_dim + a.ffn) / tp
     gradients = (a.q_dim + 2 * a.kv_dim) / tp + (2 if a.gated_mlp else 1) * a.ffn / tp + 2 * shared
     return float(inputs), float(gradients)
@@ -148,21 +145,20 @@ def torchao_cast_elements(workload: Workload, tp: int, tensorwise_tp: bool) -> t
 
 def torchao_block_seconds(workload: Workload, tp: int, micro_batch_size: int, peak_tflops: float,
                           fp8_peak_tflops: float, efficiency: float, bandwidth_gbps: float, ratio: float,
-                          recipe: str, fp8_all_gather: bool) -> tuple[np.ndarray, np.ndarray]:
+                          fp8_all_gather: bool) -> tuple[np.ndarray, np.ndarray]:
     """(forward change, backward change) in seconds per layer when the blocks' linears of one micro-batch
-    run torchao's Float8Linear (`recipe` tensorwise or rowwise) instead of bf16: the GEMMs at the fp8
+    run torchao's Float8Linear (the tensorwise recipe) instead of bf16: the GEMMs at the fp8
     rate (as fp8_block_seconds) plus the casts of TORCHAO_CAST_BYTES (the weights' per
     FP8_GATHERED_WEIGHT_BYTES when FSDP gathers them in fp8)."""
     gemm = linear_forward_flops_per_sample(workload) * micro_batch_size / tp
     bf16 = gemm / (peak_tflops * 1e12 * efficiency)
     fp8 = gemm / (fp8_peak_tflops * 1e12 * efficiency * ratio)
     stream = bandwidth_gbps * 1e9 * ELEMENTWISE_HBM_SHARE
-    costs = TORCHAO_CAST_BYTES[recipe]
-    inputs, gradients = torchao_cast_elements(workload, tp, recipe == "tensorwise")
+    inputs, gradients = torchao_cast_elements(workload, tp)
     tokens = workload.sequence_length * micro_batch_size
     blocks = (gemm > 0).astype(float)
-    weight = FP8_GATHERED_WEIGHT_BYTES if fp8_all_gather else costs["weight"]
+    weight = FP8_GATHERED_WEIGHT_BYTES if fp8_all_gather else TORCHAO_CAST_BYTES["weight"]
     weights = linear_params(workload) / tp
-    cast = [blocks * (inputs * costs["input"][k] + gradients * costs["grad_output"][k]) * tokens
-            + weights * weight[k] for k in (0, 1)]
+    cast = [blocks * (inputs * TORCHAO_CAST_BYTES["input"][k] + gradients * TORCHAO_CAST_BYTES["grad_output"][k])
+            * tokens + weights * weight[k] for k in (0, 1)]
     return fp8 - bf16 + cast[0] / stream, 2.0 * (fp8 - bf16) + cast[1] / stream

@@ -46,7 +46,7 @@ from chameleon_opt.perf.relief_kinds import ReliefCost, parse_relief, relief_opt
 from chameleon_opt.plan import Pipeline, Plan
 from chameleon_opt.perf.calibration import ELEMENTWISE_HBM_SHARE
 from chameleon_opt.perf.fp8 import (CAST_BYTES_PER_ELEMENT, FP8_CACHE_BYTES_PER_PARAM, FP8_GEMM_RATIO,
-                                    TORCHAO_CAST_BYTES, fp8_block_seconds, linear_params, torchao_block_seconds)
+                                    fp8_block_seconds, linear_params, torchao_block_seconds)
 from chameleon_opt.workload.activations import (COMPILED_LOSS_LOGIT_BYTES, COMPILED_STACKS,
                                                ELEMENTWISE_BACKWARD_RATIO, kernels_for)
 
@@ -282,7 +282,7 @@ class PerfModel:
         self.shard_copies = training.shard_replicas if training.zero >= 1 else 1  # copies of each ZeRO shard
         self.dtype_bytes = training.dtype_bytes
         self.fp8 = training.fp8
-        self.torchao_fp8 = training.fp8 is not None and training.fp8.recipe in TORCHAO_CAST_BYTES
+        self.torchao_fp8 = training.fp8 is not None and training.fp8.recipe == "tensorwise"
         self.param_bytes = float(training.dtype_bytes)
         self.grad_bytes = float(training.grad_bytes_per_param or training.dtype_bytes)
         self.optimizer_bytes = float(training.optimizer.state_bytes_per_param)
@@ -390,7 +390,7 @@ class PerfModel:
         update = w.params / tp * ADAM_BYTES_TOUCHED_PER_PARAM / (device.memory_bandwidth_gbps * 1e9)
         count_f, count_b = w.tp_allreduce_counts(recompute)
         one = ring_allreduce_time(w.tp_allreduce_bytes_per_sample() * mbs, tp, self.intra)
-        if self.torchao_fp8 and self.fp8.recipe == "tensorwise" and self.sequence_parallel and tp > 1:
+        if self.torchao_fp8 and self.sequence_parallel and tp > 1:
             # torchao's float8 TP all-gathers in fp8 (the column-parallel inputs forward, the row-parallel
             # output gradients backward) and reduce-scatters in bf16: half of each all-reduce at half the bytes
             one = 0.5 * (one + ring_allreduce_time(w.tp_allreduce_bytes_per_sample() * mbs / 2.0, tp, self.intra))
@@ -514,7 +514,7 @@ class PerfModel:
         if self.torchao_fp8:
             d_f, d_b = torchao_block_seconds(
                 self.workload, tp, self.micro_batch_size, peak_tflops, device.fp8_peak_tflops, efficiency,
-                device.memory_bandwidth_gbps, self._fp8_ratio(), self.fp8.recipe, self.fp8.fp8_all_gather)
+                device.memory_bandwidth_gbps, self._fp8_ratio(), self.fp8.fp8_all_gather)
             return fwd + d_f, bwd + d_b, np.zeros(self.workload.num_layers)
         d_f, d_b, weights = fp8_block_seconds(
             self.workload, tp, self.micro_batch_size, peak_tflops, device.fp8_peak_tflops, efficiency,
