@@ -1595,3 +1595,50 @@ def test_runs_on_one_node_share_its_fast_groups():
     assert search._node_runs(4, Deadline.never(), runs, 0.0, math.inf, **where) > 15.929 + 2.912
     search.floor(Deadline.never(), step)
     assert step * (1 - 1e-12) <= search.by_count[4] <= step * (1 + 1e-12)
+
+
+def _layout(tp: int, pipelines: list[tuple[int, list[tuple[tuple[int, ...], int, int]]]]) -> Plan:
+    """A plan from (micro-batches, [(group, first layer, end layer), ...]) per pipeline."""
+    return Plan(tp, tuple(Pipeline(tuple(Stage(g, first, end) for g, first, end in stages), m)
+                          for m, stages in pipelines))
+
+
+def test_run_limits_hold_on_the_union_of_boundaries():
+    """24-32-device seed 8052 (six fast pipelines of one micro-batch; five nodes of two fast groups, six of
+    one): every pipeline needs a run of two fast stages in one node to keep its paying send inside it, so
+    one of the six crosses there, and the mix of splits 0-1 | 2-3 and 0 | 1-2 | 3 rings layers 0 and 1
+    apart (two ring latencies). `union_rings` alone kept the send inside (18.121283), `long_runs` alone
+    rang once (18.121083); together (`limited_union`) they meet this plan, the search's."""
+    data, failed = _bench_instance(8052, (24, 32))
+    instance = build_instance(data)
+    two = [(1, [((a,), 0, 2), ((b,), 2, 4)]) for a, b in ((4, 5), (8, 9))]
+    three = [(1, [((a,), 0, 1), ((b,), 1, 3), ((c,), 3, 4)]) for a, b, c in ((6, 10, 11), (16, 14, 15),
+                                                                             (20, 24, 25), (22, 0, 2))]
+    _assert_count_floor_meets(instance, PerfModel(instance), failed, _layout(1, two + three), 18.121312875434413, 6)
+
+
+def test_pipelines_of_mixed_kinds_fit_whole_in_few_nodes():
+    """24-32-device seed 8138 (seven fast-slow-fast pipelines of one micro-batch; nodes of (3, 3), (3, 4),
+    (7, 0) and (3, 4) fast and slow groups): at most three such pipelines fit whole in one node and at most
+    two of seven can be all fast, so two cross nodes (`whole_nodes`, `held_whole`): the floor was the
+    plan less its two sends across (15.088774); it meets this plan, the search's."""
+    data, failed = _bench_instance(8138, (24, 32))
+    instance = build_instance(data)
+    built = _layout(1, [(1, [((a,), 0, 1), ((b,), 1, 2), ((c,), 2, 3)])
+                        for a, b, c in zip(range(14, 21), (9, 21, 0, 10, 23, 3, 12), (7, 22, 1, 8, 24, 2, 11))])
+    _assert_count_floor_meets(instance, PerfModel(instance), failed, built, 15.090784161875742, 7)
+
+
+def test_sends_between_two_kinds_kept_in_few_nodes():
+    """24-32-device seed 8174 (four pipelines, TP 2; two nodes hold a slow and a fast group): at most two
+    pipelines send their 100 MB before layer 1 from a slow stage to a fast one inside a node (`_kept_cases`
+    over pairs of kinds), and the plans whose splits ring layers 3 and 4-5 apart (`limited_union` on U = {1,
+    3, 4}) pay one ring latency (1.2e-4 s) above the floor before (36.721690); it meets this plan, the
+    search's."""
+    data, failed = _bench_instance(8174, (24, 32))
+    instance = build_instance(data)
+    three = [(2, [(a, 0, 1), (b, 1, 3), (c, 3, 6)]) for a, b, c in (((22, 23), (20, 21), (0, 1)),
+                                                                  ((28, 29), (30, 31), (2, 3)))]
+    four = [(2, [(a, 0, 1), (b, 1, 3), (c, 3, 4), (d, 4, 6)])
+            for a, b, c, d in (((8, 10), (4, 5), (16, 17), (6, 7)), ((24, 25), (12, 13), (26, 27), (14, 15)))]
+    _assert_count_floor_meets(instance, PerfModel(instance), failed, _layout(2, three + four), 36.72180977296967, 4)
