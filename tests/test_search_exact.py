@@ -1642,3 +1642,29 @@ def test_sends_between_two_kinds_kept_in_few_nodes():
     four = [(2, [(a, 0, 1), (b, 1, 3), (c, 3, 4), (d, 4, 6)])
             for a, b, c, d in (((8, 10), (4, 5), (16, 17), (6, 7)), ((24, 25), (12, 13), (26, 27), (14, 15)))]
     _assert_count_floor_meets(instance, PerfModel(instance), failed, _layout(2, three + four), 36.72180977296967, 4)
+
+
+def test_a_stage_of_two_layers_rings_them_apart_beside_split_ones():
+    """32-64-device seed 9180 (four pipelines on five nodes of four groups, 19 groups): three five-stage
+    pipelines of two micro-batches and a four-stage one of one, whose first stage holds layers 0-1 while
+    the others split them, so it rings the two apart, layer 0 across nodes; every layer's holders but
+    layer 0's share a node. `spans` floored that case with one ring a stage (17.042170); with the union of
+    boundaries and the largest ring against the slowest time (`_isolated_together`) it meets this plan,
+    the search's, within 1e-9."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(9180, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    five = [(2, [(g, layer, layer + 1) for layer, g in enumerate(groups)])
+            for groups in (((16, 17), (24, 25), (8, 9), (0, 1), (32, 33)), ((19, 21), (26, 27), (10, 11), (2, 3), (34, 35)),
+                           ((22, 23), (28, 29), (12, 13), (4, 5), (36, 37)))]
+    four = [(1, [((30, 31), 0, 2), ((14, 15), 2, 3), ((6, 7), 3, 4), ((38, 39), 4, 5)])]
+    built = _layout(2, five + four)
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(17.046700023753235, rel=1e-12)
+    floors = exact_floors(instance, model, failed, Deadline.never())
+    search = floors.searches[0]  # the inventory of this plan's groups (the other's floor is 17.77)
+    search.floor(Deadline.never(), step)
+    assert step * (1 - 1e-9) <= search.by_count[4] <= step * (1 + 1e-12)

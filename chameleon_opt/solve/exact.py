@@ -518,7 +518,7 @@ class Relaxation:
         self._patterned: dict[tuple, dict[tuple[int, ...], np.ndarray]] = {}
         # per P: every split's all-reduce + optimizer step floor (`coupled`), ascending; per (P, U), those of
         # the splits inside U with U's rings (`coupled`'s `union`)
-        self.extra_values: dict[int | tuple[int, tuple[int, ...]], list[float]] = {}
+        self.extra_values: dict[int | tuple, list[float]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -714,7 +714,8 @@ class Relaxation:
         before l are of that kind (of kinds a and b) crosses nodes there (`lower_times`' `boundary`, `ExactSearch.boundaries`);
         `ring_cap` E: each pipeline priced at its time alone, on the splits whose all-reduce and step are at
         most E (`ExactSearch.thresholds`).
-        The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained).
+        The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained, or
+        with `crossed` and `union` as given: `values_key`).
         `pattern` (C, F, G) or (C, F, G, H): every pipeline sends before some layer of each group of C, across nodes,
         and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), and
         given H, they send across nodes before some layer of each group of H too; else they are priced as
@@ -764,8 +765,8 @@ class Relaxation:
                 held_by = np.sort(np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in within[0]], axis=1), axis=1)
                 holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
             extras[stages] = (rings, update / self.model.optimizer_shards(pipelines), holding[:, None])
-        if not crossing and not crossed:
-            self.extra_values[pipelines if union is None else (pipelines, union)] = sorted(
+        if not crossing:
+            self.extra_values[self.values_key(pipelines, union, crossed)] = sorted(
                 {float(x) for rings, update, _ in extras.values() for x in rings + update if x < math.inf})
         kind, rounds = forced
         forcing = None
@@ -858,6 +859,13 @@ class Relaxation:
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
+
+    @staticmethod
+    def values_key(pipelines: int, union: tuple[int, ...] | None, crossed: tuple[int, ...] = ()) -> int | tuple:
+        """`extra_values`' key: P alone without `union` and `crossed` rings."""
+        if crossed:
+            return pipelines, union, crossed
+        return pipelines if union is None else (pipelines, union)
 
     def _patterned_times(self, runs: int, least: int, sends: tuple[tuple[int, ...], ...], barred: tuple[int, ...],
                          deadline: Deadline) -> dict[tuple[int, ...], np.ndarray] | None:
@@ -2428,9 +2436,26 @@ class ExactSearch:
         whole = tuple(segment[0] for (e, _), segment in zip(profile, segments) if e == 0)
         if len(whole) < 2:
             return 0.0
-        table = self.relaxation.coupled(pipelines, refine, forced=(0, pipelines), crossed=spanning,
-                                        isolate=(whole, len(whole)), pattern=plain)
-        return None if table is None else table[self.root]
+        terms = {"forced": (0, pipelines), "crossed": spanning, "isolate": (whole, len(whole)), "pattern": plain}
+        table = self.relaxation.coupled(pipelines, refine, **terms)
+        if table is None or self.overlapped or 2 ** (self.layers - 1) > UNION_SETS:
+            return None if table is None else table[self.root]
+        # and per union U of the boundaries (`union_rings`): U's rings, the largest against the slowest time
+        # (`thresholds`); the least over U (32-64-device seed 9180: a four-stage pipeline beside five-stage
+        # ones rings layers 0 and 1 of its first stage apart, one across nodes: 17.042170 -> 17.046700)
+        least = math.inf
+        for size in range(self.layers):
+            for union in itertools.combinations(range(1, self.layers), size):
+                found = self.relaxation.coupled(pipelines, refine, union=union, **terms)
+                if found is None:
+                    return table[self.root]
+                value = found[self.root]
+                if value < least:
+                    value = max(value, self.thresholds(pipelines, refine, value, least, union=union, **terms))
+                least = min(least, value)
+                if least <= table[self.root]:
+                    return table[self.root]
+        return max(table[self.root], least)
 
     def _run_slots(self, pipelines: int, refine: Deadline, runs: list[list[int]], low: float, best: float,
                    state: int | None = None, crossed: tuple[int, ...] = (), pattern: tuple | None = None) -> float:
@@ -2618,7 +2643,7 @@ class ExactSearch:
         return best
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
-                   union: tuple[int, ...] | None = None, **terms: Any) -> float:
+                   union: tuple[int, ...] | None = None, crossed: tuple[int, ...] = (), **terms: Any) -> float:
         """Floor of the plans of P pipelines with the slowest time and the largest all-reduce + step
         taken apart but on the same splits: a plan whose largest split value (its pipeline's stage
         ring + step, `coupled`'s) is E runs every pipeline on a split of value at most E, so its step
@@ -2628,14 +2653,16 @@ class ExactSearch:
         large stages in one pipeline beside small stages elsewhere was priced below either (8-24-device
         seed 769: one pipeline holding layers 1-2 in one stage saves a 100 MB send, 9.4447 + 0.2134 s,
         while the plan's ring is then that stage's, 0.13 s more). `terms` (`forced`, `kept`, `paired`,
-        `short_runs`): `coupled`'s, which every plan of the case meets (`boundaries`, `paired`,
-        `limited_union` take this form too); `union`: the same over the splits inside U with U's rings
-        (`union_rings`)."""
+        `short_runs`, `isolate`, `pattern`): `coupled`'s, which every plan of the case meets (`boundaries`,
+        `paired`, `limited_union`, `_isolated_together` take this form too); `union`: the same over the
+        splits inside U with U's rings (`union_rings`); `crossed`: with those layers' rings across nodes
+        (the values E are then those of the splits with those rings)."""
         relaxation = self.relaxation
-        if union is not None and relaxation.coupled(pipelines, refine, union=union) is None:
+        if (union is not None or crossed) and relaxation.coupled(pipelines, refine, union=union, crossed=crossed) is None:
             return 0.0  # its values are kept by that table
-        values = relaxation.extra_values.get(pipelines if union is None else (pipelines, union))
-        free = relaxation.coupled(pipelines, refine, ring_cap=math.inf, union=union, **terms) if values else None
+        values = relaxation.extra_values.get(relaxation.values_key(pipelines, union, crossed))
+        free = relaxation.coupled(pipelines, refine, ring_cap=math.inf, union=union, crossed=crossed, **terms) \
+            if values else None
         if free is None:
             return 0.0
         base, best = free[self.root], math.inf
@@ -2643,7 +2670,7 @@ class ExactSearch:
             least = cap + base  # every cap from here on gives at least this
             if least >= min(best, floor):
                 return min(best, least)
-            table = relaxation.coupled(pipelines, refine, ring_cap=cap, union=union, **terms)
+            table = relaxation.coupled(pipelines, refine, ring_cap=cap, union=union, crossed=crossed, **terms)
             if table is None:
                 return min(best, least)
             best = min(best, cap + table[self.root])
