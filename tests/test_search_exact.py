@@ -1668,3 +1668,27 @@ def test_a_stage_of_two_layers_rings_them_apart_beside_split_ones():
     search = floors.searches[0]  # the inventory of this plan's groups (the other's floor is 17.77)
     search.floor(Deadline.never(), step)
     assert step * (1 - 1e-9) <= search.by_count[4] <= step * (1 + 1e-12)
+
+
+def test_merged_stages_join_the_tied_slowest_pipelines_to_a_node():
+    """24-32-device seed 8080 (four fast pipelines of two micro-batches, 22 fast groups): the search's plan
+    at 2 s had two six-stage pipelines 0 | 1 | 2 | 3 | 4 | 5, tied slowest, beside two five-stage ones
+    0 | 1 | 2-3 | 4 | 5 whose 2-3 stages sit on node 6; merging stages 2 and 3 of both tied ones onto node
+    6's other two groups (`polish_merged`) gives four copies at the floor, 26.263957 -> 26.261917."""
+    from chameleon_opt.solve.polish import polish_merged
+
+    data, failed = _bench_instance(8080, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    five = [(2, [((a,), 0, 1), ((b,), 1, 2), ((c,), 2, 4), ((d,), 4, 5), ((e,), 5, 6)])
+            for a, b, c, d, e in ((0, 1, 24, 8, 12), (16, 18, 25, 9, 13))]
+    six = [(2, [((g,), layer, layer + 1) for layer, g in enumerate(groups)])
+           for groups in ((6, 7, 2, 26, 10, 14), (22, 23, 19, 27, 11, 15))]
+    built = _layout(1, five + six)
+    assert check_plan(instance, built, failed).ok
+    assert model.evaluate(built, failed).iteration_time_s == pytest.approx(26.2639572404048, rel=1e-12)
+    merged, value = polish_merged(model, built, failed, Deadline.never())
+    assert check_plan(instance, merged, failed).ok
+    assert value == pytest.approx(26.2619172404048, rel=1e-12)
+    assert model.evaluate(merged, failed).iteration_time_s == pytest.approx(value, rel=1e-12)
+    assert [len(p.stages) for p in merged.pipelines] == [5, 5, 5, 5]
