@@ -1692,3 +1692,26 @@ def test_merged_stages_join_the_tied_slowest_pipelines_to_a_node():
     assert value == pytest.approx(26.2619172404048, rel=1e-12)
     assert model.evaluate(merged, failed).iteration_time_s == pytest.approx(value, rel=1e-12)
     assert [len(p.stages) for p in merged.pipelines] == [5, 5, 5, 5]
+
+
+def test_held_layers_pair_up_when_no_layer_spans_nodes():
+    """24-32-device seed 3199 (one device type, nodes of 6, 6, 7 and 7 groups, 1 Gb/s between nodes): eight
+    copies of 0-1 | 2-3 | 4-5, two a node, ring across nodes (3.15 s). Plans of four to six pipelines must
+    ring inside nodes, every layer's holders in one node (`columns`), which let each pipeline run up to
+    g - P + 1 stages in a node of g groups and floored them at 17.3768; but layers 4 and 5 on one node
+    leave at most g - P pipelines splitting them (`spans`' pairs, for S empty too): every floor now meets
+    this plan, the search's, proven optimal."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(3199, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    built = _layout(1, [(1, [((a,), 0, 2), ((b,), 2, 4), ((c,), 4, 6)])
+                        for a, b, c in ((0, 1, 2), (4, 5, 6), (7, 8, 10), (11, 12, 13), (14, 15, 16), (17, 18, 19),
+                                        (21, 22, 23), (24, 25, 26))])
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(17.42196155614912, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    assert search.floor(Deadline.never(), step * (1 - 1e-9)) >= step * (1 - 1e-9)
+    assert min(search.by_count[p] for p in (4, 5, 6)) > step

@@ -2173,11 +2173,17 @@ class ExactSearch:
         """`_spans_pass` raised lazily: while its least case is below `floor` (the caller's cap) and not
         raised yet, that case is raised by the nodes its segments sit on (`_assigned`) and the pass is
         run again (its tables cached); so only cases that were the least get those tables (8-24-device
-        seed 1502: raising every case below the least so far cost 1.5 s of tables for nothing)."""
+        seed 1502: raising every case below the least so far cost 1.5 s of tables for nothing). S empty is
+        first floored by `columns` alone, and by the pairs of held layers too (`_spans_pass`' `empty`)
+        once that is the least (24-32-device seed 3199: 0.4 s more tables; none where it is not)."""
         raised: dict[tuple, float] = {}
+        empty = False
         while True:
-            best, least = self._spans_pass(pipelines, refine, value, floor, raised)
-            if least is None or best >= floor or refine.expired():
+            best, least = self._spans_pass(pipelines, refine, value, floor, raised, empty)
+            if least == () and not empty and best < floor and not refine.expired():
+                empty = True
+                continue
+            if not least or best >= floor or refine.expired():
                 return best
             spanning, held_runs, crossed, sends, found = least
             if (spanning, crossed) in raised:
@@ -2187,11 +2193,12 @@ class ExactSearch:
                 raised[spanning, crossed] = self._spans_union(pipelines, refine, spanning, held_runs, sends,
                                                               raised[spanning, crossed], floor)
 
-    def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float]
-                    ) -> tuple[float, tuple | None]:
+    def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float],
+                    empty: bool = False) -> tuple[float, tuple | None]:
         """Floor of the plans of P pipelines by the set S of layers whose P holders span nodes, while it
         may raise `value`, with the least case (S, the held layers' runs, which pairs cross, the sends, its value;
-        None when the least is no case's), each case at least its `raised` value. S empty: `columns`. Otherwise S's rings
+        None when the least is no case's, () when it is S empty's `columns`), each case at least its `raised`
+        value; S empty is a case only given `empty`, else `columns` alone floors it. S's rings
         cross (`coupled`'s `crossed`) and every other layer's holders sit in one node N_l of at least P
         groups. Two such layers l < l' with only layers of S between: on two nodes, no stage holds
         both (its group would be in both), so every pipeline sends before one of l + 1..l', across
@@ -2205,18 +2212,23 @@ class ExactSearch:
         kept pairs), each on its own slot of a node, whose kinds force stages of another kind
         (`_run_slots`; one run: each held layer's P holders, one node's groups, have at least r of
         another kind than k, `forced`): the larger floors the plans of S and C. The least over S and
-        C, the cheapest rings first: it stops once under `value`.
-        8-24-device seed 63: four pipelines on nodes of four groups (at most three fast), 1 Gb/s
+        C, the cheapest rings first: it stops once under `value`. S empty (every layer held) is also
+        floored by `columns`, the larger kept: `columns` lets a node of g groups give each pipeline g - P +
+        1 stages, the pairs count them over the pipelines (24-32-device seed 3199: four pipelines on nodes
+        of 6, 6, 7 and 7 groups, layers 4 and 5 on one node leave at most three pipelines splitting them;
+        P = 4-6 floored 17.3768-17.3789 by `columns`, now 17.4758-17.4779, and the plan's 17.421962 of
+        eight pipelines is proven). 8-24-device seed 63: four pipelines on nodes of four groups (at most three fast), 1 Gb/s
         between nodes: letting the 100 M-parameter layer 4 span alone keeps layers 0-3 in nodes."""
         if self.layers > SINGLE_LAYERS:
             return 0.0, None
         every = self.relaxation.coupled(pipelines, refine, crossed=tuple(range(self.layers)))
         if every is None or every[self.root] <= value:
             return 0.0, None  # S = every layer (no held layer) is one of the least's terms already
-        best, least_case = min(self.columns(pipelines, refine, floor), every[self.root]), None
+        columns = self.columns(pipelines, refine, floor)  # S empty: every plan of it is at least this
+        best, least_case = (every[self.root], None) if empty or every[self.root] <= columns else (columns, ())
         spare = self.most_per_node - pipelines
         grad = self.relaxation.grad
-        subsets = sorted((chosen for size in range(1, self.layers + 1)
+        subsets = sorted((chosen for size in range(0 if empty else 1, self.layers + 1)
                           for chosen in itertools.combinations(range(self.layers), size)),
                          key=lambda chosen: (sum(grad[layer] for layer in chosen), chosen))
         for spanning in subsets:
@@ -2247,7 +2259,7 @@ class ExactSearch:
                 table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
                 if table is None:
                     return 0.0, None
-                found = max(table[self.root], raised.get((spanning, crossed), 0.0))
+                found = max(table[self.root], raised.get((spanning, crossed), 0.0), 0.0 if spanning else columns)
                 if runs > 1 and 0 < spare < pipelines and found < best:
                     found = max(found, self.each_kept_run(pipelines, refine, spanning, sends, pairs, crossed, spare))
                 # a held layer next to a spanning one: some pipeline holds that one off the held one's
