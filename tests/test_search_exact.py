@@ -1595,3 +1595,123 @@ def test_runs_on_one_node_share_its_fast_groups():
     assert search._node_runs(4, Deadline.never(), runs, 0.0, math.inf, **where) > 15.929 + 2.912
     search.floor(Deadline.never(), step)
     assert step * (1 - 1e-12) <= search.by_count[4] <= step * (1 + 1e-12)
+
+
+def _layout(tp: int, pipelines: list[tuple[int, list[tuple[tuple[int, ...], int, int]]]]) -> Plan:
+    """A plan from (micro-batches, [(group, first layer, end layer), ...]) per pipeline."""
+    return Plan(tp, tuple(Pipeline(tuple(Stage(g, first, end) for g, first, end in stages), m)
+                          for m, stages in pipelines))
+
+
+def test_run_limits_hold_on_the_union_of_boundaries():
+    """24-32-device seed 8052 (six fast pipelines of one micro-batch; five nodes of two fast groups, six of
+    one): every pipeline needs a run of two fast stages in one node to keep its paying send inside it, so
+    one of the six crosses there, and the mix of splits 0-1 | 2-3 and 0 | 1-2 | 3 rings layers 0 and 1
+    apart (two ring latencies). `union_rings` alone kept the send inside (18.121283), `long_runs` alone
+    rang once (18.121083); together (`limited_union`) they meet this plan, the search's."""
+    data, failed = _bench_instance(8052, (24, 32))
+    instance = build_instance(data)
+    two = [(1, [((a,), 0, 2), ((b,), 2, 4)]) for a, b in ((4, 5), (8, 9))]
+    three = [(1, [((a,), 0, 1), ((b,), 1, 3), ((c,), 3, 4)]) for a, b, c in ((6, 10, 11), (16, 14, 15),
+                                                                             (20, 24, 25), (22, 0, 2))]
+    _assert_count_floor_meets(instance, PerfModel(instance), failed, _layout(1, two + three), 18.121312875434413, 6)
+
+
+def test_pipelines_of_mixed_kinds_fit_whole_in_few_nodes():
+    """24-32-device seed 8138 (seven fast-slow-fast pipelines of one micro-batch; nodes of (3, 3), (3, 4),
+    (7, 0) and (3, 4) fast and slow groups): at most three such pipelines fit whole in one node and at most
+    two of seven can be all fast, so two cross nodes (`whole_nodes`, `held_whole`): the floor was the
+    plan less its two sends across (15.088774); it meets this plan, the search's."""
+    data, failed = _bench_instance(8138, (24, 32))
+    instance = build_instance(data)
+    built = _layout(1, [(1, [((a,), 0, 1), ((b,), 1, 2), ((c,), 2, 3)])
+                        for a, b, c in zip(range(14, 21), (9, 21, 0, 10, 23, 3, 12), (7, 22, 1, 8, 24, 2, 11))])
+    _assert_count_floor_meets(instance, PerfModel(instance), failed, built, 15.090784161875742, 7)
+
+
+def test_sends_between_two_kinds_kept_in_few_nodes():
+    """24-32-device seed 8174 (four pipelines, TP 2; two nodes hold a slow and a fast group): at most two
+    pipelines send their 100 MB before layer 1 from a slow stage to a fast one inside a node (`_kept_cases`
+    over pairs of kinds), and the plans whose splits ring layers 3 and 4-5 apart (`limited_union` on U = {1,
+    3, 4}) pay one ring latency (1.2e-4 s) above the floor before (36.721690); it meets this plan, the
+    search's."""
+    data, failed = _bench_instance(8174, (24, 32))
+    instance = build_instance(data)
+    three = [(2, [(a, 0, 1), (b, 1, 3), (c, 3, 6)]) for a, b, c in (((22, 23), (20, 21), (0, 1)),
+                                                                  ((28, 29), (30, 31), (2, 3)))]
+    four = [(2, [(a, 0, 1), (b, 1, 3), (c, 3, 4), (d, 4, 6)])
+            for a, b, c, d in (((8, 10), (4, 5), (16, 17), (6, 7)), ((24, 25), (12, 13), (26, 27), (14, 15)))]
+    _assert_count_floor_meets(instance, PerfModel(instance), failed, _layout(2, three + four), 36.72180977296967, 4)
+
+
+def test_a_stage_of_two_layers_rings_them_apart_beside_split_ones():
+    """32-64-device seed 9180 (four pipelines on five nodes of four groups, 19 groups): three five-stage
+    pipelines of two micro-batches and a four-stage one of one, whose first stage holds layers 0-1 while
+    the others split them, so it rings the two apart, layer 0 across nodes; every layer's holders but
+    layer 0's share a node. `spans` floored that case with one ring a stage (17.042170); with the union of
+    boundaries and the largest ring against the slowest time (`_isolated_together`) it meets this plan,
+    the search's, within 1e-9."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(9180, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    five = [(2, [(g, layer, layer + 1) for layer, g in enumerate(groups)])
+            for groups in (((16, 17), (24, 25), (8, 9), (0, 1), (32, 33)), ((19, 21), (26, 27), (10, 11), (2, 3), (34, 35)),
+                           ((22, 23), (28, 29), (12, 13), (4, 5), (36, 37)))]
+    four = [(1, [((30, 31), 0, 2), ((14, 15), 2, 3), ((6, 7), 3, 4), ((38, 39), 4, 5)])]
+    built = _layout(2, five + four)
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(17.046700023753235, rel=1e-12)
+    floors = exact_floors(instance, model, failed, Deadline.never())
+    search = floors.searches[0]  # the inventory of this plan's groups (the other's floor is 17.77)
+    search.floor(Deadline.never(), step)
+    assert step * (1 - 1e-9) <= search.by_count[4] <= step * (1 + 1e-12)
+
+
+def test_merged_stages_join_the_tied_slowest_pipelines_to_a_node():
+    """24-32-device seed 8080 (four fast pipelines of two micro-batches, 22 fast groups): the search's plan
+    at 2 s had two six-stage pipelines 0 | 1 | 2 | 3 | 4 | 5, tied slowest, beside two five-stage ones
+    0 | 1 | 2-3 | 4 | 5 whose 2-3 stages sit on node 6; merging stages 2 and 3 of both tied ones onto node
+    6's other two groups (`polish_merged`) gives four copies at the floor, 26.263957 -> 26.261917."""
+    from chameleon_opt.solve.polish import polish_merged
+
+    data, failed = _bench_instance(8080, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    five = [(2, [((a,), 0, 1), ((b,), 1, 2), ((c,), 2, 4), ((d,), 4, 5), ((e,), 5, 6)])
+            for a, b, c, d, e in ((0, 1, 24, 8, 12), (16, 18, 25, 9, 13))]
+    six = [(2, [((g,), layer, layer + 1) for layer, g in enumerate(groups)])
+           for groups in ((6, 7, 2, 26, 10, 14), (22, 23, 19, 27, 11, 15))]
+    built = _layout(1, five + six)
+    assert check_plan(instance, built, failed).ok
+    assert model.evaluate(built, failed).iteration_time_s == pytest.approx(26.2639572404048, rel=1e-12)
+    merged, value = polish_merged(model, built, failed, Deadline.never())
+    assert check_plan(instance, merged, failed).ok
+    assert value == pytest.approx(26.2619172404048, rel=1e-12)
+    assert model.evaluate(merged, failed).iteration_time_s == pytest.approx(value, rel=1e-12)
+    assert [len(p.stages) for p in merged.pipelines] == [5, 5, 5, 5]
+
+
+def test_held_layers_pair_up_when_no_layer_spans_nodes():
+    """24-32-device seed 3199 (one device type, nodes of 6, 6, 7 and 7 groups, 1 Gb/s between nodes): eight
+    copies of 0-1 | 2-3 | 4-5, two a node, ring across nodes (3.15 s). Plans of four to six pipelines must
+    ring inside nodes, every layer's holders in one node (`columns`), which let each pipeline run up to
+    g - P + 1 stages in a node of g groups and floored them at 17.3768; but layers 4 and 5 on one node
+    leave at most g - P pipelines splitting them (`spans`' pairs, for S empty too): every floor now meets
+    this plan, the search's, proven optimal."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(3199, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    built = _layout(1, [(1, [((a,), 0, 2), ((b,), 2, 4), ((c,), 4, 6)])
+                        for a, b, c in ((0, 1, 2), (4, 5, 6), (7, 8, 10), (11, 12, 13), (14, 15, 16), (17, 18, 19),
+                                        (21, 22, 23), (24, 25, 26))])
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(17.42196155614912, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    assert search.floor(Deadline.never(), step * (1 - 1e-9)) >= step * (1 - 1e-9)
+    assert min(search.by_count[p] for p in (4, 5, 6)) > step

@@ -512,13 +512,13 @@ class Relaxation:
         # per (layers, q): split_lower with the stages of some q of those layers crossing at both ends
         self._isolated: dict[tuple[tuple[tuple[int, ...], int], bool], dict[tuple[int, ...], np.ndarray]] = {}
         # per (layer, kind): split_lower with a send before that layer between two stages of that kind crossing
-        self._kept: dict[tuple[int, int], dict[tuple[int, ...], np.ndarray]] = {}
+        self._kept: dict[tuple[int, ...], dict[tuple[int, ...], np.ndarray]] = {}
         # per (runs, least crossings, sends C, sends F): split_lower on the splits sending before C's layers
         # (across nodes) and before none of F's (`lower_times`' `pattern`)
         self._patterned: dict[tuple, dict[tuple[int, ...], np.ndarray]] = {}
         # per P: every split's all-reduce + optimizer step floor (`coupled`), ascending; per (P, U), those of
         # the splits inside U with U's rings (`coupled`'s `union`)
-        self.extra_values: dict[int | tuple[int, tuple[int, ...]], list[float]] = {}
+        self.extra_values: dict[int | tuple, list[float]] = {}
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -676,12 +676,13 @@ class Relaxation:
                 neighbours: int = 0, paired: tuple[int, int] | None = None,
                 within: tuple[tuple[int, ...], int, int] | None = None,
                 strict: tuple[int, int, int, int] | None = None,
-                shortest: int = 1, short_runs: int | None = None, kept: tuple[int, int] | None = None,
+                shortest: int = 1, short_runs: int | None = None, kept: tuple[int, ...] | None = None,
                 ring_cap: float | None = None,
                 pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]]
                 | tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]
                 | None = None,
-                reaching: int = 0, union: tuple[int, ...] | None = None) -> list[float] | None:
+                reaching: int = 0, union: tuple[int, ...] | None = None,
+                whole: tuple[int, ...] | None = None) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -709,11 +710,12 @@ class Relaxation:
         rings at least their bytes on the inter-node link, as with `crossing`: `stage_ring`);
         `shortest`: every pipeline has at least that many stages; `short_runs` r: the forced pipelines, if
         all of kind `kind`, hold no run of more than r stages in one node (`ExactSearch.long_runs`);
-        `kept` (layer l, the forced kind): a forced pipeline whose stages on both sides of the send
-        before l are of that kind crosses nodes there (`lower_times`' `boundary`, `ExactSearch.boundaries`);
+        `kept` (layer l, the forced kind), or (l, a, b): a forced pipeline whose stages on both sides of the send
+        before l are of that kind (of kinds a and b) crosses nodes there (`lower_times`' `boundary`, `ExactSearch.boundaries`);
         `ring_cap` E: each pipeline priced at its time alone, on the splits whose all-reduce and step are at
         most E (`ExactSearch.thresholds`).
-        The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained).
+        The all-reduce + step values of P's splits are kept (`extra_values`, the rings as unconstrained, or
+        with `crossed` and `union` as given: `values_key`).
         `pattern` (C, F, G) or (C, F, G, H): every pipeline sends before some layer of each group of C, across nodes,
         and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), and
         given H, they send across nodes before some layer of each group of H too; else they are priced as
@@ -721,11 +723,13 @@ class Relaxation:
         (`ExactSearch.reaching`). `union` U: every pipeline's boundaries (the layers its stages start at,
         but 0) lie in U, and a stage reduces one group per run of its layers between U's boundaries
         (`ExactSearch.union_rings`), a run with a `crossed` layer across nodes (its holders are that
-        layer's: no pipeline splits the run); not with `crossing`."""
+        layer's: no pipeline splits the run); not with `crossing`. `whole` u (groups per kind): the forced
+        pipelines that take at least u[k] groups of every kind k cross nodes at least once
+        (`ExactSearch.whole_nodes`)."""
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
                shortest, short_runs, kept, ring_cap, pattern) + ((reaching,) if reaching else ()) \
-            + ((union,) if union is not None else ())
+            + ((union,) if union is not None else ()) + ((whole,) if whole is not None else ())
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET \
@@ -761,8 +765,8 @@ class Relaxation:
                 held_by = np.sort(np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in within[0]], axis=1), axis=1)
                 holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
             extras[stages] = (rings, update / self.model.optimizer_shards(pipelines), holding[:, None])
-        if not crossing and not crossed:
-            self.extra_values[pipelines if union is None else (pipelines, union)] = sorted(
+        if not crossing:
+            self.extra_values[self.values_key(pipelines, union, crossed)] = sorted(
                 {float(x) for rings, update, _ in extras.values() for x in rings + update if x < math.inf})
         kind, rounds = forced
         forcing = None
@@ -771,6 +775,8 @@ class Relaxation:
             return None
         if rounds and short_runs is not None and \
                 self._split_times(self.split_lower, (short_runs, 0), deadline, short_runs) is None:
+            return None
+        if rounds and whole is not None and self._split_times(self.split_lower, (runs, 1), deadline, runs, 1) is None:
             return None
         node_runs = self.most_per_node
         if rounds and held is not None:
@@ -840,6 +846,9 @@ class Relaxation:
             elif short_runs is not None:  # all of kind `kind`: no run longer than r stages in one node
                 mixed[v] = priced[v] if v[kind] < sum(v) else \
                     [math.inf] + (self.split_lower[short_runs, 0][v] + extra).min(axis=0).tolist()
+            elif whole is not None:  # at least u[k] groups of each kind k: at least one crossing
+                mixed[v] = priced[v] if any(have < need for have, need in zip(v, whole)) else \
+                    [math.inf] + (self.split_lower[runs, 1][v] + extra).min(axis=0).tolist()
             else:  # some stage of another kind
                 mixed[v] = priced[v] if v[kind] < sum(v) else [math.inf] * (self.total + 1)
         table = self.counted_table(priced, shortest, pipelines, deadline, mixed, rounds,
@@ -850,6 +859,13 @@ class Relaxation:
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
+
+    @staticmethod
+    def values_key(pipelines: int, union: tuple[int, ...] | None, crossed: tuple[int, ...] = ()) -> int | tuple:
+        """`extra_values`' key: P alone without `union` and `crossed` rings."""
+        if crossed:
+            return pipelines, union, crossed
+        return pipelines if union is None else (pipelines, union)
 
     def _patterned_times(self, runs: int, least: int, sends: tuple[tuple[int, ...], ...], barred: tuple[int, ...],
                          deadline: Deadline) -> dict[tuple[int, ...], np.ndarray] | None:
@@ -883,7 +899,7 @@ class Relaxation:
                     pinned: tuple[tuple[int, ...], int, int] | None = None,
                     isolate: tuple[tuple[int, ...], int] | None = None, reach: int = 0, sided: bool = False,
                     prefixes: dict[tuple[int, ...], np.ndarray] | None = None,
-                    boundary: tuple[int, int] | None = None,
+                    boundary: tuple[int, ...] | None = None,
                     pattern: tuple[tuple[tuple[int, ...], ...], tuple[int, ...]] | None = None
                     ) -> tuple[dict[tuple[int, ...], list[float]], dict[tuple[int, ...], np.ndarray]] | None:
         """(lower, split_lower): lower[v][m], a lower bound on the schedule time of every pipeline
@@ -1039,18 +1055,20 @@ class Relaxation:
                     pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
                     boundary: tuple[int, int]) -> np.ndarray:
         """per_split[i, m - 1]: `_least_times`' floor on split i where, if the split sends before layer
-        l (`boundary` (l, k)) between two stages of kind k, that send crosses nodes: per position t of
+        l (`boundary` (l, k), or (l, a, b)) between two stages of kind k (of kinds a and b, in either
+        order), that send crosses nodes: per position t of
         that send, the orders with kind k on stages t and t + 1 take the crossing (added to their
         minimal sets: sends only grow), the others and the splits with no send there are as before;
         by the closed form alone (tables per layer and kind: simulating them cost more than it raised)."""
-        layer, kind = boundary
+        layer, *kinds = boundary
+        ends = sorted(kinds * 2 if len(kinds) == 1 else kinds)
         stages = b.shape[1] - 1
         per_split = np.full((len(b), self.total), np.inf)
         inner = b[:, 1:-1] == layer  # (split, boundary): the send before `layer`
         at = np.where(inner.any(axis=1), inner.argmax(axis=1), -1) if stages > 1 else np.full(len(b), -1)
         for t in sorted(set(at.tolist())):
             rows = np.flatnonzero(at == t)
-            kept = [pair for pair in pairs if t >= 0 and pair[1][t] == kind == pair[1][t + 1]]
+            kept = [pair for pair in pairs if t >= 0 and sorted(pair[1][t:t + 2]) == ends]
             rest = [pair for pair in pairs if pair not in kept]
             found = per_split[rows]
             if kept:
@@ -1464,8 +1482,12 @@ class ExactSearch:
             if refine is not None and value < limit and 2 <= p <= self.most_per_node and not self.overlapped \
                     and min(grad) > 0:  # after `long_runs`: its tables pick the run length
                 value = max(value, self.held_runs(p, refine, value, limit))
+                if value < limit:
+                    value = max(value, self.held_whole(p, refine, value, limit))
             if refine is not None and value < limit:
                 value = max(value, self.paired(p, refine, value, limit))
+            if refine is not None and value < limit:
+                value = max(value, self.whole_nodes(p, refine, value, limit))
             if refine is not None and value < limit:
                 value = max(value, self.thresholds(p, refine, value, limit))
             if refine is not None and value < limit:
@@ -1883,6 +1905,60 @@ class ExactSearch:
             best = max(best, least)
         return best
 
+    def whole_nodes(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """Floor of the plans of P pipelines from how few pipelines of mixed kinds fit whole in one node,
+        while it may raise `value` below `floor`. A pipeline that never crosses nodes has all its
+        stages' groups in one node; one taking at least u_k groups of every kind k there leaves that
+        node's f_k groups of kind k to the others, so at most N_u = the sum over the nodes of the least
+        over the kinds of u of f_k // u_k pipelines take at least u and cross no node; the other P - N_u
+        take less of some kind than u or cross at least once (`coupled`'s `whole`), which floors every
+        plan of P pipelines. u runs over the pipelines' kind profiles of at least two kinds and two
+        groups, the fewest groups first (`paired` and `long_runs` count pipelines of one kind).
+        24-32-device seed 8138: seven fast-slow-fast pipelines, nodes of (3, 3), (3, 4), (7, 0) and
+        (3, 4) fast and slow groups: at most 3 fit whole in a node, and at most two are all fast, so
+        two cross: 15.088774 -> 15.090784, its plan."""
+        best = value
+        for u, rounds in self._whole_cases(pipelines):
+            if best >= floor:
+                break
+            table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), whole=u)
+            if table is None:
+                return best
+            best = max(best, table[self.root])
+        return best
+
+    def _whole_cases(self, pipelines: int) -> Iterator[tuple[tuple[int, ...], int]]:
+        """(u, R) for `whole_nodes`: per kind profile u of at least two kinds, the fewest groups first, with
+        N_u < P pipelines taking at least u whole in a node: R = P - N_u."""
+        relaxation = self.relaxation
+        per_node = list(self.node_groups().values())
+        kinds = range(len(relaxation.kind_count))
+        cases = sorted({u for profiles in relaxation.profiles.values() for u in profiles
+                        if sum(1 for k in kinds if u[k]) >= 2}, key=lambda u: (sum(u), u))
+        for u in cases:
+            fits = sum(min(self.of_kind(groups, k) // u[k] for k in kinds if u[k]) for groups in per_node)
+            if fits < pipelines:
+                yield u, pipelines - fits
+
+    def held_whole(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
+        """`held` with its crossed branch also counting the pipelines of mixed kinds that fit whole in a
+        node (`whole_nodes`), as `held_runs` counts the long runs: the case u whose table without
+        crossed rings is the largest is the one used. 24-32-device seed 8138: seven fast-slow-fast
+        pipelines, whose rings cross nodes unless a layer's seven holders share the one node of seven
+        fast groups (`held`), and two of which cross nodes: 15.088774 -> 15.090784, its plan."""
+        forced = self.forced(pipelines)
+        if not forced:
+            return 0.0
+        cases = {}
+        for u, rounds in self._whole_cases(pipelines):
+            table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), whole=u)
+            if table is not None:  # `whole_nodes`' own (cached)
+                cases[u, rounds] = table[self.root]
+        if not cases:
+            return 0.0
+        u, rounds = max(cases, key=cases.get)
+        return self._held_branches(pipelines, refine, value, floor, forced, {"forced": (0, rounds), "whole": u})
+
     def _paired_cases(self, pipelines: int) -> Iterator[tuple[int, int, int, int, bool]]:
         """`paired`'s cases (kind k, s0 stages, c crossings, R pipelines forced, whether the runs bind):
         at least R of P pipelines are of another kind than k somewhere, shorter than s0 stages, or
@@ -1920,6 +1996,46 @@ class ExactSearch:
             if table is None:
                 break
             best = max(best, table[self.root])
+        return best
+
+    def limited_union(self, pipelines: int, refine: Deadline, value: float, floor: float,
+                      union: tuple[int, ...]) -> float:
+        """Floor of the plans of P pipelines whose boundaries lie in U (`union_rings`' sets) by the node
+        limits of `long_runs` and `boundaries`, which hold for every plan whatever its boundaries: at
+        most sum over nodes of f_k // L pipelines all of kind k run L stages in a row in one node, and
+        at most sum over nodes of f_k // 2 send before a layer between two kind-k stages inside one (of
+        kinds a and b: min(f_a, f_b), `_kept_cases`); so the coupled table on U's splits with U's rings
+        and the other R pipelines forced (`short_runs`, `kept`), raised by `thresholds` on the same
+        terms, the largest over those cases, while below `floor`. `union_rings` alone keeps every
+        boundary inside a node, the node limits alone ring each stage once: 24-32-device seed 8052 (six
+        fast pipelines, 0-1 | 2-3 beside 0 | 1-2 | 3, five nodes of two fast groups) was floored at
+        18.121283 by U = {1, 2, 3}, whose rings price the sixth pipeline's send before layer 3 inside
+        a node; it must cross (a run of two fast stages in one node takes one of those five nodes),
+        18.121313, its plan. Seed 8174: two nodes hold a slow and a fast group, so two of four
+        pipelines send before layer 1 across nodes from a slow stage to a fast one, and U = {1, 3, 4}
+        rings layers 3 and 4-5 apart: 36.721690 -> 36.721810, its plan."""
+        relaxation = self.relaxation
+        best = value
+        for kind, rounds, length in self._run_limits(pipelines):
+            if best >= floor:
+                return best
+            table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), short_runs=length - 1, union=union)
+            if table is None:
+                return best
+            best = max(best, table[self.root])
+            if best < floor:
+                best = max(best, self.thresholds(pipelines, refine, best, floor, forced=(kind, rounds), union=union,
+                                                 short_runs=length - 1))
+        for kept, rounds in self._kept_cases(pipelines, union):
+            if best >= floor:
+                break
+            table = relaxation.coupled(pipelines, refine, forced=(kept[1], rounds), kept=kept, union=union)
+            if table is None:
+                return best
+            best = max(best, table[self.root])
+            if best < floor:
+                best = max(best, self.thresholds(pipelines, refine, best, floor, forced=(kept[1], rounds),
+                                                 kept=kept, union=union))
         return best
 
     def _least_extras(self, pipelines: int) -> dict[int, float]:
@@ -1977,32 +2093,44 @@ class ExactSearch:
                     yield kind, min(rounds, pipelines), length
 
     def boundaries(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
-        """Floor of the plans of P pipelines from how few sends between stages of one kind can stay in a
-        node, while it may raise `value` below `floor`. A pipeline that sends before layer l between
+        """Floor of the plans of P pipelines from how few sends between stages of two kinds can stay in
+        a node, while it may raise `value` below `floor`. A pipeline that sends before layer l between
         two stages of kind k inside a node puts two groups of kind k there, so at most the sum over the
-        nodes of f_k // 2 pipelines do; each other one has no send there, a stage of another kind on
-        one side of it, or sends it across nodes (`coupled`'s `kept`), which floors every plan of P
-        pipelines. 8-24-device seed 769: six two-stage fast pipelines whose 100 MB send stays in a
-        node beat the others by 0.018 s, and five fit in the nodes' fast groups (2, 2, 1, 2, 2, 1, 3)."""
-        relaxation, model = self.relaxation, self.model
-        per_node = self.node_groups()
-        gains = {layer: model.boundary_send_on(model.inter, layer - 1) - model.boundary_send_on(model.intra, layer - 1)
-                 for layer in range(1, self.layers)}
+        nodes of f_k // 2 pipelines do (of kinds a != b: a group of each, at most the sum of min(f_a,
+        f_b)); each other one has no send there, a stage of another kind on one side of it, or sends it
+        across nodes (`coupled`'s `kept`), which floors every plan of P pipelines (`_kept_cases`).
+        8-24-device seed 769: six two-stage fast pipelines whose 100 MB send stays in a node beat the
+        others by 0.018 s, and five fit in the nodes' fast groups (2, 2, 1, 2, 2, 1, 3)."""
+        relaxation = self.relaxation
         best = 0.0
-        for kind in range(len(relaxation.kind_count)):
-            inside = sum(self.of_kind(groups, kind) // 2 for groups in per_node.values())
-            rounds = pipelines - inside
-            if rounds <= 0:
+        for kept, rounds in self._kept_cases(pipelines, range(1, self.layers)):
+            if max(best, value) >= floor:
+                break
+            table = relaxation.coupled(pipelines, refine, forced=(kept[1], rounds), kept=kept)
+            if table is None:
+                return best
+            best = max(best, table[self.root], self.thresholds(pipelines, refine, max(best, value), floor,
+                                                               forced=(kept[1], rounds), kept=kept))
+        return best
+
+    def _kept_cases(self, pipelines: int, layers: Iterable[int]) -> Iterator[tuple[tuple[int, ...], int]]:
+        """(`kept`, R) for `boundaries`: per pair of kinds a <= b ((l, a) when a == b) whose pairs in the
+        nodes (f_a // 2, or min(f_a, f_b), summed) are fewer than P, and per layer l whose send is faster
+        inside a node, the largest gain first: at least R = P - that many pipelines send before l across
+        nodes where that send is between stages of those kinds."""
+        model, per_node = self.model, list(self.node_groups().values())
+        gains = {layer: model.boundary_send_on(model.inter, layer - 1) - model.boundary_send_on(model.intra, layer - 1)
+                 for layer in layers}
+        kinds = range(len(self.relaxation.kind_count))
+        for first, second in itertools.combinations_with_replacement(kinds, 2):
+            inside = sum(self.of_kind(groups, first) // 2 if first == second else
+                         min(self.of_kind(groups, first), self.of_kind(groups, second)) for groups in per_node)
+            if inside >= pipelines:
                 continue
             for layer in sorted(gains, key=gains.get, reverse=True):
-                if gains[layer] <= 0 or max(best, value) >= floor:
+                if gains[layer] <= 0:
                     break
-                table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), kept=(layer, kind))
-                if table is None:
-                    return best
-                best = max(best, table[self.root], self.thresholds(pipelines, refine, max(best, value), floor,
-                                                                   forced=(kind, rounds), kept=(layer, kind)))
-        return best
+                yield ((layer, first) if first == second else (layer, first, second)), pipelines - inside
 
     def union_rings(self, pipelines: int, refine: Deadline, value: float, floor: float) -> float:
         """Floor of the plans of P pipelines by the union U of their boundaries, while it may raise
@@ -2036,6 +2164,8 @@ class ExactSearch:
             floors[union] = max(floors[union], self.thresholds(pipelines, refine, value, floor, union=union))
             if floors[union] < floor:
                 floors[union] = self.paired_union(pipelines, refine, floors[union], floor, union)
+            if floors[union] < floor:
+                floors[union] = self.limited_union(pipelines, refine, floors[union], floor, union)
             if floors[union] <= value:
                 return floors[union]  # it cannot raise `value`
 
@@ -2043,11 +2173,17 @@ class ExactSearch:
         """`_spans_pass` raised lazily: while its least case is below `floor` (the caller's cap) and not
         raised yet, that case is raised by the nodes its segments sit on (`_assigned`) and the pass is
         run again (its tables cached); so only cases that were the least get those tables (8-24-device
-        seed 1502: raising every case below the least so far cost 1.5 s of tables for nothing)."""
+        seed 1502: raising every case below the least so far cost 1.5 s of tables for nothing). S empty is
+        first floored by `columns` alone, and by the pairs of held layers too (`_spans_pass`' `empty`)
+        once that is the least (24-32-device seed 3199: 0.4 s more tables; none where it is not)."""
         raised: dict[tuple, float] = {}
+        empty = False
         while True:
-            best, least = self._spans_pass(pipelines, refine, value, floor, raised)
-            if least is None or best >= floor or refine.expired():
+            best, least = self._spans_pass(pipelines, refine, value, floor, raised, empty)
+            if least == () and not empty and best < floor and not refine.expired():
+                empty = True
+                continue
+            if not least or best >= floor or refine.expired():
                 return best
             spanning, held_runs, crossed, sends, found = least
             if (spanning, crossed) in raised:
@@ -2057,11 +2193,12 @@ class ExactSearch:
                 raised[spanning, crossed] = self._spans_union(pipelines, refine, spanning, held_runs, sends,
                                                               raised[spanning, crossed], floor)
 
-    def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float]
-                    ) -> tuple[float, tuple | None]:
+    def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float],
+                    empty: bool = False) -> tuple[float, tuple | None]:
         """Floor of the plans of P pipelines by the set S of layers whose P holders span nodes, while it
         may raise `value`, with the least case (S, the held layers' runs, which pairs cross, the sends, its value;
-        None when the least is no case's), each case at least its `raised` value. S empty: `columns`. Otherwise S's rings
+        None when the least is no case's, () when it is S empty's `columns`), each case at least its `raised`
+        value; S empty is a case only given `empty`, else `columns` alone floors it. S's rings
         cross (`coupled`'s `crossed`) and every other layer's holders sit in one node N_l of at least P
         groups. Two such layers l < l' with only layers of S between: on two nodes, no stage holds
         both (its group would be in both), so every pipeline sends before one of l + 1..l', across
@@ -2075,18 +2212,23 @@ class ExactSearch:
         kept pairs), each on its own slot of a node, whose kinds force stages of another kind
         (`_run_slots`; one run: each held layer's P holders, one node's groups, have at least r of
         another kind than k, `forced`): the larger floors the plans of S and C. The least over S and
-        C, the cheapest rings first: it stops once under `value`.
-        8-24-device seed 63: four pipelines on nodes of four groups (at most three fast), 1 Gb/s
+        C, the cheapest rings first: it stops once under `value`. S empty (every layer held) is also
+        floored by `columns`, the larger kept: `columns` lets a node of g groups give each pipeline g - P +
+        1 stages, the pairs count them over the pipelines (24-32-device seed 3199: four pipelines on nodes
+        of 6, 6, 7 and 7 groups, layers 4 and 5 on one node leave at most three pipelines splitting them;
+        P = 4-6 floored 17.3768-17.3789 by `columns`, now 17.4758-17.4779, and the plan's 17.421962 of
+        eight pipelines is proven). 8-24-device seed 63: four pipelines on nodes of four groups (at most three fast), 1 Gb/s
         between nodes: letting the 100 M-parameter layer 4 span alone keeps layers 0-3 in nodes."""
         if self.layers > SINGLE_LAYERS:
             return 0.0, None
         every = self.relaxation.coupled(pipelines, refine, crossed=tuple(range(self.layers)))
         if every is None or every[self.root] <= value:
             return 0.0, None  # S = every layer (no held layer) is one of the least's terms already
-        best, least_case = min(self.columns(pipelines, refine, floor), every[self.root]), None
+        columns = self.columns(pipelines, refine, floor)  # S empty: every plan of it is at least this
+        best, least_case = (every[self.root], None) if empty or every[self.root] <= columns else (columns, ())
         spare = self.most_per_node - pipelines
         grad = self.relaxation.grad
-        subsets = sorted((chosen for size in range(1, self.layers + 1)
+        subsets = sorted((chosen for size in range(0 if empty else 1, self.layers + 1)
                           for chosen in itertools.combinations(range(self.layers), size)),
                          key=lambda chosen: (sum(grad[layer] for layer in chosen), chosen))
         for spanning in subsets:
@@ -2117,7 +2259,7 @@ class ExactSearch:
                 table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
                 if table is None:
                     return 0.0, None
-                found = max(table[self.root], raised.get((spanning, crossed), 0.0))
+                found = max(table[self.root], raised.get((spanning, crossed), 0.0), 0.0 if spanning else columns)
                 if runs > 1 and 0 < spare < pipelines and found < best:
                     found = max(found, self.each_kept_run(pipelines, refine, spanning, sends, pairs, crossed, spare))
                 # a held layer next to a spanning one: some pipeline holds that one off the held one's
@@ -2306,9 +2448,26 @@ class ExactSearch:
         whole = tuple(segment[0] for (e, _), segment in zip(profile, segments) if e == 0)
         if len(whole) < 2:
             return 0.0
-        table = self.relaxation.coupled(pipelines, refine, forced=(0, pipelines), crossed=spanning,
-                                        isolate=(whole, len(whole)), pattern=plain)
-        return None if table is None else table[self.root]
+        terms = {"forced": (0, pipelines), "crossed": spanning, "isolate": (whole, len(whole)), "pattern": plain}
+        table = self.relaxation.coupled(pipelines, refine, **terms)
+        if table is None or self.overlapped or 2 ** (self.layers - 1) > UNION_SETS:
+            return None if table is None else table[self.root]
+        # and per union U of the boundaries (`union_rings`): U's rings, the largest against the slowest time
+        # (`thresholds`); the least over U (32-64-device seed 9180: a four-stage pipeline beside five-stage
+        # ones rings layers 0 and 1 of its first stage apart, one across nodes: 17.042170 -> 17.046700)
+        least = math.inf
+        for size in range(self.layers):
+            for union in itertools.combinations(range(1, self.layers), size):
+                found = self.relaxation.coupled(pipelines, refine, union=union, **terms)
+                if found is None:
+                    return table[self.root]
+                value = found[self.root]
+                if value < least:
+                    value = max(value, self.thresholds(pipelines, refine, value, least, union=union, **terms))
+                least = min(least, value)
+                if least <= table[self.root]:
+                    return table[self.root]
+        return max(table[self.root], least)
 
     def _run_slots(self, pipelines: int, refine: Deadline, runs: list[list[int]], low: float, best: float,
                    state: int | None = None, crossed: tuple[int, ...] = (), pattern: tuple | None = None) -> float:
@@ -2496,8 +2655,7 @@ class ExactSearch:
         return best
 
     def thresholds(self, pipelines: int, refine: Deadline, value: float, floor: float,
-                   forced: tuple[int, int] = (0, 0), kept: tuple[int, int] | None = None,
-                   paired: tuple[int, int] | None = None, union: tuple[int, ...] | None = None) -> float:
+                   union: tuple[int, ...] | None = None, crossed: tuple[int, ...] = (), **terms: Any) -> float:
         """Floor of the plans of P pipelines with the slowest time and the largest all-reduce + step
         taken apart but on the same splits: a plan whose largest split value (its pipeline's stage
         ring + step, `coupled`'s) is E runs every pipeline on a split of value at most E, so its step
@@ -2506,15 +2664,17 @@ class ExactSearch:
         are at least that). `coupled` charges each pipeline its own split's ring, so a fast split of
         large stages in one pipeline beside small stages elsewhere was priced below either (8-24-device
         seed 769: one pipeline holding layers 1-2 in one stage saves a 100 MB send, 9.4447 + 0.2134 s,
-        while the plan's ring is then that stage's, 0.13 s more). `forced`, `kept`, `paired`: as
-        `coupled`'s (`boundaries`, `paired` take this form too); `union`: the same over the splits inside
-        U with U's rings (`union_rings`)."""
+        while the plan's ring is then that stage's, 0.13 s more). `terms` (`forced`, `kept`, `paired`,
+        `short_runs`, `isolate`, `pattern`): `coupled`'s, which every plan of the case meets (`boundaries`,
+        `paired`, `limited_union`, `_isolated_together` take this form too); `union`: the same over the
+        splits inside U with U's rings (`union_rings`); `crossed`: with those layers' rings across nodes
+        (the values E are then those of the splits with those rings)."""
         relaxation = self.relaxation
-        if union is not None and relaxation.coupled(pipelines, refine, union=union) is None:
+        if (union is not None or crossed) and relaxation.coupled(pipelines, refine, union=union, crossed=crossed) is None:
             return 0.0  # its values are kept by that table
-        values = relaxation.extra_values.get(pipelines if union is None else (pipelines, union))
-        free = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=math.inf,
-                                  union=union) if values else None
+        values = relaxation.extra_values.get(relaxation.values_key(pipelines, union, crossed))
+        free = relaxation.coupled(pipelines, refine, ring_cap=math.inf, union=union, crossed=crossed, **terms) \
+            if values else None
         if free is None:
             return 0.0
         base, best = free[self.root], math.inf
@@ -2522,8 +2682,7 @@ class ExactSearch:
             least = cap + base  # every cap from here on gives at least this
             if least >= min(best, floor):
                 return min(best, least)
-            table = relaxation.coupled(pipelines, refine, forced=forced, kept=kept, paired=paired, ring_cap=cap,
-                                       union=union)
+            table = relaxation.coupled(pipelines, refine, ring_cap=cap, union=union, crossed=crossed, **terms)
             if table is None:
                 return min(best, least)
             best = min(best, cap + table[self.root])

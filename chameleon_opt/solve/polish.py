@@ -297,3 +297,51 @@ def polish_critical(model: PerfModel, plan: Plan, failed: frozenset[int], deadli
             if value < best_value * (1 - 1e-12):
                 return candidate, value
     return best, best_value
+
+
+def _merged(plan: Plan, members: list[int], s: int, keep: int) -> Plan:
+    """The plan with stages s and s + 1 of each pipeline in `members` merged into one stage on the group
+    of the first (keep 0) or the second (keep 1); the other group idles."""
+    pipelines = list(plan.pipelines)
+    for j in members:
+        stages = list(pipelines[j].stages)
+        first, second = stages[s], stages[s + 1]
+        stages[s:s + 2] = [Stage((first, second)[keep].devices, first.first, second.end)]
+        pipelines[j] = Pipeline(tuple(stages), pipelines[j].micro_batches)
+    return Plan(plan.tensor_parallel, tuple(pipelines), plan.rerouted)
+
+
+def polish_merged(model: PerfModel, plan: Plan, failed: frozenset[int], deadline: Deadline) -> tuple[Plan, float]:
+    """Merged neighbouring stages for the slowest pipelines: the tied slowest ones of one layer split
+    each merge stages s and s + 1 onto the group of one of them, all at once (one alone leaves the step
+    where it was), priced exactly, kept while the step falls. A stage less saves its sends, and the
+    merged stage may sit beside the other pipelines' stages of those layers (one ring inside a node);
+    neither the placement polish (groups traded, splits kept) nor the split polish (boundaries moved,
+    stage counts kept) can do it: 24-32-device seed 8080, two six-stage pipelines 0 | 1 | 2 | 3 | 4 | 5
+    beside two five-stage 0 | 1 | 2-3 | 4 | 5 ones, whose 2-3 stages share a node: merging 2 and 3 onto
+    that node's free groups gives four copies, 26.263957 -> 26.261917 (the floor). (S - 1) x 2
+    pricings per split of the tied pipelines, per step down. Returns the plan and its step."""
+    chosen = choose_reliefs(model, plan, failed)
+    if chosen is None:
+        return plan, math.inf
+    best, estimate = chosen
+    best_value = estimate.iteration_time_s
+    improved = True
+    while improved and not deadline.expired():
+        improved = False
+        times = [p.iteration_time_s for p in estimate.pipelines]
+        shapes: dict[tuple[int, ...], list[int]] = {}
+        for j, t in enumerate(times):
+            if t >= max(times) * (1 - 1e-12):
+                shapes.setdefault(tuple(st.first for st in best.pipelines[j].stages), []).append(j)
+        for members in shapes.values():
+            for s, keep in itertools.product(range(len(best.pipelines[members[0]].stages) - 1), (0, 1)):
+                if deadline.expired():
+                    return best, best_value
+                found = choose_reliefs(model, _merged(best, members, s, keep), failed)
+                if found is not None and found[1].iteration_time_s < best_value * (1 - 1e-12):
+                    (best, estimate), best_value, improved = found, found[1].iteration_time_s, True
+                    break
+            if improved:
+                break
+    return best, best_value

@@ -50,8 +50,8 @@ from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.homogeneous import HomogeneousBound, homogeneous_bound, shape_plans
 from chameleon_opt.solve.levels import LevelModel, level_model, lp_lower_bound, solve_level_model
 from chameleon_opt.solve.mixed import mixed_plans
-from chameleon_opt.solve.polish import (polish_critical, polish_placement, polish_splits, polish_step_splits,
-                                        rebalance_exact, relieved)
+from chameleon_opt.solve.polish import (polish_critical, polish_merged, polish_placement, polish_splits,
+                                        polish_step_splits, rebalance_exact, relieved)
 from chameleon_opt.solve.result import SolveResult, Status
 from chameleon_opt.solve.templates import Template, build_templates
 
@@ -311,6 +311,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
             if placed_value < value * (1 - 1e-12):
                 plan, value, used = placed, placed_value, f"{used}, joint swaps"
                 notes.append("the tied slowest pipelines traded TP groups together (joint swaps)")
+        if not deadline.expired():  # tied slowest pipelines, each a stage less at once
+            placed, placed_value = polish_merged(model, plan, failed, deadline.share(PLACEMENT_SHARE))
+            if placed_value < value * (1 - 1e-12):
+                plan, value, used = placed, placed_value, f"{used}, merged stages"
+                notes.append("the tied slowest pipelines merged two neighbouring stages (merged stages)")
     # One device type: whole-layer splits priced by 1F1B path families (solve/homogeneous.py; tens of ms
     # below 16 layers, 0.1-0.4 s at 38 layers and 256 micro-batches), before the branch and bound.
     whole: HomogeneousBound | None = None
