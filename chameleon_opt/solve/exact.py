@@ -91,6 +91,10 @@ the 32-64-device seeds 9000-9199 above 100,000 units (7, up to 207,000) build th
 0.1 s. 32-64-device seed 9166 (207,000 units): two fast stages and a slow one with three
 micro-batches take 38.03 s, the closed form allowed 37.47, and its floor stayed at 38.28 against the
 38.70 plan; simulated, it meets the plan at once."""
+ISOLATED_SIMULATION_UNITS = 100_000
+"""The same for the isolated tables (`lower_times`' `isolate`), which simulate every choice of the
+isolated stages, for many cases each: at LOWER_SIMULATION_UNITS they took 32-64-device seed 359 from
+0.18 to 0.45 s."""
 TABLE_BUDGET = 500_000
 """Most steps of the relaxation's cover and completion tables (groups x micro-batches^2 x stages)."""
 COUNTED_BUDGET = 20_000_000
@@ -911,7 +915,7 @@ class Relaxation:
         `isolate` (layers, q): the stages holding some q of these layers each cross nodes at both
         their boundaries (every crossing set with those boundaries added: a placement's crossings
         hold a minimal set and those, and sends only grow with crossings), simulated while the
-        simulations of every choice of q stay within LOWER_SIMULATION_UNITS, else by the closed form;
+        simulations of every choice of q stay within ISOLATED_SIMULATION_UNITS, else by the closed form;
         `sided`: each at one of its boundaries at least (the least over the sides; a first or last
         stage's outer side is no boundary, so it is not constrained). `prefixes`: filled by
         `_least_times` (unpinned, not isolated only). `boundary` (layer l, kind k): where a split sends
@@ -955,7 +959,7 @@ class Relaxation:
                     sides = [(0,), (1,)] if sided else [(0, 1)]  # the boundaries before / after it to cross
                     choices = [(chosen, each) for chosen in itertools.combinations(isolate[0], isolate[1])
                                for each in itertools.product(sides, repeat=isolate[1])]
-                    exact = simulate and len(choices) * units <= LOWER_SIMULATION_UNITS
+                    exact = simulate and len(choices) * units <= ISOLATED_SIMULATION_UNITS
                     for chosen, each in choices:
                         alone = np.zeros((len(splits), stages + 1), dtype=bool)  # boundary t: before stage t
                         for layer, offsets in zip(chosen, each):
