@@ -1715,3 +1715,54 @@ def test_held_layers_pair_up_when_no_layer_spans_nodes():
     (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
     assert search.floor(Deadline.never(), step * (1 - 1e-9)) >= step * (1 - 1e-9)
     assert min(search.by_count[p] for p in (4, 5, 6)) > step
+
+
+def test_runs_no_stage_can_hold_whole_take_two_groups_of_every_pipeline():
+    """32-64-device seed 9061 (TP 1, binding memory, four layers, seven micro-batches; 1 GB/s between
+    nodes of 7-8 groups, at most 7 fast; layers 0 and 3 fit only fast groups, layers 2-3 no stage at all).
+    This plan (one fast stage a layer, layer 2 ringing across nodes) is the optimum (the tree's proof at
+    6 s). Where every layer's holders share a node in runs 0-1 | 2-3, a pipeline holding layers 0-1 on one
+    stage stood for every plan (14.1821); every plan splits 2-3, so 2-3's eight holders on one node leave a
+    slow one: above the plan. Where layer 2 rings across nodes, that case's table (14.8029) now bounds its
+    patterns' tables too (one was 14.5459)."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(9061, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    groups = [(16, 5, 30, 24), (17, 6, 0, 25), (18, 12, 10, 28), (19, 22, 20, 29)]
+    built = Plan(1, tuple(Pipeline(tuple(Stage((g,), s, s + 1) for s, g in enumerate(seq)), m)
+                          for seq, m in zip(groups, (1, 2, 2, 2))))
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(14.803950244262179, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    assert search._packed_holders(4, Deadline.never(), [[0, 1], [2, 3]], search.root, 0.0, math.inf) > step
+    crossed = search.relaxation.coupled(4, Deadline.never(), crossed=(2,))[search.root]
+    assert crossed == pytest.approx(14.80294524426218, rel=1e-12)
+    search.floor(Deadline.never(), step)
+    assert crossed * (1 - 1e-12) <= search.by_count[4] <= step
+
+
+def test_relaxation_simulates_1f1b_where_the_closed_form_misses_a_plan():
+    """32-64-device seed 9166 (TP 2, nodes of two groups, six layers, eight micro-batches; 207,000
+    simulation units, past the old 100,000): the closed form let two fast stages and a slow one run three
+    micro-batches in 37.47 s, where the best such pipeline takes 38.0246 (this plan's slow pipelines); the
+    simulated table meets it, and the floor of three pipelines meets the plan."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(9166, (32, 64))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    slow_pipe = [(((8, 9), 0, 3), ((4, 6), 3, 4), ((5, 7), 4, 6)), (((21, 22), 0, 3), ((24, 27), 3, 4), ((25, 26), 4, 6)),
+                 (((0, 1), 0, 3), ((38, 39), 3, 4), ((36, 37), 4, 6))]
+    built = Plan(2, tuple(Pipeline(tuple(Stage(*stage) for stage in seq), m) for seq, m in zip(slow_pipe, (3, 3, 2))))
+    assert check_plan(instance, built, failed).ok
+    estimate = model.evaluate(built, failed)
+    step = estimate.iteration_time_s
+    assert step == pytest.approx(38.69605964031206, rel=1e-12)
+    searches = exact_floors(instance, model, failed, Deadline.never()).searches
+    assert searches[0].relaxation.lower[(2, 1)][3] == pytest.approx(estimate.pipelines[0].iteration_time_s, rel=1e-12)
+    for search in searches:
+        search.floor(Deadline.never(), step)
+    assert min(search.by_count[3] for search in searches) >= step * (1 - 1e-9)

@@ -84,9 +84,17 @@ SPLIT_BUDGET = 4_096
 CROSSING_BUDGET = 20_000
 """Most (split, crossing boundaries) pairs tried per pipeline length by the relaxation; beyond, every
 boundary takes its faster link."""
-LOWER_SIMULATION_UNITS = 100_000
-"""Most stage x micro-batch operations the relaxation simulates (about 3 us each); beyond, it uses the
-per-stage closed-form bound."""
+LOWER_SIMULATION_UNITS = 1_000_000
+"""Most stage x micro-batch operations the relaxation simulates; beyond, it uses the per-stage
+closed-form bound. The closed form skips the simulations that cannot lower a minimum, so few run:
+the 32-64-device seeds 9000-9199 above 100,000 units (7, up to 207,000) build their table in at most
+0.1 s. 32-64-device seed 9166 (207,000 units): two fast stages and a slow one with three
+micro-batches take 38.03 s, the closed form allowed 37.47, and its floor stayed at 38.28 against the
+38.70 plan; simulated, it meets the plan at once."""
+ISOLATED_SIMULATION_UNITS = 100_000
+"""The same for the isolated tables (`lower_times`' `isolate`), which simulate every choice of the
+isolated stages, for many cases each: at LOWER_SIMULATION_UNITS they took 32-64-device seed 359 from
+0.18 to 0.45 s."""
 TABLE_BUDGET = 500_000
 """Most steps of the relaxation's cover and completion tables (groups x micro-batches^2 x stages)."""
 COUNTED_BUDGET = 20_000_000
@@ -923,7 +931,7 @@ class Relaxation:
         `isolate` (layers, q): the stages holding some q of these layers each cross nodes at both
         their boundaries (every crossing set with those boundaries added: a placement's crossings
         hold a minimal set and those, and sends only grow with crossings), simulated while the
-        simulations of every choice of q stay within LOWER_SIMULATION_UNITS, else by the closed form;
+        simulations of every choice of q stay within ISOLATED_SIMULATION_UNITS, else by the closed form;
         `sided`: each at one of its boundaries at least (the least over the sides; a first or last
         stage's outer side is no boundary, so it is not constrained). `prefixes`: filled by
         `_least_times` (unpinned, not isolated only). `boundary` (layer l, kind k): where a split sends
@@ -967,7 +975,7 @@ class Relaxation:
                     sides = [(0,), (1,)] if sided else [(0, 1)]  # the boundaries before / after it to cross
                     choices = [(chosen, each) for chosen in itertools.combinations(isolate[0], isolate[1])
                                for each in itertools.product(sides, repeat=isolate[1])]
-                    exact = simulate and len(choices) * units <= LOWER_SIMULATION_UNITS
+                    exact = simulate and len(choices) * units <= ISOLATED_SIMULATION_UNITS
                     for chosen, each in choices:
                         alone = np.zeros((len(splits), stages + 1), dtype=bool)  # boundary t: before stage t
                         for layer, offsets in zip(chosen, each):
@@ -2259,7 +2267,8 @@ class ExactSearch:
                 table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
                 if table is None:
                     return 0.0, None
-                found = max(table[self.root], raised.get((spanning, crossed), 0.0), 0.0 if spanning else columns)
+                found = max(table[self.root], plain[self.root], raised.get((spanning, crossed), 0.0),
+                            0.0 if spanning else columns)
                 if runs > 1 and 0 < spare < pipelines and found < best:
                     found = max(found, self.each_kept_run(pipelines, refine, spanning, sends, pairs, crossed, spare))
                 # a held layer next to a spanning one: some pipeline holds that one off the held one's
@@ -2532,11 +2541,11 @@ class ExactSearch:
         return found
 
     def _node_runs(self, pipelines: int, refine: Deadline, held_runs: list[list[int]], low: float, best: float,
-                   state: int | None = None, split: bool = False, **where: Any) -> float:
+                   state: int | None = None, split: tuple[bool, ...] = (), **where: Any) -> float:
         """`_run_slots`' floor with each node's kind-k groups shared by the runs it holds (tables: `coupled` with
         `where`, at `state`), raised from `low` up to `best` at most. A run's holders A_r are groups of its
         node, disjoint from other runs' (`_run_slots`), at least P of them, 2P for a run of several layers
-        when every pipeline holds it on two stages or more (`split`: the caller floors the other plans). The
+        that every pipeline holds on two stages or more (`split[r]`: the caller floors the other plans). The
         runs on a node of n groups, f of kind k, then fit its n groups; give each run a_r <= |A_r| of the f
         (sum <= f): at each of its layers P - a_r holders, one per pipeline, are of another kind (`_run_slots`'
         T(P - a_r, run), which only grows with the count: fewer plans), and with `split` one of its stages
@@ -2549,7 +2558,7 @@ class ExactSearch:
         relaxation, per_node = self.relaxation, self.node_groups()
         state = self.root if state is None else state
         count, found = len(held_runs), low
-        demand = [pipelines * (2 if split and len(run) >= 2 else 1) for run in held_runs]
+        demand = [pipelines * (2 if split and split[r] and len(run) >= 2 else 1) for r, run in enumerate(held_runs)]
         tables: dict[tuple, float] = {}
         shares: dict[tuple, float] = {}  # per (kind, its groups on a node, runs there): `shared`'s
 
@@ -2870,38 +2879,59 @@ class ExactSearch:
         (`_packed_deficit`), floors that case (`_deficit_floor`: those stages hold held layers). `_run_slots` counts each of a node's n // P
         slots with the node's whole f and a run's groups as P. 32-64-device seed 367: four pipelines on nodes
         of 8 groups with 5, 3, 3 and 5 fast; runs 0 | 1 | 2 | 3-4, each pipeline splitting 3-4, take a whole
-        node for layers 3-4 and leave five slow holders: the column plans 17.7653 -> above the plan, 17.8376."""
+        node for layers 3-4 and leave five slow holders: the column plans 17.7653 -> above the plan, 17.8376.
+        A run no stage can hold whole (not shareable) is split by every plan, so the first case also meets the
+        same floor with only those runs taking 2P groups (`_split_holders`): 32-64-device seed 9061 (four
+        pipelines, runs 0-1 | 2-3, layers 2-3 too large for one stage, no node of eight fast groups) let a
+        pipeline holding layers 0-1 on one stage stand for every plan: 14.1821."""
         relaxation = self.relaxation
+        several = tuple(len(run) >= 2 for run in held_runs)
+        apart = tuple(many and not relaxation.shareable(run[0], run[-1]) for run, many in zip(held_runs, several))
         found = math.inf  # the plans where some pipeline holds a run's first and last layers on one stage
-        for run in held_runs:
-            if len(run) >= 2 and relaxation.shareable(run[0], run[-1]):
+        for run, many, alone in zip(held_runs, several, apart):
+            if many and not alone:
                 table = relaxation.coupled(pipelines, refine, forced=(0, 1),
                                            within=(tuple(range(run[0], run[-1] + 1)), run[-1] - run[0] + 1, 1),
                                            **where)
                 if table is None:
                     return value
                 found = min(found, table[state])
-            if found <= value:
+        if found < math.inf and any(apart) and value < cap:
+            # the runs no stage can hold whole are split by every plan, in both cases
+            split = self._split_holders(pipelines, refine, held_runs, state, value, cap, apart, **where)
+            if split is None:
                 return value
-        demand = [pipelines * min(len(run), 2) for run in held_runs]
+            value = min(max(value, split), max(value, cap))
+        if found <= value:
+            return value
+        split = self._split_holders(pipelines, refine, held_runs, state, value, min(found, cap), several, **where)
+        if split is None:
+            return value
+        return min(max(value, min(found, split)), max(value, cap))
+
+    def _split_holders(self, pipelines: int, refine: Deadline, held_runs: list[list[int]], state: int,
+                       value: float, cap: float, split: tuple[bool, ...], **where: Any) -> float | None:
+        """`_packed_holders`' floor of the plans in which every pipeline holds each run r with `split[r]` on
+        two stages or more (2P distinct groups of its node; P for the other runs), raised from `value` up to
+        `cap`: the fewest holders of another kind over the ways to put the runs on the nodes
+        (`_packed_deficit`, `_deficit_floor`), then `_node_runs` with those runs split. None when a table
+        is out of reach; inf when the runs fit no nodes."""
+        relaxation = self.relaxation
+        demand = [pipelines * (2 if apart else 1) for apart in split]
         holders = tuple(sorted(layer for run in held_runs for layer in run))
         nodes = [(sum(groups.values()), groups) for groups in self.node_groups().values()]
-        split = value  # the plans where every pipeline holds each run of several layers on two stages or more
         for kind in range(len(relaxation.kind_count) if len(relaxation.kind_count) > 1 else 0):
             deficit = self._packed_deficit(demand, [(size, self.of_kind(groups, kind)) for size, groups in nodes])
             if deficit is None:
-                split = math.inf  # the runs fit no nodes
-                break
+                return math.inf  # the runs fit no nodes
             if deficit > 0:
                 floor = self._deficit_floor(pipelines, refine, state, kind, deficit, holders, **where)
                 if floor is None:
-                    return value
-                split = max(split, floor)
-            if split >= cap:
-                break
-        if split < min(found, cap):
-            split = self._node_runs(pipelines, refine, held_runs, split, min(found, cap), state, split=True, **where)
-        return min(max(value, min(found, split)), max(value, cap))
+                    return None
+                value = max(value, floor)
+            if value >= cap:
+                return value
+        return self._node_runs(pipelines, refine, held_runs, value, cap, state, split=split, **where)
 
     @staticmethod
     def _packed_deficit(demand: list[int], nodes: list[tuple[int, int]]) -> int | None:
