@@ -141,18 +141,33 @@ def _place_columns(types: tuple[str, ...], sizes: list[float], penalty: list[flo
     def spill(left: dict[int, dict[str, list[tuple[int, ...]]]], placed: list[list[tuple[int, ...] | None]],
               spilled: list[int]) -> None:
         sides = [penalty[s] + (penalty[s + 1] if s + 1 < len(types) else 0.0) for s in range(len(types))]
-        for s in sorted(spilled, key=lambda s: -sides[s]):  # the costliest sends around it first
+        runs: list[list[int]] = []  # spilled stages joined by paying sends: each copy's run on one node where one has room
+        for s in sorted(spilled):
+            if runs and runs[-1][-1] == s - 1 and penalty[s] > 0.0:
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+        # the costliest sends around it first (ties: the order spilled, the largest columns first)
+        for run in sorted(runs, key=lambda run: (-max(sides[s] for s in run), min(map(spilled.index, run)))):
+            need = Counter(types[s] for s in run)
             for j in range(copies):
-                holders = [n for n, pools in left.items() if pools.get(types[s])]
-                if not holders:
-                    return
-
-                def near(n: int) -> float:  # what the copy's sends next to this stage save on node n
-                    return sum(penalty[b] for b, g in ((s, placed[j][s - 1] if s else None),
-                                                       (s + 1, placed[j][s + 1] if s + 1 < len(types) else None))
+                def near(n: int, first: int = run[0], last: int = run[-1]) -> float:
+                    """What the copy's sends next to stages first..last save on node n."""
+                    return sum(penalty[b] for b, g in ((first, placed[j][first - 1] if first else None),
+                                                       (last + 1, placed[j][last + 1] if last + 1 < len(types) else None))
                                if g is not None and node_of[g] == n)
-                node = max(holders, key=lambda n: (near(n), len(left[n][types[s]]), -n))
-                placed[j][s] = left[node][types[s]].pop(0)
+                roomy = [n for n, pools in left.items() if all(len(pools.get(t, ())) >= k for t, k in need.items())]
+                if roomy:  # the whole run on one node: its paying sends stay inside
+                    node = max(roomy, key=lambda n: (near(n), min(len(left[n][t]) for t in need), -n))
+                    for s in run:
+                        placed[j][s] = left[node][types[s]].pop(0)
+                    continue
+                for s in run:  # no node holds it whole: stage by stage
+                    holders = [n for n, pools in left.items() if pools.get(types[s])]
+                    if not holders:
+                        return
+                    node = max(holders, key=lambda n, s=s: (near(n, s, s), len(left[n][types[s]]), -n))
+                    placed[j][s] = left[node][types[s]].pop(0)
         cost = sum(penalty[b] for copy in placed for b in range(1, len(types))
                    if node_of[copy[b]] != node_of[copy[b - 1]])
         found.append((cost, [list(copy) for copy in placed]))
