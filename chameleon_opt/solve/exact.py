@@ -407,6 +407,12 @@ def _fitting(items: list[tuple[int, np.ndarray, int, np.ndarray]], parts: np.nda
             yield stages, offset, times, fit
 
 
+def _member(values: np.ndarray, chosen: Iterable[int]) -> np.ndarray:
+    """`np.isin(values, chosen)` for the few layer indices the floors test: one broadcast comparison
+    (np.isin's sorting set-up dominated the pattern tables, thousands of calls on arrays of tens of rows)."""
+    return (values[..., None] == np.fromiter(chosen, dtype=int)).any(axis=-1)
+
+
 def _largest_below(costs: Iterable[float | None], least: float) -> float | None:
     """The largest of `costs`, read lazily only until it reaches `least` (a minimax over assignments needs no
     more: that assignment cannot lower the least largest); None as soon as a cost is out of reach."""
@@ -754,7 +760,7 @@ class Relaxation:
             update = (update_prefix[b[:, 1:]] - update_prefix[b[:, :-1]]).max(axis=1)
             rings = ring[b[:, :-1], b[:, 1:]].max(axis=1)
             if union is not None:  # the splits whose boundaries all lie in U
-                rings = np.where(np.isin(b[:, 1:-1], union).all(axis=1), rings, np.inf)
+                rings = np.where(_member(b[:, 1:-1], union).all(axis=1), rings, np.inf)
             # per split: how many stages hold `within`'s layers (0: no constraint)
             holding = np.zeros(len(splits), dtype=int)
             if within is not None:
@@ -863,7 +869,7 @@ class Relaxation:
             masked = {}
             for v, per_split in self.split_lower[runs, least].items():
                 inner = np.array(self.splits[sum(v)])[:, 1:-1]
-                masked[v] = np.where(np.isin(inner, barred).any(axis=1)[:, None], np.inf, per_split)
+                masked[v] = np.where(_member(inner, barred).any(axis=1)[:, None], np.inf, per_split)
             self._patterned[key] = masked
         return self._patterned[key]
 
@@ -966,10 +972,10 @@ class Relaxation:
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif pattern is not None:  # per choice of one send of each group: the splits with those, across
                     inner = b[:, 1:-1]
-                    free = ~np.isin(inner, pattern[1]).any(axis=1)
+                    free = ~_member(inner, pattern[1]).any(axis=1)
                     per_split = np.full((len(splits), self.total), np.inf)
                     for chosen in itertools.product(*pattern[0]):
-                        sends = np.isin(inner, chosen)  # (split, boundary): a send before a chosen layer
+                        sends = _member(inner, chosen)  # (split, boundary): a send before a chosen layer
                         rows = np.flatnonzero((sends.sum(axis=1) == len(set(chosen))) & free)
                         if rows.size:
                             per_split[rows] = np.minimum(per_split[rows], self._least_times(
