@@ -2089,7 +2089,7 @@ class ExactSearch:
         every = self.relaxation.coupled(pipelines, refine, crossed=tuple(range(self.layers)))
         if every is None or every[self.root] <= value:
             return 0.0, None  # S = every layer (no held layer) is one of the least's terms already
-        best, least_case = min(self.columns(pipelines, refine, floor), every[self.root]), None
+        best, least_case = min(self.columns(pipelines, refine, floor), every[self.root], floor), None  # a case at the floor is not raised further
         spare = self.most_per_node - pipelines
         grad = self.relaxation.grad
         subsets = sorted((chosen for size in range(1, self.layers + 1)
