@@ -956,6 +956,26 @@ def test_copy_plans_cut_runs_keep_the_large_nodes_for_the_long_pieces():
     assert check_plan(instance, found[0][0], failed).ok
 
 
+def test_spans_stops_at_its_cap():
+    """24-32-device seed 8080 (four copies of fast 0 | 1 | 2-3 | 4 | 5 at 26.261917, its optimum): `spans`
+    meets that step with the optimum as its cap, and its cases are raised only up to the cap (a case at or
+    above it is not raised further): the result is the cap, at or below the uncapped floor, which it
+    builds with fewer coupled tables on the same search."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    optimum = 26.2619172404048
+    cap = optimum * (1 - 1e-9)
+    data, failed = _bench_instance(8080, (24, 32))
+    instance = build_instance(data)
+    (search,) = exact_floors(instance, PerfModel(instance), failed, Deadline.never()).searches
+    capped = search.spans(4, Deadline.never(), 25.96, cap)
+    tables = len(search.relaxation._coupled)
+    assert capped == pytest.approx(cap, rel=1e-12)
+    whole = search.spans(4, Deadline.never(), 25.96, math.inf)
+    assert capped <= whole <= optimum * (1 + 1e-12)  # every case at the cap or above; the optimum is a plan of four
+    assert len(search.relaxation._coupled) > tables
+
+
 def test_copy_plans_keep_each_copys_spilled_run_in_one_node():
     """24-32-device seed 8080 (4 pipelines; nodes of 3, 2, 4, 4, 3, 2 and 4 fast groups): its optimum is
     four copies of fast (0, 1, 2, 4, 5, 6), the columns of stages 2-4 each in a node of four (their rings
