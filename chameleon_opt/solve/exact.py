@@ -2049,10 +2049,14 @@ class ExactSearch:
         """`_spans_pass` raised lazily: while its least case is below `floor` (the caller's cap) and not
         raised yet, that case is raised by the nodes its segments sit on (`_assigned`) and the pass is
         run again (its tables cached); so only cases that were the least get those tables (8-24-device
-        seed 1502: raising every case below the least so far cost 1.5 s of tables for nothing)."""
+        seed 1502: raising every case below the least so far cost 1.5 s of tables for nothing). Each pass
+        skips the cases an earlier one floored at or above its least so far (`known`: a case's floor only
+        rises), so a pass after a raise builds only what the cases now below it need (24-32-device seed
+        3152: 26 passes, each had run its 5,016 run-slot floors again)."""
         raised: dict[tuple, float] = {}
+        known: dict[tuple, float] = {}
         while True:
-            best, least = self._spans_pass(pipelines, refine, value, floor, raised)
+            best, least = self._spans_pass(pipelines, refine, value, floor, raised, known)
             if least is None or best >= floor or refine.expired():
                 return best
             spanning, held_runs, crossed, sends, found = least
@@ -2063,8 +2067,8 @@ class ExactSearch:
                 raised[spanning, crossed] = self._spans_union(pipelines, refine, spanning, held_runs, sends,
                                                               raised[spanning, crossed], floor)
 
-    def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float]
-                    ) -> tuple[float, tuple | None]:
+    def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float],
+                    known: dict[tuple, float]) -> tuple[float, tuple | None]:
         """Floor of the plans of P pipelines by the set S of layers whose P holders span nodes, while it
         may raise `value`, with the least case (S, the held layers' runs, which pairs cross, the sends, its value;
         None when the least is no case's), each case at least its `raised` value. S empty: `columns`. Otherwise S's rings
@@ -2118,7 +2122,11 @@ class ExactSearch:
                 # shared by every S and C (without their rings and sends): it often decides alone
                 bounds = [0] + [i + 1 for i, across in enumerate(crossed) if across] + [len(held)]
                 held_runs = [held[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-                if self._run_slots(pipelines, refine, held_runs, 0.0, best) >= best:
+                if known.get((spanning, crossed), -math.inf) >= best:
+                    continue  # floored by an earlier pass at the least so far or above (`spans`)
+                slots = self._run_slots(pipelines, refine, held_runs, 0.0, best)
+                if slots >= best:
+                    known[spanning, crossed] = slots
                     continue
                 table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
                 if table is None:
@@ -2148,6 +2156,7 @@ class ExactSearch:
                 if found < best:
                     found = self._packed_holders(pipelines, refine, held_runs, self.root, found, best, crossed=spanning,
                                                  pattern=(sends, barred, ()) if sends or barred else None)
+                known[spanning, crossed] = found  # every table above floors the plans of this case
                 if found < best:
                     best, least_case = found, (spanning, held_runs, crossed, sends, found)
                 if best <= value:
