@@ -956,6 +956,46 @@ def test_copy_plans_cut_runs_keep_the_large_nodes_for_the_long_pieces():
     assert check_plan(instance, found[0][0], failed).ok
 
 
+def test_spans_stops_at_its_cap():
+    """24-32-device seed 8080 (four copies of fast 0 | 1 | 2-3 | 4 | 5 at 26.261917, its optimum): `spans`
+    meets that step with the optimum as its cap, and its cases are raised only up to the cap (a case at or
+    above it is not raised further): the result is the cap, at or below the uncapped floor, which it
+    builds with fewer coupled tables on the same search."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    optimum = 26.2619172404048
+    cap = optimum * (1 - 1e-9)
+    data, failed = _bench_instance(8080, (24, 32))
+    instance = build_instance(data)
+    (search,) = exact_floors(instance, PerfModel(instance), failed, Deadline.never()).searches
+    capped = search.spans(4, Deadline.never(), 25.96, cap)
+    tables = len(search.relaxation._coupled)
+    assert capped == pytest.approx(cap, rel=1e-12)
+    whole = search.spans(4, Deadline.never(), 25.96, math.inf)
+    assert capped <= whole <= optimum * (1 + 1e-12)  # every case at the cap or above; the optimum is a plan of four
+    assert len(search.relaxation._coupled) > tables
+
+
+def test_copy_plans_keep_each_copys_spilled_run_in_one_node():
+    """24-32-device seed 8080 (4 pipelines; nodes of 3, 2, 4, 4, 3, 2 and 4 fast groups): its optimum is
+    four copies of fast (0, 1, 2, 4, 5, 6), the columns of stages 2-4 each in a node of four (their rings
+    inside) and stages 0-1, which no node holds four of, a pair per copy (their 100 MB send inside a
+    node). The column placement spilled stage 0's copies first and then stage 1's, so one copy's pair
+    found no room beside its first stage and sent across nodes (the best copy plan was 26.263957); each
+    copy's spilled run now takes one node with room for it: 26.261917, the branch and bound's optimum."""
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = _bench_instance(8080, (24, 32))
+    instance = build_instance(data)
+    found = copy_plans(instance, failed, PerfModel(instance), Deadline.never(), math.inf)
+    assert found[0][1] == pytest.approx(26.2619172404048, rel=1e-12)
+    plan = found[0][0]
+    assert check_plan(instance, plan, failed).ok
+    for pipe in plan.pipelines:
+        assert [(stage.first, stage.end) for stage in pipe.stages] == [(0, 1), (1, 2), (2, 4), (4, 5), (5, 6)]
+        assert instance.node_of(pipe.stages[0].devices[0]) == instance.node_of(pipe.stages[1].devices[0])
+
+
 def test_forced_kind_floors_take_every_kind():
     """32-64-device probe seed 173 (four one-micro-batch pipelines, TP 2): nodes of four groups hold at
     most 2 slow and 3 fast, so a layer whose four holders share a node has a slow holder (the fast

@@ -123,47 +123,67 @@ def _place(types: tuple[str, ...], penalty: list[float], copies: int,
 
 
 def _place_columns(types: tuple[str, ...], sizes: list[float], penalty: list[float], copies: int,
-                   free: dict[int, dict[str, list[tuple[int, ...]]]]) -> list[list[tuple[int, ...]]] | None:
+                   free: dict[int, dict[str, list[tuple[int, ...]]]]) -> list[list[list[tuple[int, ...]]]]:
     """Groups for `copies` copies with each stage's copies (its column) in one node where a node has that
     many free groups of its type, the stages of most gradient bytes first: their rings stay inside a
     node, where `_place` keeps each copy's sends inside one (24-32-device seed 3138: four five-stage
     fast copies on nodes of 5, 7, 3 and 6 fast groups, the columns of layers 1, 2 and 4 inside nodes:
     22.386225, the optimum, against 23.088195 placed by sends). The other columns, those with the
     costliest sends on either side first, take copy by copy a node of the copy's stage before or after
-    it where that send costs more across nodes, else the node with the most free groups of their type.
+    it where that send costs more across nodes, else the node with the most free groups of their type:
+    either stage by stage (every copy of one column, then the next), or each copy's run of such stages
+    joined by paying sends at once, on one node with room for it where one has (its sends inside; 24-32-
+    device seed 8080: stages 0-1 of four copies beside three whole columns, 26.263957 -> 26.261917, the
+    optimum; stage by stage stays better elsewhere, 8063's 17.615100 against 17.748481, so both are priced).
     Of up to PLACEMENTS ways to give the whole columns nodes (the first node of each free
-    composition), the one whose sends across nodes cost least;
-    None when the groups lack some type. `free` is not changed."""
+    composition), per way of spilling the one whose sends across nodes cost least (one when both are the
+    same; none when the groups lack some type). `free` is not changed."""
     order = sorted(range(len(types)), key=lambda s: (-sizes[s], s))
     node_of = {g: n for n, pools in free.items() for gs in pools.values() for g in gs}
-    found: list[tuple[float, list[list[tuple[int, ...]]]]] = []
+    found: list[tuple[float, bool, list[list[tuple[int, ...]]]]] = []
 
     def spill(left: dict[int, dict[str, list[tuple[int, ...]]]], placed: list[list[tuple[int, ...] | None]],
-              spilled: list[int]) -> None:
+              spilled: list[int], whole: bool) -> None:
         sides = [penalty[s] + (penalty[s + 1] if s + 1 < len(types) else 0.0) for s in range(len(types))]
-        for s in sorted(spilled, key=lambda s: -sides[s]):  # the costliest sends around it first
+        runs: list[list[int]] = []  # `whole`: spilled stages joined by paying sends, each copy's on one node
+        for s in sorted(spilled):
+            if whole and runs and runs[-1][-1] == s - 1 and penalty[s] > 0.0:
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+        # the costliest sends around it first (ties: the order spilled, the largest columns first)
+        for run in sorted(runs, key=lambda run: (-max(sides[s] for s in run), min(map(spilled.index, run)))):
+            need = Counter(types[s] for s in run)
             for j in range(copies):
-                holders = [n for n, pools in left.items() if pools.get(types[s])]
-                if not holders:
-                    return
-
-                def near(n: int) -> float:  # what the copy's sends next to this stage save on node n
-                    return sum(penalty[b] for b, g in ((s, placed[j][s - 1] if s else None),
-                                                       (s + 1, placed[j][s + 1] if s + 1 < len(types) else None))
+                def near(n: int, first: int = run[0], last: int = run[-1]) -> float:
+                    """What the copy's sends next to stages first..last save on node n."""
+                    return sum(penalty[b] for b, g in ((first, placed[j][first - 1] if first else None),
+                                                       (last + 1, placed[j][last + 1] if last + 1 < len(types) else None))
                                if g is not None and node_of[g] == n)
-                node = max(holders, key=lambda n: (near(n), len(left[n][types[s]]), -n))
-                placed[j][s] = left[node][types[s]].pop(0)
+                roomy = [n for n, pools in left.items() if all(len(pools.get(t, ())) >= k for t, k in need.items())]
+                if roomy:  # the whole run on one node: its paying sends stay inside
+                    node = max(roomy, key=lambda n: (near(n), min(len(left[n][t]) for t in need), -n))
+                    for s in run:
+                        placed[j][s] = left[node][types[s]].pop(0)
+                    continue
+                for s in run:  # no node holds it whole: stage by stage
+                    holders = [n for n, pools in left.items() if pools.get(types[s])]
+                    if not holders:
+                        return
+                    node = max(holders, key=lambda n, s=s: (near(n, s, s), len(left[n][types[s]]), -n))
+                    placed[j][s] = left[node][types[s]].pop(0)
         cost = sum(penalty[b] for copy in placed for b in range(1, len(types))
                    if node_of[copy[b]] != node_of[copy[b - 1]])
-        found.append((cost, [list(copy) for copy in placed]))
+        found.append((cost, whole, [list(copy) for copy in placed]))
 
     def extend(k: int, left: dict[int, dict[str, list[tuple[int, ...]]]], placed: list[list[tuple[int, ...] | None]],
                spilled: list[int]) -> None:
-        if len(found) >= PLACEMENTS:
+        if len(found) >= 2 * PLACEMENTS:
             return
         if k == len(order):
-            spill({n: {t: list(gs) for t, gs in pools.items()} for n, pools in left.items()},
-                  [list(copy) for copy in placed], spilled)
+            for whole in (False, True):
+                spill({n: {t: list(gs) for t, gs in pools.items()} for n, pools in left.items()},
+                      [list(copy) for copy in placed], spilled, whole)
             return
         s = order[k]
         fits = {}
@@ -182,8 +202,12 @@ def _place_columns(types: tuple[str, ...], sizes: list[float], penalty: list[flo
                 placed[j][s] = None
     extend(0, {n: {t: list(gs) for t, gs in pools.items()} for n, pools in free.items()},
            [[None] * len(types) for _ in range(copies)], [])
-    complete = [item for item in found if all(g is not None for copy in item[1] for g in copy)]
-    return min(complete, key=lambda item: item[0])[1] if complete else None
+    best: list[list[list[tuple[int, ...]]]] = []
+    for whole in (False, True):
+        complete = [item for item in found if item[1] == whole and all(g is not None for copy in item[2] for g in copy)]
+        if complete and (chosen := min(complete, key=lambda item: item[0])[2]) not in best:
+            best.append(chosen)
+    return best
 
 
 def _place_layers(model: PerfModel, tp: int, pipes: list[tuple[tuple[str, ...], tuple[int, ...]]],
@@ -365,12 +389,9 @@ def copy_plans(instance: Instance, failed: frozenset[int], model: PerfModel, dea
         ways = [min(placements, key=lambda found: found[1])[0]]  # the inventory whose crossings cost least
         if 1 < copies <= most_per_node and stages > 1:  # and by columns, on the first inventory that has them
             sizes_of = [float(sizes[bounds[s + 1]] - sizes[bounds[s]]) for s in range(stages)]
-            columns = next((found for have, layout in zip(counts, layouts)
-                            if all(have[t] >= k * copies for t, k in used.items())
-                            for found in [_place_columns(types, sizes_of, penalty, copies, layout)]
-                            if found is not None), None)
-            if columns is not None:
-                ways.append(columns)
+            ways += next((found for have, layout in zip(counts, layouts)
+                          if all(have[t] >= k * copies for t, k in used.items())
+                          for found in [_place_columns(types, sizes_of, penalty, copies, layout)] if found), [])
         for placed in ways:
             priced = _priced(model, [(seq, bounds) for seq in placed], tp, total, deadline, failed)
             if priced is not None:

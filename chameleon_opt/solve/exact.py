@@ -415,6 +415,12 @@ def _fitting(items: list[tuple[int, np.ndarray, int, np.ndarray]], parts: np.nda
             yield stages, offset, times, fit
 
 
+def _member(values: np.ndarray, chosen: Iterable[int]) -> np.ndarray:
+    """`np.isin(values, chosen)` for the few layer indices the floors test: one broadcast comparison
+    (np.isin's sorting set-up dominated the pattern tables, thousands of calls on arrays of tens of rows)."""
+    return (values[..., None] == np.fromiter(chosen, dtype=int)).any(axis=-1)
+
+
 def _largest_below(costs: Iterable[float | None], least: float) -> float | None:
     """The largest of `costs`, read lazily only until it reaches `least` (a minimax over assignments needs no
     more: that assignment cannot lower the least largest); None as soon as a cost is out of reach."""
@@ -766,7 +772,7 @@ class Relaxation:
             update = (update_prefix[b[:, 1:]] - update_prefix[b[:, :-1]]).max(axis=1)
             rings = ring[b[:, :-1], b[:, 1:]].max(axis=1)
             if union is not None:  # the splits whose boundaries all lie in U
-                rings = np.where(np.isin(b[:, 1:-1], union).all(axis=1), rings, np.inf)
+                rings = np.where(_member(b[:, 1:-1], union).all(axis=1), rings, np.inf)
             # per split: how many stages hold `within`'s layers (0: no constraint)
             holding = np.zeros(len(splits), dtype=int)
             if within is not None:
@@ -887,7 +893,7 @@ class Relaxation:
             masked = {}
             for v, per_split in self.split_lower[runs, least].items():
                 inner = np.array(self.splits[sum(v)])[:, 1:-1]
-                masked[v] = np.where(np.isin(inner, barred).any(axis=1)[:, None], np.inf, per_split)
+                masked[v] = np.where(_member(inner, barred).any(axis=1)[:, None], np.inf, per_split)
             self._patterned[key] = masked
         return self._patterned[key]
 
@@ -990,10 +996,10 @@ class Relaxation:
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif pattern is not None:  # per choice of one send of each group: the splits with those, across
                     inner = b[:, 1:-1]
-                    free = ~np.isin(inner, pattern[1]).any(axis=1)
+                    free = ~_member(inner, pattern[1]).any(axis=1)
                     per_split = np.full((len(splits), self.total), np.inf)
                     for chosen in itertools.product(*pattern[0]):
-                        sends = np.isin(inner, chosen)  # (split, boundary): a send before a chosen layer
+                        sends = _member(inner, chosen)  # (split, boundary): a send before a chosen layer
                         rows = np.flatnonzero((sends.sum(axis=1) == len(set(chosen))) & free)
                         if rows.size:
                             per_split[rows] = np.minimum(per_split[rows], self._least_times(
@@ -2183,11 +2189,15 @@ class ExactSearch:
         run again (its tables cached); so only cases that were the least get those tables (8-24-device
         seed 1502: raising every case below the least so far cost 1.5 s of tables for nothing). S empty is
         first floored by `columns` alone, and by the pairs of held layers too (`_spans_pass`' `empty`)
-        once that is the least (24-32-device seed 3199: 0.4 s more tables; none where it is not)."""
+        once that is the least (24-32-device seed 3199: 0.4 s more tables; none where it is not). Each pass
+        skips the cases an earlier one floored at or above its least so far (`known`: a case's floor only
+        rises), so a pass after a raise builds only what the cases now below it need (24-32-device seed
+        3152: 26 passes, each had run its 5,016 run-slot floors again)."""
         raised: dict[tuple, float] = {}
+        known: dict[tuple, float] = {}
         empty = False
         while True:
-            best, least = self._spans_pass(pipelines, refine, value, floor, raised, empty)
+            best, least = self._spans_pass(pipelines, refine, value, floor, raised, known, empty)
             if least == () and not empty and best < floor and not refine.expired():
                 empty = True
                 continue
@@ -2202,7 +2212,7 @@ class ExactSearch:
                                                               raised[spanning, crossed], floor)
 
     def _spans_pass(self, pipelines: int, refine: Deadline, value: float, floor: float, raised: dict[tuple, float],
-                    empty: bool = False) -> tuple[float, tuple | None]:
+                    known: dict[tuple, float], empty: bool = False) -> tuple[float, tuple | None]:
         """Floor of the plans of P pipelines by the set S of layers whose P holders span nodes, while it
         may raise `value`, with the least case (S, the held layers' runs, which pairs cross, the sends, its value;
         None when the least is no case's, () when it is S empty's `columns`), each case at least its `raised`
@@ -2233,7 +2243,9 @@ class ExactSearch:
         if every is None or every[self.root] <= value:
             return 0.0, None  # S = every layer (no held layer) is one of the least's terms already
         columns = self.columns(pipelines, refine, floor)  # S empty: every plan of it is at least this
-        best, least_case = (every[self.root], None) if empty or every[self.root] <= columns else (columns, ())
+        # a case at the floor (the caller's cap) is not raised further
+        best, least_case = (min(every[self.root], floor), None) if empty or every[self.root] <= columns else \
+            (min(columns, floor), ())
         spare = self.most_per_node - pipelines
         grad = self.relaxation.grad
         subsets = sorted((chosen for size in range(0 if empty else 1, self.layers + 1)
@@ -2262,7 +2274,11 @@ class ExactSearch:
                 # shared by every S and C (without their rings and sends): it often decides alone
                 bounds = [0] + [i + 1 for i, across in enumerate(crossed) if across] + [len(held)]
                 held_runs = [held[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-                if self._run_slots(pipelines, refine, held_runs, 0.0, best) >= best:
+                if known.get((spanning, crossed), -math.inf) >= best:
+                    continue  # floored by an earlier pass at the least so far or above (`spans`)
+                slots = self._run_slots(pipelines, refine, held_runs, 0.0, best)
+                if slots >= best:
+                    known[spanning, crossed] = slots
                     continue
                 table = self.relaxation.coupled(pipelines, refine, forced=(0, rounds), crossed=spanning, pattern=pattern)
                 if table is None:
@@ -2293,6 +2309,7 @@ class ExactSearch:
                 if found < best:
                     found = self._packed_holders(pipelines, refine, held_runs, self.root, found, best, crossed=spanning,
                                                  pattern=(sends, barred, ()) if sends or barred else None)
+                known[spanning, crossed] = found  # every table above floors the plans of this case
                 if found < best:
                     best, least_case = found, (spanning, held_runs, crossed, sends, found)
                 if best <= value:
