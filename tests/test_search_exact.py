@@ -1754,7 +1754,8 @@ def test_held_layers_pair_up_when_no_layer_spans_nodes():
     assert step == pytest.approx(17.42196155614912, rel=1e-12)
     (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
     assert search.floor(Deadline.never(), step * (1 - 1e-9)) >= step * (1 - 1e-9)
-    assert min(search.by_count[p] for p in (4, 5, 6)) > step
+    # spans stops at its cap (the floor asked for), so four to six pipelines reach it, no further
+    assert min(search.by_count[p] for p in (4, 5, 6)) >= step * (1 - 1e-9)
 
 
 def test_runs_no_stage_can_hold_whole_take_two_groups_of_every_pipeline():
