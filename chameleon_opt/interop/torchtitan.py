@@ -614,12 +614,13 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
     replicate = r.int(par, "parallelism", "data_parallel_replicate_degree", 1)
     shard = r.int(par, "parallelism", "data_parallel_shard_degree", -1)
     if r.int(par, "parallelism", "context_parallel_degree", 1) != 1:
-        # every context-parallel run torchtitan published is float8 (bench/data/torchtitan_published.json),
-        # so a ring-attention model could not be checked against a measured bf16 run
+        # PyTorch's context-parallel attention (torch.distributed.tensor.experimental._attention, default
+        # all-gather rotation) priced from its code came out 14-42% fast on torchtitan's 6 published CP
+        # rows, growing with the degree (docs/performance-model.md, "torchtitan context parallelism")
         raise r.refuse("parallelism.context_parallel_degree", "is above 1: torchtitan's context parallelism "
-                       "(PyTorch's experimental context-parallel attention, "
-                       "torch.distributed.tensor.experimental._attention) is not modelled (training.context_parallel prices Transformer Engine's K/V ring) and the "
-                       "planner plans DP x PP x TP only", "set it to 1")
+                       "(PyTorch's experimental context-parallel attention) priced from its code is 14-42% fast "
+                       "on torchtitan's published runs, so it is not priced (training.context_parallel prices "
+                       "Transformer Engine's K/V ring), and the planner plans DP x PP x TP only", "set it to 1")
     for key in ("expert_parallel_degree", "expert_tensor_parallel_degree"):
         if r.int(par, "parallelism", key, 1) != 1:
             raise r.refuse(f"parallelism.{key}", "is above 1", "the planner models DP x PP x TP only: set it to 1")
