@@ -100,9 +100,35 @@ def test_sharding_and_precision_follow_torchtitan(tmp_path):
         "precision"] == "fp32"
 
 
+def test_interleaved_1f1b_imports_as_virtual_stages_when_each_ranks_stages_are_equal(tmp_path):
+    """Interleaved1F1B places stages looped (rank r runs r, r + p, ...): Llama 3 405B's 126 blocks +
+    embedding + head over torchtitan's default 2 x 4 stages are 128 / 8 = 16 workload layers each
+    (stage 0 = embedding + 15 blocks, stage 7 = 15 blocks + head), so each rank holds 32 layers as 2
+    virtual stages; 8 layers a stage gives 16 stages, 4 per rank."""
+    text = LLAMA70_PP4.replace('"70B"', '"405B"').replace('"1F1B"', '"Interleaved1F1B"')
+    doc = import_torchtitan(_write(tmp_path, text), ClusterOptions(world_size=64), [])
+    assert doc["plan"]["layout"]["layers_per_stage"] == [32, 32, 32, 32]
+    assert doc["training"]["virtual_stages"] == 2
+    assert _stage_layers(doc) == [32, 32, 32, 32]
+    four = text.replace("[parallelism]", "[parallelism]\npipeline_parallel_layers_per_stage = 8")
+    assert import_torchtitan(_write(tmp_path, four), ClusterOptions(world_size=64), [])["training"][
+        "virtual_stages"] == 4
+    single = import_torchtitan(_write(tmp_path, text.replace('"Interleaved1F1B"', '"1F1B"')),
+                               ClusterOptions(world_size=64), [])["training"]
+    assert "virtual_stages" not in single
+
+
 @pytest.mark.parametrize("edit, key", [
+    (("pipeline_parallel_schedule = \"1F1B\"", "pipeline_parallel_schedule = \"LoopedBFS\""),
+     "parallelism.pipeline_parallel_schedule"),
+    (("pipeline_parallel_schedule = \"1F1B\"", "pipeline_parallel_schedule = \"InterleavedZeroBubble\""),
+     "parallelism.pipeline_parallel_schedule"),
+    # 80 blocks + embedding + head over 2 x 4 stages: [11, 11, 10, ...]; rank 0 runs stages 0 and 4, 11 + 10
     (("pipeline_parallel_schedule = \"1F1B\"", "pipeline_parallel_schedule = \"Interleaved1F1B\""),
      "parallelism.pipeline_parallel_schedule"),
+    # 82 layers at 21 a stage: 4 stages, one per rank, which torchtitan refuses for a multi-stage schedule
+    (("pipeline_parallel_schedule = \"1F1B\"", "pipeline_parallel_schedule = \"Interleaved1F1B\"\n"
+      "pipeline_parallel_layers_per_stage = 21"), "parallelism.pipeline_parallel_layers_per_stage"),
     (("pipeline_parallel_schedule = \"1F1B\"", "pipeline_parallel_schedule = \"ZBVZeroBubble\""),
      "parallelism.pipeline_parallel_schedule"),
     (("pipeline_parallel_schedule = \"1F1B\"", "pipeline_parallel_schedule = \"GPipe\""),
@@ -381,7 +407,7 @@ def test_toml_debug_config_without_pipelining_ignores_its_schedule(tmp_path):
         '"1F1B"', '"Interleaved1F1B"')
     doc = import_torchtitan(_write(tmp_path, text), ClusterOptions(world_size=64), [])
     assert doc["plan"]["layout"]["pipeline_parallel"] == 1
-    with pytest.raises(InputError, match="several stages per rank"):
+    with pytest.raises(InputError, match="equal chunks"):
         import_torchtitan(_write(tmp_path, text.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4"),
                                  "pp4.toml"), ClusterOptions(world_size=64), [])
 
@@ -396,3 +422,14 @@ def test_python_era_mixed_precision_without_sharding(tmp_path):
                              [])["training"]["precision"] == "fp32"
     assert import_torchtitan(_write(tmp_path, json.dumps(newer), "b.json"), ClusterOptions(world_size=16),
                              [])["training"]["precision"] == "bf16"
+
+
+def test_interleaved_job_is_not_exported_as_1f1b(tmp_path):
+    """The torchtitan export writes one part per rank (1F1B): an interleaved plan is refused by name."""
+    job = _write(tmp_path, LLAMA70_PP4.replace('"70B"', '"405B"').replace('"1F1B"', '"Interleaved1F1B"'))
+    runner = CliRunner()
+    assert runner.invoke(app, ["import", "torchtitan", str(job), "--world-size", "64", "-o",
+                               str(tmp_path / "job.json")]).exit_code == 0
+    result = runner.invoke(app, ["export-plan", str(tmp_path / "job.json"), "--format", "torchtitan", "-o",
+                                 str(tmp_path / "back.toml")])
+    assert result.exit_code == 2 and "training.virtual_stages" in result.output

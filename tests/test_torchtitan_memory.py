@@ -65,15 +65,16 @@ def test_published_rows_import_or_are_refused_by_name():
     from bench.torchtitan_runs import import_rows
     runs, refused = import_rows(DATA)
     assert {r.id for r in runs} >= {"tt24-8b-fsdp8", "tt24-8b-fsdp128"}
-    # float8 tensorwise is priced; what is left refused is context parallelism, the interleaved schedule
-    # (every such row a float8 one) and the rowwise recipe (its GEMM rate is shape-dependent)
+    # float8 tensorwise and Interleaved1F1B are priced; what is left refused is context parallelism (every
+    # such row a float8 one) and the rowwise recipe (its GEMM rate is shape-dependent)
     assert refused == {**{i: "parallelism.context_parallel_degree" for i in (
         "tt24-8b-fsdp4-cp2", "tt24-8b-fsdp2-cp4", "tt24-8b-fsdp1-cp8", "tt24-405b-4d-fsdp4-cp2",
         "tt24-405b-4d-fsdp2-cp4", "tt24-405b-4d-fsdp1-cp8")},
-        "tt24-405b-3d-interleaved1f1b": "parallelism.pipeline_parallel_schedule",
         **{f"atp25-{m}-fp8-rowwise-{tp}": "float8.recipe_name"
            for m in ("8b", "70b") for tp in ("vanillatp", "asynctp")}}
-    assert sum("fp8" in r.document["training"] for r in runs) == 13
+    assert sum("fp8" in r.document["training"] for r in runs) == 14
+    interleaved = next(r.document for r in runs if r.id == "tt24-405b-3d-interleaved1f1b")
+    assert interleaved["training"]["virtual_stages"] == 2 and interleaved["plan"]["layout"]["layers_per_stage"] == [16] * 8
     compiled = {r.id: r.document["training"] for r in runs
                 if ("compile" in r.id or "vanillatp" in r.id) and "fp8" not in r.document["training"]}
     assert set(compiled) == {"tt24-8b-fsdp8-compile", "tt24-8b-fsdp128-compile", "atp25-70b-bf16-vanillatp",

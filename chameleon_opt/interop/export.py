@@ -495,6 +495,11 @@ def export_plan(instance: Instance, lowered: LoweredPlan, fmt: str, policy: str)
                          f"training.shard_replicas = {copies}: {TRAINER_NAMES[fmt]} splits its data-parallel ranks "
                          f"into {copies} equal shard groups ({groups}) and refuses this one",
                          f"plan with --target {fmt} (its replicas a multiple of {copies}), or use --format ranks")
+    if fmt == "torchtitan" and uniform and pp > 1 and instance.spec.training.virtual_stages > 1:
+        # the export writes one part per rank and the 1F1B schedule, not the looped stages priced
+        raise InputError(instance.path, "training.virtual_stages", f"is {instance.spec.training.virtual_stages}: "
+                         "the torchtitan export writes one stage per rank (1F1B), not the interleaved schedule "
+                         "the plan was priced with", "set virtual_stages to 1 and plan again, or use --format ranks")
     if fmt == "torchtitan":
         doc: _Export = TorchtitanExport(**common)
         if uniform:

@@ -276,16 +276,20 @@ def _float8(r: _Reader, blocks_compiled: bool, shard: int, workload: dict[str, A
     return {"recipe": recipe, "fp8_all_gather": gather}
 
 
-def _parts_layers(r: _Reader, parts: Any, pp: int) -> list[int]:
-    """Workload layers per stage from `module_fqns_per_model_part`: one part per PP rank, blocks in
-    order without gaps, the embedding alone at the front and the norm + output at the end."""
+def _parts_layers(r: _Reader, parts: Any, pp: int, looped: bool) -> list[int]:
+    """Workload layers per stage from `module_fqns_per_model_part`: one part per stage (one per PP
+    rank, or a multiple of pp, at least 2 per rank, when `looped`), blocks in order without gaps, the
+    embedding alone at the front and the norm + output at the end."""
     key = "parallelism.module_fqns_per_model_part"
     if not isinstance(parts, list) or not all(isinstance(p, list) for p in parts):
         raise r.refuse(key, "is not a list of lists of module names", "give one list of module FQNs per stage")
-    if len(parts) != pp:
-        raise r.refuse(key, f"{len(parts)} parts for {pp} pipeline ranks: torchtitan then runs several stages per "
-                       "rank (an interleaved placement the planner does not model)",
-                       "give pipeline_parallel_degree parts (one stage per rank)")
+    if not looped and len(parts) != pp:
+        raise r.refuse(key, f"{len(parts)} parts for {pp} pipeline ranks and a single-stage schedule (torchtitan "
+                       "refuses this job)", "give pipeline_parallel_degree parts (one stage per rank)")
+    if looped and (len(parts) % pp or len(parts) < 2 * pp):
+        raise r.refuse(key, f"{len(parts)} parts for {pp} pipeline ranks: Interleaved1F1B needs at least 2 stages "
+                       "per rank and the same number on each (torchtitan refuses this job)",
+                       f"give a multiple of {pp} parts, at least {2 * pp}")
     flat = [m for part in parts for m in part]
     blocks = [m for m in flat if isinstance(m, str) and re.fullmatch(r"layers\.\d+", m)]
     expected = ["tok_embeddings"] + [f"layers.{i}" for i in range(len(blocks))]
@@ -316,49 +320,84 @@ def default_split(blocks: int, stages: int, input_weight: int, output_weight: in
     return per_stage
 
 
-def _split(r: _Reader, par: dict[str, Any], pp: int, workload: dict[str, Any]) -> list[int] | None:
-    """Layers per stage as torchtitan places them, or a refusal for what the planner cannot place.
-    Without pipelining torchtitan builds no schedule, so its schedule settings are not read (the
-    debug configs name Interleaved1F1B with pipeline_parallel_degree = 1)."""
+def _split(r: _Reader, par: dict[str, Any], pp: int, workload: dict[str, Any]) -> tuple[list[int] | None, int]:
+    """Layers per PP rank as torchtitan places them and the stages each rank runs (the planner's
+    `virtual_stages`), or a refusal for what the planner cannot place. Without pipelining torchtitan
+    builds no schedule, so its schedule settings are not read (the debug configs name
+    Interleaved1F1B with pipeline_parallel_degree = 1).
+
+    Interleaved1F1B places stages looped, rank r running stages r, r + p, r + 2p, ... (torchtitan's
+    `stage_ids_this_rank`, style "loop"), which is Megatron-LM's interleaved placement, so it is the
+    planner's interleaved 1F1B with v = stages / p chunks per rank: v from
+    pipeline_parallel_layers_per_stage (or the parts of module_fqns_per_model_part), else the 2 stages
+    per rank torchtitan builds for a multi-stage schedule (`generate_split_points` in December 2024,
+    `_generate_llm_fqn_per_model_part` since). The planner prices each rank's chunks as 1/v of its
+    layers, so the rank's chunks must hold equal layer counts (the embedding and the head one layer each)."""
     if pp == 1:
-        return None
+        return None, 1
     schedule = str(par.get("pipeline_parallel_schedule", "1F1B"))
     if par.get("pipeline_parallel_schedule_csv"):
         raise r.refuse("parallelism.pipeline_parallel_schedule_csv", "a custom schedule is not modelled",
                        "use pipeline_parallel_schedule = \"1F1B\"")
-    if schedule in MULTI_STAGE_SCHEDULES:
+    if schedule in MULTI_STAGE_SCHEDULES and schedule != "Interleaved1F1B":
         placement = "V-shaped: rank r holds stages r and 2p-1-r" if "V" in schedule else \
             "looped: rank r holds stages r, r+p, r+2p, ..."
+        what = "zero-bubble split backward" if "ZeroBubble" in schedule or "DualPipe" in schedule else \
+            "all forwards before all backwards"
         raise r.refuse("parallelism.pipeline_parallel_schedule", f"{schedule} runs several stages per rank "
-                       f"({placement}); the planner's stages are contiguous, one per rank",
-                       "use 1F1B to plan the job (its memory and bubble differ from the interleaved run)")
+                       f"({placement}) with an order the planner does not model ({what})",
+                       "use Interleaved1F1B or 1F1B to plan the job")
     if schedule == "GPipe":
         raise r.refuse("parallelism.pipeline_parallel_schedule", "GPipe keeps every micro-batch's activations, "
                        "which the planner (1F1B) does not model", "use 1F1B")
-    if schedule not in SINGLE_STAGE_SCHEDULES:
+    if schedule not in SINGLE_STAGE_SCHEDULES + ("Interleaved1F1B",):
         raise r.refuse("parallelism.pipeline_parallel_schedule", f"unknown schedule {schedule!r}",
-                       f"use one of {', '.join(SINGLE_STAGE_SCHEDULES)}")
+                       f"use one of {', '.join(SINGLE_STAGE_SCHEDULES + ('Interleaved1F1B',))}")
+    looped = schedule == "Interleaved1F1B"
     parts = par.get("module_fqns_per_model_part")
     if parts:
-        return _parts_layers(r, parts, pp)
+        stages = _parts_layers(r, parts, pp, looped)
+    else:
+        stages = _default_stages(r, par, pp, workload, schedule, looped)
+    virtual = len(stages) // pp
+    if virtual == 1:
+        return stages, 1
+    chunks = [stages[rank::pp] for rank in range(pp)]  # rank r: stages r, r + p, ...
+    uneven = [c for c in chunks if len(set(c)) > 1]
+    if uneven:
+        raise r.refuse("parallelism.pipeline_parallel_schedule", f"Interleaved1F1B gives a rank stages of "
+                       f"{uneven[0]} layers: the planner prices a rank's {virtual} stages as equal chunks",
+                       "give layers per stage (or module parts) that put equal layer counts on each rank's "
+                       "stages, or use 1F1B")
+    r.assumptions.append(f"torchtitan Interleaved1F1B: {virtual} looped stages per rank ({len(stages)} stages of "
+                         f"{stages} layers), priced as interleaved 1F1B (training.virtual_stages = {virtual})")
+    return [sum(c) for c in chunks], virtual
+
+
+def _default_stages(r: _Reader, par: dict[str, Any], pp: int, workload: dict[str, Any], schedule: str,
+                    looped: bool) -> list[int]:
+    """Workload layers of each of torchtitan's stages (pp of them, or pp x stages per rank when
+    `looped`) by its default split."""
     blocks = workload_blocks(workload)
     if blocks is None:
         raise r.refuse("model", "the workload has no architecture, so torchtitan's split cannot be reproduced",
                        "pass --model with an architecture, or give module_fqns_per_model_part")
     first = r.int(par, "parallelism", "pipeline_parallel_first_stage_less_layers", 1)
     last = r.int(par, "parallelism", "pipeline_parallel_last_stage_less_layers", 1)
-    per_stage = par.get("pipeline_parallel_layers_per_stage")
-    if per_stage is not None:
-        stages = math.ceil((blocks + first + last) / r.int(par, "parallelism", "pipeline_parallel_layers_per_stage", 1))
-        if stages != pp:
-            raise r.refuse("parallelism.pipeline_parallel_layers_per_stage", f"gives {stages} stages for {pp} ranks "
-                           f"and {schedule} runs one stage per rank (torchtitan refuses this job)",
-                           f"give at least {math.ceil((blocks + first + last) / pp)} layers per stage")
     effective = blocks + first + last
-    if pp > effective or first > effective // pp or last > effective // pp:
-        raise r.refuse("parallelism.pipeline_parallel_degree", f"{pp} stages for {blocks} blocks with first/last "
+    total = 2 * pp if looped else pp
+    if par.get("pipeline_parallel_layers_per_stage") is not None:
+        total = math.ceil(effective / r.int(par, "parallelism", "pipeline_parallel_layers_per_stage", 1))
+        if (total != pp and not looped) or (looped and (total % pp or total < 2 * pp)):
+            need = f"{pp} stages" if not looped else f"a multiple of {pp} stages, at least {2 * pp}"
+            raise r.refuse("parallelism.pipeline_parallel_layers_per_stage", f"gives {total} stages for {pp} ranks "
+                           f"and {schedule} needs {need} (torchtitan refuses this job)",
+                           f"give layers per stage making a multiple of {pp} stages, at least {2 * pp}" if looped else
+                           f"give at least {math.ceil(effective / pp)} layers per stage")
+    if total > effective or first > effective // total or last > effective // total:
+        raise r.refuse("parallelism.pipeline_parallel_degree", f"{total} stages for {blocks} blocks with first/last "
                        f"weights {first}/{last} (torchtitan refuses this split)", "use fewer pipeline stages")
-    return default_split(blocks, pp, first, last)
+    return default_split(blocks, total, first, last)
 
 
 def _recomputation(r: _Reader) -> tuple[str, int]:
@@ -575,12 +614,13 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
     replicate = r.int(par, "parallelism", "data_parallel_replicate_degree", 1)
     shard = r.int(par, "parallelism", "data_parallel_shard_degree", -1)
     if r.int(par, "parallelism", "context_parallel_degree", 1) != 1:
-        # every context-parallel run torchtitan published is float8 (bench/data/torchtitan_published.json),
-        # so a ring-attention model could not be checked against a measured bf16 run
+        # PyTorch's context-parallel attention (torch.distributed.tensor.experimental._attention, default
+        # all-gather rotation) priced from its code came out 14-42% fast on torchtitan's 6 published CP
+        # rows, growing with the degree (docs/performance-model.md, "torchtitan context parallelism")
         raise r.refuse("parallelism.context_parallel_degree", "is above 1: torchtitan's context parallelism "
-                       "(PyTorch's experimental context-parallel attention, "
-                       "torch.distributed.tensor.experimental._attention) is not modelled (training.context_parallel prices Transformer Engine's K/V ring) and the "
-                       "planner plans DP x PP x TP only", "set it to 1")
+                       "(PyTorch's experimental context-parallel attention) priced from its code is 14-42% fast "
+                       "on torchtitan's published runs, so it is not priced (training.context_parallel prices "
+                       "Transformer Engine's K/V ring), and the planner plans DP x PP x TP only", "set it to 1")
     for key in ("expert_parallel_degree", "expert_tensor_parallel_degree"):
         if r.int(par, "parallelism", key, 1) != 1:
             raise r.refuse(f"parallelism.{key}", "is above 1", "the planner models DP x PP x TP only: set it to 1")
@@ -620,7 +660,7 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
         r.assumptions.append("torchtitan async TP: each TP collective micro-pipelined with the matmul next to it, "
                              "only its excess over that matmul and one pipeline step exposed (derived, not fitted)")
     layout: dict[str, Any] = {"pipeline_parallel": pp, "data_parallel": dp, "order": TORCHTITAN_ORDER}
-    split = _split(r, par, pp, workload)
+    split, virtual = _split(r, par, pp, workload)
     if split is not None:
         layout["layers_per_stage"] = split
     state = _state(r, training, par, tp, pp, shard)
@@ -641,6 +681,7 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
                            f"give stages whose block counts before each are multiples of {every}, or mode full")
     train: dict[str, Any] = {**_batches(r, training, par, pp, dp), **state,
                              "recomputation": recompute, "checkpoint_every": every,
+                             **({"virtual_stages": virtual} if virtual > 1 else {}),
                              # ptd_checkpoint_wrapper's default, torch's non-reentrant checkpoint (torch >= 2.1)
                              "recompute_early_stop": recompute == "full",
                              "kernels": "torchtitan-compiled" if blocks_compiled else "torchtitan",
