@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -109,9 +110,17 @@ def one_f_one_b_schedule(forward_s: Sequence[float], backward_s: Sequence[float]
 
 
 def one_f_one_b_time(forward_s: Sequence[float], backward_s: Sequence[float], micro_batches: int) -> float:
-    """Eq. 11: the makespan, when the first stage's last backward ends (0 without micro-batches)."""
-    if micro_batches <= 0 or not forward_s:
+    """Eq. 11: the makespan, when the first stage's last backward ends (0 without micro-batches).
+    Memoised on the stage times (`_makespan`): the search prices the same pipelines again and again
+    (32-64 seed 9180 at 2 s: 3,198 calls, 513 distinct)."""
+    if micro_batches <= 0 or len(forward_s) == 0:
         return 0.0
+    return _makespan(tuple(map(float, forward_s)), tuple(map(float, backward_s)), micro_batches)
+
+
+@lru_cache(maxsize=1 << 16)
+def _makespan(forward_s: tuple[float, ...], backward_s: tuple[float, ...], micro_batches: int) -> float:
+    """`one_f_one_b_time` on Python floats (the same IEEE doubles as numpy's: values are unchanged)."""
     return max(_one_f_one_b_ends(forward_s, backward_s, micro_batches)[1][0])
 
 

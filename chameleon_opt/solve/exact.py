@@ -492,6 +492,7 @@ class Relaxation:
             for node, counts in here.items():
                 holds[node] = holds.get(node, Counter()) | counts
         self.node_kinds = {tuple(counts[k] for k in range(len(self.kind_count))) for counts in holds.values()}
+        self._held_runs: dict[tuple[int, ...], bool] = {}  # `_held_in_node`
         self.lower: dict[tuple[int, ...], list[float]] = {}
         # split_lower[r, c][v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
         # when no run of its stages in one node is longer than r and it crosses nodes at least c times
@@ -1112,9 +1113,7 @@ class Relaxation:
 
             def fits(start: int, end: int) -> bool:
                 if (start, end) not in held_in_node:
-                    kinds = Counter(order[start:end])
-                    held_in_node[start, end] = any(all(n <= held[k] for k, n in kinds.items())
-                                                   for held in self.node_kinds)
+                    held_in_node[start, end] = self._held_in_node(tuple(sorted(order[start:end])))
                 return held_in_node[start, end]
             valid = []
             for chosen in sets:
@@ -1122,6 +1121,16 @@ class Relaxation:
                 if all(fits(start, end) for start, end in zip(cuts, cuts[1:])):
                     valid.append(set(chosen))
             found += [(tuple(sorted(chosen)), order) for chosen in valid if not any(other < chosen for other in valid)]
+        return found
+
+    def _held_in_node(self, kinds: tuple[int, ...]) -> bool:
+        """Whether one node's groups hold a run of stages of these kinds (a sorted multiset; memoised:
+        `_placements` asks the same runs for every order and every (runs, least))."""
+        found = self._held_runs.get(kinds)
+        if found is None:
+            counts = Counter(kinds)
+            found = self._held_runs[kinds] = any(all(n <= held[k] for k, n in counts.items())
+                                                 for held in self.node_kinds)
         return found
 
     def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
@@ -3027,7 +3036,8 @@ class ExactSearch:
 
     def of_kind(self, groups: Counter, kind: int) -> int:
         """How many of `groups` (per stage device type) are of this relaxation kind."""
-        return sum(n for name, n in groups.items() if self.relaxation.kind_of[name] == kind)
+        kind_of = self.relaxation.kind_of  # a local: a tenth of 32-64 seed 285's 2 s went to these sums
+        return sum(n for name, n in groups.items() if kind_of[name] == kind)
 
     def state_of(self, groups: Counter) -> int:
         """The relaxation's state of these groups (count per stage device type)."""
@@ -3155,6 +3165,7 @@ class ExactSearch:
         heaviest = list(itertools.accumulate(layer_grad, max, initial=0.0))  # heaviest[k]: of layers 0..k - 1
         total_grad = list(itertools.accumulate(layer_grad, initial=0.0))  # total_grad[k]: of layers 0..k - 1
         rings: dict[tuple[float, int], float] = {}
+        layers, keep, overlapped = self.layers, 1 - PRUNE_TOLERANCE, self.overlapped  # locals: read on every node
 
         def inter_ring(nbytes: float, replicas: int) -> float:
             """The inter-node ring of these gradient bytes over these replicas (memoised)."""
@@ -3202,7 +3213,7 @@ class ExactSearch:
         filled = [0]  # pipelines a regular run completed (at full length), to stop at the first placement
         exhausted = self.exhausted
         taken = [0] * len(self.pools)        # groups of each class in use (the pool's first ones)
-        touched = Counter()                  # groups in use per node
+        touched = Counter(dict.fromkeys(node_size, 0))  # groups in use per node (every node listed: no __missing__)
         chosen: list[tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]] = []
 
         def leaf() -> None:
@@ -3341,6 +3352,30 @@ class ExactSearch:
                 >= best[0] * (1 - PRUNE_TOLERANCE)
             grow([], [], ((), ()), (), n_left, g_left, state, state, worst, opt, grad, last, last_nodes, ring, final)
 
+        def crossed(upto: int, nodes: tuple[int, ...], room: int) -> float:
+            """The heaviest gradient bytes of one of layers 0..upto - 1 that crosses nodes whatever the split
+            (`enters`): layer l may stay inside a node with `room` unused groups (one per pipeline after
+            this one) only if that node holds every chosen holder of l and first appears at stage l or
+            before; a layer no chosen stage holds may stay in the earliest such node (found lazily)."""
+            earliest, crossing = -1, 0.0
+            for layer in range(upto):
+                nbytes = layer_grad[layer]
+                if nbytes > crossing:
+                    holder = sole[layer]
+                    if holder == -2:
+                        continue
+                    if holder >= 0:
+                        at = nodes.index(holder) if holder in nodes and node_size[holder] - touched[holder] >= room \
+                            else layers
+                    else:
+                        if earliest < 0:
+                            earliest = next((i for i, node in enumerate(nodes)
+                                             if node_size[node] - touched[node] >= room), layers)
+                        at = earliest
+                    if at > layer:
+                        crossing = nbytes
+            return crossing
+
         def grow(classes: list[int], seq: list[tuple[int, ...]], shape: tuple[tuple[str, ...], tuple[bool, ...]],
                  nodes: tuple[int, ...], n_left: int, g_left: int, state: int, after: int, worst: float, opt: float,
                  grad: float, last: tuple | None, last_nodes: tuple[int, ...], ring: float, final: bool) -> None:
@@ -3351,41 +3386,14 @@ class ExactSearch:
             renaming the nodes by first use gives the same plan with a smaller tuple first, so the
             lexicographically least such sequence, which every plan has, obeys both this and the
             family rule (`allowed`)."""
-            if not stats["complete"] or stats["met"]:
-                return
-            stats["nodes"] += 1
-            if stats["nodes"] % 512 == 0 and window[0].expired():
-                stats["complete"] = False
-                return
-            stages = len(classes)  # a child too slow by its first stages' types was cut before its call (below)
-            if stages and not self.overlapped:
-                # Stages 0..l hold layer l (each holds at least one layer, from layer 0 on), and at least
-                # `coming` pipelines, this one included, are still to be chosen, each with a holder of
-                # every layer: layer l's ring stays inside a node only on one of those stages' nodes
-                # that holds every chosen holder of l and has an unused group for each pipeline after
-                # this one; where none does, it crosses nodes, whatever the split (32-64-device seed 3:
-                # 1 Gb/s between nodes; 8-24-device seed 21: nodes of 7 groups, 7-8 pipelines).
-                coming = fewest[last[0]][last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
-                if coming == math.inf:
-                    return  # no pipelines allowed from here on run the micro-batches left
-                base, cut = max(worst, completion[stages][state][n_left]) + opt, best[0] * (1 - PRUNE_TOLERANCE)
-                if base + ring >= cut:
-                    return  # this pipeline has `stages` stages already: every completion is at least that
-                replicas = len(chosen) + int(coming)
-                heavy = inter_ring(heaviest[min(stages, self.layers)], replicas)
-                if heavy > ring and base + heavy >= cut:  # else no layer's crossing can cut
-                    # the stage index at which each node with room for the pipelines after this one first
-                    # appears: layer l may stay inside such a node only if it appears at stage l or before
-                    first = {node: nodes.index(node) for node in set(nodes)
-                             if node_size[node] - touched[node] >= coming - 1}
-                    earliest, crossing = min(first.values(), default=self.layers), 0.0
-                    for layer in range(min(stages, self.layers)):
-                        holder = sole[layer]
-                        if layer_grad[layer] > crossing and holder != -2 and (
-                                first.get(holder, self.layers) if holder >= 0 else earliest) > layer:
-                            crossing = layer_grad[layer]
-                    if crossing and base + max(ring, inter_ring(crossing, replicas)) >= cut:
-                        return
+            stages = len(classes)
+            if not stages:  # from `master`; the loop below counts and cuts every other node before its call
+                if not stats["complete"] or stats["met"]:
+                    return
+                stats["nodes"] += 1
+                if stats["nodes"] % 512 == 0 and window[0].expired():
+                    stats["complete"] = False
+                    return
             if regular[0] and last is not None and stages == last[0]:
                 filled[0] += 1
             if stages and (last is not None or stages > searched[0]):
@@ -3398,7 +3406,7 @@ class ExactSearch:
                         if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
                             stats["complete"] = False
                             return
-                        splits.append((bounds, self.price(seq, shape, bounds, best[0] * (1 - PRUNE_TOLERANCE))))
+                        splits.append((bounds, self.price(seq, shape, bounds, best[0] * keep)))
                     per_m = by_shape[shape] = _by_micro_batches(splits)
                 # Keys (stages, m, shape, bounds) come in non-increasing order (one equal to `last` only on
                 # nodes that do not repeat a plan: `repeats`); a regular run takes `last`'s split instead.
@@ -3412,7 +3420,7 @@ class ExactSearch:
                     top = min(top, last[1] - (shape > last[2]))
                     if shape == last[2]:
                         tied_m, repeats = last[1], nodes < last_nodes  # a key equal to `last` would repeat a plan
-                cut, g_after, row = best[0] * (1 - PRUNE_TOLERANCE), g_left - stages, capped[stages][after]
+                cut, g_after, row = best[0] * keep, g_left - stages, capped[stages][after]
                 for m in range(1, top + 1):
                     entries = per_m[m]
                     if not entries:
@@ -3444,7 +3452,7 @@ class ExactSearch:
                                                new_grad, new_ring))
                 candidates.sort()  # the most promising first: good plans early, and the rest cut by them
                 for value, key, new_worst, new_opt, new_grad, new_ring in candidates:
-                    if value >= best[0] * (1 - PRUNE_TOLERANCE):
+                    if value >= best[0] * keep:
                         break
                     _, m, _, bounds = key
                     first = None if chosen else (tuple(seq), bounds, m)
@@ -3459,13 +3467,20 @@ class ExactSearch:
                         exhausted.add(first)
             if stages >= min(cap[0], g_left) or (last is not None and stages >= last[0]):
                 return
-            if max(worst, completion[stages + 1][state][n_left]) + opt + ring >= best[0] * (1 - PRUNE_TOLERANCE):
+            if max(worst, completion[stages + 1][state][n_left]) + opt + ring >= best[0] * keep:
                 return  # no longer pipeline (with the rest and the rings so far) can beat the incumbent
             copy = regular[0] and last is not None  # a regular run: the first pipeline's shape, greedily placed
             order = self.order
             if copy:  # the first pipeline's type at this stage, else one that dominates it (stands in)
                 order = sorted(order, key=lambda c: self.class_type[c] != last[2][0][stages])
             too_slow: dict[str, bool] = {}  # per next stage's device type: every child of it is cut at once
+            coming = fewest[last[0]][last[1]][g_left][n_left] if last is not None else anything[g_left][n_left]
+            if not overlapped and coming != math.inf:  # the children's entry floors (`enters`), alike but for the node
+                base = max(worst, completion[stages + 1][state][n_left]) + opt
+                replicas, upto = len(chosen) + int(coming), min(stages + 1, layers)
+                heavy = rings.get((heaviest[upto], replicas))
+                if heavy is None:
+                    heavy = inter_ring(heaviest[upto], replicas)
             for c in order:  # fastest device types first: good plans (and cuts) come early
                 node = class_node[c]
                 if taken[c] == pool_size[c] or (not touched[node] and class_rank[c] != opened[class_family[c]]):
@@ -3478,7 +3493,7 @@ class ExactSearch:
                     types = shape[0] + (name,)
                     times, others = prefix_floors.get(types) or prefix_floor(types)
                     too_slow[name] = max(worst, times[n_left] if final else others[after - class_stride[c]][n_left]) \
-                        + opt + ring >= best[0] * (1 - PRUNE_TOLERANCE)
+                        + opt + ring >= best[0] * keep
                 if too_slow[name]:
                     continue  # too slow, whatever this pipeline's further stages, split and crossings (80% of
                     # the children of 32-64 seed 172's tree: cut here, before the call and its tuples)
@@ -3487,9 +3502,32 @@ class ExactSearch:
                 opened[class_family[c]] += not touched[node]
                 touched[node] += 1
                 before = filled[0]
-                grow(classes + [c], seq + [group], (shape[0] + (class_type[c],), shape[1] + (
-                    (node != nodes[-1],) if stages else ())), nodes + (node,), n_left, g_left, state,
-                    after - class_stride[c], worst, opt, grad, last, last_nodes, ring, final)
+                # `enters`: the child is counted, and cut here, before its call and its tuples (half the
+                # children of 32-64 seed 9061's tree): the child pipeline has stages + 1 stages already,
+                # and at least `coming` pipelines, this one included, are still to be chosen, each with a
+                # holder of every layer: layer l's ring stays inside a node only on one of those stages'
+                # nodes that holds every chosen holder of l and has an unused group for each pipeline
+                # after this one; where none does, it crosses nodes, whatever the split (32-64-device
+                # seed 3: 1 Gb/s between nodes; 8-24-device seed 21: nodes of 7 groups, 7-8 pipelines)
+                enters = False
+                if stats["complete"] and not stats["met"]:
+                    stats["nodes"] += 1
+                    if stats["nodes"] % 512 == 0 and window[0].expired():
+                        stats["complete"] = False
+                    elif overlapped:
+                        enters = True
+                    elif coming != math.inf:
+                        cut = best[0] * keep
+                        if base + ring < cut:  # else every completion of stages + 1 stages is at least that
+                            enters = True
+                            if heavy > ring and base + heavy >= cut:  # else no layer's crossing can cut
+                                crossing = crossed(upto, nodes + (node,), coming - 1)
+                                if crossing and base + max(ring, inter_ring(crossing, replicas)) >= cut:
+                                    enters = False
+                if enters:
+                    grow(classes + [c], seq + [group], (shape[0] + (class_type[c],), shape[1] + (
+                        (node != nodes[-1],) if stages else ())), nodes + (node,), n_left, g_left, state,
+                        after - class_stride[c], worst, opt, grad, last, last_nodes, ring, final)
                 taken[c] -= 1
                 touched[node] -= 1
                 opened[class_family[c]] -= not touched[node]
