@@ -15,6 +15,7 @@ from chameleon_opt.interop.common import ClusterOptions
 from chameleon_opt.interop.torchtitan import import_torchtitan
 from chameleon_opt.perf.fp8 import FP8_GEMM_RATIO, linear_params
 from chameleon_opt.perf.model import PerfModel
+from tests.test_fp8 import TOY as FP8_TOY
 
 LLAMA8_FLOAT8 = """
 [model]
@@ -108,17 +109,9 @@ def test_the_rowwise_recipe_is_refused_with_its_measured_reason(tmp_path, conver
     assert "tensorwise" in err.value.fix and "bf16" in err.value.fix
 
 
-TOY = {
-    "format": 1, "name": "torchao-hand",
-    "cluster": {"nodes": 1, "devices_per_node": 1,
-                "device_type": {"name": "toy", "memory_gib": 80, "peak_tflops": 100, "fp8_peak_tflops": 200,
-                                "efficiency": 0.5, "memory_bandwidth_gbps": 1000},
-                "network": {"intra_node_gbps": 100, "inter_node_gbps": 10}},
-    "workload": {"inline": {"name": "toy", "architecture": {
-        "layers": 2, "hidden": 1024, "heads": 8, "ffn": 4096, "vocab": 1000, "seq_len": 512}}},
-    "training": {"global_batch": 1, "micro_batch_size": 1, "fp8": {"recipe": "tensorwise"}},
-    "plan": {"tensor_parallel": 1, "layout": {"pipeline_parallel": 1, "data_parallel": 1}},
-}
+TOY = {**FP8_TOY, "name": "torchao-hand",
+       "training": {**FP8_TOY["training"], "fp8": {"recipe": "tensorwise"}}}
+"""test_fp8's hand-worked one-device toy, under torchao's tensorwise recipe."""
 
 
 def _block(document: dict) -> tuple[float, float]:
