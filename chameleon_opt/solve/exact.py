@@ -2037,28 +2037,19 @@ class ExactSearch:
         18.121313, its plan. Seed 8174: two nodes hold a slow and a fast group, so two of four
         pipelines send before layer 1 across nodes from a slow stage to a fast one, and U = {1, 3, 4}
         rings layers 3 and 4-5 apart: 36.721690 -> 36.721810, its plan."""
-        relaxation = self.relaxation
+        cases = itertools.chain(  # (forced kind and rounds, the case's own terms)
+            (((kind, rounds), {"short_runs": length - 1}) for kind, rounds, length in self._run_limits(pipelines)),
+            (((kept[1], rounds), {"kept": kept}) for kept, rounds in self._kept_cases(pipelines, union)))
         best = value
-        for kind, rounds, length in self._run_limits(pipelines):
-            if best >= floor:
-                return best
-            table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), short_runs=length - 1, union=union)
-            if table is None:
-                return best
-            best = max(best, table[self.root])
-            if best < floor:
-                best = max(best, self.thresholds(pipelines, refine, best, floor, forced=(kind, rounds), union=union,
-                                                 short_runs=length - 1))
-        for kept, rounds in self._kept_cases(pipelines, union):
+        for forced, terms in cases:
             if best >= floor:
                 break
-            table = relaxation.coupled(pipelines, refine, forced=(kept[1], rounds), kept=kept, union=union)
+            table = self.relaxation.coupled(pipelines, refine, forced=forced, union=union, **terms)
             if table is None:
                 return best
             best = max(best, table[self.root])
             if best < floor:
-                best = max(best, self.thresholds(pipelines, refine, best, floor, forced=(kept[1], rounds),
-                                                 kept=kept, union=union))
+                best = max(best, self.thresholds(pipelines, refine, best, floor, forced=forced, union=union, **terms))
         return best
 
     def _least_extras(self, pipelines: int) -> dict[int, float]:

@@ -330,9 +330,10 @@ def polish_merged(model: PerfModel, plan: Plan, failed: frozenset[int], deadline
     while improved and not deadline.expired():
         improved = False
         times = [p.iteration_time_s for p in estimate.pipelines]
+        slowest = max(times)
         shapes: dict[tuple[int, ...], list[int]] = {}
         for j, t in enumerate(times):
-            if t >= max(times) * (1 - 1e-12):
+            if t >= slowest * (1 - 1e-12):
                 shapes.setdefault(tuple(st.first for st in best.pipelines[j].stages), []).append(j)
         for members in shapes.values():
             for s, keep in itertools.product(range(len(best.pipelines[members[0]].stages) - 1), (0, 1)):
