@@ -1,5 +1,5 @@
 """torchtitan's memory terms, each against numbers worked by hand from its code (and, for the whole
-peak, the H200 probe in bench/device/torchtitan_memory_probe.py), and the published rows' check."""
+peak, the H200 probe in bench/device/torchtitan_probe.py), and the published rows' check."""
 
 from __future__ import annotations
 

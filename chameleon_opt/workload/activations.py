@@ -145,7 +145,7 @@ per-op policy (op_sac_terms). Loss: `cross_entropy(pred.flatten(0, 1).float(), l
 at the log-softmax backward the saved fp32 log-softmax output, its incoming fp32 gradient and the
 fp32 gradient it produces are alive together (12 bytes per token and vocabulary entry), and the
 caching allocator keeps the bf16 logits' freed block (`del pred` before backward), which none of
-those fp32 tensors fits, reserved: 2 more. Measured (bench/device/torchtitan_memory_probe.py, H200,
+those fp32 tensors fits, reserved: 2 more. Measured (bench/device/torchtitan_probe.py, H200,
 torch 2.11, Llama 3 8B widths, 4-8 blocks, 8-16k tokens, expandable segments): the allocated peak
 is parameters + Adam state + activations + 12 B x tokens x vocab + the gathered root within 0.5%,
 and the reserved peak this model gives (gradients counted, 14 B) within 2.1% on five runs."""

@@ -1,14 +1,19 @@
-"""Measure a torchtitan-style Llama step's allocated and reserved peaks on one GPU (FSDP2 over one rank,
-bf16 compute / fp32 master and reduce, AdamW, torchtitan's per-op selective or full checkpointing,
-fp32 cross-entropy on the logits), to check the memory model's terms. Llama 3 8B widths with few
-blocks so it fits one GPU. Run: python bench/device/torchtitan_memory_probe.py LAYERS AC TOKENS_PER_SEQ BATCH
-Prints one JSON line per run."""
+"""Measure a torchtitan-style Llama step on one GPU: its time and its allocated and reserved peaks
+(FSDP2 over one rank, bf16 compute / fp32 master and reduce, fused AdamW, torchtitan's per-op
+selective or full checkpointing, blocks optionally under torch.compile as torchtitan compiles them,
+fp32 cross-entropy on the logits), to check the performance model's time and memory terms on a GPU it
+was not fitted on. Llama 3 8B or 70B widths with few blocks so one GPU holds them.
+Run: python bench/device/torchtitan_probe.py FLAVOR LAYERS AC TOKENS_PER_SEQ BATCH [compile]
+(FLAVOR 8B or 70B, AC none | op | full). Prints one JSON line: the median of TIMED steps after
+WARM_UP, timed with CUDA synchronisation, and the peaks over all steps."""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
+import time
 from collections import defaultdict
 
 import torch
@@ -19,7 +24,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-H, KV_HEADS, HEADS, FFN, VOCAB = 4096, 8, 32, 14336, 128256
+FLAVORS = {"8B": (4096, 8, 32, 14336), "70B": (8192, 8, 64, 28672)}
+"""torchtitan's llama3 flavours: (dim, n_kv_heads, n_heads, FFN hidden after ffn_dim_multiplier)."""
+H, KV_HEADS, HEADS, FFN = FLAVORS[sys.argv[1] if len(sys.argv) > 1 else "8B"]
+VOCAB = 128256
+WARM_UP, TIMED = 3, 8
 
 
 class RMSNorm(nn.Module):
@@ -80,7 +89,7 @@ def op_sac_context():
 
 
 class Model(nn.Module):
-    def __init__(self, layers: int, ac: str, seq: int) -> None:
+    def __init__(self, layers: int, ac: str, seq: int, compiled: bool) -> None:
         super().__init__()
         self.tok = nn.Embedding(VOCAB, H)
         self.layers = nn.ModuleList()
@@ -90,6 +99,8 @@ class Model(nn.Module):
                 block = checkpoint_wrapper(block, preserve_rng_state=False)
             elif ac == "op":
                 block = checkpoint_wrapper(block, context_fn=op_sac_context, preserve_rng_state=False)
+            if compiled:   # torchtitan's order: checkpointing, then compile each block whole, then FSDP
+                block.compile(fullgraph=True)
             self.layers.append(block)
         self.norm, self.out = RMSNorm(H), nn.Linear(H, VOCAB, bias=False)
         d = H // HEADS
@@ -105,13 +116,14 @@ class Model(nn.Module):
 
 
 def main() -> None:
-    layers, ac, seq, batch = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    flavor, layers, ac, seq, batch = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    compiled = sys.argv[6:7] == ["compile"]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29511")
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
     with torch.device("meta"):
-        model = Model(layers, ac, seq)
+        model = Model(layers, ac, seq, compiled)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for block in model.layers:
         fully_shard(block, mp_policy=mp, reshard_after_forward=True)
@@ -126,8 +138,10 @@ def main() -> None:
         model.freqs = torch.polar(torch.ones_like(angles), angles)[None, :, None, :]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     params = sum(p.numel() for p in model.parameters())
-    for step in range(3):
-        torch.cuda.reset_peak_memory_stats()
+    seconds = []
+    for step in range(WARM_UP + TIMED):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
         tokens = torch.randint(0, VOCAB, (batch, seq), device="cuda")
         labels = torch.randint(0, VOCAB, (batch, seq), device="cuda")
         pred = model(tokens)
@@ -136,8 +150,13 @@ def main() -> None:
         loss.backward()
         opt.step()
         opt.zero_grad()
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
     stats = torch.cuda.memory_stats()
-    print(json.dumps({"layers": layers, "ac": ac, "seq": seq, "batch": batch, "params": params,
+    timed = seconds[WARM_UP:]
+    print(json.dumps({"flavor": flavor, "layers": layers, "ac": ac, "seq": seq, "batch": batch, "compile": compiled,
+                      "params": params, "step_s": statistics.median(timed), "step_s_min": min(timed),
+                      "step_s_max": max(timed), "gpu": torch.cuda.get_device_name(),
                       "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "torch": torch.__version__,
                       "max_allocated_gib": stats["allocated_bytes.all.peak"] / 2**30,
                       "max_active_gib": stats["active_bytes.all.peak"] / 2**30,
