@@ -25,6 +25,8 @@ from chameleon_opt.interop.torchtitan import import_torchtitan
 from chameleon_opt.perf.published import NETWORKS
 
 DATA = Path(__file__).resolve().parent / "data" / "torchtitan_published.json"
+PROBE = Path(__file__).resolve().parent / "data" / "h200_probe.json"
+MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
 @dataclass(frozen=True)
@@ -91,3 +93,40 @@ def import_rows(path: Path = DATA) -> tuple[list[TorchtitanRun], dict[str, str]]
         except InputError as why:
             refused[row["id"]] = why.field
     return runs, refused
+
+
+def probe_config(probe: dict[str, Any]) -> dict[str, Any]:
+    """The torchtitan job config a probe step of bench/device/torchtitan_probe.py runs (one rank)."""
+    mode = {"none": {"mode": "none"}, "op": {"mode": "selective", "selective_ac_option": "op"},
+            "full": {"mode": "full"}}[probe["ac"]]
+    return {"model": {"name": "llama3", "flavor": probe["flavor"]},
+            "parallelism": {"data_parallel_shard_degree": -1, "tensor_parallel_degree": 1,
+                            "pipeline_parallel_degree": 1, "context_parallel_degree": 1},
+            "training": {"local_batch_size": probe["batch"], "seq_len": probe["seq"],
+                         "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
+            "activation_checkpoint": mode, "compile": {"enable": probe["compile"]}}
+
+
+def probe_runs(path: Path = PROBE) -> list[TorchtitanRun]:
+    """The H200 probe's steps (bench/data/h200_probe.json) as imported torchtitan jobs: the config
+    through the importer, then the flavour's architecture with the probe's block count (the probe
+    builds 2-8 blocks of the flavour's widths) and the loss left eager (the probe compiles the
+    blocks alone)."""
+    runs = []
+    for probe in json.loads(path.read_text())["rows"]:
+        name = f"h200-{probe['flavor'].lower()}-L{probe['layers']}-{probe['ac']}-s{probe['seq']}-b{probe['batch']}" + \
+            ("-compile" if probe["compile"] else "")
+        row = {"id": name, "model": f"llama3-{probe['flavor'].lower()}", "world_size": 1,
+               "hardware": {"gpu": "H200-141", "gpus_per_node": 1}, "config": probe_config(probe),
+               "source": {"file": "bench/data/h200_probe.json"},
+               "measured": {"tokens_per_s_per_gpu": probe["batch"] * probe["seq"] / probe["step_s"],
+                            "memory_gib": probe["max_reserved_gib"]}}
+        run = import_row(row, {})
+        document = run.document
+        spec = json.loads((MODELS / f"{document['workload']['model']}.json").read_text())
+        document["workload"] = {"inline": {"name": name, "source": spec["source"],
+                                           "architecture": {**spec["architecture"], "layers": probe["layers"],
+                                                            "seq_len": probe["seq"]}}}
+        document["training"]["compiled_loss"] = False
+        runs.append(run)
+    return runs

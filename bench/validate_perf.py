@@ -764,43 +764,52 @@ def peak_gib(run) -> float:
     return max(c.memory_bytes for p in found.pipelines for c in p.stages) / GIB
 
 
+def held_out_estimate(r, fit, interference: float):
+    """The model's estimate of a torchtitan run (bench/torchtitan_runs.py) with the torchtitan kernels,
+    the compute and memory efficiencies of `fit` (fitted on other families) and the ZeRO-3 overlap
+    interference given: nothing fitted on the run itself."""
+    from chameleon_opt.instance.devices import CATALOGUE
+    from chameleon_opt.perf import published as P
+    from chameleon_opt.perf.calibration import DeviceFit, FrameworkCalibration
+    device = r.document["cluster"]["device_type"]
+    spec = device if isinstance(device, dict) else CATALOGUE[device].model_dump()
+    calibration = FrameworkCalibration(
+        "torchtitan (held out)", "flash", fit.memory_efficiency,
+        {spec["name"]: DeviceFit(spec["peak_tflops"], spec["memory_bandwidth_gbps"], fit.compute[r.gpu], ())},
+        overhead_gib=0.0, kernels="torchtitan",
+        attention_utilisation={spec["name"]: P.ATTENTION_UTILISATION[("flash-v2", r.gpu)]},
+        sharded_interference=interference)
+    instance = build_instance(r.document, f"<{r.id}>")
+    return PerfModel(instance, calibration=calibration).evaluate(instance.plan)
+
+
 def torchtitan_validation(others: list, interference: float) -> dict:
     """torchtitan's published runs through its importer (bench/torchtitan_runs.py): refused
     rows by the key named; the rest priced with the torchtitan kernels, the efficiencies fitted on
     every other published family (`others`) and the ZeRO-3 overlap interference fitted on llm-foundry's
     runs (`interference`): none on these rows, all held out. Memory against max_reserved. Also fits
     the interference on its eager every-block rows (`fitted_interference`, fits_interference: what prices llm-foundry's)."""
-    from chameleon_opt.instance.devices import CATALOGUE
     from chameleon_opt.perf import published as P
-    from chameleon_opt.perf.calibration import DeviceFit, FrameworkCalibration
-    from bench.torchtitan_runs import import_rows
+    from bench.torchtitan_runs import import_rows, probe_runs
     runs, refused = import_rows()
     fit = P.fit_efficiencies(others, {r.id: P.step_terms(r, interference if sharded(r) else None) for r in others})
 
     def estimate(r, x: float):
-        device = r.document["cluster"]["device_type"]
-        spec = device if isinstance(device, dict) else CATALOGUE[device].model_dump()
-        calibration = FrameworkCalibration(
-            "torchtitan (held out)", "flash", fit.memory_efficiency,
-            {spec["name"]: DeviceFit(spec["peak_tflops"], spec["memory_bandwidth_gbps"], fit.compute[r.gpu], ())},
-            overhead_gib=0.0, kernels="torchtitan",
-            attention_utilisation={spec["name"]: P.ATTENTION_UTILISATION[("flash-v2", r.gpu)]},
-            sharded_interference=x)
-        instance = build_instance(r.document, f"<{r.id}>")
-        return PerfModel(instance, calibration=calibration).evaluate(instance.plan)
+        return held_out_estimate(r, fit, x)
 
-    rows = []
-    for r in runs:
+    def priced(r) -> dict:
         found = estimate(r, interference)
         peak = max(c.memory_bytes for p in found.pipelines for c in p.stages) / GIB
-        rows.append({"id": r.id, "family": r.family, "source": r.source, "fp8": r.fp8, "measured_s": r.measured_step_s,
-                     "predicted_s": found.iteration_time_s,
-                     "error_time": found.iteration_time_s / r.measured_step_s - 1,
-                     "measured_mem_gib": r.measured_memory_gib, "predicted_mem_gib": peak,
-                     "error_mem": peak / r.measured_memory_gib - 1 if r.measured_memory_gib else None})
+        return {"id": r.id, "family": r.family, "source": r.source, "fp8": r.fp8, "measured_s": r.measured_step_s,
+                "predicted_s": found.iteration_time_s,
+                "error_time": found.iteration_time_s / r.measured_step_s - 1,
+                "measured_mem_gib": r.measured_memory_gib, "predicted_mem_gib": peak,
+                "error_mem": peak / r.measured_memory_gib - 1 if r.measured_memory_gib else None}
+
+    rows = [priced(r) for r in runs]
     fitted = interference_of([r for r in runs if fits_interference(r)], lambda r, x: estimate(r, x).iteration_time_s)
     return {"rows": rows, "refused": refused, "fitted_on": list(fit.fitted_on), "interference": interference,
-            "fitted_interference": fitted}
+            "fitted_interference": fitted, "h200_probe": [priced(r) for r in probe_runs()]}
 
 
 def render_torchtitan(torchtitan: dict) -> list[str]:

@@ -108,3 +108,27 @@ def test_hf_runtime_block_reruns_what_its_instance_prices(config: dict, attentio
     # 2*S*FFN*H = 131,072, Llama's gate and up 262,144, GPT-2's c_fc 131,072
     whole = (98_304 + 32_768 + 262_144 + 131_072) if config is LLAMA else (131_072 + 32_768 + 2 * 131_072)
     assert w.recomputed_flops_per_sample("full")[1] == whole
+
+
+def test_full_recomputation_reruns_the_blocks_not_the_head() -> None:
+    """A trainer checkpoints the blocks alone (torchtitan's apply_ac over model.layers, Megatron's
+    recompute over its transformer layers): the head's logits GEMM (2*S*H*V per sample) runs once."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    from torch.utils.checkpoint import checkpoint
+    from torch.utils.flop_counter import FlopCounterMode
+    block, head = Block(), torch.nn.Linear(H, ARCH.vocab, bias=False)
+    x = torch.randn(B, S, H, requires_grad=True)
+
+    def backward(checkpointed: bool) -> int:
+        y = head(checkpoint(block, x, use_reentrant=False) if checkpointed else block(x))
+        with FlopCounterMode(display=False) as counter:
+            y.sum().backward()
+        return counter.get_total_flops()
+
+    rerun = backward(True) - backward(False)
+    w = Workload(WorkloadSpec(name="block", architecture=ARCH), S, 1)
+    recomputed = w.recomputed_flops_per_sample("full", early_stop=True)   # torch's default
+    assert w.forward_flops_per_sample[-1] == 2 * S * H * ARCH.vocab == 65_536   # the head's, by hand
+    assert recomputed[0] == recomputed[-1] == 0.0
+    assert rerun == B * recomputed.sum() == B * (425_984 - 131_072)

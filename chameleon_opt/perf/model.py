@@ -414,9 +414,9 @@ class PerfModel:
             if table.update_s.max() > 0:
                 update = table.update_s.max() * w.params / max(self.total_params, 1.0)
             # Profiles are measured without recomputation: add the recomputed forward work (all of
-            # it under full recomputation, FLOPs or not, less the MLP output projection when the
+            # each block's under full recomputation, FLOPs or not, less the MLP output projection when the
             # recompute stops early; a part's share of the FLOPs otherwise).
-            share = np.ones(w.num_layers) if recompute == "full" else np.divide(
+            share = w.checkpointed if recompute == "full" else np.divide(
                 w.recomputed_flops_per_sample(recompute, self.kernels), w.forward_flops_per_sample,
                 out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
             bwd = bwd + fwd * share
@@ -447,8 +447,9 @@ class PerfModel:
             # does not see: streamed through HBM, forward once, backward twice, rerun by recomputation.
             eager = w.unfused_elementwise_bytes_per_sample(tp, self.kernels) * mbs / (
                 device.memory_bandwidth_gbps * 1e9 * ELEMENTWISE_HBM_SHARE)
-            rerun = recompute == "full" or (recompute == "selective" and self.kernels.selective == "op-mm")
-            fwd, bwd = fwd + eager, bwd + eager * (ELEMENTWISE_BACKWARD_RATIO + (1.0 if rerun else 0.0))
+            rerun = w.checkpointed if recompute == "full" else float(
+                recompute == "selective" and self.kernels.selective == "op-mm")
+            fwd, bwd = fwd + eager, bwd + eager * (ELEMENTWISE_BACKWARD_RATIO + rerun)
             tp_fwd, tp_bwd = count_f * one, count_b * one
             self.time_sources[(device.name, tp)] = (f"FLOPs at {device.efficiency:g} of {device.name}'s peak "
                                                     "(catalogue efficiency)")

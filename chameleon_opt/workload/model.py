@@ -94,6 +94,18 @@ class Workload:
         per_layer = next(iter(next(iter(self.spec.profiles[0].times.values())).values()))
         return len(per_layer)
 
+    @cached_property
+    def checkpointed(self) -> np.ndarray:
+        """1 for the rows full recomputation reruns, 0 for those it leaves alone: trainers checkpoint
+        the transformer blocks, never the embedding or the head (Megatron-LM's recompute loops over
+        its transformer layers, torchtitan's apply_ac wraps each of model.layers, Composer checkpoints
+        llm-foundry's MPTBlock modules, Hugging Face's gradient checkpointing its decoder layers). Rows
+        are [embedding, blocks..., head] in every workload (a profile's too)."""
+        rows = np.ones(self.num_layers)
+        if self.num_layers >= 3:
+            rows[0] = rows[-1] = 0.0
+        return rows
+
     def profile_for(self, device_type: str) -> Profile | None:
         return next((p for p in self.spec.profiles if p.device_type == device_type), None)
 
@@ -216,8 +228,8 @@ class Workload:
 
     def recomputed_flops_per_sample(self, recompute: bool | str, kernels: Kernels | None = None,
                                     early_stop: bool = False) -> np.ndarray:
-        """Forward FLOPs per layer that recomputation reruns in the backward: the whole forward
-        (full), the attention core (selective, Megatron's kind) or the matmuls torchtitan's per-op
+        """Forward FLOPs per layer that recomputation reruns in the backward: each block's whole
+        forward (full; not the embedding's or the head's: `checkpointed`), the attention core (selective, Megatron's kind) or the matmuls torchtitan's per-op
         policy does not keep (selective under its kernels), nothing otherwise.
 
         early_stop (full only): torch's non-reentrant checkpoint (torch >= 2.1) stops the rerun once
@@ -231,8 +243,8 @@ class Workload:
         mode = _recompute_mode(recompute)
         if mode == "full":
             if early_stop:
-                return self.forward_flops_per_sample - self.mlp_output_flops_per_sample
-            return self.forward_flops_per_sample
+                return (self.forward_flops_per_sample - self.mlp_output_flops_per_sample) * self.checkpointed
+            return self.forward_flops_per_sample * self.checkpointed
         if mode != "selective":
             return np.zeros(self.num_layers)
         if (kernels or MEGATRON).selective == "op-mm" and self.architecture is not None:
@@ -284,7 +296,7 @@ class Workload:
     def tp_allreduce_counts(self, recompute: bool | str) -> tuple[np.ndarray, np.ndarray]:
         """All-reduces of one s*h activation per layer in forward and in backward under Megatron TP:
         two per block each way (attention and MLP outputs), one for the vocab-parallel embedding;
-        full recomputation repeats the forward's during backward (selective recomputes only the
+        full recomputation repeats the blocks' forward ones during backward (selective recomputes only the
         attention core, inside the TP region: no extra collective)."""
         forward = np.zeros(self.num_layers)
         if self.architecture is None:
@@ -294,7 +306,7 @@ class Workload:
         backward = forward.copy()
         backward[0] = 0.0
         if _recompute_mode(recompute) == "full":
-            backward += forward
+            backward += forward * self.checkpointed
         return forward, backward
 
     def tp_collective_gemm_flops_per_sample(self) -> np.ndarray:
