@@ -390,6 +390,9 @@ def test_python_era_recipe_dump_as_torchtitan_writes_it(tmp_path):
     # 14 B per token and vocabulary entry for the whole micro-batch, one eighth with 8 chunks
     assert whole.head_logit_bytes(1) == pytest.approx(14 * 16384 * 128256)
     assert chunked.head_logit_bytes(1) == pytest.approx(whole.head_logit_bytes(1) / 8)
+    # at TP 2 loss parallel's 18 B per local entry (activations.LOSS_PARALLEL_LOGIT_BYTES), chunked alike
+    assert whole.head_logit_bytes(2) == pytest.approx(18 * 16384 * 128256 / 2)
+    assert chunked.head_logit_bytes(2) == pytest.approx(whole.head_logit_bytes(2) / 8)
     pipelined = torchtitan_config(dump, TorchtitanParallelism(
         data_parallel_replicate_degree=1, data_parallel_shard_degree=4, tensor_parallel_degree=1,
         pipeline_parallel_degree=2, pipeline_parallel_microbatch_size=2,

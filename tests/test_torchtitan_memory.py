@@ -53,6 +53,18 @@ def test_loss_buffers_are_fourteen_bytes_per_logit():
     assert head / 2**30 == pytest.approx(27.65, abs=0.01)
 
 
+def test_loss_parallel_holds_eighteen_bytes_per_local_logit():
+    # TP 8 shards the vocabulary (loss parallel): DTensor's decomposed backward keeps the saved fp32
+    # log-probabilities, the zero-filled scatter, exp(x) and their sum alive together (16 B), plus the
+    # bf16 logits' 2 B; per rank 8192 tokens x 128256 / 8 = 16032 entries each: 18 B x 8192 x 16032
+    w = workload()
+    assert w.logit_bytes_per_entry(TORCHTITAN, 8) == 18.0 and w.logit_bytes_per_entry(TORCHTITAN, 1) == 14.0
+    assert w.logit_bytes_per_entry(MEGATRON, 8) == 6.0  # a stack without the field: one count at every TP
+    head = w.activation_bytes_per_sample(8, "full", sequence_parallel=True, kernels=TORCHTITAN)[-1]
+    assert head == 4 * 8192 * 4096 / 8 + 18 * 8192 * 16032
+    assert 18 * 8192 * 16032 / 2**30 == pytest.approx(2.202, abs=0.001)
+
+
 def test_torchtitan_rmsnorm_keeps_its_fp32_copy_without_checkpointing():
     terms = block_terms(LLAMA3_8B, TORCHTITAN, 8192, 2.0)
     assert terms["norm inputs (2 norms)"][0] == 2 * (4 + 2) * 4096
@@ -198,7 +210,9 @@ def test_a_compiled_job_under_the_eager_stacks_calibration_prices_no_chains():
     assert np.isclose((ef + eb) - (cf + cb), 4 * seconds)
     loss_doc = copy.deepcopy(compiled_doc)
     loss_doc["training"]["compiled_loss"] = True
-    assert PerfModel(build_instance(loss_doc, "<8b>")).kernels.logit_bytes == COMPILED_LOSS_LOGIT_BYTES
+    compiled_loss = PerfModel(build_instance(loss_doc, "<8b>")).kernels
+    # a compiled loss keeps its 4 B under TP too (its loss-parallel graph is not derived apart)
+    assert compiled_loss.logit_bytes == COMPILED_LOSS_LOGIT_BYTES and compiled_loss.loss_parallel_logit_bytes is None
 
 
 def test_async_tp_exposes_each_collectives_excess_over_its_matmul_and_one_step():

@@ -309,11 +309,15 @@ class PerfModel:
                 stack = training.kernels
                 self.calibration = calibration = replace(calibration, kernels=stack)
             self.kernels = kernels_for(stack, architecture.family if architecture is not None else None)
-            if training.compiled_loss:
-                self.kernels = replace(self.kernels, logit_bytes=COMPILED_LOSS_LOGIT_BYTES)
+            if training.compiled_loss:  # (under TP too: its loss-parallel graph is not derived apart)
+                self.kernels = replace(self.kernels, logit_bytes=COMPILED_LOSS_LOGIT_BYTES,
+                                       loss_parallel_logit_bytes=None)
             if training.loss_chunks > 1:  # one slice of the tokens' logits alive at a time
                 per_entry = self.workload.logit_bytes_per_entry(self.kernels)
-                self.kernels = replace(self.kernels, logit_bytes=per_entry / training.loss_chunks)
+                parallel = self.kernels.loss_parallel_logit_bytes
+                self.kernels = replace(self.kernels, logit_bytes=per_entry / training.loss_chunks,
+                                       loss_parallel_logit_bytes=None if parallel is None
+                                       else parallel / training.loss_chunks)
         except ValueError as error:
             from chameleon_opt.errors import InputError
             raise InputError(None, "workload.architecture.family", str(error),
@@ -823,7 +827,7 @@ class PerfModel:
         the part of the head's activations that the breakdown names `logits`."""
         a = self.workload.architecture
         assert a is not None
-        return (self.workload.logit_bytes_per_entry(self.kernels) * self.workload.sequence_length * a.vocab / tp
+        return (self.workload.logit_bytes_per_entry(self.kernels, tp) * self.workload.sequence_length * a.vocab / tp
                 * self.micro_batch_size)
 
     def stage_memory(self, devices: tuple[int, ...], first: int, end: int, stage: int, stages: int,

@@ -48,7 +48,10 @@ class Kernels:
     (under 0.1% of a block). selective: what the stack's selective recomputation keeps: "core"
     (Megatron: everything but the attention core) or "op-mm" (torchtitan's per-op policy:
     op_sac_terms). logit_bytes: bytes per token and vocabulary entry the loss holds at the head's
-    backward (None: an fp32 logits copy plus the half-precision logits or their gradient)."""
+    backward (None: an fp32 logits copy plus the half-precision logits or their gradient).
+    loss_parallel_logit_bytes: the same per local vocabulary entry when TP > 1 shards the vocabulary
+    and the stack's loss is then a different code path (torchtitan's loss parallel:
+    LOSS_PARALLEL_LOGIT_BYTES); None: logit_bytes at every TP degree."""
 
     name: str
     norm: Norm = "fused"
@@ -63,6 +66,7 @@ class Kernels:
     count_lse: bool = True
     selective: Literal["core", "op-mm"] = "core"
     logit_bytes: float | None = None
+    loss_parallel_logit_bytes: float | None = None
     elementwise: Literal["fused", "eager", "rotary"] = "fused"
     """eager: the block's element-wise chains (RMSNorm, rotary, SwiGLU's gate, K/V repeats) run as
     separate PyTorch kernels, each a round trip through HBM (unfused_elementwise_bytes_per_token).
@@ -135,8 +139,26 @@ HF_EAGER = {
 for _alias in ("mistral", "qwen2", "qwen3"):
     HF_EAGER[_alias] = HF_EAGER["llama"]
 
+LOSS_PARALLEL_LOGIT_BYTES = 18.0
+"""Bytes per token and local vocabulary entry torchtitan's eager loss holds under TP (loss parallel:
+on by default whenever TP > 1, `disable_loss_parallel`, which the importer refuses with TP; train.py
+at 9dec370 runs the loss inside `torch.distributed.tensor.parallel.loss_parallel()`). There
+`cross_entropy` on the vocabulary-sharded fp32 logits does not reach the fused log-softmax kernels:
+DTensor's custom handlers (torch/distributed/tensor/parallel/loss.py, 2024) decompose it, and the
+backward of nll_loss and log_softmax runs as one Python expression,
+`(torch.zeros_like(x) scattered + torch.exp(x)) * grad_output` (`_nll_loss_and_log_softmax_backward`),
+so at its peak four fp32 tensors of the local logits' size are alive together: the saved
+log-probabilities x, the zero-filled scatter, exp(x) and their sum (the product then takes exp's
+freed block): 16 bytes, where the fused log_softmax backward holds the saved output, its incoming
+gradient and the gradient it writes (12). The bf16 logits' 2 bytes stay as in the eager count
+(TORCHTITAN.logit_bytes: a freed block the fp32 tensors do not fit, or, under pipelining, the
+stage's output kept for the step's merge). Its forward (fp32 input, `shifted`, exp(shifted), bf16
+logits: 14) peaks lower. Derived from the code, fitted on nothing; checked against the published
+70B FSDP 32 x TP 8 peaks (docs/performance-model.md, torchtitan's loss parallel)."""
+
 TORCHTITAN = Kernels("torchtitan", norm="rmsnorm-fp32", attention="flash", attention_dropout=False,
-                     hidden_dropout=False, mlp="swiglu", selective="op-mm", logit_bytes=14.0, elementwise="eager")
+                     hidden_dropout=False, mlp="swiglu", selective="op-mm", logit_bytes=14.0,
+                     loss_parallel_logit_bytes=LOSS_PARALLEL_LOGIT_BYTES, elementwise="eager")
 """torchtitan's Llama (torchtitan/models/llama/model.py and models/norms.py at 9dec370, the 2024
 benchmarks' commit): the default `rmsnorm` normalises an fp32 copy of its input (saved: that copy
 and the normalised tensor before the weight), SDPA (flash: Q, K, V, output, log-sum-exp), no
@@ -153,7 +175,7 @@ and the reserved peak this model gives (gradients counted, 14 B) within 2.1% on 
 
 TORCHTITAN_COMPILED = Kernels("torchtitan-compiled", norm="fused", attention="flash", attention_dropout=False,
                               hidden_dropout=False, mlp="fused", selective="op-mm", logit_bytes=14.0,
-                              elementwise="rotary")
+                              loss_parallel_logit_bytes=LOSS_PARALLEL_LOGIT_BYTES, elementwise="rotary")
 """torchtitan's Llama with its blocks under torch.compile (compile.components "model": each
 TransformerBlock compiled whole, fullgraph, apply_compile in parallelize_llama.py). Inductor fuses
 every element-wise chain between two matmuls (or SDPA) into one kernel, so the chains cost what a

@@ -195,7 +195,7 @@ class Workload:
             block = block_bytes_per_sample(a, chosen, s, float(self.dtype_bytes), tp, sequence_parallel,
                                            recompute_core=mode == "selective", fp8_linears=fp8_linears)
         embedding = s * h / shard * chosen.mask_bytes if chosen.hidden_dropout else 0.0
-        head = 4.0 * s * h / shard * scale + self.logit_bytes_per_entry(kernels) * s * a.vocab / tp
+        head = 4.0 * s * h / shard * scale + self.logit_bytes_per_entry(kernels, tp) * s * a.vocab / tp
         return np.array([embedding] + [block] * a.layers + [head])
 
     def unfused_elementwise_bytes_per_sample(self, tp: int, kernels: Kernels | None) -> np.ndarray:
@@ -209,11 +209,14 @@ class Workload:
         block = self.sequence_length * unfused_elementwise_bytes_per_token(a, chosen, float(self.dtype_bytes)) / tp
         return np.array([0.0] + [block] * a.layers + [0.0])
 
-    def logit_bytes_per_entry(self, kernels: Kernels | None) -> float:
-        """Bytes per token and vocabulary entry the loss holds at the head's backward: the stack's
-        (workload/activations.py Kernels.logit_bytes), else fp32 logits plus the half-precision
-        logits or their gradient."""
+    def logit_bytes_per_entry(self, kernels: Kernels | None, tp: int = 1) -> float:
+        """Bytes per token and (local) vocabulary entry the loss holds at the head's backward: the
+        stack's (workload/activations.py Kernels.logit_bytes; under TP its loss_parallel_logit_bytes
+        where the stack's vocabulary-parallel loss runs other code), else fp32 logits plus the
+        half-precision logits or their gradient."""
         chosen = kernels or MEGATRON
+        if tp > 1 and chosen.loss_parallel_logit_bytes is not None:
+            return chosen.loss_parallel_logit_bytes
         return chosen.logit_bytes if chosen.logit_bytes is not None else 4.0 + self.dtype_bytes
 
     @cached_property
