@@ -414,8 +414,9 @@ Composer's get_mixed_precision (composer/trainer/mosaic_fsdp_utils.py) gives DEF
 precision and, up to 0.16.3, no reduce_dtype (torch's MixedPrecision then reduces in param_dtype, bf16);
 mosaicml/composer d745fcb1b ('patch default', 2023-10-10, first released in 0.16.4 on 2023-10-11) sets
 reduce_dtype = torch.float32. The Large Scale table (5e85bd62d, 2024-01-06) ran llm-foundry's main branch
-(submit_benchmarks.py run_config: git_branch 'main'), which from v0.4.0 (2023-11-21) pins mosaicml>=0.17:
-fp32. The October 2023 tables (b2a43a147: H100 80GB BF16 / FP8, A100 80GB amp_bf16) ran the v0.3.0 tag, which
+with its gpu-flash2 extra (submit_benchmarks.py run_config: git_branch 'main', pip_install '.[gpu-flash2]'),
+which main has from ba6b88037 (2023-10-10) on, pinning mosaicml>=0.16.3,<0.17 (0.16.4, the newest such,
+from 2023-10-11), >=0.16.4 by 2023-10-20 and >=0.17 from v0.4.0 (2023-11-21): fp32. The October 2023 tables (b2a43a147: H100 80GB BF16 / FP8, A100 80GB amp_bf16) ran the v0.3.0 tag, which
 pins mosaicml>=0.16.3,<0.17: 0.16.3 or 0.16.4 by the day of the run, which no source states, so they keep the
 parameter dtype (docs/performance-model.md gives them both ways). PURE (the May 2023 rows) reduces in bf16."""
 
