@@ -112,6 +112,31 @@ def test_shard_grad_op_gathers_once_and_holds_the_stage_parameters() -> None:
     assert held - two_layers == pytest.approx((params - 2 * float(full.workload.params.max())) * 2.0)
 
 
+def test_fsdp_reduce_scatters_in_its_reduce_dtype_and_keeps_its_gradients_in_theirs() -> None:
+    """Composer's DEFAULT from 0.16.4: bf16 gathers, fp32 reduce-scatter (reduce_bytes_per_param 4). By hand,
+    GPT-3 1.7B (1,770,250,752 parameters, 26 units) on one 8-GPU node: 26 x 7 x 5 us + 1.770e9 x 4 B x 7/8
+    / 230 GB/s = 0.91 ms + 26.94 ms = 27.85 ms for the reduce-scatter, against 14.38 ms in bf16."""
+    bf16, plan = model_of(fsdp_job())
+    fp32, _ = model_of(fsdp_job(reduce_bytes_per_param=4))
+    forward, backward, unit_gather, unit_reduce = fp32.sharded_collective_times(plan, 0, 0)
+    assert float(fp32.workload.params.sum()) == 1_770_250_752
+    assert forward == pytest.approx(0.014379, abs=1e-6)  # the gathers stay bf16
+    assert backward - forward == pytest.approx(0.027848, abs=1e-6)
+    assert bf16.sharded_collective_times(plan, 0, 0)[1] - forward == pytest.approx(0.014379, abs=1e-6)
+    assert unit_reduce == pytest.approx(7 * 5e-6 + 122_683_392 * 4 * 7 / 8 / 230e9)
+    assert unit_gather == bf16.sharded_collective_times(plan, 0, 0)[2]
+    # the gradients kept after the reduce-scatter are still counted at the gradient precision
+    assert fp32.evaluate(plan).pipelines[0].stages[0].memory == bf16.evaluate(plan).pipelines[0].stages[0].memory
+
+
+def test_only_llm_foundrys_composer_0_17_tables_reduce_default_mode_in_fp32() -> None:
+    from chameleon_opt.perf.published import _foundry_reduce_bytes
+    row = {"raw": {"MP Mode": "DEFAULT"}, "source": {"section": "H100 80GB BF16 (Large Scale, >= 128 GPUs)"}}
+    assert _foundry_reduce_bytes(row) == 4.0
+    assert _foundry_reduce_bytes({**row, "raw": {"MP Mode": "PURE"}}) is None
+    assert _foundry_reduce_bytes({**row, "source": {"section": "H100 80GB BF16"}}) is None  # v0.3.0: 0.16.3 or .4
+
+
 def test_across_nodes_the_fsdp_ring_uses_every_nic_of_the_node() -> None:
     model, plan = model_of(fsdp_job(nodes=2))
     params = float(model.workload.params.sum())

@@ -207,6 +207,10 @@ class Training(Strict):
     gather_bytes_per_param: PositiveFloat | None = Field(
         None, description="bytes per parameter of the ZeRO-3/FSDP all-gathers (FSDP MixedPrecision.param_dtype); "
         "default: the parameter precision")
+    reduce_bytes_per_param: PositiveFloat | None = Field(
+        None, description="bytes per parameter of the ZeRO-3/FSDP gradient reduce-scatter (FSDP "
+        "MixedPrecision.reduce_dtype: Composer's DEFAULT mode reduces in fp32 from 0.16.4 on, 4); the gradients "
+        "kept afterwards stay grad_bytes_per_param. Default: grad_bytes_per_param")
     reshard_after_forward: bool = Field(
         True, description="under zero_stage 3: free the gathered parameters after each layer's forward and gather "
         "them again for its backward (FSDP FULL_SHARD, DeepSpeed ZeRO-3); false keeps them from forward to backward "

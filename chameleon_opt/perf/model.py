@@ -285,6 +285,7 @@ class PerfModel:
         self.torchao_fp8 = training.fp8 is not None and training.fp8.recipe == "tensorwise"
         self.param_bytes = float(training.dtype_bytes)
         self.grad_bytes = float(training.grad_bytes_per_param or training.dtype_bytes)
+        self.reduce_bytes = float(training.reduce_bytes_per_param or self.grad_bytes)  # ZeRO-3 reduce-scatter
         self.optimizer_bytes = float(training.optimizer.state_bytes_per_param)
         self.grad_bucket_bytes = training.grad_bucket_mb * 2.0 ** 20
         self.gather_bytes = float(training.gather_bytes_per_param or training.dtype_bytes)
@@ -695,8 +696,8 @@ class PerfModel:
         micro-batch: FSDP and DeepSpeed ZeRO-3 synchronise every backward (Composer enters no_sync only for
         DDP modules: composer/trainer/dist_strategy.py, ddp_sync_context). Bytes: parameters per TP rank x
         gather_bytes_per_param (FSDP MixedPrecision.param_dtype; 1 for the linear weights gathered in fp8,
-        gathered_bytes) and x the gradient precision (its
-        reduce_dtype); ring all-gather / reduce-scatter over collective_link, its start-up latency once per
+        gathered_bytes) and x the reduce-scatter's precision (reduce_bytes_per_param: FSDP's
+        reduce_dtype, by default the gradient precision); ring all-gather / reduce-scatter over collective_link, its start-up latency once per
         layer and collective.
         Zero below ZeRO-3 or with a shard group of one slot."""
         if self.zero_stage < 3:
@@ -724,11 +725,11 @@ class PerfModel:
             share = (n - 1) / n / link.bandwidth
             gathered = self.gathered_bytes[layers] / tp
             gather = len(layers) * latency + float(gathered.sum()) * share
-            reduce = len(layers) * latency + params * self.grad_bytes * share
+            reduce = len(layers) * latency + params * self.reduce_bytes * share
             forward += gather
             backward += (gather if self.reshard_after_forward else 0.0) + reduce
             unit_gather = max(unit_gather, latency + float(gathered.max()) * share)
-            unit_reduce = max(unit_reduce, latency + largest * self.grad_bytes * share)
+            unit_reduce = max(unit_reduce, latency + largest * self.reduce_bytes * share)
         return forward, backward, unit_gather, unit_reduce
 
     def overlap_sharded(self, forward: float, backward: float, collectives: tuple[float, float, float, float]

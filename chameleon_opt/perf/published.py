@@ -408,6 +408,29 @@ def _torch_early_stop(row: dict[str, Any]) -> bool:
     return precision.startswith("amp_")
 
 
+FOUNDRY_FP32_REDUCE_SECTIONS = ("H100 80GB BF16 (Large Scale",)
+"""llm-foundry README tables (section prefixes) whose DEFAULT-mode runs reduce-scatter their gradients in fp32.
+Composer's get_mixed_precision (composer/trainer/mosaic_fsdp_utils.py) gives DEFAULT param_dtype = the autocast
+precision and, up to 0.16.3, no reduce_dtype (torch's MixedPrecision then reduces in param_dtype, bf16);
+mosaicml/composer d745fcb1b ('patch default', 2023-10-10, first released in 0.16.4 on 2023-10-11) sets
+reduce_dtype = torch.float32. The Large Scale table (5e85bd62d, 2024-01-06) ran llm-foundry's main branch
+with its gpu-flash2 extra (submit_benchmarks.py run_config: git_branch 'main', pip_install '.[gpu-flash2]'),
+which main has from ba6b88037 (2023-10-10) on, pinning mosaicml>=0.16.3,<0.17 (0.16.4, the newest such,
+from 2023-10-11), >=0.16.4 by 2023-10-20 and >=0.17 from v0.4.0 (2023-11-21): fp32. The October 2023 tables (b2a43a147: H100 80GB BF16 / FP8, A100 80GB amp_bf16) ran the v0.3.0 tag, which
+pins mosaicml>=0.16.3,<0.17: 0.16.3 or 0.16.4 by the day of the run, which no source states, so they keep the
+parameter dtype (docs/performance-model.md gives them both ways). PURE (the May 2023 rows) reduces in bf16."""
+
+
+def _foundry_reduce_bytes(row: dict[str, Any]) -> float | None:
+    """Bytes per parameter of an llm-foundry row's gradient reduce-scatter where it differs from the parameter
+    precision (FOUNDRY_FP32_REDUCE_SECTIONS: 4 for fp32), else None."""
+    mode = str((row.get("raw") or {}).get("MP Mode") or "").upper()
+    section = str(row["source"].get("section") or "")
+    if mode == "DEFAULT" and section.startswith(FOUNDRY_FP32_REDUCE_SECTIONS):
+        return 4.0
+    return None
+
+
 DISTRIBUTED_OPTIMIZER_TABLES: frozenset[tuple[str, str, str]] = frozenset({
     # (source, source.path, source.section) of tables every row of which ran such a recipe. Each shards
     # the fp32 master weights and Adam moments over the data-parallel x context-parallel group and
@@ -513,11 +536,13 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     if source == "llm_foundry":
         # PyTorch FSDP shards parameters, gradients and optimizer state under both strategies;
         # SHARD_GRAD_OP keeps the gathered parameters from forward to backward (torch FSDP docs).
-        # Mixed precision (Composer, 2023): DEFAULT and PURE gather bf16 parameters and reduce in the
-        # parameter dtype (reduce_dtype unset takes param_dtype in torch's MixedPrecision): 2 bytes each,
-        # the parameter precision, so no override.
+        # Mixed precision: DEFAULT and PURE gather bf16 parameters (2 bytes, the parameter precision); the
+        # gradients' reduce dtype depends on the Composer release (_foundry_reduce_bytes).
         zero = 3
         sharded["reshard_after_forward"] = p.get("sharding_strategy") != "SHARD_GRAD_OP"
+        reduce = _foundry_reduce_bytes(row)
+        if reduce is not None:
+            sharded["reduce_bytes_per_param"] = reduce
         sharded["recompute_early_stop"] = _torch_early_stop(row)
         sharded["kernels"] = "llm-foundry"  # MPT's saved tensors and fused loss (activations.LLM_FOUNDRY)
     elif _distributed_optimizer(row):
