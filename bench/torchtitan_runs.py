@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ class TorchtitanRun:
     measured_memory_gib: float | None
     source: str                   # the benchmark file the row is from (its held-out report groups)
     fp8: str | None               # torchao's float8 recipe the job runs (tensorwise), None for bf16
+    attention_kernel: str = "flash-v2"  # SDPA's backend (perf.published.ATTENTION_UTILISATION's key)
 
 
 def family_of(row: dict[str, Any]) -> str:
@@ -128,5 +129,5 @@ def probe_runs(path: Path = PROBE) -> list[TorchtitanRun]:
                                            "architecture": {**spec["architecture"], "layers": probe["layers"],
                                                             "seq_len": probe["seq"]}}}
         document["training"]["compiled_loss"] = False
-        runs.append(run)
+        runs.append(replace(run, attention_kernel="cudnn"))   # torch 2.11's SDPA default on Hopper (measured)
     return runs

@@ -777,7 +777,7 @@ def held_out_estimate(r, fit, interference: float):
         "torchtitan (held out)", "flash", fit.memory_efficiency,
         {spec["name"]: DeviceFit(spec["peak_tflops"], spec["memory_bandwidth_gbps"], fit.compute[r.gpu], ())},
         overhead_gib=0.0, kernels="torchtitan",
-        attention_utilisation={spec["name"]: P.ATTENTION_UTILISATION[("flash-v2", r.gpu)]},
+        attention_utilisation={spec["name"]: P.ATTENTION_UTILISATION[(r.attention_kernel, r.gpu)]},
         sharded_interference=interference)
     instance = build_instance(r.document, f"<{r.id}>")
     return PerfModel(instance, calibration=calibration).evaluate(instance.plan)

@@ -28,3 +28,13 @@ def test_reserved_peak_is_predicted_within_eight_percent(run) -> None:
     peak = max(c.memory_bytes for p in found.pipelines for c in p.stages) / GIB
     # measured on 2026-11-28: -1.4% .. +2.5% on 16 runs, +6.8% on the 32k-token full-checkpointing run
     assert abs(peak / run.measured_memory_gib - 1) < 0.08, (peak, run.measured_memory_gib)
+
+
+def test_a_measured_kernel_table_is_read_in_log_sequence_length() -> None:
+    from chameleon_opt.perf.calibration import utilisation_at
+    from chameleon_opt.perf.published import FLASH_V2_H100_MEASURED
+    assert utilisation_at(FLASH_V2_H100_MEASURED, 8192) == 0.282
+    # halfway in log2 between 4096 and 8192: the mean of the two points
+    assert utilisation_at(FLASH_V2_H100_MEASURED, 5793) == pytest.approx((0.229 + 0.282) / 2, abs=1e-4)
+    assert utilisation_at(FLASH_V2_H100_MEASURED, 1024) == 0.229        # the end values beyond the points
+    assert utilisation_at(FLASH_V2_H100_MEASURED, 131072) == 0.327

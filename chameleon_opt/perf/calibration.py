@@ -72,7 +72,7 @@ class FrameworkCalibration:
     notes: tuple[str, ...] = field(default=())
     kernels: str | None = None  # the stack's kernels for activations (workload/activations.py); None: megatron
     tp_exposed: float = 1.0     # share of the TP collectives not hidden behind GEMMs (Megatron --tp-comm-overlap: 0)
-    attention_utilisation: dict[str, float] = field(default_factory=dict)
+    attention_utilisation: dict[str, Any] = field(default_factory=dict)  # a share, or (seq, share) points
     """Per device: the share of peak the stack's flash-attention kernel sustains on the FLOPs it executes
     (flash_attention_seconds). Absent: the attention core is priced as GEMM FLOPs at compute_efficiency."""
     sharded_interference: float | None = None
@@ -103,7 +103,7 @@ class FrameworkCalibration:
             return None
         flops, traffic = self.layer_work(workload, tp)
         rate = fit.peak_tflops * 1e12
-        utilisation = self.attention_utilisation.get(device) if self.attention == "flash" else None
+        utilisation = self.flash_utilisation(device, workload.sequence_length)
         attention_f = attention_b = np.zeros_like(flops)
         if utilisation:
             core = workload.attention_core_flops_per_sample / tp
@@ -112,6 +112,12 @@ class FrameworkCalibration:
         total = flops / (rate * fit.compute_efficiency) + traffic / (fit.memory_bandwidth_gbps * 1e9 * self.memory_efficiency)
         eager = self.elementwise_forward_s(workload, device, tp)
         return total / 3.0 + attention_f + eager, total * 2.0 / 3.0 + attention_b + eager * ELEMENTWISE_BACKWARD_RATIO
+
+    def flash_utilisation(self, device: str, seq: int) -> float | None:
+        """The flash kernel's share of `device`'s peak at sequence length `seq` (a constant, or a table
+        of measured points: utilisation_at); None where the attention is eager or not calibrated."""
+        found = self.attention_utilisation.get(device) if self.attention == "flash" else None
+        return utilisation_at(found, seq) if isinstance(found, (list, tuple)) else found
 
     def elementwise_forward_s(self, workload: Workload, device: str, tp: int) -> np.ndarray:
         """Per-sample forward seconds, per layer, of the element-wise kernels the stack runs unfused
@@ -210,6 +216,14 @@ FLASH_BACKWARD_RATIO = 2.5
 """A flash-attention backward runs 5 s^2 d matrix products against the forward's 2 (it recomputes
 the scores instead of reading them back): 2.5 times the forward's FLOPs (FlashAttention-2, Sec. 4.1,
 whose backward speeds count it so)."""
+
+
+def utilisation_at(table, seq: int) -> float:
+    """A kernel's utilisation at sequence length `seq` from (sequence, utilisation) points measured
+    at a few lengths: linear in log2(seq) between them, the end values beyond."""
+    points = sorted((float(s), float(u)) for s, u in table)
+    lengths = np.log2([s for s, _ in points])
+    return float(np.interp(np.log2(max(seq, 1)), lengths, [u for _, u in points]))
 
 
 def flash_attention_seconds(core_forward_flops: np.ndarray, rate: float) -> tuple[np.ndarray, np.ndarray]:

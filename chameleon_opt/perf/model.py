@@ -572,8 +572,8 @@ class PerfModel:
         core = w.attention_core_flops_per_sample * mbs / tp
         fit = self.calibration.devices.get(device.name) if self.calibration is not None else None
         peak = (fit.peak_tflops if fit is not None else device.peak_tflops) * 1e12
-        utilisation = (self.calibration.attention_utilisation.get(device.name)
-                       if fit is not None and self.calibration.attention == "flash" else None)
+        utilisation = (self.calibration.flash_utilisation(device.name, w.sequence_length)
+                       if fit is not None else None)
         if utilisation:
             from chameleon_opt.perf.calibration import flash_attention_seconds
             return flash_attention_seconds(core, peak * utilisation)

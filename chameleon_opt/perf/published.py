@@ -628,10 +628,20 @@ FLASH_V2_A100 = 0.615
 """FlashAttention-2 reaches 50-73% of an A100's peak (same abstract): the middle."""
 FLASH_V2_H100 = 0.35
 """FlashAttention-2 reaches 35% of an H100's peak (FlashAttention-3, Shah et al. 2024, abstract)."""
+FLASH_V2_H100_MEASURED = ((4096, 0.229), (8192, 0.282), (16384, 0.315), (32768, 0.327))
+"""PyTorch's FlashAttention-2 SDPA backend (torch 2.11, sdpa_kernel(FLASH_ATTENTION)) measured on one H200
+(the H100's GH100 die at the same clocks; attention is compute-bound): causal, 32 heads of 128, batch 1,
+forward + backward FLOPs as the model counts them (the causal half, backward 2.5x) over the time, per
+sequence length, as a share of 989 TFLOP/s (bench/device/sdpa_gemm_probe.py, bench/data/h200_sdpa_gemm.jsonl).
+The FlashAttention-3 paper's 35% headline is its long-sequence forward."""
+CUDNN_H100_MEASURED = ((4096, 0.413), (8192, 0.511), (16384, 0.532), (32768, 0.559))
+"""cuDNN's fused attention (torch 2.11's SDPA default on Hopper: sdpa_kernel(CUDNN_ATTENTION) and the
+default ran at the same rates), measured as FLASH_V2_H100_MEASURED is."""
 ATTENTION_UTILISATION = {
     ("flash-v1", "A100-40"): FLASH_V1_A100, ("flash-v1", "A100-80"): FLASH_V1_A100,
     ("flash-v2", "A100-40"): FLASH_V2_A100, ("flash-v2", "A100-80"): FLASH_V2_A100,
-    ("flash-v2", "H100-80"): FLASH_V2_H100, ("flash-v2", "H200-141"): FLASH_V2_H100,  # the same GH100 die
+    ("flash-v2", "H100-80"): FLASH_V2_H100_MEASURED, ("flash-v2", "H200-141"): FLASH_V2_H100_MEASURED,
+    ("cudnn", "H100-80"): CUDNN_H100_MEASURED, ("cudnn", "H200-141"): CUDNN_H100_MEASURED,
     # Not published for v1 on H100. Pre-Hopper kernels (mma.sync, no TMA or wgmma) lose the same share
     # of the peak on H100 as FlashAttention-2 does: v1's A100 share x FlashAttention-2's H100 / A100.
     ("flash-v1", "H100-80"): FLASH_V1_A100 * FLASH_V2_H100 / FLASH_V2_A100,
