@@ -38,3 +38,15 @@ def test_a_measured_kernel_table_is_read_in_log_sequence_length() -> None:
     assert utilisation_at(FLASH_V2_H100_MEASURED, 5793) == pytest.approx((0.229 + 0.282) / 2, abs=1e-4)
     assert utilisation_at(FLASH_V2_H100_MEASURED, 1024) == 0.229        # the end values beyond the points
     assert utilisation_at(FLASH_V2_H100_MEASURED, 131072) == 0.327
+
+
+def test_transformer_engine_on_hopper_is_priced_as_its_fused_attention_not_torchs_flash() -> None:
+    """TE prefers its fused (cuDNN) attention on compute capability 9.0 (get_attention_backend), so a
+    Megatron-LM 2024 H100 row gets the te-fused kernel; an A100 row keeps FlashAttention-2's figure and
+    torch's FlashAttention-2 on H100 its measured table."""
+    from chameleon_opt.perf.published import ATTENTION_UTILISATION, FLASH_V2_H100, FLASH_V2_H100_MEASURED, _attention
+    row = {"_source": "megatron_lm", "metric_definition": "MFU", "hardware": {"gpu": "NVIDIA H100"}}
+    assert _attention(row) == ("flash", "te-fused")
+    assert _attention({**row, "hardware": {"gpu": "NVIDIA A100 80GB"}}) == ("flash", "flash-v2")
+    assert ATTENTION_UTILISATION[("te-fused", "H100-80")] == FLASH_V2_H100
+    assert ATTENTION_UTILISATION[("flash-v2", "H100-80")] == FLASH_V2_H100_MEASURED

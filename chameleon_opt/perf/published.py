@@ -125,9 +125,9 @@ def _attention(row: dict[str, Any]) -> tuple[str, str | None]:
     """(training.attention, flash kernel) of the row's stack. Megatron-LM's 2020 and 2021 runs predate
     FlashAttention (Dao et al., May 2022): their attention core is two batched GEMMs around Megatron's
     fused scale-mask-softmax and a dropout, which keep and re-read the a*s^2 scores (eager).
-    Megatron-LM 2024 runs Transformer Engine's flash attention (FlashAttention-2 class). llm-foundry's
-    benchmark sweep sets attn_impl 'triton' (scripts/train/benchmarking/submit_benchmarks.py): the
-    Triton port of FlashAttention v1 (MPT's flash_attn_triton)."""
+    Megatron-LM 2024 runs Transformer Engine's attention: on Hopper its fused (cuDNN) backend
+    ("te-fused"). llm-foundry's benchmark sweep sets attn_impl 'triton'
+    (scripts/train/benchmarking/submit_benchmarks.py): the Triton port of FlashAttention v1 (MPT's flash_attn_triton)."""
     source, definition = row["_source"], row["metric_definition"]
     if source == "megatron_lm" and ("2021 formula" in definition or "counted activation recompute" in definition):
         return "eager", None
@@ -135,6 +135,11 @@ def _attention(row: dict[str, Any]) -> tuple[str, str | None]:
         return "flash", "flash-v1"
     if source == "deepspeed":
         return _deepspeed_attention(row)
+    if "H100" in str(row["hardware"].get("gpu")) or "H200" in str(row["hardware"].get("gpu")):
+        # Transformer Engine's DotProductAttention prefers its FusedAttention (cuDNN) backend over
+        # FlashAttention on Hopper (get_attention_backend: "Select FusedAttention for performance",
+        # compute capability >= 9.0): the cuDNN of those runs, not the FlashAttention-2 measured here
+        return "flash", "te-fused"
     return "flash", "flash-v2"
 
 
@@ -641,6 +646,10 @@ ATTENTION_UTILISATION = {
     ("flash-v1", "A100-40"): FLASH_V1_A100, ("flash-v1", "A100-80"): FLASH_V1_A100,
     ("flash-v2", "A100-40"): FLASH_V2_A100, ("flash-v2", "A100-80"): FLASH_V2_A100,
     ("flash-v2", "H100-80"): FLASH_V2_H100_MEASURED, ("flash-v2", "H200-141"): FLASH_V2_H100_MEASURED,
+    # Transformer Engine's fused (cuDNN) attention in 2024 runs: its rate then is not measured here
+    # (cuDNN's attention kernels changed release to release; CUDNN_H100_MEASURED is torch 2.11's), so
+    # the FlashAttention-3 paper's FlashAttention-2-class figure stands for it
+    ("te-fused", "H100-80"): FLASH_V2_H100, ("te-fused", "H200-141"): FLASH_V2_H100,
     ("cudnn", "H100-80"): CUDNN_H100_MEASURED, ("cudnn", "H200-141"): CUDNN_H100_MEASURED,
     # Not published for v1 on H100. Pre-Hopper kernels (mma.sync, no TMA or wgmma) lose the same share
     # of the peak on H100 as FlashAttention-2 does: v1's A100 share x FlashAttention-2's H100 / A100.
