@@ -96,7 +96,7 @@ def test_megatron_2024_overlap_flags_mean_the_distributed_optimizer(rows: dict[s
     run = to_run(rows["megatron-001"])  # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap
     training = run.document["training"]
     assert (training["zero_stage"], training["overlap_param_gather"], run.tp_comm_overlap) == (1, True, True)
-    assert (training["attention"], run.attention_kernel) == ("flash", "flash-v2")
+    assert (training["attention"], run.attention_kernel) == ("flash", "te-fused")   # TE on Hopper: its fused attention
     # --tp-comm-overlap runs only under --sequence-parallel (Megatron's arguments.py asserts it): TP 1
     # has no sequence to split, the 314B row at TP 8 does, which divides its blocks' activations by 8.
     assert training["sequence_parallel"] is False
