@@ -115,6 +115,17 @@ class Model(nn.Module):
         return self.out(self.norm(x))
 
 
+def backend_context():
+    """SDPA's backend as PROBE_SDPA names it (flash, cudnn or efficient), else torch's own choice; the
+    backward runs the backend the forward chose."""
+    from contextlib import nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    chosen = os.environ.get("PROBE_SDPA", "")
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    return sdpa_kernel(backends[chosen]) if chosen else nullcontext()
+
+
 def main() -> None:
     flavor, layers, ac, seq, batch = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     compiled = sys.argv[6:7] == ["compile"]
@@ -144,10 +155,11 @@ def main() -> None:
         start = time.perf_counter()
         tokens = torch.randint(0, VOCAB, (batch, seq), device="cuda")
         labels = torch.randint(0, VOCAB, (batch, seq), device="cuda")
-        pred = model(tokens)
-        loss = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
-        del pred
-        loss.backward()
+        with backend_context():   # the backward too: a checkpointed block reruns its SDPA there
+            pred = model(tokens)
+            loss = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+            del pred
+            loss.backward()
         opt.step()
         opt.zero_grad()
         torch.cuda.synchronize()
@@ -158,6 +170,7 @@ def main() -> None:
                       "params": params, "step_s": statistics.median(timed), "step_s_min": min(timed),
                       "step_s_max": max(timed), "gpu": torch.cuda.get_device_name(),
                       "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "torch": torch.__version__,
+                      "sdpa": os.environ.get("PROBE_SDPA", "default"),
                       "max_allocated_gib": stats["allocated_bytes.all.peak"] / 2**30,
                       "max_active_gib": stats["active_bytes.all.peak"] / 2**30,
                       "max_reserved_gib": stats["reserved_bytes.all.peak"] / 2**30}), flush=True)
