@@ -116,7 +116,7 @@ def probe_runs(path: Path = PROBE) -> list[TorchtitanRun]:
     runs = []
     for probe in json.loads(path.read_text())["rows"]:
         name = f"h200-{probe['flavor'].lower()}-L{probe['layers']}-{probe['ac']}-s{probe['seq']}-b{probe['batch']}" + \
-            ("-compile" if probe["compile"] else "")
+            ("-compile" if probe["compile"] else "") + ("" if probe["sdpa"] == "default" else f"-{probe['sdpa']}")
         row = {"id": name, "model": f"llama3-{probe['flavor'].lower()}", "world_size": 1,
                "hardware": {"gpu": "H200-141", "gpus_per_node": 1}, "config": probe_config(probe),
                "source": {"file": "bench/data/h200_probe.json"},
@@ -129,5 +129,6 @@ def probe_runs(path: Path = PROBE) -> list[TorchtitanRun]:
                                            "architecture": {**spec["architecture"], "layers": probe["layers"],
                                                             "seq_len": probe["seq"]}}}
         document["training"]["compiled_loss"] = False
-        runs.append(replace(run, attention_kernel="cudnn"))   # torch 2.11's SDPA default on Hopper (measured)
+        # torch 2.11's SDPA default on Hopper is cuDNN's (its rates measured: bench/data/h200_sdpa_gemm.jsonl)
+        runs.append(replace(run, attention_kernel="flash-v2" if probe["sdpa"] == "flash" else "cudnn"))
     return runs

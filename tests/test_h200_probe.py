@@ -1,6 +1,6 @@
 """The memory model against torchtitan-style Llama steps measured on one H200 (bench/data/h200_probe.json,
-from bench/device/probe_h200.sh): 17 runs of Llama 3 8B / 70B widths, 2-8 blocks, 4k-32k tokens, no,
-per-op or full checkpointing, eager or compiled blocks. Priced as a user's import gets them (the catalogue,
+from bench/device/probe_h200.sh): 21 runs of Llama 3 8B / 70B widths, 2-8 blocks, 4k-32k tokens, no,
+per-op or full checkpointing, eager or compiled blocks, SDPA's default (cuDNN) or forced backends. Priced as a user's import gets them (the catalogue,
 nothing fitted on any measurement): the predicted peak against the allocator's measured max_reserved."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ RUNS = probe_runs()
 
 
 def test_the_probe_covers_both_widths_every_checkpointing_mode_and_compile() -> None:
-    assert len(RUNS) == 17
+    assert len(RUNS) == 21
+    assert {r.attention_kernel for r in RUNS} == {"cudnn", "flash-v2"}   # SDPA's default (cuDNN) and forced FA2
     assert {r.document["workload"]["inline"]["architecture"]["hidden"] for r in RUNS} == {4096, 8192}
     assert {r.document["training"]["recomputation"] for r in RUNS} == {"none", "selective", "full"}
     assert {r.document["training"]["kernels"] for r in RUNS} == {"torchtitan", "torchtitan-compiled"}
