@@ -369,20 +369,21 @@ class RelaxationBound:
             below = work - (f[end] + b[end] + ring)
             return trips < 1 or below + trips * (backward + forward) <= budget
 
-        for s in range(stages):
-            weight = max(m - 1 - (stages - 1 - s), 0)
-            room = self.layers - (stages - s - 1)  # every later stage needs a layer
-            trips = m - stages + s if s < stages - 1 else 0  # steady-state pairs before F_{m-1} (round trip)
-            sent_back, sent_on = (send if s > 0 else 0.0), (send if s < stages - 1 else 0.0)  # each op's blocking send
+        last, layers = stages - 1, self.layers
+        for s in range(stages):  # (no min / max calls: this loop runs ~450,000 times for a 16,384-device bound)
+            trips = m - stages + s if s < last else 0  # steady-state pairs before F_{m-1} (round trip)
+            weight = m - stages + s if m - stages + s > 0 else 0  # forwards after B_0: m - 1 - k_s
+            room = layers - last + s  # every later stage needs a layer
+            sent_back, sent_on = (send if s > 0 else 0.0), (send if s < last else 0.0)  # each op's blocking send
             ring = (2 * s + 1) * send
             # The last end that fits, first tried at the previous stage's length (splits are near even),
             # then galloping up or bisecting down: the same end as any search, as fits only falls with it.
-            guess = min(position + length, room)
+            guess = position + length if position + length < room else room
             if fits(guess):
                 low, step = guess, 1
                 while low + step <= room and fits(low + step):
                     low, step = low + step, step * 2
-                high = min(low + step - 1, room)  # the last end that fits is in [low, high]
+                high = low + step - 1 if low + step - 1 < room else room  # the last end that fits is in [low, high]
             elif guess == position + 1 or not fits(position + 1):
                 return False
             else:
