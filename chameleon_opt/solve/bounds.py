@@ -229,6 +229,7 @@ class RelaxationBound:
         self.backward_prefix = np.concatenate([[0.0], np.cumsum(backward)]).tolist() if groups else [0.0]
         self.memory = MemoryRelaxation(model, groups, total, live) if groups else None
         self._integer_caps: dict[int, dict[float, int]] = {}  # stage count -> makespan -> whole-layer cap
+        self._continuous: tuple[float, float, np.ndarray] | None = None  # (bound, start, counts) once finished
         self._deadline = Deadline.never()
         per_node: dict[int, int] = {}
         for group in groups:
@@ -532,47 +533,55 @@ class RelaxationBound:
         """The bound in seconds (inf when no plan can exist). Past `deadline` (the grid and
         refinement take 0.3-0.4 s at 1,024 and more devices) it stops with a weaker
         bound that still holds: coverage only grows with the makespan, so a pipeline count that has
-        not covered the batch by the last grid point checked needs longer than that point."""
+        not covered the batch by the last grid point checked needs longer than that point. Called
+        again after such a stop, it resumes: the finished grid, refinement and whole-layer caps are kept."""
         if not self.groups or self.shortest > self.longest:
             return math.inf
-        # every pipeline needs at least `shortest` stages (the memory floor): no more than G / shortest of them
-        counts = np.arange(1, min(self.groups // self.shortest, self.total) + 1, dtype=float)
-        floors = np.array([self.sync_floor(int(p)) for p in counts])
-        finite = self.table[np.isfinite(self.table)]
-        if finite.size == 0:
-            return math.inf
-        low, high = float(finite.min()), float(finite.max())
-        grid = np.geomspace(max(low, 1e-12), high * (1 + 1e-12), GRID_POINTS) if high > low else np.array([high])
-        reached, below = self._first_covering(grid, counts, deadline)
-        if (below >= -1).any():  # stopped by the deadline: each open count covers only past its last miss
-            unknown = np.where(below >= 0, grid[np.maximum(below, 0)], np.where(below == -1, 0.0, np.inf))
-            known = np.where(reached > 0, grid[np.maximum(reached - 1, 0)], np.where(reached == 0, 0.0, np.inf))
-            return float((np.minimum(unknown, known) + floors).min())
-        ok = reached >= 0
-        if not ok.any():
-            return math.inf
-        floor_time = np.where(ok, np.where(reached > 0, grid[np.maximum(reached - 1, 0)], 0.0), np.inf)
-        coarse = floor_time + floors
-        for index in np.argsort(coarse)[:REFINED_PIPELINE_COUNTS]:
-            if not ok[index]:
-                continue
-            p = counts[index:index + 1]
-            lo = float(floor_time[index])
-            hi = float(grid[reached[index]])
-            for _ in range(REFINE_STEPS):
-                if deadline.expired():
-                    break  # lo still holds
-                middle = (lo + hi) / 2
-                lo, hi = (lo, middle) if self._coverage(middle, p)[0] >= self.total - 1e-9 else (middle, hi)
-            coarse[index] = lo + floors[index]
-        continuous = float(coarse.min())
+        if self._continuous is not None:  # resumed: the grid and its refinement finished before
+            continuous, start, counts = self._continuous
+        else:
+            # every pipeline needs at least `shortest` stages (the memory floor): no more than G / shortest of them
+            counts = np.arange(1, min(self.groups // self.shortest, self.total) + 1, dtype=float)
+            floors = np.array([self.sync_floor(int(p)) for p in counts])
+            finite = self.table[np.isfinite(self.table)]
+            if finite.size == 0:
+                return math.inf
+            low, high = float(finite.min()), float(finite.max())
+            grid = np.geomspace(max(low, 1e-12), high * (1 + 1e-12), GRID_POINTS) if high > low else np.array([high])
+            reached, below = self._first_covering(grid, counts, deadline)
+            if (below >= -1).any():  # stopped by the deadline: each open count covers only past its last miss
+                unknown = np.where(below >= 0, grid[np.maximum(below, 0)], np.where(below == -1, 0.0, np.inf))
+                known = np.where(reached > 0, grid[np.maximum(reached - 1, 0)], np.where(reached == 0, 0.0, np.inf))
+                return float((np.minimum(unknown, known) + floors).min())
+            ok = reached >= 0
+            if not ok.any():
+                return math.inf
+            floor_time = np.where(ok, np.where(reached > 0, grid[np.maximum(reached - 1, 0)], 0.0), np.inf)
+            coarse = floor_time + floors
+            refined = True
+            for index in np.argsort(coarse)[:REFINED_PIPELINE_COUNTS]:
+                if not ok[index]:
+                    continue
+                p = counts[index:index + 1]
+                lo = float(floor_time[index])
+                hi = float(grid[reached[index]])
+                for _ in range(REFINE_STEPS):
+                    if deadline.expired():
+                        refined = False
+                        break  # lo still holds
+                    middle = (lo + hi) / 2
+                    lo, hi = (lo, middle) if self._coverage(middle, p)[0] >= self.total - 1e-9 else (middle, hi)
+                coarse[index] = lo + floors[index]
+            continuous = float(coarse.min())
+            # Whole layers start from the least makespan any count covers by, or the least pipeline
+            # floor (no pipeline runs faster) when one covers at once
+            start, counts = max(float(floor_time[ok].min()), low), counts[ok]
+            if refined:
+                self._continuous = (continuous, start, counts)
         if self.interleaved or self.memory is None:
             return continuous
-        # Whole layers (0.3-3 s at 16,384 devices): from the least makespan any count covers by, or the
-        # least pipeline floor (no pipeline runs faster) when one covers at once
-        self._deadline = deadline
-        return max(continuous, self._integer_value(max(float(floor_time[ok].min()), low), counts[ok], deadline))
-
+        self._deadline = deadline  # whole layers: 0.3-3 s at 16,384 devices
+        return max(continuous, self._integer_value(start, counts, deadline))
 
     def _first_covering(self, grid: np.ndarray, counts: np.ndarray, deadline: Deadline) -> tuple[np.ndarray, np.ndarray]:
         """Per pipeline count, the first grid point by which it covers the batch (-1: not even by the
