@@ -70,7 +70,7 @@ PLACEMENT_SHARE = 0.1  # of what is left, for the placement polish of the incumb
 EXACT_SHARE = 0.95  # of what is left, for the branch and bound (the rest: the relaxation bound if it stops, 3-45 ms up to 64 devices; past the deadline its own floor stands)
 EARLY_REFINE_SHARE = 0.25  # of what is left after the column plans, for the branch and bound's floors against their incumbent
 HOMOGENEOUS_SHARE = 0.7  # of what is left before the branch and bound, for the one-type whole-layer bound (0.05-0.3 s)
-SCALE_BOUND_SHARE = 0.6  # of the search's time, for the relaxation bound first beyond EXACT_GROUPS groups (the rest passes on; cut short, it resumes last)
+SCALE_BOUND_SHARE = 0.8  # of the search's time, for the relaxation bound first beyond EXACT_GROUPS groups (the rest passes on; cut short, it resumes last)
 OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
 SPACE = ("pipelines of TP groups formed inside nodes from any survivors (idle allowed), stages of any "
          "device types in any order, contiguous layer splits, any micro-batch split; 1F1B; step time, "
