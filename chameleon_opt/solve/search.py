@@ -274,8 +274,8 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     # short here, it resumes at the end with what is left, its finished whole-layer caps kept.
     relaxation, scale_bound, resume = None, None, False
     if len(groups) > EXACT_GROUPS:
-        relaxation, first = RelaxationBound(model, groups, instance.global_micro_batches, live), \
-            deadline.share(SCALE_BOUND_SHARE)
+        relaxation = RelaxationBound(model, groups, instance.global_micro_batches, live)
+        first = deadline.share(SCALE_BOUND_SHARE)  # after the tables: their build is no part of the share
         scale_bound = relaxation.value(first)
         resume = first.expired()
     template = _template_plan(instance, failed, deadline.share(TEMPLATE_SHARE), options, model)
