@@ -119,3 +119,34 @@ def test_search_without_survivors_is_infeasible():
     instance = build_instance(tiny_instance(2), "<tiny>")
     result = search_plan(instance, frozenset(range(6)), Deadline.after(2))
     assert result.status is Status.INFEASIBLE and "no surviving TP group" in result.reason
+
+
+def test_min_max_split_meets_the_best_split_of_every_small_case():
+    """The template split's slowest stage is the least over every contiguous split that fits memory
+    (its bisection snaps to the stage times it meets: integer times make ties on every side)."""
+    import numpy as np
+
+    from chameleon_opt.perf.model import LayerCosts
+    from chameleon_opt.solve.templates import min_max_split
+
+    rng = np.random.default_rng(7)
+    for case in range(300):
+        layers, stages = int(rng.integers(1, 8)), int(rng.integers(1, 5))
+        times = rng.integers(1, 4, layers).astype(float) if case % 2 else rng.random(layers) + 0.1
+        static, act = rng.random(layers), rng.random(layers) * 0.3
+        costs = LayerCosts(times, static, act, 0.05, float(rng.random() * (static.sum() + stages * act.sum()) + 0.3))
+        overhead = np.full(stages, 0.2)
+        in_flight = [stages - s for s in range(stages)]
+        best = np.inf
+        for cuts in itertools.combinations(range(1, layers), stages - 1):
+            bounds = (0, *cuts, layers)
+            spans = list(zip(bounds, bounds[1:]))
+            if all(static[a:b].sum() + in_flight[s] * act[a:b].sum() <= costs.capacity_bytes - costs.transient_bytes
+                   for s, (a, b) in enumerate(spans)):
+                best = min(best, max(times[a:b].sum() + overhead[s] for s, (a, b) in enumerate(spans)))
+        found = min_max_split(costs, overhead)
+        if found is None:
+            assert best == np.inf
+        else:
+            assert max(times[a:b].sum() + overhead[s] for s, (a, b) in enumerate(zip(found, found[1:]))) \
+                == pytest.approx(best, rel=1e-12)

@@ -110,6 +110,24 @@ def test_relaxation_bound_cut_by_its_deadline_is_weaker_but_valid(stop_after_s):
     assert 0.0 <= cut <= full
 
 
+@pytest.mark.parametrize("checks", [0, 40, 400, 4000])
+def test_relaxation_bound_resumed_after_a_cut_equals_a_fresh_one(checks):
+    """The scale search resumes a cut bound on the same tables (its whole-layer caps kept): the cut
+    value is weaker, the resumed one exactly a fresh run's. Work-clock deadlines cut it at fixed points."""
+    from chameleon_opt.solve.bounds import RelaxationBound
+    from chameleon_opt.solve.deadline import WORK_S_PER_CHECK
+    instance = load_instance("paper-32")
+    failed = instance.failed_devices
+    model = PerfModel(instance)
+    groups = survivor_groups(instance, failed, instance.plan.tensor_parallel)
+    live = [d for d in range(instance.num_devices) if d not in failed]
+    full = RelaxationBound(model, groups, instance.global_micro_batches, live).value()
+    bound = RelaxationBound(model, groups, instance.global_micro_batches, live)
+    cut = bound.value(Deadline.after(checks * WORK_S_PER_CHECK, deterministic=True))
+    assert 0.0 <= cut <= full
+    assert bound.value() == full
+
+
 def test_plan_recovery_reports_every_stage_within_a_generous_bound():
     instance = load_instance("paper-32")
     start = time.perf_counter()

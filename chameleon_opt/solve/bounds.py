@@ -34,6 +34,7 @@ raised with whole-layer caps for every stage count that shapes the envelope (`_i
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
@@ -228,6 +229,7 @@ class RelaxationBound:
         self.backward_prefix = np.concatenate([[0.0], np.cumsum(backward)]).tolist() if groups else [0.0]
         self.memory = MemoryRelaxation(model, groups, total, live) if groups else None
         self._integer_caps: dict[int, dict[float, int]] = {}  # stage count -> makespan -> whole-layer cap
+        self._continuous: tuple[float, float, np.ndarray] | None = None  # (bound, start, counts) once finished
         self._deadline = Deadline.never()
         per_node: dict[int, int] = {}
         for group in groups:
@@ -253,7 +255,10 @@ class RelaxationBound:
         self._largest_parts: dict[tuple[int, int], float] = {}
         self.interleaved = (model.options.virtual_stages or 1) > 1
         self.overlapped = bool(model.options.overlap_grad_reduce)
-        self.table = self._pipeline_table()
+        self.table = np.ascontiguousarray(self._pipeline_table())
+        # for bisect: a cap per row without numpy's per-call cost, and no copy (lists of the rows took
+        # 64 MiB at 131,072 devices: 128 x 16,384 floats)
+        self.rows = [memoryview(row) for row in self.table]
 
     def ring_link(self, pipelines: int) -> Link:
         """The fastest link a ring over `pipelines` replicas can use: NVLink only if one node holds
@@ -331,7 +336,7 @@ class RelaxationBound:
 
     def _coverage(self, makespan: float, counts: np.ndarray) -> np.ndarray:
         """Most micro-batches P pipelines (for each P in `counts`) can run by `makespan`."""
-        caps = [float(np.searchsorted(row, makespan, side="right")) for row in self.table]
+        caps = [float(bisect_right(row, makespan)) for row in self.rows]
         mean_length = np.minimum(self.groups / counts, self.longest)
         return counts * _envelope(caps, mean_length)
 
@@ -353,34 +358,43 @@ class RelaxationBound:
         budget = makespan - work
         if budget < 0:
             return False
-        f, b, m = self.forward_prefix, self.backward_prefix, micro_batches
-        position = 0
-        for s in range(stages):
-            weight = max(m - 1 - (stages - 1 - s), 0)
-            room = self.layers - (stages - s - 1)  # every later stage needs a layer
-            trips = m - stages + s if s < stages - 1 else 0  # steady-state pairs before F_{m-1} (round trip)
+        f, b, m, send = self.forward_prefix, self.backward_prefix, micro_batches, self.send
+        position, length = 0, 1
+        s = weight = trips = 0
+        sent_back = sent_on = ring = 0.0
 
-            sends = (self.send if s > 0 else 0.0, self.send if s < stages - 1 else 0.0)  # each op's blocking send
-
-            def fits(end: int) -> bool:
-                backward = b[end] - b[position] + sends[0]
-                forward = f[end] - f[position] + sends[1]
-                if (m - 1) * backward + weight * forward > budget or m * (backward + forward) > makespan:
-                    return False
-                # the round trip through stage s: the work below it, R_s = W - (work of stages 0..s)
-                below = work - (f[end] + b[end] + (2 * s + 1) * self.send)
-                return trips < 1 or below + trips * (backward + forward) <= budget
-
-            if not fits(position + 1):
+        def fits(end: int) -> bool:
+            backward = b[end] - b[position] + sent_back
+            forward = f[end] - f[position] + sent_on
+            if (m - 1) * backward + weight * forward > budget or m * (backward + forward) > makespan:
                 return False
-            low, step = position + 1, 1  # fits(low); gallop (stages are short when there are many), then bisect
-            while low + step <= room and fits(low + step):
-                low, step = low + step, step * 2
-            high = min(low + step - 1, room)  # the last end that fits is in [low, high]
+            # the round trip through stage s: the work below it, R_s = W - (work of stages 0..s)
+            below = work - (f[end] + b[end] + ring)
+            return trips < 1 or below + trips * (backward + forward) <= budget
+
+        last, layers = stages - 1, self.layers
+        for s in range(stages):  # (no min / max calls: this loop runs ~450,000 times for a 16,384-device bound)
+            trips = m - stages + s if s < last else 0  # steady-state pairs before F_{m-1} (round trip)
+            weight = m - stages + s if m - stages + s > 0 else 0  # forwards after B_0: m - 1 - k_s
+            room = layers - last + s  # every later stage needs a layer
+            sent_back, sent_on = (send if s > 0 else 0.0), (send if s < last else 0.0)  # each op's blocking send
+            ring = (2 * s + 1) * send
+            # The last end that fits, first tried at the previous stage's length (splits are near even),
+            # then galloping up or bisecting down: the same end as any search, as fits only falls with it.
+            guess = position + length if position + length < room else room
+            if fits(guess):
+                low, step = guess, 1
+                while low + step <= room and fits(low + step):
+                    low, step = low + step, step * 2
+                high = low + step - 1 if low + step - 1 < room else room  # the last end that fits is in [low, high]
+            elif guess == position + 1 or not fits(position + 1):
+                return False
+            else:
+                low, high = position + 1, guess - 1
             while low < high:
                 middle = (low + high + 1) // 2
                 low, high = (middle, high) if fits(middle) else (low, middle - 1)
-            position = low
+            length, position = low - position, low
         return position == self.layers
 
     def integer_cap(self, stages: int, makespan: float, upper: int) -> int:
@@ -412,7 +426,7 @@ class RelaxationBound:
         mean length, as before, left one continuous vertex elsewhere: at 16,384 devices 11
         micro-batches on 10 stages where whole layers allow 10, covering the batch 1.2 s early.)
         `everywhere`: whole-layer caps for every stage count (envelopes of subsets need them)."""
-        caps = [float(np.searchsorted(row, makespan, side="right")) for row in self.table]
+        caps = [float(bisect_right(row, makespan)) for row in self.rows]
         exact = [s < self.shortest for s in range(1, len(caps) + 1)]
         if everywhere:
             for s in range(max(self.shortest, 1), self.longest + 1):
@@ -521,88 +535,123 @@ class RelaxationBound:
         """The bound in seconds (inf when no plan can exist). Past `deadline` (the grid and
         refinement take 0.3-0.4 s at 1,024 and more devices) it stops with a weaker
         bound that still holds: coverage only grows with the makespan, so a pipeline count that has
-        not covered the batch by the last grid point checked needs longer than that point."""
+        not covered the batch by the last grid point checked needs longer than that point. Called
+        again after such a stop, it resumes: the finished grid, refinement and whole-layer caps are kept."""
         if not self.groups or self.shortest > self.longest:
             return math.inf
-        # every pipeline needs at least `shortest` stages (the memory floor): no more than G / shortest of them
-        counts = np.arange(1, min(self.groups // self.shortest, self.total) + 1, dtype=float)
-        floors = np.array([self.sync_floor(int(p)) for p in counts])
-        finite = self.table[np.isfinite(self.table)]
-        if finite.size == 0:
-            return math.inf
-        low, high = float(finite.min()), float(finite.max())
-        grid = np.geomspace(max(low, 1e-12), high * (1 + 1e-12), GRID_POINTS) if high > low else np.array([high])
-        reached = np.full(counts.shape, -1)
-        checked = 0
-        for i, makespan in enumerate(grid):
-            if deadline.expired():
-                break
-            fresh = (reached < 0) & (self._coverage(makespan, counts) >= self.total - 1e-9)
-            reached[fresh] = i
-            checked = i + 1
-            if (reached >= 0).all():
-                break
-        if checked < len(grid) and not (reached >= 0).all():  # stopped by the deadline
-            unknown = np.where(reached < 0, grid[checked - 1] if checked else 0.0, np.inf)
-            known = np.where(reached > 0, grid[np.maximum(reached - 1, 0)], np.where(reached == 0, 0.0, np.inf))
-            return float((np.minimum(unknown, known) + floors).min())
-        ok = reached >= 0
-        if not ok.any():
-            return math.inf
-        floor_time = np.where(ok, np.where(reached > 0, grid[np.maximum(reached - 1, 0)], 0.0), np.inf)
-        coarse = floor_time + floors
-        for index in np.argsort(coarse)[:REFINED_PIPELINE_COUNTS]:
-            if not ok[index]:
-                continue
-            p = counts[index:index + 1]
-            lo = float(floor_time[index])
-            hi = float(grid[reached[index]])
-            for _ in range(REFINE_STEPS):
-                if deadline.expired():
-                    break  # lo still holds
-                middle = (lo + hi) / 2
-                lo, hi = (lo, middle) if self._coverage(middle, p)[0] >= self.total - 1e-9 else (middle, hi)
-            coarse[index] = lo + floors[index]
-        continuous = float(coarse.min())
+        if self._continuous is not None:  # resumed: the grid and its refinement finished before
+            continuous, start, counts = self._continuous
+        else:
+            # every pipeline needs at least `shortest` stages (the memory floor): no more than G / shortest of them
+            counts = np.arange(1, min(self.groups // self.shortest, self.total) + 1, dtype=float)
+            floors = np.array([self.sync_floor(int(p)) for p in counts])
+            finite = self.table[np.isfinite(self.table)]
+            if finite.size == 0:
+                return math.inf
+            low, high = float(finite.min()), float(finite.max())
+            grid = np.geomspace(max(low, 1e-12), high * (1 + 1e-12), GRID_POINTS) if high > low else np.array([high])
+            reached, below = self._first_covering(grid, counts, deadline)
+            if (below >= -1).any():  # stopped by the deadline: each open count covers only past its last miss
+                unknown = np.where(below >= 0, grid[np.maximum(below, 0)], np.where(below == -1, 0.0, np.inf))
+                known = np.where(reached > 0, grid[np.maximum(reached - 1, 0)], np.where(reached == 0, 0.0, np.inf))
+                return float((np.minimum(unknown, known) + floors).min())
+            ok = reached >= 0
+            if not ok.any():
+                return math.inf
+            floor_time = np.where(ok, np.where(reached > 0, grid[np.maximum(reached - 1, 0)], 0.0), np.inf)
+            coarse = floor_time + floors
+            refined = True
+            for index in np.argsort(coarse)[:REFINED_PIPELINE_COUNTS]:
+                if not ok[index]:
+                    continue
+                p = counts[index:index + 1]
+                lo = float(floor_time[index])
+                hi = float(grid[reached[index]])
+                for _ in range(REFINE_STEPS):
+                    if deadline.expired():
+                        refined = False
+                        break  # lo still holds
+                    middle = (lo + hi) / 2
+                    lo, hi = (lo, middle) if self._coverage(middle, p)[0] >= self.total - 1e-9 else (middle, hi)
+                coarse[index] = lo + floors[index]
+            continuous = float(coarse.min())
+            # Whole layers start from the least makespan any count covers by, or the least pipeline
+            # floor (no pipeline runs faster) when one covers at once
+            start, counts = max(float(floor_time[ok].min()), low), counts[ok]
+            if refined:
+                self._continuous = (continuous, start, counts)
         if self.interleaved or self.memory is None:
             return continuous
-        # Whole layers (0.3-3 s at 16,384 devices): from the least makespan any count covers by, or the
-        # least pipeline floor (no pipeline runs faster) when one covers at once
-        self._deadline = deadline
-        return max(continuous, self._integer_value(max(float(floor_time[ok].min()), low), counts[ok], deadline))
+        self._deadline = deadline  # whole layers: 0.3-3 s at 16,384 devices
+        return max(continuous, self._integer_value(start, counts, deadline))
+
+    def _first_covering(self, grid: np.ndarray, counts: np.ndarray, deadline: Deadline) -> tuple[np.ndarray, np.ndarray]:
+        """Per pipeline count, the first grid point by which it covers the batch (-1: not even by the
+        last), found by bisection shared among the counts (coverage only grows with the makespan, so
+        this is the first point a scan would find: ~100 probes where the scan took ~700 at 16,384
+        devices). Second array: for a count left open by `deadline`, its last grid point shown too
+        short (-1: none), else -2."""
+        reached = np.full(counts.shape, -1)
+        below = np.full(counts.shape, -2)
+        if deadline.expired():
+            below[:] = -1
+            return reached, below
+        covered = self._coverage(grid[-1], counts) >= self.total - 1e-9
+        open_ = [(0, len(grid) - 1, np.flatnonzero(covered))]  # (lo, hi, members): first point in [lo, hi]
+        while open_:
+            lo, hi, members = open_.pop()
+            if members.size == 0:
+                continue
+            if lo == hi:
+                reached[members] = lo
+                continue
+            if deadline.expired():
+                below[members] = lo - 1
+                for lo, _, members in open_:
+                    below[members] = lo - 1
+                return reached, below
+            middle = (lo + hi) // 2
+            covered = self._coverage(grid[middle], counts[members]) >= self.total - 1e-9
+            open_.append((middle + 1, hi, members[~covered]))
+            open_.append((lo, middle, members[covered]))
+        return reached, below
 
 
 class _OutOfTime(Exception):
     """The whole-layer refinement reached its deadline inside a makespan's test."""
 
 
-def _hull(caps: list[float]) -> list[tuple[float, float]]:
+def _hull(caps: list[float]) -> tuple[list[float], list[float]]:
     """The upper concave hull of (0, 0) and (stages, micro-batches by the makespan) for every stage
-    count (monotone chain)."""
-    hull: list[tuple[float, float]] = []
-    for point in [(0.0, 0.0)] + [(float(s + 1), c) for s, c in enumerate(caps)]:
-        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (point[1] - hull[-2][1])
-                                  - (hull[-1][1] - hull[-2][1]) * (point[0] - hull[-2][0])) >= 0:
-            hull.pop()
-        hull.append(point)
-    return hull
+    count (monotone chain), as its abscissas and ordinates (plain lists and locals: 1,600 hulls of
+    129 points a 16,384-device bound)."""
+    xs, ys = [0.0], [0.0]
+    for s, y in enumerate(caps):
+        x = float(s + 1)
+        while len(xs) >= 2:
+            x0, y0, x1, y1 = xs[-2], ys[-2], xs[-1], ys[-1]
+            if (x1 - x0) * (y - y0) - (y1 - y0) * (x - x0) < 0:
+                break
+            xs.pop()
+            ys.pop()
+        xs.append(x)
+        ys.append(y)
+    return xs, ys
 
 
 def _vertices(caps: list[float]) -> list[int]:
     """Stage counts at the vertices of `_envelope`'s hull, up to its highest point."""
-    hull = _hull(caps)
-    top = max(range(len(hull)), key=lambda i: (hull[i][1], -i))
-    return [int(x) for x, _ in hull[1:top + 1]]
+    xs, ys = _hull(caps)
+    top = ys.index(max(ys))  # the first highest
+    return [int(x) for x in xs[1:top + 1]]
 
 
 def _envelope(caps: list[float], mean_length: np.ndarray | float) -> np.ndarray | float:
     """The upper concave envelope of (stages, micro-batches by the makespan) through (0, 0), read at
     `mean_length`: the most micro-batches per pipeline when pipeline lengths may be mixed freely
     (the fractional relaxation of the pipeline counts)."""
-    hull = _hull(caps)
-    xs = np.array([p[0] for p in hull])
-    ys = np.maximum.accumulate(np.array([p[1] for p in hull]))
-    return np.interp(mean_length, xs, ys)
+    xs, ys = _hull(caps)
+    return np.interp(mean_length, xs, np.maximum.accumulate(ys))
 
 
 def relaxation_bound(model: PerfModel, groups: list[tuple[int, ...]], total: int,

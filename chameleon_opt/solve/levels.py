@@ -37,11 +37,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from chameleon_opt.solve.backends import DEFAULT, OutOfRange, SolverOptions, cpsat_int, solve_cpsat, solve_pulp
-from chameleon_opt.solve.constructive import Mix, micro_batch_cap, modelled_time
+from chameleon_opt.solve.constructive import Mix, modelled_time
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.microbatch import allocate_greedy
 from chameleon_opt.solve.result import Status
@@ -78,26 +81,45 @@ def lp_lower_bound(templates: list[Template], budget: dict[str, int], total: int
         if deadline.expired():
             return 0.0
         allowed = [t for t in templates if t.sync_s <= level]
-
-        def covered(makespan: float) -> float:
-            rate: dict[str, float] = {}
-            for t in allowed:
-                cap = micro_batch_cap(t, makespan)
-                if cap:
-                    rate[t.device_type] = max(rate.get(t.device_type, 0.0), cap / t.stages)
-            return sum(budget[name] * r for name, r in rate.items())
-
+        covered = _coverage(allowed, budget)
         high = max(t.fill_s + total * t.per_micro_batch_s for t in allowed)
         if covered(high) < total or min(t.fill_s for t in allowed) + level >= best:
             continue
         low = min(t.fill_s for t in allowed)
-        for _ in range(100):  # bisection to a breakpoint, then snap down onto it
+        for _ in range(100):  # bisection to a breakpoint (until it stands still), then snap down onto it
             middle = (low + high) / 2
-            low, high = (low, middle) if covered(middle) >= total else (middle, high)
+            bracket = (low, middle) if covered(middle) >= total else (middle, high)
+            if bracket == (low, high):
+                break
+            low, high = bracket
         snapped = max((t.fill_s + (math.floor((high - t.fill_s) / t.per_micro_batch_s + 1e-12)) * t.per_micro_batch_s
                        for t in allowed if high >= t.fill_s), default=high)
         best = min(best, min(snapped, high) + level)
     return best
+
+
+def _coverage(allowed: list[Template], budget: dict[str, int]) -> Callable[[float], float]:
+    """Micro-batches the relaxation covers by a makespan: per device type, its groups times the
+    best micro-batch cap (`micro_batch_cap`) per stage among `allowed`, in one array pass per
+    probe (a Python loop over the templates made the bound 2.1 s of CPU at 16,384 devices). The sum runs
+    over the types in the order their first template with a cap appears, as the loop added them."""
+    fill = np.array([t.fill_s for t in allowed])
+    per = np.array([t.per_micro_batch_s for t in allowed])
+    most = np.array([float(t.max_level or 10 ** 9) for t in allowed])
+    stages = np.array([float(t.stages) for t in allowed])
+    names = list(dict.fromkeys(t.device_type for t in allowed))
+    members = [np.array([t.device_type == name for t in allowed]) for name in names]
+
+    def covered(makespan: float) -> float:
+        caps = np.where(makespan < fill, 0.0, np.minimum(np.floor((makespan - fill) / per + 1e-12) + 1, most))
+        if len(names) == 1:
+            rate = float((caps / stages).max())
+            return budget[names[0]] * rate if rate > 0 else 0
+        rates = [(int(np.argmax(member & (caps > 0))), budget[name] * float((caps[member] / stages[member]).max()))
+                 for name, member in zip(names, members) if (caps[member] > 0).any()]
+        return sum(amount for _, amount in sorted(rates))
+
+    return covered
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ with a bound that says how far from optimal it may be.
 4. branch and bound over the whole space when it is small (solve/exact.py), else the paper's
    enumeration (solve/enumerator.py) as one more incumbent while the survivors form at most
    ENUMERATION_GROUPS TP groups;
-5. the bound: the exhausted branch and bound, else the relaxation (`bounds.relaxation_bound`).
+5. the bound: the exhausted branch and bound, else the relaxation (`bounds.relaxation_bound`); beyond
+   EXACT_GROUPS groups the relaxation runs first, within SCALE_BOUND_SHARE of the time, and resumes
+   here when that cut it short.
 
 Status: OPTIMAL only when the returned plan's exact step meets the bound within
 OPTIMALITY_TOLERANCE; FEASIBLE with the gap otherwise; INFEASIBLE when the memory floor, the
@@ -37,7 +39,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.solve.backends import DEFAULT, SolverOptions, cpsat_start_s
-from chameleon_opt.solve.bounds import memory_floor, relaxation_bound
+from chameleon_opt.solve.bounds import RelaxationBound, memory_floor, relaxation_bound
 from chameleon_opt.solve.constructive import (Mix, best_counts, bound_guided_mix, cover_mix, heuristic_mix, lower,
                                               micro_batch_cap, mix_rank, modelled_time, neighbour_mixes,
                                               restricted_mix)
@@ -68,6 +70,7 @@ PLACEMENT_SHARE = 0.1  # of what is left, for the placement polish of the incumb
 EXACT_SHARE = 0.95  # of what is left, for the branch and bound (the rest: the relaxation bound if it stops, 3-45 ms up to 64 devices; past the deadline its own floor stands)
 EARLY_REFINE_SHARE = 0.25  # of what is left after the column plans, for the branch and bound's floors against their incumbent
 HOMOGENEOUS_SHARE = 0.7  # of what is left before the branch and bound, for the one-type whole-layer bound (0.05-0.3 s)
+SCALE_BOUND_SHARE = 0.8  # of the search's time, for the relaxation bound first beyond EXACT_GROUPS groups (the rest passes on; cut short, it resumes last)
 OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
 SPACE = ("pipelines of TP groups formed inside nodes from any survivors (idle allowed), stages of any "
          "device types in any order, contiguous layer splits, any micro-batch split; 1F1B; step time, "
@@ -265,6 +268,16 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     if floor.stages is None:  # proven before any enumeration: nothing in the space fits in memory
         return SolveResult(Status.INFEASIBLE, None, None, None, time.perf_counter() - start, "bound", 0.0, seed,
                            f"{floor.reason}; space: {SPACE}")
+    # Beyond EXACT_GROUPS the relaxation is the only bound: it runs first, so the incumbents' searches
+    # (templates, their level model and exact polish: as long as they are given) cannot leave it a
+    # remainder too short to finish (16,384 devices: 1-2 s of CPU; cut short its gap was 2.6-8%). Cut
+    # short here, it resumes at the end with what is left, its finished whole-layer caps kept.
+    relaxation, scale_bound, resume = None, None, False
+    if len(groups) > EXACT_GROUPS:
+        relaxation = RelaxationBound(model, groups, instance.global_micro_batches, live)
+        first = deadline.share(SCALE_BOUND_SHARE)  # after the tables: their build is no part of the share
+        scale_bound = relaxation.value(first)
+        resume = first.expired()
     template = _template_plan(instance, failed, deadline.share(TEMPLATE_SHARE), options, model)
     # The template path's own label 'bound' (its incumbent met its surrogate bound) says nothing about
     # the exact model: name the path instead.
@@ -346,12 +359,15 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
             plan, value, used = exact.plan, exact.objective, "branch-and-bound"
     if exact is not None and exact.complete:
         bound: float | None = value
-    elif deadline.expired() and (exact is None or exact.bound <= 0) and whole is None:
+    elif scale_bound is None and deadline.expired() and (exact is None or exact.bound <= 0) and whole is None:
         bound = None  # no time for the relaxation (seconds at 16,384 devices): the gap is unknown, and
         notes.append("no time left for the relaxation bound")  # with no plan, infeasibility unproven
     else:
-        bound = 0.0 if deadline.expired() else relaxation_bound(model, groups, instance.global_micro_batches, live,
-                                                                deadline)
+        if relaxation is not None and scale_bound is not None:
+            bound = max(scale_bound, relaxation.value(deadline)) if resume and not deadline.expired() else scale_bound
+        else:
+            bound = 0.0 if deadline.expired() else relaxation_bound(model, groups, instance.global_micro_batches,
+                                                                    live, deadline)
         if exact is not None and exact.bound > bound:  # the branch and bound's own floor (memory-aware)
             bound = exact.bound
             notes.append("bound: the branch and bound's relaxation (every inventory's floor)")

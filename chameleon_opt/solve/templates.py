@@ -84,38 +84,51 @@ def min_max_split(costs: LayerCosts, overhead: np.ndarray, optimizer_shards: int
     overhead_list = overhead.tolist()
     budget = costs.capacity_bytes - costs.transient_bytes
 
-    def greedy(bottleneck: float) -> tuple[int, ...] | None:
-        bounds, position = [0], 0
+    def greedy(bottleneck: float) -> tuple[tuple[int, ...] | None, float]:
+        """The greedy split under `bottleneck` (None when it fails) and a value that tightens the
+        search: when it fits, its slowest stage (a bottleneck that split attains); when it fails,
+        the least stage time that was refused for time (below it every stage ends where it did,
+        so the greedy fails the same way: the optimum is at least that)."""
+        bounds, position, slowest, refused = [0], 0, 0.0, math.inf
         for s in range(stages):
             last_allowed = n - (stages - s - 1)
-            end = position
+            end, taken = position, 0.0
             while end < last_allowed:
                 nxt = end + 1
                 t = time_prefix[nxt] - time_prefix[position] + overhead_list[s]
                 memory = static_prefix[nxt] - static_prefix[position] + in_flight[s] * (
                     act_prefix[nxt] - act_prefix[position])
-                if t > bottleneck or memory > budget:
+                if memory > budget:
                     break
-                end = nxt
+                if t > bottleneck:
+                    refused = min(refused, t)
+                    break
+                end, taken = nxt, t
             if end == position:
-                return None
+                return None, refused
             bounds.append(end)
-            position = end
-        return tuple(bounds) if position == n else None
+            position, slowest = end, max(slowest, taken)
+        return (tuple(bounds), slowest) if position == n else (None, refused)
 
     high = float(time_prefix[-1] + overhead.max())
-    if greedy(high) is None:
+    split, attained = greedy(high)
+    if split is None:
         return None
+    # Bisection on the bottleneck, each probe also snapping the bracket to the stage times the
+    # greedy met (`greedy`): the optimum is one of them, so the bracket closes on it in 10-20
+    # probes where halving alone took 40-45 (12,000 greedy calls at 16,384 devices).
+    high = attained
     low = max(float(time_prefix[-1] / stages), float(costs.time_s.max()))
     for _ in range(60):
         if high - low <= 1e-12 * max(high, 1.0):
             break
         middle = (low + high) / 2
-        if greedy(middle) is None:
-            low = middle
+        found, value = greedy(middle)
+        if found is None:
+            low = max(middle, value)
         else:
-            high = middle
-    return greedy(high)
+            split, high = found, value
+    return split
 
 
 MAX_LEVEL_VARIANTS = 1500
