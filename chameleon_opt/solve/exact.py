@@ -1111,9 +1111,13 @@ class Relaxation:
         most `runs` long and each within one node's groups of each kind (`node_kinds`); sends only
         grow with crossings. 32-64-device seed 13: nodes of at most two fast groups, so a four-stage
         fast pipeline crosses between its second and third stages, not at its free boundary."""
-        sets = [chosen for count in range(least, stages) for chosen in itertools.combinations(range(stages - 1), count)
-                if all(end - start <= runs for start, end in zip((0,) + tuple(c + 1 for c in chosen),
-                                                                 tuple(c + 1 for c in chosen) + (stages,)))]
+        sets, bounds = [], []  # each set of crossings with its runs of stages (start, end), each in one node
+        for count in range(least, stages):
+            for chosen in itertools.combinations(range(stages - 1), count):
+                cuts = list(zip((0,) + tuple(c + 1 for c in chosen), tuple(c + 1 for c in chosen) + (stages,)))
+                if all(end - start <= runs for start, end in cuts):
+                    sets.append(chosen)
+                    bounds.append(cuts)
         found = []
         for order in orders:
             held_in_node: dict[tuple[int, int], bool] = {}  # (start, end): one node's groups hold that run
@@ -1122,12 +1126,13 @@ class Relaxation:
                 if (start, end) not in held_in_node:
                     held_in_node[start, end] = self._held_in_node(tuple(sorted(order[start:end])))
                 return held_in_node[start, end]
-            valid = []
-            for chosen in sets:
-                cuts = (0,) + tuple(c + 1 for c in chosen) + (stages,)
-                if all(fits(start, end) for start, end in zip(cuts, cuts[1:])):
-                    valid.append(set(chosen))
-            found += [(tuple(sorted(chosen)), order) for chosen in valid if not any(other < chosen for other in valid)]
+            valid = [chosen for chosen, cuts in zip(sets, bounds) if all(fits(start, end) for start, end in cuts)]
+            # minimal: with no valid set one crossing short (the valid sets are closed upwards within `sets`:
+            # a crossing added splits a run into shorter ones, each within its node's groups too, so a valid
+            # proper subset would leave one such set valid)
+            held = set(valid)
+            found += [(chosen, order) for chosen in valid
+                      if not any(chosen[:i] + chosen[i + 1:] in held for i in range(len(chosen)))]
         return found
 
     def _held_in_node(self, kinds: tuple[int, ...]) -> bool:
