@@ -143,7 +143,7 @@ LEAF_POLISH_SHARE = 0.05
 """Of the current run's time left, at most this much polishes the placement of each better plan a tree
 finds (`polish_placement`, ms at 24 devices)."""
 CHUNK_ELEMENTS = 1_000_000
-"""Most (pair, n) elements one step of `Relaxation.counted_table` holds at once (8 MB an array)."""
+"""Most (pair, (m, n)) elements one step of `Relaxation.counted_table` holds at once (8 MB an array)."""
 SINGLE_LAYERS = 6
 """Most layers `ExactSearch.single` splits plans over (every set of layers whose rings stay inside a
 node: 2^6 - 1 sets)."""
@@ -1301,7 +1301,7 @@ class Relaxation:
         target_all = target_all[order]
         starts = np.flatnonzero(np.concatenate([[True], target_all[1:] != target_all[:-1]])) if target_all.size \
             else empty
-        limit = max(1, CHUNK_ELEMENTS // (self.total + 1))
+        limit = max(1, CHUNK_ELEMENTS // ((self.total + 1) * (self.total + 2) // 2))  # pairs x (m, n)
         ends = np.append(starts[1:], target_all.size)
         chunks, first = [], 0
         while first < starts.size:  # whole states, at least one, up to `limit` pairs
@@ -1367,21 +1367,40 @@ class Relaxation:
             # `last`: each round after this one adds at least a micro-batch, so the last round's n = total
             # reads this round's n only up to total - (rounds left); the columns past it stay inf
             upto = total - (rounds - 1 - round_) if last else total
+            # every (m, n) at once: the item runs m of the n = first + 1 + j micro-batches, the rest n - m
+            # (column i = j + 1 - m of `ranging`), grouped by j (`_runs_of`)
+            items_at, rest_at, groups, columns = _runs_of(first, end, upto)
             for lo, hi, starts, targets in chunks:  # per state: least over its items of max(item, the rest)
-                rest, item_times = ranging[source[lo:hi]], pick[lo:hi]
-                value = np.full((hi - lo, max(upto - first, 0)), np.inf)
-                for m in range(1, upto + 1 - first):  # the item runs m of the n micro-batches, the rest n - m
-                    width = min(end, upto + 1 - m) - first
-                    paired = np.maximum(rest[:, :width], item_times[:, m - 1:m])
-                    np.minimum(value[:, m - 1:m - 1 + width], paired, out=value[:, m - 1:m - 1 + width])
-                if value.shape[1]:
-                    best[targets, first + 1:upto + 1] = np.minimum.reduceat(value, starts, axis=0)
+                if columns.size:
+                    paired = np.maximum(ranging[source[lo:hi]][:, rest_at], pick[lo:hi][:, items_at])
+                    value = np.minimum.reduceat(np.minimum.reduceat(paired, groups, axis=1), starts, axis=0)
+                    best[targets[:, None], first + 1 + columns] = value
             below = best.reshape(grid)  # a view of `best`: groups may idle
             for axis in range(len(grid) - 1):
                 np.minimum.accumulate(below, axis=axis, out=below)
             counted.append(best[:, total].tolist() if not last or round_ == rounds - 1 else [])
             previous = best
         return counted
+
+
+@functools.lru_cache(maxsize=4096)
+def _runs_of(first: int, end: int, upto: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`counted_table`'s pairs for one round, whose rest ran `first`..`end` - 1 micro-batches: per column j
+    of n = first + 1 + j up to `upto`, every m (the item's micro-batches, m - 1 in `items_at`) with the
+    rest's n - m among those (column j + 1 - m in `rest_at`), grouped by j (`groups`: each group's first
+    pair, for `np.minimum.reduceat`; `columns`: the j of each group, every j with a pair)."""
+    items, rests, columns, groups = [], [], [], []
+    for j in range(max(upto - first, 0)):
+        pairs = [(m, j + 1 - m) for m in range(1, j + 2) if j + 1 - m < end - first]
+        if pairs:
+            groups.append(len(items))
+            columns.append(j)
+            items += [m - 1 for m, _ in pairs]
+            rests += [i for _, i in pairs]
+    found = tuple(np.array(x, dtype=np.intp) for x in (items, rests, groups, columns))
+    for array in found:
+        array.flags.writeable = False
+    return found
 
 
 class ExactSearch:
