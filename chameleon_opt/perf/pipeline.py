@@ -137,20 +137,34 @@ def one_f_one_b_floors(forward_s: np.ndarray, backward_s: np.ndarray, micro_batc
     - the round trip (c_s = m - 1 - k_s >= 1): micro-batch 0 down and back up to s, s's c_s steady pairs
       B_0, F_{k_s + 1}, ..., F_{m-1}, then F_{m-1} down and B_{m-1} all the way up: W + R_s + c_s (f_s + b_s).
     Each is a chain of operations that follow each other on a stage or hand data on, so the makespan
-    is at least its length (solve/bounds.py proves the first and the third per stage)."""
+    is at least its length (solve/bounds.py proves the first and the third per stage). The factors that
+    depend only on the counts and the stage count are built once per pair (`_floor_factors`): the exact
+    branch and bound calls this thousands of times on a few candidates each."""
     forward_s, backward_s = np.asarray(forward_s, dtype=float), np.asarray(backward_s, dtype=float)
-    stages = forward_s.shape[1]
-    m = np.asarray(micro_batches, dtype=float)[None, :, None]  # (1, counts, 1)
+    m, later, lead, steady, trips = _floor_factors(forward_s.shape[1], tuple(np.asarray(micro_batches).tolist()))
     work = forward_s + backward_s  # (candidates, stages)
     whole = work.sum(axis=1)[:, None, None]
     before = (np.cumsum(work, axis=1) - work)[:, None, :]
     after = whole - before - work[:, None, :]
-    warmup = np.arange(stages - 1, -1, -1)[None, None, :]
-    steady = m - 1 - warmup  # c_s
-    path = whole + (m - 1) * backward_s[:, None, :] + np.maximum(steady, 0) * forward_s[:, None, :]
-    busy = before + m * work[:, None, :]
-    trip = np.where(steady >= 1, whole + after + steady * work[:, None, :], 0.0)
+    work = work[:, None, :]
+    path = whole + later * backward_s[:, None, :] + lead * forward_s[:, None, :]
+    busy = before + m * work
+    trip = np.where(trips, whole + after + steady * work, 0.0)
     return np.maximum(np.maximum(path, busy), trip).max(axis=2)
+
+
+@lru_cache(maxsize=256)
+def _floor_factors(stages: int, counts: tuple[float, ...]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`one_f_one_b_floors`' factors, each (1, counts, stages) or broadcastable: m, m - 1, max(c_s, 0),
+    c_s = m - 1 - k_s and whether c_s >= 1 (read-only: shared between calls)."""
+    m = np.asarray(counts, dtype=float)[None, :, None]
+    warmup = np.arange(stages - 1, -1, -1)[None, None, :]
+    steady = m - 1 - warmup
+    factors = (m, m - 1, np.maximum(steady, 0), steady, steady >= 1)
+    for factor in factors:
+        factor.flags.writeable = False
+    return factors
 
 
 def reroute_eq12_time(stages: int, micro_batches: float, failed_per_stage: Sequence[int], data_parallel: int,

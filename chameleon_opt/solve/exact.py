@@ -143,7 +143,7 @@ LEAF_POLISH_SHARE = 0.05
 """Of the current run's time left, at most this much polishes the placement of each better plan a tree
 finds (`polish_placement`, ms at 24 devices)."""
 CHUNK_ELEMENTS = 1_000_000
-"""Most (pair, n) elements one step of `Relaxation.counted_table` holds at once (8 MB an array)."""
+"""Most (pair, (m, n)) elements one step of `Relaxation.counted_table` holds at once (8 MB an array)."""
 SINGLE_LAYERS = 6
 """Most layers `ExactSearch.single` splits plans over (every set of layers whose rings stay inside a
 node: 2^6 - 1 sets)."""
@@ -493,6 +493,7 @@ class Relaxation:
                 holds[node] = holds.get(node, Counter()) | counts
         self.node_kinds = {tuple(counts[k] for k in range(len(self.kind_count))) for counts in holds.values()}
         self._held_runs: dict[tuple[int, ...], bool] = {}  # `_held_in_node`
+        self._pair_arrays: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # `_least_times`' (orders, crossed)
         self.lower: dict[tuple[int, ...], list[float]] = {}
         # split_lower[r, c][v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
         # when no run of its stages in one node is longer than r and it crosses nodes at least c times
@@ -999,13 +1000,19 @@ class Relaxation:
                     inner = b[:, 1:-1]
                     free = ~_member(inner, pattern[1]).any(axis=1)
                     per_split = np.full((len(splits), self.total), np.inf)
+                    # every choice's splits in one call (a split's floor reads its own row alone), each row
+                    # then lowered by its own choices' floors
+                    rows, crossing = [], []
                     for chosen in itertools.product(*pattern[0]):
                         sends = _member(inner, chosen)  # (split, boundary): a send before a chosen layer
-                        rows = np.flatnonzero((sends.sum(axis=1) == len(set(chosen))) & free)
-                        if rows.size:
-                            per_split[rows] = np.minimum(per_split[rows], self._least_times(
-                                ranges[:, rows], fits[:, rows], b[rows], pairs[profile], cheap, inter, False,
-                                sends[rows])[1])
+                        picked = np.flatnonzero((sends.sum(axis=1) == len(set(chosen))) & free)
+                        rows.append(picked)
+                        crossing.append(sends[picked])
+                    picked = np.concatenate(rows) if rows else np.zeros(0, dtype=int)
+                    if picked.size:
+                        np.minimum.at(per_split, picked, self._least_times(
+                            ranges[:, picked], fits[:, picked], b[picked], pairs[profile], cheap, inter, False,
+                            np.concatenate(crossing))[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif pinned is None:
                     best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate,
@@ -1104,9 +1111,13 @@ class Relaxation:
         most `runs` long and each within one node's groups of each kind (`node_kinds`); sends only
         grow with crossings. 32-64-device seed 13: nodes of at most two fast groups, so a four-stage
         fast pipeline crosses between its second and third stages, not at its free boundary."""
-        sets = [chosen for count in range(least, stages) for chosen in itertools.combinations(range(stages - 1), count)
-                if all(end - start <= runs for start, end in zip((0,) + tuple(c + 1 for c in chosen),
-                                                                 tuple(c + 1 for c in chosen) + (stages,)))]
+        sets, bounds = [], []  # each set of crossings with its runs of stages (start, end), each in one node
+        for count in range(least, stages):
+            for chosen in itertools.combinations(range(stages - 1), count):
+                cuts = list(zip((0,) + tuple(c + 1 for c in chosen), tuple(c + 1 for c in chosen) + (stages,)))
+                if all(end - start <= runs for start, end in cuts):
+                    sets.append(chosen)
+                    bounds.append(cuts)
         found = []
         for order in orders:
             held_in_node: dict[tuple[int, int], bool] = {}  # (start, end): one node's groups hold that run
@@ -1115,12 +1126,13 @@ class Relaxation:
                 if (start, end) not in held_in_node:
                     held_in_node[start, end] = self._held_in_node(tuple(sorted(order[start:end])))
                 return held_in_node[start, end]
-            valid = []
-            for chosen in sets:
-                cuts = (0,) + tuple(c + 1 for c in chosen) + (stages,)
-                if all(fits(start, end) for start, end in zip(cuts, cuts[1:])):
-                    valid.append(set(chosen))
-            found += [(tuple(sorted(chosen)), order) for chosen in valid if not any(other < chosen for other in valid)]
+            valid = [chosen for chosen, cuts in zip(sets, bounds) if all(fits(start, end) for start, end in cuts)]
+            # minimal: with no valid set one crossing short (the valid sets are closed upwards within `sets`:
+            # a crossing added splits a run into shorter ones, each within its node's groups too, so a valid
+            # proper subset would leave one such set valid)
+            held = set(valid)
+            found += [(chosen, order) for chosen in valid
+                      if not any(chosen[:i] + chosen[i + 1:] in held for i in range(len(chosen)))]
         return found
 
     def _held_in_node(self, kinds: tuple[int, ...]) -> bool:
@@ -1155,10 +1167,7 @@ class Relaxation:
         counts = np.arange(1, total + 1)
         position = np.arange(stages)
         # every candidate at once, (pair, split, stage): one numpy pass instead of a loop over the pairs
-        orders = np.array([order for _, order in pairs]).reshape(len(pairs), stages)
-        crossed = np.zeros((len(pairs), stages - 1), dtype=bool)  # boundary s crosses nodes
-        for index, (chosen, _) in enumerate(pairs):
-            crossed[index, list(chosen)] = True
+        orders, crossed = self._candidates(pairs, stages)
         inner = b[:, 1:-1] - 1  # the last layer before each boundary, per split
         sends = np.where(crossed[:, None, :], inter[inner][None], cheap[inner][None])
         if crossing is not None and stages > 1:
@@ -1174,7 +1183,6 @@ class Relaxation:
         fitting = fits[orders, :, position].all(axis=1)  # (pair, split, m - 1)
         forward = forward.reshape(-1, stages)
         backward = backward.reshape(-1, stages)
-        whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
         if bare is None:  # also a slow stage's own m forwards and backwards (one_f_one_b_floors)
             closed = one_f_one_b_floors(forward, backward, counts)
         else:
@@ -1192,6 +1200,7 @@ class Relaxation:
         if not simulate:
             best[1:] = closed.min(axis=0)
             return best, per_split
+        whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
         for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
             ops = None
             for m in range(1, total + 1):
@@ -1204,6 +1213,21 @@ class Relaxation:
                                 backward[k, s] - bare[1][k, s]) for s in range(stages)]
                 best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
         return best, np.maximum(per_split, best[1:])
+
+    def _candidates(self, pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], stages: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """`_least_times`' (orders, crossed) of these pairs: the kind of each stage, (pair, stage), and
+        whether boundary s crosses nodes, (pair, boundary); memoised on the pairs (read-only arrays: the
+        floors ask the same pairs thousands of times, and a loop over them cost a fifth of a call)."""
+        key = tuple(pairs)
+        found = self._pair_arrays.get(key)
+        if found is None:
+            orders = np.array([order for _, order in pairs]).reshape(len(pairs), stages)
+            crossed = np.array([[boundary in chosen for boundary in range(stages - 1)] for chosen, _ in pairs],
+                               dtype=bool).reshape(len(pairs), stages - 1)
+            orders.flags.writeable = crossed.flags.writeable = False
+            found = self._pair_arrays[key] = orders, crossed
+        return found
 
     def _programme(self, lower: dict[tuple[int, ...], list[float]]
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, np.ndarray, int, np.ndarray]]]:
@@ -1277,7 +1301,7 @@ class Relaxation:
         target_all = target_all[order]
         starts = np.flatnonzero(np.concatenate([[True], target_all[1:] != target_all[:-1]])) if target_all.size \
             else empty
-        limit = max(1, CHUNK_ELEMENTS // (self.total + 1))
+        limit = max(1, CHUNK_ELEMENTS // ((self.total + 1) * (self.total + 2) // 2))  # pairs x (m, n)
         ends = np.append(starts[1:], target_all.size)
         chunks, first = [], 0
         while first < starts.size:  # whole states, at least one, up to `limit` pairs
@@ -1343,21 +1367,40 @@ class Relaxation:
             # `last`: each round after this one adds at least a micro-batch, so the last round's n = total
             # reads this round's n only up to total - (rounds left); the columns past it stay inf
             upto = total - (rounds - 1 - round_) if last else total
+            # every (m, n) at once: the item runs m of the n = first + 1 + j micro-batches, the rest n - m
+            # (column i = j + 1 - m of `ranging`), grouped by j (`_runs_of`)
+            items_at, rest_at, groups, columns = _runs_of(first, end, upto)
             for lo, hi, starts, targets in chunks:  # per state: least over its items of max(item, the rest)
-                rest, item_times = ranging[source[lo:hi]], pick[lo:hi]
-                value = np.full((hi - lo, max(upto - first, 0)), np.inf)
-                for m in range(1, upto + 1 - first):  # the item runs m of the n micro-batches, the rest n - m
-                    width = min(end, upto + 1 - m) - first
-                    paired = np.maximum(rest[:, :width], item_times[:, m - 1:m])
-                    np.minimum(value[:, m - 1:m - 1 + width], paired, out=value[:, m - 1:m - 1 + width])
-                if value.shape[1]:
-                    best[targets, first + 1:upto + 1] = np.minimum.reduceat(value, starts, axis=0)
+                if columns.size:
+                    paired = np.maximum(ranging[source[lo:hi]][:, rest_at], pick[lo:hi][:, items_at])
+                    value = np.minimum.reduceat(np.minimum.reduceat(paired, groups, axis=1), starts, axis=0)
+                    best[targets[:, None], first + 1 + columns] = value
             below = best.reshape(grid)  # a view of `best`: groups may idle
             for axis in range(len(grid) - 1):
                 np.minimum.accumulate(below, axis=axis, out=below)
             counted.append(best[:, total].tolist() if not last or round_ == rounds - 1 else [])
             previous = best
         return counted
+
+
+@functools.lru_cache(maxsize=4096)
+def _runs_of(first: int, end: int, upto: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`counted_table`'s pairs for one round, whose rest ran `first`..`end` - 1 micro-batches: per column j
+    of n = first + 1 + j up to `upto`, every m (the item's micro-batches, m - 1 in `items_at`) with the
+    rest's n - m among those (column j + 1 - m in `rest_at`), grouped by j (`groups`: each group's first
+    pair, for `np.minimum.reduceat`; `columns`: the j of each group, every j with a pair)."""
+    items, rests, columns, groups = [], [], [], []
+    for j in range(max(upto - first, 0)):
+        pairs = [(m, j + 1 - m) for m in range(1, j + 2) if j + 1 - m < end - first]
+        if pairs:
+            groups.append(len(items))
+            columns.append(j)
+            items += [m - 1 for m, _ in pairs]
+            rests += [i for _, i in pairs]
+    found = tuple(np.array(x, dtype=np.intp) for x in (items, rests, groups, columns))
+    for array in found:
+        array.flags.writeable = False
+    return found
 
 
 class ExactSearch:
@@ -1496,8 +1539,12 @@ class ExactSearch:
                 if value < min(spanning, limit) and columns > spanning:
                     spanning = max(spanning, self.spanning(p, refine))
                 value = max(value, min(spanning, columns))
-                # each builds tables before it checks
-                for split in (self.held, self.isolated, self.neighboured, self.kept, self.single, self.spans):
+                # each builds tables before it checks; `spans` right after `held`: it floors every case of the
+                # layers whose holders span nodes with the run-slot, node-run and holder tables, and is often the
+                # one that meets the plan (24-32-device seed 8022: before it, `isolated`, `neighboured` and `kept`
+                # took 0.8 s of the 2 s and raised 30.6585 to 30.6766; `spans` then met the plan's 31.7566 too
+                # late; spans first, 8022 and 3113 are proven at 2 s)
+                for split in (self.held, self.spans, self.isolated, self.neighboured, self.kept, self.single):
                     if value < limit:
                         value = max(value, split(p, refine, value, limit))
             if refine is not None and value < limit:  # one table per run length: before the paired tables
