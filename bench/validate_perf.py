@@ -182,18 +182,18 @@ def megatron_flops(batch: int = 1536, seq: int = 2048, layers: int = 96, hidden:
 def megatron_validation() -> dict:
     flops = megatron_flops()
 
-    def tflops(efficiency: float) -> list[float]:
-        return [flops / predict(megatron_document(dp, efficiency)) / (96 * dp) / 1e12 for dp, _ in MEGATRON_RUNS]
+    def tflops(efficiency: float, runs: list[tuple[int, float]]) -> list[float]:
+        return [flops / predict(megatron_document(dp, efficiency)) / (96 * dp) / 1e12 for dp, _ in runs]
 
     measured = [m for _, m in MEGATRON_RUNS]
-    # Fit on DP 4 alone: the other runs are then predictions.
+    # Fit on DP 4 alone (only its column is priced over the grid): the other runs are then predictions.
     grid = np.arange(0.30, 0.95, 0.0025)
-    table = np.array([tflops(e) for e in grid])
-    best = int(np.argmin(np.abs(table[:, 0] / measured[0] - 1)))
+    fitted = np.array([tflops(e, MEGATRON_RUNS[:1])[0] for e in grid])
+    best = int(np.argmin(np.abs(fitted / measured[0] - 1)))
     efficiency = float(grid[best])
     rows = [{"data_parallel": dp, "gpus": 96 * dp, "measured_tflops": m, "predicted_tflops": float(p),
              "error": float(p / m - 1), "predicted_mem_gib": peak_memory(megatron_document(dp, efficiency)) / GIB}
-            for (dp, m), p in zip(MEGATRON_RUNS, table[best])]
+            for (dp, m), p in zip(MEGATRON_RUNS, tflops(efficiency, MEGATRON_RUNS))]
     return {"efficiency_fitted_on_dp4": efficiency, "rows": rows,
             "worst_abs_error_unseen": float(max(abs(r["error"]) for r in rows[1:]))}
 

@@ -139,9 +139,11 @@ def test_cpsat_integers_are_range_checked() -> None:
 
 
 def test_cli_never_prints_a_traceback_at_the_memory_boundary() -> None:
-    """The boundary case through the installed entry point: one JSON object, exit 0, a sound plan."""
+    """The boundary case through the installed entry point: one JSON object, exit 0, a sound plan.
+    3 s, not 1 s: at 1.7x load 1 s ran out before the reconfiguration started (exit 4, "about 2 s
+    would likely suffice"); the traceback-free answer is under test here, not the deadline."""
     done = subprocess.run([sys.executable, "-m", "chameleon_opt.cli", "plan", str(CASES / "checker" / "boundary-24.json"),
-                           "--time-limit", "1", "--json"], capture_output=True, text=True, timeout=60)
+                           "--time-limit", "3", "--json"], capture_output=True, text=True, timeout=60)
     assert "Traceback" not in done.stderr
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["plan"]["pipelines"]

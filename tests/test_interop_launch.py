@@ -105,11 +105,11 @@ def check_trainer_reads_the_plan(doc: dict, plan: Plan) -> None:
     assert len(set(replica.values())) == len(plan.pipelines)
 
 
-def _decided(instance: str, failed: list[int], fmt: str, policy: str = "auto") -> tuple[dict, Plan]:
+def _decided(instance: str, failed: list[int], fmt: str, policy: str = "auto", limit_s: float = 5) -> tuple[dict, Plan]:
     from chameleon_opt.api import Planner
 
     target = fmt if fmt != "ranks" else "any"
-    planner = Planner(instance, policy=policy, time_limit_s=5, target=target)
+    planner = Planner(instance, policy=policy, time_limit_s=limit_s, target=target)
     decision = planner.on_failure(failed)
     return export_plan(planner.instance, decision.rank_plans, fmt, decision.policy), decision.plan
 
@@ -130,7 +130,9 @@ def test_paper_32_megatron_export_is_launched_node_by_node() -> None:
 
 @pytest.mark.parametrize("fmt", ["megatron", "torchtitan"])
 def test_a_lost_node_exports_whole_nodes(fmt: str) -> None:
-    doc, plan = _decided("paper-32", list(range(8, 16)), fmt)
+    # torchtitan's uniform space is enumerated after the free search: at 1.7x load 5 s found no plan
+    # in it ("about 10 s would likely suffice"); the export is under test here, not the search's speed
+    doc, plan = _decided("paper-32", list(range(8, 16)), fmt, limit_s=12 if fmt == "torchtitan" else 5)
     check_node_by_node(doc, 8)
     assert [n["node"] for n in doc["nodes"]] == [0, 2, 3] and {n["nproc_per_node"] for n in doc["nodes"]} == {8}
     check_trainer_reads_the_plan(doc, plan)

@@ -331,7 +331,9 @@ def test_regular_run_piles_equal_stages_into_nodes(seed):
     """Issue 21's seeds 90 (11 nodes of 2 devices) and 91 (8 nodes of 3, two device types): the
     optimum is 6-7 pipelines of one split whose stages fill nodes in order; the full tree's node
     plateaus hid it for 10 s, the regular run (later pipelines copy the first's shape and split,
-    lowest nodes first) finds it within 1.5 s (bench/brute_force.py's optimum: 0.03-0.1 s)."""
+    lowest nodes first) finds it within 1.5 s (bench/brute_force.py's optimum: 0.03-0.1 s). The limit
+    is 3x that (a loaded 2-core machine missed seed 91's optimum at 1.5 s); the search stops once a plan
+    meets the floor, so a quiet run ends as soon as before (0.9 s and 1.2 s at load 2.7)."""
     from chameleon_opt.solve.exact import exact_search
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -341,7 +343,7 @@ def test_regular_run_piles_equal_stages_into_nodes(seed):
     instance = build_instance(data)
     optimum, _, _, complete = reduced_brute_force(instance, failed)
     assert complete
-    outcome = exact_search(instance, PerfModel(instance), failed, math.inf, Deadline.after(1.5))
+    outcome = exact_search(instance, PerfModel(instance), failed, math.inf, Deadline.after(4.5))
     assert outcome.objective <= optimum * (1 + 1e-9), (outcome.objective, optimum)
     assert outcome.bound <= optimum * (1 + 1e-9)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,12 +22,19 @@ from chameleon_opt.solve.deadline import Deadline
 INSTANCES = Path(__file__).resolve().parents[1] / "instances"
 
 
+@functools.lru_cache(maxsize=None)
+def recovered(name: str) -> tuple[Any, PerfModel, Any]:
+    """(instance, model, the search's recovery from the file's failures), searched once per module:
+    two tests check the gpt3-175b-1024 recovery (a 4 s search on two cores)."""
+    instance = load_instance(INSTANCES / f"{name}.json")
+    model = PerfModel(instance)
+    return instance, model, search_plan(instance, instance.failed_devices, Deadline.after(10), model=model)
+
+
 @pytest.mark.parametrize("name", ["paper-32", "gpt3-175b-1024", "llama3-405b-16k"])
 def test_bundled_instances_recover_with_a_sound_plan(name):
-    instance = load_instance(INSTANCES / f"{name}.json")
+    instance, model, result = recovered(name)
     failed = instance.failed_devices
-    model = PerfModel(instance)
-    result = search_plan(instance, failed, Deadline.after(10), model=model)
     assert result.status in (Status.OPTIMAL, Status.FEASIBLE)
     # The gap the relaxation proves for the exact model (measured 2-8%; see bench/solver_scaling.py).
     assert result.gap is not None and result.gap <= 0.10
@@ -38,14 +47,12 @@ def test_bundled_instances_recover_with_a_sound_plan(name):
 
 
 def test_previous_plan_restricted_to_survivors_is_a_warm_start():
-    instance = load_instance(INSTANCES / "gpt3-175b-1024.json")
-    model = PerfModel(instance)
+    instance, model, result = recovered("gpt3-175b-1024")
     space = search_space(instance, instance.failed_devices, model)
     mix = restricted_mix(instance.plan, instance.failed_devices, space.templates, space.budget, space.total, model)
     assert mix is not None
     assert sum(mix.counts) == len(instance.plan.pipelines) - 1  # one pipeline lost a device
     assert sum(sum(shares) for shares in mix.micro_batches) == instance.global_micro_batches
-    result = search_plan(instance, instance.failed_devices, Deadline.after(10), model=model)
     assert result.objective <= modelled_time(space.templates, mix) + 1e-9
 
 

@@ -9,6 +9,7 @@ fix: the CLI prints only ChameleonError, so anything else would reach the user a
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -199,6 +200,27 @@ def available_models() -> list[str]:
 
 
 def load_workload_file(path: Path) -> WorkloadSpec:
+    """The validated workload in `path`. A catalogue file (in MODELS_DIR) is parsed once per version
+    (its mtime and size): every instance naming a catalogue model reads it, and a calibration grid
+    builds hundreds (validating opt-350m.json took half of bench/validate_perf.py's Sailor fit). The
+    spec is frozen, so sharing it is safe; files elsewhere may be rewritten in place, so are read each time."""
+    try:
+        catalogue = Path(path).resolve().parent == MODELS_DIR.resolve()
+        stat = Path(path).stat()
+    except (OSError, ValueError):
+        catalogue = False
+    if catalogue:
+        return _catalogue_workload(path, stat.st_mtime_ns, stat.st_size)
+    return _parse_workload_file(path)
+
+
+@functools.lru_cache(maxsize=128)
+def _catalogue_workload(path: Path, mtime_ns: int, size: int) -> WorkloadSpec:
+    """A catalogue file's spec, memoised by version (the key's mtime and size)."""
+    return _parse_workload_file(path)
+
+
+def _parse_workload_file(path: Path) -> WorkloadSpec:
     spec = parse_model(WorkloadSpec, read_document(path), path)
     _check_workload(spec, path)
     return spec
