@@ -12,5 +12,6 @@ BUNDLED = {"chameleon_opt._bundled.instances": "instances", "chameleon_opt._bund
 setup(
     packages=find_packages(include=["chameleon_opt", "chameleon_opt.*"]) + list(BUNDLED),
     package_dir=BUNDLED,
-    package_data={"chameleon_opt": ["py.typed"], **{name: ["*.json", "*.md"] for name in BUNDLED}},
+    package_data={"chameleon_opt": ["py.typed"], **{name: ["*.json", "*.md", "calibration/*.json", "hf/*/*.json"]
+                                                for name in BUNDLED}},
 )

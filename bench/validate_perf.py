@@ -783,6 +783,31 @@ def held_out_estimate(r, fit, interference: float):
     return PerfModel(instance, calibration=calibration).evaluate(instance.plan)
 
 
+def torchtitan_calibration(others: list, interference: float) -> dict:
+    """The calibration a torchtitan import is priced with (models/calibration/torchtitan.json): the
+    per-die compute efficiencies and the memory-traffic efficiency fitted on the published tables'
+    families (`others`: Megatron-LM, llm-foundry, NeMo; no torchtitan run is in them), the ZeRO-3
+    overlap interference fitted on llm-foundry's runs, torchtitan's kernels and torch's
+    FlashAttention-2 at its measured rates. What held_out_estimate prices torchtitan's runs with,
+    without the framework overhead (the catalogue's stands: a user's device holds the CUDA context)."""
+    from chameleon_opt.instance.devices import CATALOGUE
+    from chameleon_opt.perf import published as P
+    fit = P.fit_efficiencies(others, {r.id: P.step_terms(r, interference if sharded(r) else None) for r in others})
+    devices = {gpu: {"peak_tflops": CATALOGUE[gpu].peak_tflops,
+                     "memory_bandwidth_gbps": CATALOGUE[gpu].memory_bandwidth_gbps,
+                     "compute_efficiency": round(e, 6), "fitted_on": list(fit.fitted_on)}
+               for gpu, e in sorted(fit.compute.items()) if ("flash-v2", gpu) in P.ATTENTION_UTILISATION}
+    return {"format": 1, "framework": "torchtitan", "attention": "flash", "kernels": "torchtitan",
+            "memory_efficiency": round(fit.memory_efficiency, 6), "devices": devices,
+            "attention_utilisation": {gpu: P.ATTENTION_UTILISATION[("flash-v2", gpu)] for gpu in devices},
+            "sharded_interference": round(interference, 6),
+            "notes": ["written by bench/validate_perf.py --write-calibration from the published tables "
+                      "(../shared/data/published): efficiencies fitted on " + ", ".join(fit.fitted_on) +
+                      "; the ZeRO-3 overlap interference on llm-foundry's runs; no torchtitan run fitted",
+                      "attention: torch's FlashAttention-2 SDPA backend at its rates measured on an H200 "
+                      "(perf.published.FLASH_V2_H100_MEASURED) or the FlashAttention-2 paper's A100 figure"]}
+
+
 def torchtitan_validation(others: list, interference: float) -> dict:
     """torchtitan's published runs through its importer (bench/torchtitan_runs.py): refused
     rows by the key named; the rest priced with the torchtitan kernels, the efficiencies fitted on
@@ -917,6 +942,8 @@ def main() -> None:
     parser.add_argument("--sailor-dir", type=Path, default=ROOT.parent / "shared" / "data" / "sailor")
     parser.add_argument("--published-dir", type=Path, default=ROOT.parent / "shared" / "data" / "published")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    parser.add_argument("--write-calibration", action="store_true",
+                        help="also write models/calibration/torchtitan.json (what torchtitan imports are priced with)")
     args = parser.parse_args()
     if args.published_dir.is_dir():
         from chameleon_opt.perf.model import SHARDED_OVERLAP_INTERFERENCE
@@ -932,6 +959,11 @@ def main() -> None:
         foundry = published_interference(runs, terms)
         (held_out,) = foundry.values()
         torchtitan = torchtitan_validation(fitted_runs(runs), held_out)
+        if args.write_calibration:
+            from chameleon_opt.perf.calibration import calibration_path
+            path = calibration_path("torchtitan")
+            path.write_text(json.dumps(torchtitan_calibration(fitted_runs(runs), held_out), indent=1) + "\n")
+            console.print(f"wrote {path}")
         (args.out / "validate_perf_torchtitan.json").write_text(json.dumps(torchtitan, indent=1))
         for r in torchtitan["rows"]:
             memory = "" if r["error_mem"] is None else f"  memory {r['error_mem']:+.1%}"

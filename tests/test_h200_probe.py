@@ -1,7 +1,8 @@
 """The memory model against torchtitan-style Llama steps measured on one H200 (bench/data/h200_probe.json,
 from bench/device/probe_h200.sh): 21 runs of Llama 3 8B / 70B widths, 2-8 blocks, 4k-32k tokens, no,
-per-op or full checkpointing, eager or compiled blocks, SDPA's default (cuDNN) or forced backends. Priced as a user's import gets them (the catalogue,
-nothing fitted on any measurement): the predicted peak against the allocator's measured max_reserved."""
+per-op or full checkpointing, eager or compiled blocks, SDPA's default (cuDNN) or forced backends.
+Priced as a user's import gets them (memory: nothing fitted on any measurement): the predicted peak
+against the allocator's measured max_reserved."""
 
 from __future__ import annotations
 

@@ -56,6 +56,9 @@ def test_wheel_in_fresh_venv_runs_bundled_instances(tmp_path: Path) -> None:
                   "print(b.bundled_instance('runtime-cpu-6'))"], cwd=tmp_path).stdout.split()
     assert all(Path(p).is_relative_to(env_dir) for p in where), where  # package and demo default from the wheel
     assert (Path(where[0]).parent / "py.typed").is_file()
+    # the catalogue's calibrations ship too (a torchtitan import is priced with calibration/torchtitan.json)
+    shipped = Path(where[0]).parent / "_bundled" / "models"
+    assert all((shipped / "calibration" / f"{name}.json").is_file() for name in ("torchtitan", "sailor"))
 
     cli = env_dir / "bin" / "chameleon-solve"
     from chameleon_opt import __version__

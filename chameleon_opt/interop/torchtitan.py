@@ -685,6 +685,8 @@ def import_torchtitan(path: Path, options: ClusterOptions, failed: list[int], mo
                              # ptd_checkpoint_wrapper's default, torch's non-reentrant checkpoint (torch >= 2.1)
                              "recompute_early_stop": recompute == "full",
                              "kernels": "torchtitan-compiled" if blocks_compiled else "torchtitan",
+                             # models/calibration/torchtitan.json: efficiencies fitted on other stacks' runs
+                             "framework": "torchtitan",
                              "compiled_loss": loss_compiled, "tp_async": tp_async,
                              "loss_chunks": _loss_chunks(r), **({"fp8": fp8} if fp8 else {}),
                              "sequence_parallel": tp > 1 and (era == "toml" or bool(par.get("enable_sequence_parallel",

@@ -147,7 +147,8 @@ class FrameworkCalibration:
         if target is None or workload.architecture is None:
             return None
         predictions, sources = [], []
-        for profile in workload.spec.profiles:
+        # a stack's calibration (kernels named) does not borrow profiles other stacks measured
+        for profile in workload.spec.profiles if self.kernels is None else ():
             source = profile.device_type
             if source == device or source in withheld or source not in self.devices:
                 continue

@@ -388,7 +388,10 @@ class PerfModel:
     def _layer_rows(self, device: DeviceType, tp: int, recompute: str) -> dict[str, np.ndarray]:
         """Per-layer costs of one micro-batch with every layer under one recomputation mode."""
         w, mbs = self.workload, self.micro_batch_size
-        profile = w.profile_table(device.name, mbs, tp)
+        # a stack's own calibration (its kernels named) prices the architecture, never a profile some
+        # other stack measured (the catalogue's Sailor profiles)
+        stack_calibrated = self.calibration is not None and self.calibration.kernels is not None
+        profile = None if stack_calibrated else w.profile_table(device.name, mbs, tp)
         transferred = None
         if profile is None and self.calibration is not None:
             transferred = self.calibration.transfer(w, device.name, mbs, tp)
