@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from chameleon_opt.comm.rounds import colour_rounds, release_schedule
-from chameleon_opt.comm.state import Need, missing_state, tensor_bytes, tensor_name
+from chameleon_opt.comm.state import (ABANDON_NEEDS, Need, missing_state, moved_pairs_at_least, tensor_bytes,
+                                      tensor_name)
 from chameleon_opt.comm.transfers import Migration, Transfer
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
@@ -48,7 +49,6 @@ MIN_SOLVE_S = 0.02       # less time left than this: no LP is started
 HIGHS_S_PER_COLUMN = 6e-6  # HiGHS's presolve before it first reads its clock: 0.3 s at 50,000 columns (measured)
 CBC_MIN_S = 0.5          # PuLP's CBC writes the model to a file and starts a process: not for less
 CBC_S_PER_COLUMN = 80e-6  # PuLP's build + CBC's LP, which its time limit does not stop: 7.2 s at 91,440 columns (measured)
-ABANDON_NEEDS = 1_000    # fewer shards to move: finishing past the deadline costs under 0.05 s, never abandoned
 FINISH_S_PER_TRANSFER = 2e-5  # listing, cutting, colouring, checking: 4-5 us a transfer, +2 us its release check
                                # (1,024-16,384, quiet); re-sharding 65,408 shards at 131,072 devices took 17 s for
                                # 523,264 (26 us each past the listing, 2 cores under a load of 5): 8 us let it start
@@ -340,6 +340,17 @@ def async_makespan(times: np.ndarray, transfers: list[Transfer] | tuple[Transfer
     return max(sent.values(), default=0.0)
 
 
+def too_many(pairs: int, receivers: int, abandon: Deadline) -> None:
+    """Raise DeadlinePassed when at least `pairs` transfers to at least `receivers` devices (lower
+    bounds: `moved_pairs_at_least`) cannot be cut before `abandon`: what `schedule_migration`
+    would find once it had listed the shards (needs >= receivers, transfers >= pairs), found
+    before the listing and, for a re-mapped plan, before the re-mapping."""
+    if receivers >= ABANDON_NEEDS and abandon.left() < pairs * FINISH_S_PER_TRANSFER:
+        raise DeadlinePassed(f"at least {pairs:,} transfers of the shards to move to {receivers:,} devices cannot be "
+                             f"cut and scheduled in the {abandon.left():.2f} s left", pairs * FINISH_S_PER_TRANSFER,
+                             abandon.left())
+
+
 def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int], deadline: Deadline,
                        options: SolverOptions = DEFAULT, backend: str = "highs", *,
                        abandon: Deadline | None = None) -> Migration:
@@ -357,7 +368,9 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     Raises UnrecoverableError when a needed shard has no surviving holder."""
     start = time.perf_counter()
     seed = options.seed
-    needs = [n for n in missing_state(model, old, new, failed) if n.nbytes > 0]  # empty layers carry no state
+    if abandon is not None:  # the same test from layer ranges before any shard is listed (moved_pairs_at_least)
+        too_many(*moved_pairs_at_least(model, old, new, failed), abandon)
+    needs = [n for n in missing_state(model, old, new, failed, abandon) if n.nbytes > 0]  # empty layers: no state
     abandon = abandon if len(needs) >= ABANDON_NEEDS else None
     at_least = sum(len(n.layers) for n in needs)  # transfers to come: one per layer of each shard, at least
     if abandon is not None and abandon.left() < at_least * FINISH_S_PER_TRANSFER:
