@@ -115,3 +115,22 @@ def test_a_migration_too_large_for_the_time_left_is_declared_before_its_listing(
     with pytest.raises(DeadlinePassed, match="shards to move") as stopped:
         schedule_migration(model, instance.plan, new, frozenset(), Deadline.after(10.0), abandon=Deadline.after(0.0))
     assert stopped.value.needed_s == pytest.approx(1039 * layers * migration_module.FINISH_S_PER_TRANSFER)
+
+
+def test_when_no_solver_can_start_the_greedy_split_is_priced_by_its_own_transfers() -> None:
+    """1,040 devices of FSDP in 2 shard copies re-sharded over 1,039: each gathered run has a holder
+    in each copy, so an LP could split it (up to one more transfer a shard), but with no time for a
+    solver the greedy split sends each run from one holder: one transfer per layer of each shard.
+    Given time for those and not for the LP's worst case, the migration is scheduled, not abandoned."""
+    instance = build_instance(job(1040, zero=3, copies=2))
+    model = PerfModel(instance)
+    layers = model.workload.num_layers
+    new = Plan(1, tuple(Pipeline((Stage((k,), 0, layers),), 1) for k in range(1039)))
+    needs = [n for n in missing_state(model, instance.plan, new, frozenset()) if n.nbytes > 0]
+    at_least = sum(len(n.layers) for n in needs)
+    at_most = at_least + sum(len(n.holders) for n in needs) - len(needs)
+    assert at_most > at_least
+    between = (at_least + at_most) / 2 * migration_module.FINISH_S_PER_TRANSFER
+    migration = schedule_migration(model, instance.plan, new, frozenset(), Deadline.after(0.0),
+                                   abandon=Deadline.after(between, deterministic=True))
+    assert migration.solve.backend == "greedy" and len(migration.transfers) <= at_least

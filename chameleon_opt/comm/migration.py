@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -359,10 +360,11 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     `deadline` bounds the LP (`backend` is tried first): CBC is tried after HiGHS only while
     its estimated build and solve fit (PuLP's CBC writes and reads files and its LP is not stopped
     by the time limit: CBC_S_PER_COLUMN, at least CBC_MIN_S), else the
-    even split over the candidates is used (HEURISTIC, `stopped_early`). `abandon` is the caller's
-    own deadline (its whole decision's, past the LP's share): when at least ABANDON_NEEDS shards are
-    to move and it passes before any transfer is cut, or leaves less than FINISH_S_PER_TRANSFER per
-    transfer to come (at most one per candidate pair and layer boundary), DeadlinePassed is raised
+    greedy split is used (each shard from one holder; HEURISTIC, `stopped_early`). `abandon` is the
+    caller's own deadline (its whole decision's, past the LP's share): when at least ABANDON_NEEDS
+    shards are to move and it passes before any transfer is cut, or leaves less than
+    FINISH_S_PER_TRANSFER per transfer to come (at most one per candidate pair and layer boundary
+    when a solver can start, one per layer of each shard when only the greedy split can), DeadlinePassed is raised
     instead (cutting, colouring and checking 15,000 shards' 138,000 transfers at 16,384 devices
     take about 1 s, and nothing valid exists before).
     Raises UnrecoverableError when a needed shard has no surviving holder."""
@@ -391,24 +393,32 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
         return Migration(new, (), 0, 0.0, 0.0, 0.0, 0, (), release_schedule(old, new, failed, ()), solve, 0.0, wanted)
     m = _candidates(needs, sides)
     at_most = at_least + len(m.need) - len(needs)  # transfers to come, at most
-    if abandon is not None and abandon.left() < at_most * FINISH_S_PER_TRANSFER:
-        raise DeadlinePassed(f"up to {at_most} transfers of {len(needs)} shards to move cannot be cut and scheduled "
-                             f"in the {abandon.left():.2f} s left", at_most * FINISH_S_PER_TRANSFER, abandon.left())
-    total_link_s = sum(n.nbytes for n in needs) / GB * max(GB / model.intra.bandwidth, GB / model.inter.bandwidth)
-    eps = 1e-6 * bound / total_link_s if total_link_s > 0 else 0.0
-    build_s = time.perf_counter() - start
-    order = [_solve_highs, _solve_cbc] if backend == "highs" else [_solve_cbc, _solve_highs]
-    status, amounts, objective, wall, used = Status.NO_SOLUTION, None, None, 0.0, backend
     # What must follow any answer (cutting, colouring, checking) is kept back from the solvers' time,
     # so the schedule ends by the deadline. An LP's basic solution has at most one non-zero share per
     # row (needs + senders + receivers), so beyond one transfer per layer of each need it adds at most
     # one cut per capacity row.
     capacity_rows = len(np.unique(m.source)) + len({n.dst for n in needs})
     finish_s = min(at_most, at_least + capacity_rows) * FINISH_S_PER_TRANSFER
-    for solver in order:
-        start_up = max(CBC_MIN_S, len(m.need) * CBC_S_PER_COLUMN) if solver is _solve_cbc else \
+    order = [_solve_highs, _solve_cbc] if backend == "highs" else [_solve_cbc, _solve_highs]
+
+    def start_up(solver: Callable[..., tuple]) -> float:
+        return max(CBC_MIN_S, len(m.need) * CBC_S_PER_COLUMN) if solver is _solve_cbc else \
             max(MIN_SOLVE_S, len(m.need) * HIGHS_S_PER_COLUMN)
-        if deadline.left() - finish_s < start_up:
+
+    # When no solver can start, the greedy split sends each shard from one holder: one transfer per
+    # layer (at_least), not the LP's up to at_most.
+    solvable = any(deadline.left() - finish_s >= start_up(solver) for solver in order)
+    coming = at_most if solvable else at_least
+    if abandon is not None and abandon.left() < coming * FINISH_S_PER_TRANSFER:
+        raise DeadlinePassed(f"{'up to' if solvable else 'at least'} {coming} transfers of {len(needs)} shards to move "
+                             f"cannot be cut and scheduled in the {abandon.left():.2f} s left",
+                             coming * FINISH_S_PER_TRANSFER, abandon.left())
+    total_link_s = sum(n.nbytes for n in needs) / GB * max(GB / model.intra.bandwidth, GB / model.inter.bandwidth)
+    eps = 1e-6 * bound / total_link_s if total_link_s > 0 else 0.0
+    build_s = time.perf_counter() - start
+    status, amounts, objective, wall, used = Status.NO_SOLUTION, None, None, 0.0, backend
+    for solver in order:
+        if deadline.left() - finish_s < start_up(solver):
             continue
         status, amounts, objective, spent, used = solver(model, needs, m, eps, deadline.left() - finish_s, options)
         wall += spent
