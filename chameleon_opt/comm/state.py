@@ -205,18 +205,18 @@ def moved_pairs_at_least(model: PerfModel, old: Plan, new: Plan, failed: frozens
     the time left is declared before its listing is paid for (1-10 s at 16,384-131,072 devices).
 
     Why a lower bound. A live slot's device at TP rank r holds one old range [f, e), usable only
-    at rank r. A layer of its new range it lacks is listed when it has state (`_listed`: replicated
-    bytes, or ZeRO-sharded bytes at least the plan's pipeline count, which bounds every shard
-    group, so every position's range is non-empty). A layer it holds is listed when its ZeRO shard
-    range must grow (`_regrown`). So the device lists at least L(a, b) - G([a, b) & [f, e)) layers,
-    L counting the listed-if-lacking layers and G the layers holding saves (lacking listed minus
-    regrown). With `remapped` any assignment of groups to slots is allowed (`assign_slots`'
+    at rank r. A layer of its new range it lacks is listed once in the need for its replicated
+    bytes, if any, and once more in a need for its ZeRO shard range when its sharded bytes are at
+    least the plan's pipeline count, which bounds every shard group, so every position's range is
+    non-empty (`_listed`). A layer it holds is listed when its ZeRO shard range must grow
+    (`_regrown`). So the device's needs list at least L(a, b) - G([a, b) & [f, e)) layers, L
+    summing the listings of lacked layers and G what holding saves (those minus the regrown). With `remapped` any assignment of groups to slots is allowed (`assign_slots`'
     re-mapping): each slot's device then saves at most the largest G over any live device's old
     range, or nothing."""
     if old.tensor_parallel != new.tensor_parallel:
         raise ValueError("migration between plans of different TP degrees: shards do not correspond")
     listed = _listed(model, new)
-    saved = listed.astype(np.int64) - _regrown(model, old, new, failed)
+    saved = listed - _regrown(model, old, new, failed)
     lacking = np.concatenate([[0], np.cumsum(listed)]).astype(np.int64)
     gain = np.concatenate([[0], np.cumsum(saved)]).astype(np.int64)
     held = old_holdings(old, failed)
@@ -254,10 +254,10 @@ def moved_pairs_at_least(model: PerfModel, old: Plan, new: Plan, failed: frozens
 
 
 def _listed(model: PerfModel, new: Plan) -> np.ndarray:
-    """Per layer: whether a device of `new` lacking it gets a need with bytes for it (see
-    `moved_pairs_at_least`)."""
+    """Per layer: the needs with bytes for it a device of `new` lacking it gets (see
+    `moved_pairs_at_least`): one for its replicated bytes, another for its ZeRO shard range."""
     replicated, sharded = state_bytes(model, new.tensor_parallel)
-    return (replicated > 0) | (sharded >= max(len(new.pipelines), 1))
+    return (replicated > 0).astype(np.int64) + (sharded >= max(len(new.pipelines), 1))
 
 
 def _regrown(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int]) -> np.ndarray:
