@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from chameleon_opt.comm.rounds import colour_rounds, release_schedule
-from chameleon_opt.comm.state import Need, missing_state, tensor_bytes, tensor_name
+from chameleon_opt.comm.state import (ABANDON_NEEDS, Need, missing_state, moved_pairs_at_least, tensor_bytes,
+                                      tensor_name)
 from chameleon_opt.comm.transfers import Migration, Transfer
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
@@ -48,7 +50,6 @@ MIN_SOLVE_S = 0.02       # less time left than this: no LP is started
 HIGHS_S_PER_COLUMN = 6e-6  # HiGHS's presolve before it first reads its clock: 0.3 s at 50,000 columns (measured)
 CBC_MIN_S = 0.5          # PuLP's CBC writes the model to a file and starts a process: not for less
 CBC_S_PER_COLUMN = 80e-6  # PuLP's build + CBC's LP, which its time limit does not stop: 7.2 s at 91,440 columns (measured)
-ABANDON_NEEDS = 1_000    # fewer shards to move: finishing past the deadline costs under 0.05 s, never abandoned
 FINISH_S_PER_TRANSFER = 2e-5  # listing, cutting, colouring, checking: 4-5 us a transfer, +2 us its release check
                                # (1,024-16,384, quiet); re-sharding 65,408 shards at 131,072 devices took 17 s for
                                # 523,264 (26 us each past the listing, 2 cores under a load of 5): 8 us let it start
@@ -340,6 +341,17 @@ def async_makespan(times: np.ndarray, transfers: list[Transfer] | tuple[Transfer
     return max(sent.values(), default=0.0)
 
 
+def too_many(pairs: int, receivers: int, abandon: Deadline) -> None:
+    """Raise DeadlinePassed when at least `pairs` transfers to at least `receivers` devices (lower
+    bounds: `moved_pairs_at_least`) cannot be cut before `abandon`: what `schedule_migration`
+    would find once it had listed the shards (needs >= receivers, transfers >= pairs), found
+    before the listing and, for a re-mapped plan, before the re-mapping."""
+    if receivers >= ABANDON_NEEDS and abandon.left() < pairs * FINISH_S_PER_TRANSFER:
+        raise DeadlinePassed(f"at least {pairs:,} transfers of the shards to move to {receivers:,} devices cannot be "
+                             f"cut and scheduled in the {abandon.left():.2f} s left", pairs * FINISH_S_PER_TRANSFER,
+                             abandon.left())
+
+
 def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int], deadline: Deadline,
                        options: SolverOptions = DEFAULT, backend: str = "highs", *,
                        abandon: Deadline | None = None) -> Migration:
@@ -348,16 +360,19 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
     `deadline` bounds the LP (`backend` is tried first): CBC is tried after HiGHS only while
     its estimated build and solve fit (PuLP's CBC writes and reads files and its LP is not stopped
     by the time limit: CBC_S_PER_COLUMN, at least CBC_MIN_S), else the
-    even split over the candidates is used (HEURISTIC, `stopped_early`). `abandon` is the caller's
-    own deadline (its whole decision's, past the LP's share): when at least ABANDON_NEEDS shards are
-    to move and it passes before any transfer is cut, or leaves less than FINISH_S_PER_TRANSFER per
-    transfer to come (at most one per candidate pair and layer boundary), DeadlinePassed is raised
+    greedy split is used (each shard from one holder; HEURISTIC, `stopped_early`). `abandon` is the
+    caller's own deadline (its whole decision's, past the LP's share): when at least ABANDON_NEEDS
+    shards are to move and it passes before any transfer is cut, or leaves less than
+    FINISH_S_PER_TRANSFER per transfer to come (at most one per candidate pair and layer boundary
+    when a solver can start, one per layer of each shard when only the greedy split can), DeadlinePassed is raised
     instead (cutting, colouring and checking 15,000 shards' 138,000 transfers at 16,384 devices
     take about 1 s, and nothing valid exists before).
     Raises UnrecoverableError when a needed shard has no surviving holder."""
     start = time.perf_counter()
     seed = options.seed
-    needs = [n for n in missing_state(model, old, new, failed) if n.nbytes > 0]  # empty layers carry no state
+    if abandon is not None:  # the same test from layer ranges before any shard is listed (moved_pairs_at_least)
+        too_many(*moved_pairs_at_least(model, old, new, failed), abandon)
+    needs = [n for n in missing_state(model, old, new, failed, abandon) if n.nbytes > 0]  # empty layers: no state
     abandon = abandon if len(needs) >= ABANDON_NEEDS else None
     at_least = sum(len(n.layers) for n in needs)  # transfers to come: one per layer of each shard, at least
     if abandon is not None and abandon.left() < at_least * FINISH_S_PER_TRANSFER:
@@ -378,24 +393,32 @@ def schedule_migration(model: PerfModel, old: Plan, new: Plan, failed: frozenset
         return Migration(new, (), 0, 0.0, 0.0, 0.0, 0, (), release_schedule(old, new, failed, ()), solve, 0.0, wanted)
     m = _candidates(needs, sides)
     at_most = at_least + len(m.need) - len(needs)  # transfers to come, at most
-    if abandon is not None and abandon.left() < at_most * FINISH_S_PER_TRANSFER:
-        raise DeadlinePassed(f"up to {at_most} transfers of {len(needs)} shards to move cannot be cut and scheduled "
-                             f"in the {abandon.left():.2f} s left", at_most * FINISH_S_PER_TRANSFER, abandon.left())
-    total_link_s = sum(n.nbytes for n in needs) / GB * max(GB / model.intra.bandwidth, GB / model.inter.bandwidth)
-    eps = 1e-6 * bound / total_link_s if total_link_s > 0 else 0.0
-    build_s = time.perf_counter() - start
-    order = [_solve_highs, _solve_cbc] if backend == "highs" else [_solve_cbc, _solve_highs]
-    status, amounts, objective, wall, used = Status.NO_SOLUTION, None, None, 0.0, backend
     # What must follow any answer (cutting, colouring, checking) is kept back from the solvers' time,
     # so the schedule ends by the deadline. An LP's basic solution has at most one non-zero share per
     # row (needs + senders + receivers), so beyond one transfer per layer of each need it adds at most
     # one cut per capacity row.
     capacity_rows = len(np.unique(m.source)) + len({n.dst for n in needs})
     finish_s = min(at_most, at_least + capacity_rows) * FINISH_S_PER_TRANSFER
-    for solver in order:
-        start_up = max(CBC_MIN_S, len(m.need) * CBC_S_PER_COLUMN) if solver is _solve_cbc else \
+    order = [_solve_highs, _solve_cbc] if backend == "highs" else [_solve_cbc, _solve_highs]
+
+    def start_up(solver: Callable[..., tuple]) -> float:
+        return max(CBC_MIN_S, len(m.need) * CBC_S_PER_COLUMN) if solver is _solve_cbc else \
             max(MIN_SOLVE_S, len(m.need) * HIGHS_S_PER_COLUMN)
-        if deadline.left() - finish_s < start_up:
+
+    # When no solver can start, the greedy split sends each shard from one holder: one transfer per
+    # layer (at_least), not the LP's up to at_most.
+    solvable = any(deadline.left() - finish_s >= start_up(solver) for solver in order)
+    coming = at_most if solvable else at_least
+    if abandon is not None and abandon.left() < coming * FINISH_S_PER_TRANSFER:
+        raise DeadlinePassed(f"{'up to' if solvable else 'at least'} {coming} transfers of {len(needs)} shards to move "
+                             f"cannot be cut and scheduled in the {abandon.left():.2f} s left",
+                             coming * FINISH_S_PER_TRANSFER, abandon.left())
+    total_link_s = sum(n.nbytes for n in needs) / GB * max(GB / model.intra.bandwidth, GB / model.inter.bandwidth)
+    eps = 1e-6 * bound / total_link_s if total_link_s > 0 else 0.0
+    build_s = time.perf_counter() - start
+    status, amounts, objective, wall, used = Status.NO_SOLUTION, None, None, 0.0, backend
+    for solver in order:
+        if deadline.left() - finish_s < start_up(solver):
             continue
         status, amounts, objective, spent, used = solver(model, needs, m, eps, deadline.left() - finish_s, options)
         wall += spent

@@ -49,6 +49,10 @@ from chameleon_opt.errors import UnrecoverableError
 from chameleon_opt.perf.memory import shard_groups
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.plan import Plan
+from chameleon_opt.solve.deadline import Deadline, DeadlinePassed
+
+
+ABANDON_NEEDS = 1_000  # fewer shards to move: finishing past the deadline costs under 0.05 s, never abandoned
 
 
 def tensor_name(layer: int, rank: int) -> str:
@@ -193,6 +197,107 @@ def live_slots(plan: Plan, failed: frozenset[int]) -> list[tuple[int, int]]:
             if not failed.intersection(stage.devices)]
 
 
+def moved_pairs_at_least(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int],
+                         remapped: bool = False) -> tuple[int, int]:
+    """(pairs, receivers): lower bounds on the (device, layer) pairs `missing_state` lists (the
+    sum of its needs' layers, at least one transfer each) and on the devices it lists a need for,
+    counted from layer ranges alone (no shard is listed), so a migration that cannot be cut in
+    the time left is declared before its listing is paid for (1-10 s at 16,384-131,072 devices).
+
+    Why a lower bound. A live slot's device at TP rank r holds one old range [f, e), usable only
+    at rank r. A layer of its new range it lacks is listed once in the need for its replicated
+    bytes, if any, and once more in a need for its ZeRO shard range when its sharded bytes are at
+    least the plan's pipeline count, which bounds every shard group, so every position's range is
+    non-empty (`_listed`). A layer it holds is listed when its ZeRO shard range must grow
+    (`_regrown`). So the device's needs list at least L(a, b) - G([a, b) & [f, e)) layers, L
+    summing the listings of lacked layers and G what holding saves (those minus the regrown). With `remapped` any assignment of groups to slots is allowed (`assign_slots`'
+    re-mapping): each slot's device then saves at most the largest G over any live device's old
+    range, or nothing."""
+    if old.tensor_parallel != new.tensor_parallel:
+        raise ValueError("migration between plans of different TP degrees: shards do not correspond")
+    listed = _listed(model, new)
+    saved = listed - _regrown(model, old, new, failed)
+    lacking = np.concatenate([[0], np.cumsum(listed)]).astype(np.int64)
+    gain = np.concatenate([[0], np.cumsum(saved)]).astype(np.int64)
+    held = old_holdings(old, failed)
+    slots = live_slots(new, failed)
+    if remapped:
+        ranges = np.array(sorted({(h.first, h.end) for h in held.values()}), dtype=np.int64).reshape(-1, 2)
+        wanted: dict[tuple[int, int], int] = {}  # (first, end) -> devices of the live slots with that range
+        for j, s in slots:
+            stage = new.pipelines[j].stages[s]
+            wanted[(stage.first, stage.end)] = wanted.get((stage.first, stage.end), 0) + len(stage.devices)
+        if not wanted:
+            return 0, 0
+        span = np.array(list(wanted), dtype=np.int64)
+        devices = np.array(list(wanted.values()), dtype=np.int64)
+        kept = np.zeros(len(span), dtype=np.int64)
+        if len(ranges):
+            lo = np.maximum(span[:, :1], ranges[None, :, 0])
+            hi = np.maximum(np.minimum(span[:, 1:], ranges[None, :, 1]), lo)
+            kept = np.maximum((gain[hi] - gain[lo]).max(axis=1), 0)
+        least = lacking[span[:, 1]] - lacking[span[:, 0]] - kept
+        return int((least * devices).sum()), int(devices[least > 0].sum())
+    pairs = receivers = 0
+    for j, s in slots:
+        stage = new.pipelines[j].stages[s]
+        whole = int(lacking[stage.end] - lacking[stage.first])
+        for rank, d in enumerate(stage.devices):
+            h = held.get(d)
+            least = whole
+            if h is not None and h.rank == rank:
+                lo, hi = max(stage.first, h.first), min(stage.end, h.end)
+                least -= int(gain[hi] - gain[lo]) if hi > lo else 0
+            pairs += least
+            receivers += least > 0
+    return pairs, receivers
+
+
+def _listed(model: PerfModel, new: Plan) -> np.ndarray:
+    """Per layer: the needs with bytes for it a device of `new` lacking it gets (see
+    `moved_pairs_at_least`): one for its replicated bytes, another for its ZeRO shard range."""
+    replicated, sharded = state_bytes(model, new.tensor_parallel)
+    return (replicated > 0).astype(np.int64) + (sharded >= max(len(new.pipelines), 1))
+
+
+def _regrown(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int]) -> np.ndarray:
+    """Per layer (0/1): whether every device holding it in `old` and again in `new` (same TP rank)
+    must gather part of its ZeRO shard range: the shortest new range (floor(S / g) for the largest
+    new shard group g) is longer than the longest old one (ceil(S / g') for the smallest old
+    group g'), so what it keeps cannot cover it. Groups: the layer's slots in plan order, all of
+    the old plan's, the live ones of the new (`_sharded_missing`), split by `shard_groups`."""
+    num_layers = model.workload.num_layers
+    _, sharded = state_bytes(model, new.tensor_parallel)
+    if not sharded.any():
+        return np.zeros(num_layers, dtype=np.int64)
+
+    def replicas(plan: Plan, live: bool) -> np.ndarray:  # slots holding each layer
+        starts = np.zeros(num_layers + 1, dtype=np.int64)
+        for pipe in plan.pipelines:
+            for stage in pipe.stages:
+                if not live or failed.isdisjoint(stage.devices):
+                    starts[stage.first] += 1
+                    starts[stage.end] -= 1
+        return np.cumsum(starts)[:num_layers]
+
+    copies = model.shard_copies
+    sizes: dict[int, tuple[int, int]] = {}  # replicas -> (smallest, largest) shard group
+
+    def extremes(count: int) -> tuple[int, int]:
+        if count not in sizes:
+            widths = [b - a for a, b in shard_groups(count, copies)]
+            sizes[count] = (min(widths), max(widths))
+        return sizes[count]
+
+    before, after = replicas(old, False), replicas(new, True)
+    grown = np.zeros(num_layers, dtype=np.int64)
+    for layer in np.flatnonzero(sharded > 0):
+        smallest, largest = extremes(int(before[layer]))[0], extremes(int(after[layer]))[1]
+        size = int(sharded[layer])
+        grown[layer] = smallest > 0 and largest > 0 and size // largest > -(-size // smallest)
+    return grown
+
+
 @dataclass(frozen=True)
 class Need:
     """Missing layers of one receiving device within one segment: one variable row of the solver."""
@@ -233,10 +338,15 @@ class Segments:
         return self._cache[key]
 
 
-def missing_state(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int]) -> list[Need]:
+def missing_state(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int],
+                  abandon: Deadline | None = None) -> list[Need]:
     """Every (device, segment) of the new plan's live slots whose shards the device lacks; under
     ZeRO, each missing part of its new shard range as well, from the live holders of that part (one per
     shard group: training.shard_replicas).
+
+    With `abandon` (`schedule_migration`'s): once it has passed and ABANDON_NEEDS needs with bytes
+    are listed, DeadlinePassed is raised between slots, as `schedule_migration` would raise it
+    after the listing (its time left is then 0, and every need has at least one transfer).
 
     Raises UnrecoverableError naming the layers when some needed shard has no surviving holder."""
     if old.tensor_parallel != new.tensor_parallel:
@@ -253,7 +363,11 @@ def missing_state(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int]
     pieces: dict[tuple[int, int, int, tuple[int, ...]], dict[int, int]] = {}
     shards_lost: set[tuple[int, int]] = set()
     gone: set[int] = set()  # failed devices that held every copy of some needed bytes
+    listed = 0  # needs with bytes so far
     for j, s in slots:
+        if abandon is not None and listed >= ABANDON_NEEDS and abandon.left() <= 0:
+            raise DeadlinePassed(f"the deadline passed while listing the shards to move ({listed:,} needs so far): "
+                                 f"they cannot be cut and scheduled in the 0.00 s left", given_s=0.0)
         stage = new.pipelines[j].stages[s]
         for rank, d in enumerate(stage.devices):
             h = held.get(d)
@@ -267,14 +381,16 @@ def missing_state(model: PerfModel, old: Plan, new: Plan, failed: frozenset[int]
                 if not holders:
                     lost.update((layer, rank) for layer in group)
                     continue
+                nbytes = int(replicated[group].sum())
+                listed += nbytes > 0
                 if not zero:
-                    needs.append(Need(d, rank, g, tuple(group), int(replicated[group].sum()), holders))
-                elif replicated[group].any():
-                    needs.append(Need(d, rank, g, tuple(group), int(replicated[group].sum()), holders,
+                    needs.append(Need(d, rank, g, tuple(group), nbytes, holders))
+                elif nbytes > 0:
+                    needs.append(Need(d, rank, g, tuple(group), nbytes, holders,
                                       tuple(int(b) for b in replicated[group])))
     if zero:
         _sharded_missing(old, new, failed, slots, sharded, segments, held, model.shard_copies, pieces, shards_lost,
-                         gone)
+                         gone, abandon if listed >= ABANDON_NEEDS else None)
     if lost or shards_lost:
         pairs = lost or shards_lost
         layers = sorted({layer for layer, _ in pairs})
@@ -311,7 +427,7 @@ def held_every_copy(copies: int) -> str:
 def _sharded_missing(old: Plan, new: Plan, failed: frozenset[int], slots: list[tuple[int, int]], sharded: np.ndarray,
                      segments: Segments, held: dict[int, Holding], copies: int,
                      pieces: dict[tuple[int, int, int, tuple[int, ...]], dict[int, int]],
-                     shards_lost: set[tuple[int, int]], gone: set[int]) -> None:
+                     shards_lost: set[tuple[int, int]], gone: set[int], abandon: Deadline | None = None) -> None:
     """missing_state's ZeRO part: each live new slot's device gathers its new range of each layer's
     sharded bytes minus the part of its old range it keeps, every run of bytes from the live old
     holders of that run (one per shard group), added to `pieces`; runs with none go to
@@ -326,6 +442,9 @@ def _sharded_missing(old: Plan, new: Plan, failed: frozenset[int], slots: list[t
     # (new slot, its TP ranks alike, segment, old slots holding the run) -> layer bytes each of those ranks wants
     wants: dict[tuple[tuple[int, int], tuple[int, ...], int, tuple[tuple[int, int], ...]], dict[int, int]] = {}
     for j, s in slots:
+        if abandon is not None and abandon.left() <= 0:  # given only once ABANDON_NEEDS needs are listed
+            raise DeadlinePassed("the deadline passed while listing the sharded state to move: it cannot be cut and "
+                                 "scheduled in the 0.00 s left", given_s=0.0)
         stage = new.pipelines[j].stages[s]
         origin = old_slot.get(stage.devices[0])
         if origin is not None and old.pipelines[origin[0]].stages[origin[1]].devices != stage.devices:
