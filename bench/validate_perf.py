@@ -937,6 +937,39 @@ def plot_published(published: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def plot_torchtitan(torchtitan: dict, path: Path) -> None:
+    """Predicted against measured step time and peak memory of torchtitan's published runs and of
+    the H200 probe's steps, all held out (log-log)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 5.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2)
+    groups = (("torchtitan published, bf16", [r for r in torchtitan["rows"] if not r["fp8"]], "o"),
+              ("torchtitan published, float8", [r for r in torchtitan["rows"] if r["fp8"]], "s"),
+              ("H200 probe (this project)", torchtitan["h200_probe"], "D"))
+    for ax, (measured, predicted, unit) in zip(axes, (("measured_s", "predicted_s", "step time (s)"),
+                                                      ("measured_mem_gib", "predicted_mem_gib", "peak memory (GiB)"))):
+        shown = [r for _, rows, _ in groups for r in rows if r[measured]]
+        for label, rows, marker in groups:
+            rows = [r for r in rows if r[measured]]
+            ax.scatter([r[measured] for r in rows], [r[predicted] for r in rows], s=16, marker=marker, label=label)
+        low = min(min(r[measured], r[predicted]) for r in shown) * 0.8
+        high = max(max(r[measured], r[predicted]) for r in shown) * 1.25
+        ax.plot([low, high], [low, high], "k-", lw=0.8)
+        ax.fill_between([low, high], [low * 0.85, high * 0.85], [low * 1.15, high * 1.15], color="grey", alpha=0.15,
+                        label="±15%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {unit}")
+        ax.set_ylabel(f"predicted {unit}")
+        ax.set_title(f"{unit.split(' (')[0]}: held out (efficiencies fitted on other stacks)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sailor-dir", type=Path, default=ROOT.parent / "shared" / "data" / "sailor")
@@ -965,6 +998,7 @@ def main() -> None:
             path.write_text(json.dumps(torchtitan_calibration(fitted_runs(runs), held_out), indent=1) + "\n")
             console.print(f"wrote {path}")
         (args.out / "validate_perf_torchtitan.json").write_text(json.dumps(torchtitan, indent=1))
+        plot_torchtitan(torchtitan, args.out / "validate_perf_torchtitan.png")
         for r in torchtitan["rows"]:
             memory = "" if r["error_mem"] is None else f"  memory {r['error_mem']:+.1%}"
             console.print(f"torchtitan {r['id']:22s} time {r['error_time']:+.1%}{memory}")
