@@ -783,16 +783,22 @@ def held_out_estimate(r, fit, interference: float):
     return PerfModel(instance, calibration=calibration).evaluate(instance.plan)
 
 
-def torchtitan_calibration(others: list, interference: float) -> dict:
+def other_stacks_fit(others: list, interference: float):
+    """The per-die compute and memory-traffic efficiencies fitted on the published tables' families
+    (`others`: Megatron-LM, llm-foundry, NeMo; no torchtitan run is in them), ZeRO-3 runs at the
+    overlap `interference`: what torchtitan's runs are priced with, held out."""
+    from chameleon_opt.perf import published as P
+    return P.fit_efficiencies(others, {r.id: P.step_terms(r, interference if sharded(r) else None) for r in others})
+
+
+def torchtitan_calibration(fit, interference: float) -> dict:
     """The calibration a torchtitan import is priced with (models/calibration/torchtitan.json): the
-    per-die compute efficiencies and the memory-traffic efficiency fitted on the published tables'
-    families (`others`: Megatron-LM, llm-foundry, NeMo; no torchtitan run is in them), the ZeRO-3
-    overlap interference fitted on llm-foundry's runs, torchtitan's kernels and torch's
-    FlashAttention-2 at its measured rates. What held_out_estimate prices torchtitan's runs with,
-    without the framework overhead (the catalogue's stands: a user's device holds the CUDA context)."""
+    efficiencies of `fit` (other_stacks_fit), the ZeRO-3 overlap interference fitted on llm-foundry's
+    runs, torchtitan's kernels and torch's FlashAttention-2 at its measured rates. What
+    held_out_estimate prices torchtitan's runs with, without the framework overhead (the catalogue's
+    stands: a user's device holds the CUDA context)."""
     from chameleon_opt.instance.devices import CATALOGUE
     from chameleon_opt.perf import published as P
-    fit = P.fit_efficiencies(others, {r.id: P.step_terms(r, interference if sharded(r) else None) for r in others})
     devices = {gpu: {"peak_tflops": CATALOGUE[gpu].peak_tflops,
                      "memory_bandwidth_gbps": CATALOGUE[gpu].memory_bandwidth_gbps,
                      "compute_efficiency": round(e, 6), "fitted_on": list(fit.fitted_on)}
@@ -808,16 +814,14 @@ def torchtitan_calibration(others: list, interference: float) -> dict:
                       "(perf.published.FLASH_V2_H100_MEASURED) or the FlashAttention-2 paper's A100 figure"]}
 
 
-def torchtitan_validation(others: list, interference: float) -> dict:
+def torchtitan_validation(fit, interference: float) -> dict:
     """torchtitan's published runs through its importer (bench/torchtitan_runs.py): refused
     rows by the key named; the rest priced with the torchtitan kernels, the efficiencies fitted on
-    every other published family (`others`) and the ZeRO-3 overlap interference fitted on llm-foundry's
-    runs (`interference`): none on these rows, all held out. Memory against max_reserved. Also fits
+    every other published family (`fit`: other_stacks_fit) and the ZeRO-3 overlap interference fitted
+    on llm-foundry's runs (`interference`): none on these rows, all held out. Memory against max_reserved. Also fits
     the interference on its eager every-block rows (`fitted_interference`, fits_interference: what prices llm-foundry's)."""
-    from chameleon_opt.perf import published as P
     from bench.torchtitan_runs import import_rows, probe_runs
     runs, refused = import_rows()
-    fit = P.fit_efficiencies(others, {r.id: P.step_terms(r, interference if sharded(r) else None) for r in others})
 
     def estimate(r, x: float):
         return held_out_estimate(r, fit, x)
@@ -991,11 +995,12 @@ def main() -> None:
         # (the model's SHARDED_OVERLAP_INTERFERENCE) prices llm-foundry's.
         foundry = published_interference(runs, terms)
         (held_out,) = foundry.values()
-        torchtitan = torchtitan_validation(fitted_runs(runs), held_out)
+        fit = other_stacks_fit(fitted_runs(runs), held_out)
+        torchtitan = torchtitan_validation(fit, held_out)
         if args.write_calibration:
             from chameleon_opt.perf.calibration import calibration_path
             path = calibration_path("torchtitan")
-            path.write_text(json.dumps(torchtitan_calibration(fitted_runs(runs), held_out), indent=1) + "\n")
+            path.write_text(json.dumps(torchtitan_calibration(fit, held_out), indent=1) + "\n")
             console.print(f"wrote {path}")
         (args.out / "validate_perf_torchtitan.json").write_text(json.dumps(torchtitan, indent=1))
         plot_torchtitan(torchtitan, args.out / "validate_perf_torchtitan.png")

@@ -210,9 +210,9 @@ def moved_pairs_at_least(model: PerfModel, old: Plan, new: Plan, failed: frozens
     least the plan's pipeline count, which bounds every shard group, so every position's range is
     non-empty (`_listed`). A layer it holds is listed when its ZeRO shard range must grow
     (`_regrown`). So the device's needs list at least L(a, b) - G([a, b) & [f, e)) layers, L
-    summing the listings of lacked layers and G what holding saves (those minus the regrown). With `remapped` any assignment of groups to slots is allowed (`assign_slots`'
-    re-mapping): each slot's device then saves at most the largest G over any live device's old
-    range, or nothing."""
+    summing the listings of lacked layers and G what holding saves (those minus the regrown). With
+    `remapped` any assignment of groups to slots is allowed (`assign_slots`' re-mapping): each
+    slot's device then saves at most the largest G over any live device's old range, or nothing."""
     if old.tensor_parallel != new.tensor_parallel:
         raise ValueError("migration between plans of different TP degrees: shards do not correspond")
     listed = _listed(model, new)

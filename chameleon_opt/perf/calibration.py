@@ -26,6 +26,7 @@ profiles and measurements every number came from.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -113,6 +114,12 @@ class FrameworkCalibration:
         eager = self.elementwise_forward_s(workload, device, tp)
         return total / 3.0 + attention_f + eager, total * 2.0 / 3.0 + attention_b + eager * ELEMENTWISE_BACKWARD_RATIO
 
+    @property
+    def prices_architecture(self) -> bool:
+        """A stack's own calibration (its kernels named) prices the architecture and never a profile
+        another stack measured (the catalogue's Sailor profiles, on the device or scaled from others)."""
+        return self.kernels is not None
+
     def flash_utilisation(self, device: str, seq: int) -> float | None:
         """The flash kernel's share of `device`'s peak at sequence length `seq` (a constant, or a table
         of measured points: utilisation_at); None where the attention is eager or not calibrated."""
@@ -147,8 +154,7 @@ class FrameworkCalibration:
         if target is None or workload.architecture is None:
             return None
         predictions, sources = [], []
-        # a stack's calibration (kernels named) does not borrow profiles other stacks measured
-        for profile in workload.spec.profiles if self.kernels is None else ():
+        for profile in () if self.prices_architecture else workload.spec.profiles:
             source = profile.device_type
             if source == device or source in withheld or source not in self.devices:
                 continue
@@ -219,7 +225,7 @@ the scores instead of reading them back): 2.5 times the forward's FLOPs (FlashAt
 whose backward speeds count it so)."""
 
 
-def utilisation_at(table, seq: int) -> float:
+def utilisation_at(table: Sequence[tuple[float, float]], seq: int) -> float:
     """A kernel's utilisation at sequence length `seq` from (sequence, utilisation) points measured
     at a few lengths: linear in log2(seq) between them, the end values beyond."""
     points = sorted((float(s), float(u)) for s, u in table)

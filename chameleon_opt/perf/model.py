@@ -388,10 +388,8 @@ class PerfModel:
     def _layer_rows(self, device: DeviceType, tp: int, recompute: str) -> dict[str, np.ndarray]:
         """Per-layer costs of one micro-batch with every layer under one recomputation mode."""
         w, mbs = self.workload, self.micro_batch_size
-        # a stack's own calibration (its kernels named) prices the architecture, never a profile some
-        # other stack measured (the catalogue's Sailor profiles)
-        stack_calibrated = self.calibration is not None and self.calibration.kernels is not None
-        profile = None if stack_calibrated else w.profile_table(device.name, mbs, tp)
+        own = self.calibration is not None and self.calibration.prices_architecture  # no profile borrowed
+        profile = None if own else w.profile_table(device.name, mbs, tp)
         transferred = None
         if profile is None and self.calibration is not None:
             transferred = self.calibration.transfer(w, device.name, mbs, tp)
@@ -422,8 +420,8 @@ class PerfModel:
             if table.update_s.max() > 0:
                 update = table.update_s.max() * w.params / max(self.total_params, 1.0)
             # Profiles are measured without recomputation: add the recomputed forward work (all of
-            # each block's under full recomputation, FLOPs or not, less the MLP output projection when the
-            # recompute stops early; a part's share of the FLOPs otherwise).
+            # each block's under full recomputation, FLOPs or not, less the MLP output projection when
+            # the recompute stops early; a part's share of the FLOPs otherwise).
             share = w.checkpointed if recompute == "full" else np.divide(
                 w.recomputed_flops_per_sample(recompute, self.kernels), w.forward_flops_per_sample,
                 out=np.zeros(w.num_layers), where=w.forward_flops_per_sample > 0)
@@ -700,8 +698,8 @@ class PerfModel:
         DDP modules: composer/trainer/dist_strategy.py, ddp_sync_context). Bytes: parameters per TP rank x
         gather_bytes_per_param (FSDP MixedPrecision.param_dtype; 1 for the linear weights gathered in fp8,
         gathered_bytes) and x the reduce-scatter's precision (reduce_bytes_per_param: FSDP's
-        reduce_dtype, by default the gradient precision); ring all-gather / reduce-scatter over collective_link, its start-up latency once per
-        layer and collective.
+        reduce_dtype, by default the gradient precision); ring all-gather / reduce-scatter over
+        collective_link, its start-up latency once per layer and collective.
         Zero below ZeRO-3 or with a shard group of one slot."""
         if self.zero_stage < 3:
             return 0.0, 0.0, 0.0, 0.0

@@ -127,7 +127,8 @@ def _attention(row: dict[str, Any]) -> tuple[str, str | None]:
     fused scale-mask-softmax and a dropout, which keep and re-read the a*s^2 scores (eager).
     Megatron-LM 2024 runs Transformer Engine's attention: on Hopper its fused (cuDNN) backend
     ("te-fused"). llm-foundry's benchmark sweep sets attn_impl 'triton'
-    (scripts/train/benchmarking/submit_benchmarks.py): the Triton port of FlashAttention v1 (MPT's flash_attn_triton)."""
+    (scripts/train/benchmarking/submit_benchmarks.py): the Triton port of FlashAttention v1 (MPT's
+    flash_attn_triton)."""
     source, definition = row["_source"], row["metric_definition"]
     if source == "megatron_lm" and ("2021 formula" in definition or "counted activation recompute" in definition):
         return "eager", None
@@ -135,7 +136,7 @@ def _attention(row: dict[str, Any]) -> tuple[str, str | None]:
         return "flash", "flash-v1"
     if source == "deepspeed":
         return _deepspeed_attention(row)
-    if "H100" in str(row["hardware"].get("gpu")) or "H200" in str(row["hardware"].get("gpu")):
+    if CHIP[_gpu(row)] == "H100":
         # Transformer Engine's DotProductAttention prefers its FusedAttention (cuDNN) backend over
         # FlashAttention on Hopper (get_attention_backend: "Select FusedAttention for performance",
         # compute capability >= 9.0): the cuDNN of those runs, not the FlashAttention-2 measured here
@@ -421,8 +422,8 @@ mosaicml/composer d745fcb1b ('patch default', 2023-10-10, first released in 0.16
 reduce_dtype = torch.float32. The Large Scale table (5e85bd62d, 2024-01-06) ran llm-foundry's main branch
 with its gpu-flash2 extra (submit_benchmarks.py run_config: git_branch 'main', pip_install '.[gpu-flash2]'),
 which main has from ba6b88037 (2023-10-10) on, pinning mosaicml>=0.16.3,<0.17 (0.16.4, the newest such,
-from 2023-10-11), >=0.16.4 by 2023-10-20 and >=0.17 from v0.4.0 (2023-11-21): fp32. The October 2023 tables (b2a43a147: H100 80GB BF16 / FP8, A100 80GB amp_bf16) ran the v0.3.0 tag, which
-pins mosaicml>=0.16.3,<0.17: 0.16.3 or 0.16.4 by the day of the run, which no source states, so they keep the
+from 2023-10-11), >=0.16.4 by 2023-10-20 and >=0.17 from v0.4.0 (2023-11-21): fp32. The October 2023
+tables (b2a43a147: H100 80GB BF16 / FP8, A100 80GB amp_bf16) ran the v0.3.0 tag, which mosaicml>=0.16.3,<0.17: 0.16.3 or 0.16.4 by the day of the run, which no source states, so they keep the
 parameter dtype (docs/performance-model.md gives them both ways). PURE (the May 2023 rows) reduces in bf16."""
 
 

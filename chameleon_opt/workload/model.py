@@ -232,8 +232,9 @@ class Workload:
     def recomputed_flops_per_sample(self, recompute: bool | str, kernels: Kernels | None = None,
                                     early_stop: bool = False) -> np.ndarray:
         """Forward FLOPs per layer that recomputation reruns in the backward: each block's whole
-        forward (full; not the embedding's or the head's: `checkpointed`), the attention core (selective, Megatron's kind) or the matmuls torchtitan's per-op
-        policy does not keep (selective under its kernels), nothing otherwise.
+        forward (full; not the embedding's or the head's: `checkpointed`), the attention core
+        (selective, Megatron's kind) or the matmuls torchtitan's per-op policy does not keep
+        (selective under its kernels), nothing otherwise.
 
         early_stop (full only): torch's non-reentrant checkpoint (torch >= 2.1) stops the rerun once
         it has regenerated as many saved tensors as the forward saved (torch/utils/checkpoint.py,
@@ -299,8 +300,8 @@ class Workload:
     def tp_allreduce_counts(self, recompute: bool | str) -> tuple[np.ndarray, np.ndarray]:
         """All-reduces of one s*h activation per layer in forward and in backward under Megatron TP:
         two per block each way (attention and MLP outputs), one for the vocab-parallel embedding;
-        full recomputation repeats the blocks' forward ones during backward (selective recomputes only the
-        attention core, inside the TP region: no extra collective)."""
+        full recomputation repeats the blocks' forward ones during backward (selective recomputes only
+        the attention core, inside the TP region: no extra collective)."""
         forward = np.zeros(self.num_layers)
         if self.architecture is None:
             return forward, forward.copy()
