@@ -388,3 +388,24 @@ def test_b200_takes_the_h100_fit_when_no_b200_row_is_fitted() -> None:
     fit = fit_efficiencies(h100, {"r0": (0.4, 0.05, 0.0), "r1": (0.56, 0.03, 0.0)})  # e = 0.8, e_mem = 0.1
     assert fit.compute["B200-180"] == fit.compute["H100-80"] == pytest.approx(0.8)
     assert "B200-180" in fit.borrowed
+
+
+def test_nemo_sizes_without_dimensions_take_their_launcher_configs(rows: dict[str, dict]) -> None:
+    """GPT3-5B/20B and Nemotron-8B/22B (NeMo 24.07) name a size only: priced with their launcher configs'
+    dimensions (Nemotron: squared-ReLU MLP, not gated; RoPE; 256k vocabulary), which the rows' own cells
+    confirm (Model TFLOP/s / tokens/s = model FLOPs per token, within 0.3%); Nemotron-340B is refused by name."""
+    from chameleon_opt.perf.published import _flops_2024
+    for key in ("nemo-001", "nemo-002", "nemo-008", "nemo-009"):
+        run, row = to_run(rows[key]), rows[key]
+        a = run.document["workload"]["inline"]["architecture"]
+        model = {**row["model"], "layers": a["layers"], "hidden": a["hidden"], "heads": a["heads"],
+                 "ffn_hidden": a["ffn"], "vocab": a["vocab"]}
+        stated = row["measured"]["tflops_per_gpu"] * 1e12 / row["measured"]["tokens_per_s_per_gpu"]
+        assert _flops_2024(1, model["seq_len"], model) / model["seq_len"] == pytest.approx(stated, rel=3e-3)
+        nemotron = "Nemotron" in row["model"]["name"]
+        assert not a["gated_mlp"] and a["learned_positions"] is not nemotron
+        assert a["vocab"] == (256000 if nemotron else 50257)
+    nemotron_8b = to_run(rows["nemo-008"])
+    assert nemotron_8b.tp_comm_overlap and nemotron_8b.document["training"]["sequence_parallel"]
+    with pytest.raises(Refused, match="overlap_p2p_comm False"):
+        to_run(rows["nemo-010"])

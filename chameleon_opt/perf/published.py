@@ -281,6 +281,14 @@ FP8_RECIPES = {
 """The fp8 recipe each source's stack runs (perf/fp8.py models delayed scaling only)."""
 
 
+NEMOTRON_VOCAB = 256000
+"""Nemotron's SentencePiece vocabulary: nemotron/nemotron_340b.yaml (NeMo-Framework-Launcher tag 24.07) names
+nemotron_2_256k.model; the 8B and 22B configs leave the tokenizer model to the user, and the NeMo rows' own cells
+pin it: Model TFLOP/s / tokens/s is NeMo's model FLOPs per token, 51.41 G (Nemotron-8B) and 130.33 G (22B),
+which Megatron 2024's formula (not gated) gives with 256,000 (51.39 G, 130.23 G) and not with GPT-2's 50,257
+(44.9 G, 124.0 G)."""
+
+
 STACK_CONFIGS = {
     # NeMo 24.07's pretraining table (docs/source/performance/performance_summary.md) ran NeMo-Framework-Launcher's
     # training configs (launcher_scripts/conf/training/ at 1a7171d7, 2024-07-17), whose TP / PP / VP / micro-batch
@@ -295,6 +303,31 @@ STACK_CONFIGS = {
     # (VP 5, the row's); llama/llama3_8b.yaml (TP1 CP2) neither.
     ("nemo", "Pretraining (NeMo 24.07", "LLAMA3-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
     ("nemo", "Pretraining (NeMo 24.07", "LLAMA3-8B", 1): {"sequence_parallel": False, "tp_comm_overlap": False},
+    # Sizes the rows name without dimensions take their launcher config's (tag 24.07,
+    # launcher_scripts/conf/training/): gpt3/5b.yaml (24 layers, hidden 4096, 32 heads, FFN 4 x hidden, micro-batch 4,
+    # TP1) and gpt3/20b.yaml (44, 6144, 48, 4 x hidden; micro-batch 2, TP2, sequence_parallel, ub_tp_comm_overlap):
+    # GPT2BPETokenizer, learned positions, GeLU. nemotron/nemotron_8b.yaml (32, 4096, 32 heads, FFN 16384) and
+    # nemotron_22b.yaml (40, 6144, 48, 24576; overlap_p2p_comm): squared-ReLU MLP (two matrices, not gated), RoPE,
+    # untied embeddings, sequence_parallel and ub_tp_comm_overlap. The Nemotron configs' micro-batches (2, 1) are
+    # not the rows' (4, 2): the launcher's fp8 examples (examples/training/nemotron/h100/nemotron_{8b,22b}_fp8.sh)
+    # override only the batch sizes, node count and fp8 flags, so the config's other settings stand.
+    ("nemo", "Pretraining (NeMo 24.07", "GPT3-5B", 4): {
+        "sequence_parallel": False, "tp_comm_overlap": False,
+        "model": {"layers": 24, "hidden": 4096, "heads": 32, "ffn_hidden": 16384, "vocab": GPT2_BPE_VOCAB}},
+    ("nemo", "Pretraining (NeMo 24.07", "GPT3-20B", 2): {
+        "sequence_parallel": True, "tp_comm_overlap": True,
+        "model": {"layers": 44, "hidden": 6144, "heads": 48, "ffn_hidden": 24576, "vocab": GPT2_BPE_VOCAB}},
+    ("nemo", "Pretraining (NeMo 24.07", "Nemotron-8B", 4): {
+        "sequence_parallel": True, "tp_comm_overlap": True, "rope": True,
+        "model": {"layers": 32, "hidden": 4096, "heads": 32, "ffn_hidden": 16384, "vocab": NEMOTRON_VOCAB}},
+    ("nemo", "Pretraining (NeMo 24.07", "Nemotron-22B", 2): {
+        "sequence_parallel": True, "tp_comm_overlap": True, "rope": True,
+        "model": {"layers": 40, "hidden": 6144, "heads": 48, "ffn_hidden": 24576, "vocab": NEMOTRON_VOCAB}},
+    # nemotron/nemotron_340b.yaml sets overlap_p2p_comm False beside its interleaved schedule (and PP12 VP8, not
+    # the row's PP8 VP12): its pipeline sends block, which the model's interleaved pricing does not model.
+    ("nemo", "Pretraining (NeMo 24.07", "Nemotron-340B", 1): {
+        "refused": "Nemotron-340B: its launcher config (nemotron/nemotron_340b.yaml, tag 24.07) runs the interleaved "
+                   "schedule with overlap_p2p_comm False (blocking sends), which the model does not price"},
     ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 1): {"sequence_parallel": True, "tp_comm_overlap": False,
                                                           "vocab": GPT2_BPE_VOCAB},
     ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 2): {"sequence_parallel": True, "tp_comm_overlap": True,
@@ -306,7 +339,8 @@ STACK_CONFIGS = {
     ("megatron_lm", "FP8 Performance", "LLAMA3-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
 }
 """Settings a row does not state but its stack's own configuration for that model, layout and micro-batch does,
-keyed by (source, section prefix, model name, micro-batch size)."""
+keyed by (source, section prefix, model name, micro-batch size): also the dimensions of a model the row names
+without them ("model"), RoPE instead of learned positions ("rope"), or why the stack's setting is refused."""
 
 
 def _stack_config(row: dict[str, Any]) -> dict[str, Any]:
@@ -555,8 +589,12 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     """The row as an instance and a measured step time (Refused when it cannot be priced faithfully)."""
     row = _with_gpt3_dimensions(row)
     stack = _stack_config(row)
+    if stack.get("refused"):
+        raise Refused(stack["refused"])
     if stack.get("vocab") and not row["model"].get("vocab"):
         row = {**row, "model": {**row["model"], "vocab": stack["vocab"]}}
+    if stack.get("model"):
+        row = {**row, "model": {**row["model"], **{k: v for k, v in stack["model"].items() if not row["model"].get(k)}}}
     _refuse_unsupported(row)
     gpu = _gpu(row)
     fp8 = _fp8(row, gpu)
@@ -615,7 +653,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     heads = m.get("heads") or max(m["hidden"] // 128, 1)
     architecture = {"layers": m["layers"], "hidden": m["hidden"], "heads": heads, "ffn": m["ffn_hidden"],
                     "vocab": m["vocab"], "seq_len": m["seq_len"], "gated_mlp": gated,
-                    "learned_positions": not gated, **({"kv_heads": m["kv_heads"]} if m.get("kv_heads") else {})}
+                    "learned_positions": not gated and not stack.get("rope"), **({"kv_heads": m["kv_heads"]} if m.get("kv_heads") else {})}
     from chameleon_opt.instance.devices import CATALOGUE
     device = CATALOGUE[gpu]
     overlap = "--tp-comm-overlap" in notes or stack.get("tp_comm_overlap", False)
