@@ -28,6 +28,9 @@
    (validate_perf_published.png).
    fp8 rows (perf/fp8.py) in no bf16 fit: the fp8 GEMM ratio fitted on one source's fp8 rows and
    reported on the others' (validate_perf_fp8.json; a section of validate_perf_published.md).
+   Rows on a die no bf16 row measures (B200: NeMo's long-sequence table) in no fit at all: priced at
+   their proxy die's fitted efficiency (published.PROXY_DIE) and each source's fp8 ratio, reported
+   per device (validate_perf_proxy.json).
 
 Writes bench/out/validate_perf.{json,md,png} and prints the tables.
 Run: python bench/validate_perf.py [--sailor-dir ../shared/data/sailor] [--published-dir
@@ -757,6 +760,119 @@ def render_cp(found: dict) -> list[str]:
     return lines + [""]
 
 
+def proxy_die_runs(runs: list) -> list:
+    """The runs on a die that no bf16 run (what fit_efficiencies fits) measures: priced at their proxy die's
+    efficiency (published.PROXY_DIE) and fitted into nothing, not even the fp8 ratio."""
+    from chameleon_opt.perf.published import CHIP, is_fp8
+    measured = {CHIP[r.gpu] for r in runs if not is_fp8(r) and context_parallel(r) == 1}
+    return [r for r in runs if CHIP[r.gpu] not in measured]
+
+
+def as_published_gpu_count(run, directory: Path):
+    """The run as its row's printed GPU count has it (DP = GPUs / (TP x PP x CP)) where the layout it is
+    priced with (published.STATED_LAYOUT_TABLES) covers fewer GPUs; None where the two agree, and the reason
+    where that count cannot have run the row (published.Refused: e.g. fewer sequences than replicas)."""
+    from chameleon_opt.perf.published import Refused, load_rows, to_run
+    row = next(r for r in load_rows(directory) if r["id"] == run.id)
+    if int(row["hardware"]["num_gpus"]) == run.document["cluster"]["nodes"] * run.document["cluster"]["devices_per_node"]:
+        return None
+    try:
+        return to_run({**row, "parallel": {**row["parallel"], "dp": None}})
+    except Refused as why:
+        return str(why)
+
+
+def proxy_validation(bf16_runs: list, proxy_runs: list, ratios: dict[str, float], interference: float,
+                     directory: Path) -> dict:
+    """Rows on a die no fit measures, held out entirely: the bf16 efficiencies fitted on every bf16 family
+    but the row's own stack's (the row's die at its proxy die's efficiency), each source's fp8 ratio (fitted
+    on other devices' rows). Also each row priced on the GPU count its table printed where that contradicts
+    the stated layout (the data-parallel size then follows from the count)."""
+    from chameleon_opt.perf.published import CHIP, PROXY_DIE, fit_efficiencies, predict_calibrated
+    rows = []
+    for r in proxy_runs:
+        own = r.family.removesuffix(" FP8")
+        fit = fit_efficiencies(fitted_runs(bf16_runs, own), {b.id: step_terms_of(b) for b in bf16_runs})
+        if r.gpu not in fit.borrowed:
+            raise SystemExit(f"{r.id}: {r.gpu} has no proxy die fitted (published.PROXY_DIE)")
+
+        def price(run, ratio):
+            if ratio is None:
+                return predict_calibrated(run, fit.compute[run.gpu], fit.memory_efficiency,
+                                          interference if sharded(run) else None)
+            a, b = fp8_terms(run, fit, interference)
+            return a + b / ratio
+        fp8 = "fp8" in r.document["training"]
+        errors = {s: price(r, ratio if fp8 else None) / r.measured_step_s - 1 for s, ratio in ratios.items()}
+        other = as_published_gpu_count(r, directory)
+        impossible = other if isinstance(other, str) else None
+        other = None if impossible else other
+        other_errors = ({s: price(other, ratio if fp8 else None) / other.measured_step_s - 1
+                         for s, ratio in ratios.items()} if other else None)
+        instance = build_instance(r.document, f"<{r.id}>")
+        peak = max(c.memory_bytes for p in PerfModel(instance).evaluate(instance.plan).pipelines for c in p.stages) / GIB
+        rows.append({"id": r.id, "source": r.source, "gpu": r.gpu, "die": CHIP[r.gpu], "proxy_die": PROXY_DIE[CHIP[r.gpu]],
+                     "compute_efficiency": fit.compute[r.gpu], "label": r.label, "measured_s": r.measured_step_s,
+                     **{f"error_fit_{s}": e for s, e in errors.items()},
+                     **({f"printed_gpus_error_fit_{s}": e for s, e in other_errors.items()} if other_errors else {}),
+                     "printed_gpus_label": other.label if other else None, "printed_gpus_impossible": impossible,
+                     "ring_margin": ring_margin(r, fit) if context_parallel(r) > 1 else None,
+                     "predicted_peak_gib": peak, "memory_gib": r.document["cluster"]["device_type"]["memory_gib"]})
+    devices = []
+    for gpu in sorted({row["gpu"] for row in rows}):
+        chosen = [row for row in rows if row["gpu"] == gpu]
+        stats = {}
+        for s in ratios:
+            for key in (f"error_fit_{s}", f"printed_gpus_error_fit_{s}"):
+                values = np.abs([row[key] for row in chosen if key in row])
+                if len(values):
+                    stats[key] = {"n": len(values), "median": float(np.median(values)), "worst": float(values.max())}
+        devices.append({"gpu": gpu, "n": len(chosen), "proxy_die": chosen[0]["proxy_die"],
+                        "printed_gpus_impossible": sum(bool(row["printed_gpus_impossible"]) for row in chosen),
+                        "unfitted_proxy": len(chosen), "stats": stats,
+                        "compute_efficiency": sorted({round(row["compute_efficiency"], 4) for row in chosen})})
+    return {"rows": rows, "devices": devices, "ratios": ratios}
+
+
+def render_proxy(found: dict) -> list[str]:
+    """The per-device section of rows on a die no fit measures (markdown, also printed)."""
+    if not found["rows"]:
+        return []
+    sources = list(found["ratios"])
+    lines = ["## Devices no fit measures (proxy die), held out", "",
+             "Nothing is fitted on these rows: the die's compute efficiency is its proxy die's (published.PROXY_DIE, "
+             "fitted on the other families' bf16 rows), the fp8 ratio each source's (fitted on other devices' rows). "
+             "Printed GPU count: the row priced on the GPU count its table printed where that contradicts the stated "
+             "layout (DP then follows from the count; published.STATED_LAYOUT_TABLES).", ""]
+    for d in found["devices"]:
+        parts = []
+        for s in sources:
+            own, printed = d["stats"].get(f"error_fit_{s}"), d["stats"].get(f"printed_gpus_error_fit_{s}")
+            parts.append(f"{s} ratio median {own['median']:.1%} worst {own['worst']:.1%}"
+                         + (f" (printed GPU count, n {printed['n']}: {printed['median']:.1%} / {printed['worst']:.1%})"
+                            if printed else ""))
+        effs = ", ".join(f"{e:.3f}" for e in d["compute_efficiency"])
+        lines.append(f"- {d['gpu']} (n {d['n']}, GPU unfitted (proxy) {d['unfitted_proxy']}: {d['proxy_die']}'s "
+                     f"efficiency {effs}): " + "; ".join(parts)
+                     + (f"; {d['printed_gpus_impossible']} rows cannot have run on their printed GPU count"
+                        if d["printed_gpus_impossible"] else ""))
+    lines += ["", "| row | configuration | measured s | " + " | ".join(f"error ({s} ratio)" for s in sources)
+              + " | " + " | ".join(f"printed GPU count ({s})" for s in sources) + " | ring margin | peak GiB (pred) |",
+              "|---" * (5 + 2 * len(sources)) + "|"]
+    for row in found["rows"]:
+        margin = "-" if row["ring_margin"] is None else f"{row['ring_margin']:.2f}"
+        printed = " | ".join(f"{row[f'printed_gpus_error_fit_{s}']:+.1%}" if f"printed_gpus_error_fit_{s}" in row
+                             else ("impossible" if row["printed_gpus_impossible"] else "-") for s in sources)
+        lines.append(f"| {row['id']} | {row['label']} | {row['measured_s']:.3f} | "
+                     + " | ".join(f"{row[f'error_fit_{s}']:+.1%}" for s in sources) + f" | {printed} | {margin} | "
+                     f"{row['predicted_peak_gib']:.1f} of {row['memory_gib']:g} |")
+    lines += [""] + [f"- {row['id']} on its printed GPU count: {row['printed_gpus_impossible']}"
+                     for row in found["rows"] if row["printed_gpus_impossible"]]
+    for line in lines:
+        console.print(line)
+    return lines + [""]
+
+
 def peak_gib(run) -> float:
     """The model's largest stage peak for a published run (the catalogue calibration: memory needs no fit)."""
     instance = build_instance(run.document, f"<{run.id}>")
@@ -987,6 +1103,8 @@ def main() -> None:
         from chameleon_opt.perf.published import is_fp8
         args.out.mkdir(parents=True, exist_ok=True)
         runs, refused, memory_only = published_runs(args.published_dir)
+        proxy_runs = proxy_die_runs(runs)  # their own section, in no fit
+        runs = [r for r in runs if r not in proxy_runs]
         cp_runs = [r for r in runs if context_parallel(r) > 1]  # their own section, in no fit
         fp8_runs = [r for r in runs if is_fp8(r) and context_parallel(r) == 1]
         runs = [r for r in runs if not is_fp8(r) and context_parallel(r) == 1]  # fp8 rows: their own section
@@ -1023,6 +1141,10 @@ def main() -> None:
         found = cp_validation(runs, cp_runs, fp8["ratios"], torchtitan["fitted_interference"])
         lines += render_cp(found)
         (args.out / "validate_perf_cp.json").write_text(json.dumps(found, indent=1))
+        proxy = proxy_validation(runs, proxy_runs, fp8["ratios"], torchtitan["fitted_interference"],
+                                 args.published_dir)
+        lines += render_proxy(proxy)
+        (args.out / "validate_perf_proxy.json").write_text(json.dumps(proxy, indent=1))
         (args.out / "validate_perf_published.md").write_text("\n".join(lines) + "\n")
         (args.out / "validate_perf_published.json").write_text(json.dumps(published, indent=1))
     else:

@@ -343,3 +343,69 @@ def test_virtual_stage_rows_run_interleaved_with_their_stacks_settings(rows: dic
     odd = {**nemo, "batch": {**nemo["batch"], "global_batch": 120, "grad_accum": 30}}  # 30 micro-batches, PP4
     with pytest.raises(Refused, match="not a multiple of parallel.pp"):
         to_run(odd)
+
+
+def test_b200_is_in_the_catalogue_with_its_vendor_numbers() -> None:
+    """HGX / DGX B200 (devices.py): 2250 dense BF16 and 4500 dense FP8 TFLOP/s (half the data sheet's sparse
+    36 / 72 PFLOPS over 8 GPUs), 180 GB at 8 TB/s (1,440 GB, 64 TB/s over 8), NVLink 5 twice NVLink 4."""
+    from chameleon_opt.instance.devices import CATALOGUE
+    from chameleon_opt.perf.published import CHIP, NETWORKS, PROXY_DIE, _gpu
+    b200 = CATALOGUE["B200-180"]
+    assert (b200.peak_tflops, b200.fp8_peak_tflops) == (36000 / 8 / 2, 72000 / 8 / 2)
+    assert (b200.memory_gib, b200.memory_bandwidth_gbps) == (1440 / 8, 64000 / 8)
+    assert NETWORKS["B200-180"]["intra_node_gbps"] == 2 * NETWORKS["H100-80"]["intra_node_gbps"]
+    assert _gpu({"hardware": {"gpu": "NVIDIA B200 (DGX-B200)"}}) == "B200-180"
+    with pytest.raises(Refused, match="not in the device catalogue"):
+        _gpu({"hardware": {"gpu": "NVIDIA GB200 NVL72"}})
+    assert PROXY_DIE[CHIP["B200-180"]] == "H100"
+
+
+def test_nemo_b200_row_is_priced_on_its_stated_layout(rows: dict[str, dict]) -> None:
+    """NeMo's LLAMA3-8B B200 8K row prints 8 GPUs beside TP1 PP1 CP1 DP2 (the table's first version printed
+    2): priced on the stated layout, its 1,671 TFLOP/s back to seconds over those 2 GPUs, with TE's fused
+    attention, NeMo 2.0's distributed optimizer and fp32 gradients; the same DP contradiction in a table not
+    known to have printed the stated count is refused."""
+    from chameleon_opt.perf.model import PerfModel
+    run = to_run(rows["nemo-019"])
+    assert run.gpu == "B200-180" and run.attention_kernel == "te-fused" and "2g" in run.label
+    assert run.document["plan"]["layout"]["data_parallel"] == 2
+    training = run.document["training"]
+    assert training["fp8"]["recipe"] == "delayed" and training["grad_bytes_per_param"] == 4.0
+    assert training["overlap_param_gather"] and "optimizer" not in training
+    flops_per_token = 12 * 32 * 4096 ** 2 * (1 + 8 / 32 + 8192 / 4096 + 14336 / 4096 * 1.5 + 128256 / (2 * 32 * 4096))
+    assert run.measured_step_s == pytest.approx(512 * 8192 * flops_per_token / (1671e12 * 2), rel=1e-6)
+    instance = build_instance(run.document)
+    assert PerfModel(instance).evaluate(instance.plan).iteration_time_s > 0
+    elsewhere = {**rows["nemo-019"], "source": {**rows["nemo-019"]["source"], "section": "another table"}}
+    with pytest.raises(Refused, match="contradicts its GPU count"):
+        to_run(elsewhere)
+
+
+def test_b200_takes_the_h100_fit_when_no_b200_row_is_fitted() -> None:
+    """No bf16 row runs on B200, so its compute efficiency is always borrowed from H100 (PROXY_DIE)."""
+    from chameleon_opt.perf.published import PublishedRun, fit_efficiencies
+    h100 = [PublishedRun(f"r{i}", "s", "f", "H100-80", "", {}, 1.0, "") for i in range(2)]
+    fit = fit_efficiencies(h100, {"r0": (0.4, 0.05, 0.0), "r1": (0.56, 0.03, 0.0)})  # e = 0.8, e_mem = 0.1
+    assert fit.compute["B200-180"] == fit.compute["H100-80"] == pytest.approx(0.8)
+    assert "B200-180" in fit.borrowed
+
+
+def test_nemo_sizes_without_dimensions_take_their_launcher_configs(rows: dict[str, dict]) -> None:
+    """GPT3-5B/20B and Nemotron-8B/22B (NeMo 24.07) name a size only: priced with their launcher configs'
+    dimensions (Nemotron: squared-ReLU MLP, not gated; RoPE; 256k vocabulary), which the rows' own cells
+    confirm (Model TFLOP/s / tokens/s = model FLOPs per token, within 0.3%); Nemotron-340B is refused by name."""
+    from chameleon_opt.perf.published import _flops_2024
+    for key in ("nemo-001", "nemo-002", "nemo-008", "nemo-009"):
+        run, row = to_run(rows[key]), rows[key]
+        a = run.document["workload"]["inline"]["architecture"]
+        model = {**row["model"], "layers": a["layers"], "hidden": a["hidden"], "heads": a["heads"],
+                 "ffn_hidden": a["ffn"], "vocab": a["vocab"]}
+        stated = row["measured"]["tflops_per_gpu"] * 1e12 / row["measured"]["tokens_per_s_per_gpu"]
+        assert _flops_2024(1, model["seq_len"], model) / model["seq_len"] == pytest.approx(stated, rel=3e-3)
+        nemotron = "Nemotron" in row["model"]["name"]
+        assert not a["gated_mlp"] and a["learned_positions"] is not nemotron
+        assert a["vocab"] == (256000 if nemotron else 50257)
+    nemotron_8b = to_run(rows["nemo-008"])
+    assert nemotron_8b.tp_comm_overlap and nemotron_8b.document["training"]["sequence_parallel"]
+    with pytest.raises(Refused, match="overlap_p2p_comm False"):
+        to_run(rows["nemo-010"])

@@ -37,6 +37,10 @@ NETWORKS = {  # per GPU: NCCL bus bandwidth inside a node, and the node's NICs s
                 "inter_node_latency_us": 10.0},
     "V100-32": {"intra_node_gbps": 120.0, "intra_node_latency_us": 5.0, "inter_node_gbps": 10.0,
                 "inter_node_latency_us": 10.0},   # DGX-1/2 V100: NVLink2, 100 Gb/s per GPU
+    # DGX B200: NVLink5, 1.8 TB/s a GPU (900 GB/s each way: twice NVLink4's, at the H100 row's NCCL share),
+    # and the DGX H100's 8 x 400 Gb/s ConnectX-7 (DGX B200 data sheet)
+    "B200-180": {"intra_node_gbps": 720.0, "intra_node_latency_us": 5.0, "inter_node_gbps": 45.0,
+                 "inter_node_latency_us": 10.0},
 }
 """Assumed from the DGX data sheets at typical NCCL efficiency: the rows do not state their links."""
 
@@ -105,6 +109,8 @@ def _gpu(row: dict[str, Any]) -> str:
         return "A100-80"
     if "V100" in name:
         return "V100-32"
+    if "B200" in name and "GB200" not in name:
+        return "B200-180"  # the HGX / DGX B200 part (a GB200's B200 runs at another power and clock)
     raise Refused(f"hardware.gpu {name!r}: not in the device catalogue")
 
 
@@ -136,10 +142,10 @@ def _attention(row: dict[str, Any]) -> tuple[str, str | None]:
         return "flash", "flash-v1"
     if source == "deepspeed":
         return _deepspeed_attention(row)
-    if CHIP[_gpu(row)] == "H100":
+    if CHIP[_gpu(row)] in ("H100", "B200"):
         # Transformer Engine's DotProductAttention prefers its FusedAttention (cuDNN) backend over
-        # FlashAttention on Hopper (get_attention_backend: "Select FusedAttention for performance",
-        # compute capability >= 9.0): the cuDNN of those runs, not the FlashAttention-2 measured here
+        # FlashAttention on Hopper and later (get_attention_backend: "Select FusedAttention for performance",
+        # compute capability >= 9.0; B200 is 10.0): the cuDNN of those runs, not the FlashAttention-2 measured here
         return "flash", "te-fused"
     return "flash", "flash-v2"
 
@@ -275,6 +281,14 @@ FP8_RECIPES = {
 """The fp8 recipe each source's stack runs (perf/fp8.py models delayed scaling only)."""
 
 
+NEMOTRON_VOCAB = 256000
+"""Nemotron's SentencePiece vocabulary: nemotron/nemotron_340b.yaml (NeMo-Framework-Launcher tag 24.07) names
+nemotron_2_256k.model; the 8B and 22B configs leave the tokenizer model to the user, and the NeMo rows' own cells
+pin it: Model TFLOP/s / tokens/s is NeMo's model FLOPs per token, 51.41 G (Nemotron-8B) and 130.33 G (22B),
+which Megatron 2024's formula (not gated) gives with 256,000 (51.39 G, 130.23 G) and not with GPT-2's 50,257
+(44.9 G, 124.0 G)."""
+
+
 STACK_CONFIGS = {
     # NeMo 24.07's pretraining table (docs/source/performance/performance_summary.md) ran NeMo-Framework-Launcher's
     # training configs (launcher_scripts/conf/training/ at 1a7171d7, 2024-07-17), whose TP / PP / VP / micro-batch
@@ -289,6 +303,31 @@ STACK_CONFIGS = {
     # (VP 5, the row's); llama/llama3_8b.yaml (TP1 CP2) neither.
     ("nemo", "Pretraining (NeMo 24.07", "LLAMA3-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
     ("nemo", "Pretraining (NeMo 24.07", "LLAMA3-8B", 1): {"sequence_parallel": False, "tp_comm_overlap": False},
+    # Sizes the rows name without dimensions take their launcher config's (tag 24.07,
+    # launcher_scripts/conf/training/): gpt3/5b.yaml (24 layers, hidden 4096, 32 heads, FFN 4 x hidden, micro-batch 4,
+    # TP1) and gpt3/20b.yaml (44, 6144, 48, 4 x hidden; micro-batch 2, TP2, sequence_parallel, ub_tp_comm_overlap):
+    # GPT2BPETokenizer, learned positions, GeLU. nemotron/nemotron_8b.yaml (32, 4096, 32 heads, FFN 16384) and
+    # nemotron_22b.yaml (40, 6144, 48, 24576; overlap_p2p_comm): squared-ReLU MLP (two matrices, not gated), RoPE,
+    # untied embeddings, sequence_parallel and ub_tp_comm_overlap. The Nemotron configs' micro-batches (2, 1) are
+    # not the rows' (4, 2): the launcher's fp8 examples (examples/training/nemotron/h100/nemotron_{8b,22b}_fp8.sh)
+    # override only the batch sizes, node count and fp8 flags, so the config's other settings stand.
+    ("nemo", "Pretraining (NeMo 24.07", "GPT3-5B", 4): {
+        "sequence_parallel": False, "tp_comm_overlap": False,
+        "model": {"layers": 24, "hidden": 4096, "heads": 32, "ffn_hidden": 16384, "vocab": GPT2_BPE_VOCAB}},
+    ("nemo", "Pretraining (NeMo 24.07", "GPT3-20B", 2): {
+        "sequence_parallel": True, "tp_comm_overlap": True,
+        "model": {"layers": 44, "hidden": 6144, "heads": 48, "ffn_hidden": 24576, "vocab": GPT2_BPE_VOCAB}},
+    ("nemo", "Pretraining (NeMo 24.07", "Nemotron-8B", 4): {
+        "sequence_parallel": True, "tp_comm_overlap": True, "rope": True,
+        "model": {"layers": 32, "hidden": 4096, "heads": 32, "ffn_hidden": 16384, "vocab": NEMOTRON_VOCAB}},
+    ("nemo", "Pretraining (NeMo 24.07", "Nemotron-22B", 2): {
+        "sequence_parallel": True, "tp_comm_overlap": True, "rope": True,
+        "model": {"layers": 40, "hidden": 6144, "heads": 48, "ffn_hidden": 24576, "vocab": NEMOTRON_VOCAB}},
+    # nemotron/nemotron_340b.yaml sets overlap_p2p_comm False beside its interleaved schedule (and PP12 VP8, not
+    # the row's PP8 VP12): its pipeline sends block, which the model's interleaved pricing does not model.
+    ("nemo", "Pretraining (NeMo 24.07", "Nemotron-340B", 1): {
+        "refused": "Nemotron-340B: its launcher config (nemotron/nemotron_340b.yaml, tag 24.07) runs the interleaved "
+                   "schedule with overlap_p2p_comm False (blocking sends), which the model does not price"},
     ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 1): {"sequence_parallel": True, "tp_comm_overlap": False,
                                                           "vocab": GPT2_BPE_VOCAB},
     ("nemo", "Pretraining (NeMo 24.07", "GPT3-175B", 2): {"sequence_parallel": True, "tp_comm_overlap": True,
@@ -300,7 +339,8 @@ STACK_CONFIGS = {
     ("megatron_lm", "FP8 Performance", "LLAMA3-70B", 1): {"sequence_parallel": True, "tp_comm_overlap": True},
 }
 """Settings a row does not state but its stack's own configuration for that model, layout and micro-batch does,
-keyed by (source, section prefix, model name, micro-batch size)."""
+keyed by (source, section prefix, model name, micro-batch size): also the dimensions of a model the row names
+without them ("model"), RoPE instead of learned positions ("rope"), or why the stack's setting is refused."""
 
 
 def _stack_config(row: dict[str, Any]) -> dict[str, Any]:
@@ -437,6 +477,14 @@ def _foundry_reduce_bytes(row: dict[str, Any]) -> float | None:
     return None
 
 
+NEMO_2_TABLES = frozenset({("nemo", "docs/source/performance/performance_long_sequence.md", "LLAMA3-8B (FP8) - B200")})
+"""Published NeMo tables run on NeMo 2.0 (Megatron-Core's optimizer and DDP, not NeMo 1.x's Apex optimizer)."""
+NEMO_2_GRAD_BYTES = 4.0
+"""Gradient bytes per parameter of NeMo 2.0's Llama 3 recipes: their DistributedDataParallelConfig sets
+grad_reduce_in_fp32=True (nemo/collections/llm/recipes/llama3_8b.py at 19fadb67), so Megatron-Core keeps the
+main gradients in fp32 and reduce-scatters them in fp32; its optimizer state stays Megatron's 12 bytes."""
+
+
 DISTRIBUTED_OPTIMIZER_TABLES: frozenset[tuple[str, str, str]] = frozenset({
     # (source, source.path, source.section) of tables every row of which ran such a recipe. Each shards
     # the fp32 master weights and Adam moments over the data-parallel x context-parallel group and
@@ -460,6 +508,11 @@ DISTRIBUTED_OPTIMIZER_TABLES: frozenset[tuple[str, str, str]] = frozenset({
     # line 201 take distributed_fused_adam_with_cosine_annealing (recipes/optim/adam.py line 47:
     # use_distributed_optimizer=True), overlap_param_gather=True (lines 120, 128).
     ("megatron_lm", "examples/llama/README.md", "FP8 Performance"),
+    # NeMo 2.0 (the B200 table's NeMo25.04.rc2 container): NVIDIA/NeMo at 19fadb67 (the table's own commit),
+    # nemo/collections/llm/recipes/llama3_8b.py: pretrain_recipe's optim is
+    # distributed_fused_adam_with_cosine_annealing (recipes/optim/adam.py line 47: use_distributed_optimizer=True),
+    # its trainer's DistributedDataParallelConfig overlap_grad_reduce and overlap_param_gather True.
+    ("nemo", "docs/source/performance/performance_long_sequence.md", "LLAMA3-8B (FP8) - B200"),
 })
 """Published tables whose runs used Megatron's distributed optimizer (NeMo 1.x: its
 MegatronDistributedFusedAdam, nemo/core/optim/distributed_adam.py, shards over
@@ -481,8 +534,12 @@ def _optimizer_bytes(row: dict[str, Any]) -> dict[str, Any]:
     parameter remainders (NEMO_1X_OPTIMIZER_BYTES). Its gradients stay in bf16 (the default): every H100
     fp8 example script of the launcher (examples/training/{llama,gpt}/h100/*_fp8.sh at tags 24.03.01 and
     24.07) passes +training.model.optim.grad_sync_dtype=bf16, without which Apex's DistributedFusedAdam
-    keeps its contiguous gradient buffer in the fp32 optimizer dtype."""
+    keeps its contiguous gradient buffer in the fp32 optimizer dtype. NeMo 2.0 (NEMO_2_TABLES): Megatron-Core's
+    12 bytes, fp32 gradients (NEMO_2_GRAD_BYTES)."""
     precision = str(row.get("precision") or "bf16").lower().split()[0]
+    cited = row["source"]
+    if (row["_source"], str(cited.get("path") or ""), str(cited.get("section") or "")) in NEMO_2_TABLES:
+        return {"grad_bytes_per_param": NEMO_2_GRAD_BYTES}
     if row["_source"] == "nemo" and _distributed_optimizer(row) and precision in ("bf16", "fp8"):
         return {"optimizer": {"state_bytes_per_param": NEMO_1X_OPTIMIZER_BYTES}}
     return {}
@@ -499,18 +556,51 @@ def _distributed_optimizer(row: dict[str, Any]) -> bool:
     return key in DISTRIBUTED_OPTIMIZER_TABLES
 
 
+STATED_LAYOUT_TABLES: frozenset[tuple[str, str, str]] = frozenset({
+    # NVIDIA/NeMo docs/source/performance/performance_long_sequence.md: the B200 table's first version
+    # (14d427f5, 2025-04-28) printed '# of GPUs' 2, 4, 8, ..., 256, each = TP x CP x DP of its row; the next
+    # (19fadb67, 2025-05-08: "Add without CP numbers for B200") printed 8, 16, ..., 1024 beside the same TP,
+    # CP, DP, batch and with-CP TFLOPS / GPU cells, so every row's layout covers a quarter of its GPU count.
+    ("nemo", "docs/source/performance/performance_long_sequence.md", "LLAMA3-8B (FP8) - B200"),
+})
+"""(source, source.path, source.section) of tables whose rows state a data-parallel size contradicting their
+GPU count where an earlier version of the same table printed a GPU count equal to the stated layout: their
+runs are priced on TP x PP x CP x DP GPUs (the layout as stated). Any other row whose stated DP contradicts
+its GPU count is refused. Why not the GPU count: DP is what both versions print; a per-GPU rate of one layout
+hardly depends on DP (PP 1: only the gradient reduction's share of the step), which validate_perf checks
+by pricing these rows both ways."""
+
+
+def _layout_gpus(row: dict[str, Any], tp: int, pp: int, cp: int) -> int:
+    """The GPUs the row's run used: hardware.num_gpus, or TP x PP x CP x DP where its stated DP contradicts
+    that and its table is in STATED_LAYOUT_TABLES (Refused where it is not)."""
+    p, gpus = row["parallel"], int(row["hardware"]["num_gpus"] or 0)
+    stated = None if p.get("fsdp") or "parallel.dp" in (row.get("inferred") or {}) else p.get("dp")
+    if not stated or not gpus or int(stated) * tp * pp * cp == gpus:
+        return gpus
+    cited = row["source"]
+    if (row["_source"], str(cited.get("path") or ""), str(cited.get("section") or "")) in STATED_LAYOUT_TABLES:
+        return int(stated) * tp * pp * cp
+    raise Refused(f"parallel.dp {stated}: TP x PP x CP x DP = {int(stated) * tp * pp * cp} GPUs, not "
+                  f"hardware.num_gpus {gpus} (the row's layout contradicts its GPU count)")
+
+
 def to_run(row: dict[str, Any]) -> PublishedRun:
     """The row as an instance and a measured step time (Refused when it cannot be priced faithfully)."""
     row = _with_gpt3_dimensions(row)
     stack = _stack_config(row)
+    if stack.get("refused"):
+        raise Refused(stack["refused"])
     if stack.get("vocab") and not row["model"].get("vocab"):
         row = {**row, "model": {**row["model"], "vocab": stack["vocab"]}}
+    if stack.get("model"):
+        row = {**row, "model": {**row["model"], **{k: v for k, v in stack["model"].items() if not row["model"].get(k)}}}
     _refuse_unsupported(row)
     gpu = _gpu(row)
     fp8 = _fp8(row, gpu)
     m, p, b, hw = row["model"], row["parallel"], row["batch"], row["hardware"]
-    gpus = int(hw["num_gpus"] or 0)
     tp, pp, cp = int(p.get("tp") or 1), int(p.get("pp") or 1), int(p.get("cp") or 1)
+    gpus = _layout_gpus(row, tp, pp, cp)
     if not gpus or gpus % (tp * pp * cp):
         raise Refused("hardware.num_gpus not a multiple of TP x PP x CP")
     dp = gpus // (tp * pp * cp)  # Megatron: world = tp x cp x pp x dp
@@ -563,7 +653,7 @@ def to_run(row: dict[str, Any]) -> PublishedRun:
     heads = m.get("heads") or max(m["hidden"] // 128, 1)
     architecture = {"layers": m["layers"], "hidden": m["hidden"], "heads": heads, "ffn": m["ffn_hidden"],
                     "vocab": m["vocab"], "seq_len": m["seq_len"], "gated_mlp": gated,
-                    "learned_positions": not gated, **({"kv_heads": m["kv_heads"]} if m.get("kv_heads") else {})}
+                    "learned_positions": not gated and not stack.get("rope"), **({"kv_heads": m["kv_heads"]} if m.get("kv_heads") else {})}
     from chameleon_opt.instance.devices import CATALOGUE
     device = CATALOGUE[gpu]
     overlap = "--tp-comm-overlap" in notes or stack.get("tp_comm_overlap", False)
@@ -652,6 +742,9 @@ ATTENTION_UTILISATION = {
     # the FlashAttention-3 paper's FlashAttention-2-class figure stands for it
     ("te-fused", "H100-80"): FLASH_V2_H100, ("te-fused", "H200-141"): FLASH_V2_H100,
     ("cudnn", "H100-80"): CUDNN_H100_MEASURED, ("cudnn", "H200-141"): CUDNN_H100_MEASURED,
+    # No attention rate of B200 is measured or published for the cuDNN of NeMo 25.04's runs: its proxy die's
+    # (PROXY_DIE) share of the peak, against B200's own bf16 peak (assumed, fitted on nothing)
+    ("te-fused", "B200-180"): FLASH_V2_H100,
     # Not published for v1 on H100. Pre-Hopper kernels (mma.sync, no TMA or wgmma) lose the same share
     # of the peak on H100 as FlashAttention-2 does: v1's A100 share x FlashAttention-2's H100 / A100.
     ("flash-v1", "H100-80"): FLASH_V1_A100 * FLASH_V2_H100 / FLASH_V2_A100,
@@ -723,7 +816,8 @@ def fit_interference(measured: list[float], at_zero: list[float], at_one: list[f
     return float(np.clip((slope * miss).sum() / (slope * slope).sum(), 0.0, 1.0))
 
 
-CHIP = {"A100-40": "A100", "A100-80": "A100", "H100-80": "H100", "H200-141": "H100", "V100-32": "V100"}
+CHIP = {"A100-40": "A100", "A100-80": "A100", "H100-80": "H100", "H200-141": "H100", "V100-32": "V100",
+        "B200-180": "B200"}
 """The compute die of each catalogue GPU: A100 40 GB and 80 GB are the same GA100 (108 SMs, 312 TFLOP/s
 dense bf16; NVIDIA A100 data sheet) and differ in HBM, which the memory-traffic term prices by its own
 bandwidth; H200 is the H100's GH100 (989 TFLOP/s dense bf16, NVIDIA H200 data sheet) with 141 GB at
@@ -731,14 +825,18 @@ bandwidth; H200 is the H100's GH100 (989 TFLOP/s dense bf16, NVIDIA H200 data sh
 (no published family runs on H200: torchtitan's Trainy rows are priced at the H100's fit)."""
 
 
-PROXY_DIE = {"V100": "A100"}
+PROXY_DIE = {"V100": "A100", "B200": "H100"}
 """A die with no rows in a fit takes the compute efficiency fitted for its proxy die. Why: V100 appears
 in one family only (Megatron-LM 2020), so leave-one-family-out can never fit it, and the catalogue's
 0.45 (assumed) left its rows 15-34% slow. Rule (assumed, fitted on no V100 row): the pre-Hopper dies
 (Volta, Ampere: warp-level mma.sync tensor cores) sustain the same share of their rated peak; Hopper is
 fitted apart because its fitted share is lower (about 0.63 against the A100's 0.77: its 989 TFLOP/s
 need wgmma kernels and a boost clock it does not hold under dense GEMM load). The V100 rows are the
-check; where they are fitted (other folds) V100 comes out 0.85-0.87, so the rule errs slow."""
+check; where they are fitted (other folds) V100 comes out 0.85-0.87, so the rule errs slow.
+B200 (Blackwell) has no bf16 row in any table, so no fit ever measures it: it takes the H100's fitted share
+of its own (2.3x higher) peak. Rule (assumed, fitted on no B200 row): Blackwell's tensor cores, like
+Hopper's, need asynchronous warpgroup-level kernels fed by TMA to reach their peak, so a stack that
+sustains a share of Hopper's sustains that share of Blackwell's. NeMo's 8 B200 rows are the check."""
 
 
 @dataclass(frozen=True)
