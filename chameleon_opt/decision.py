@@ -318,7 +318,7 @@ def reconfigure_candidate(instance: Instance, failed: frozenset[int], model: Per
             continue
         share = LOCAL_COMM_SHARE if global_step < candidate.step_s * (1 - 1e-9) else COMM_SHARE
         option = _scheduled(instance, failed, model, candidate.plan, None, local_s, "local", deadline, options,
-                            stages, assign=False, note=candidate.how, share=share)
+                            stages, assign=False, note=candidate.how, share=share, priced=candidate.estimate)
         if option.feasible or local_option is None:
             local_option, chosen = option, candidate
         if option.feasible or deadline.expired():
@@ -464,10 +464,11 @@ def target_candidate(instance: Instance, failed: frozenset[int], model: PerfMode
 def _scheduled(instance: Instance, failed: frozenset[int], model: PerfModel, plan: Plan,
                result: SolveResult[Plan] | None, found_s: float, scope: str, deadline: Deadline,
                options: SolverOptions, stages: list[StageTime], assign: bool, note: str = "",
-               share: float = COMM_SHARE) -> RecoveryOption:
+               share: float = COMM_SHARE, priced: Estimate | None = None) -> RecoveryOption:
     """`plan` with its migration scheduled within `share` of `deadline`, the stage's time appended
     to `stages`: an option whose transition is `found_s` + migration + the rebuild of the
-    communicators it changes, or an unusable one saying why (the deadline passed first)."""
+    communicators it changes, or an unusable one saying why (the deadline passed first).
+    `priced`: `plan`'s estimate when the caller has it, used when the plan is run as it is."""
     started = time.perf_counter()
     label = f"communication ({scope})"
     comm_deadline = deadline.share(share)
@@ -505,7 +506,7 @@ def _scheduled(instance: Instance, failed: frozenset[int], model: PerfModel, pla
                                 str(stopped), needed))
         return RecoveryOption("reconfigure", False, f"stopped early: {stopped}, so the migration of the {scope} plan "
                               "has no schedule (raise --time-limit)", solve=result, scope=scope)
-    estimate = model.evaluate(comm.plan, failed)
+    estimate = priced if priced is not None and comm.plan is plan else model.evaluate(comm.plan, failed)
     stages.append(StageTime(label, max(comm_deadline.end - started, 0.0), time.perf_counter() - started,
                             comm.stopped_early, f"migration {migration.solve.backend} "
                             f"{migration.solve.status.value}, all-reduce {comm.allreduce.solve.status.value}"))

@@ -6,6 +6,7 @@ NO_SOLUTION (exit 4); numbers beyond CP-SAT's integers never reach it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -174,3 +175,33 @@ def test_deterministic_solvers_stop_on_work() -> None:
     assert parameters.num_workers == 1
     assert parameters.max_deterministic_time == pytest.approx(2.0 * CPSAT_WORK_PER_S)
     assert parameters.max_time_in_seconds == pytest.approx(2.0 * DETERMINISTIC_WALL_FACTOR)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the process's start is read from /proc")
+def test_cli_deadline_counts_from_the_process_start() -> None:
+    """`plan`'s deadline is anchored at the process's start (`main` reads `process_started`): a
+    process that slept 0.5 s before asking sees those 0.5 s gone (not 0, nor the time since boot)."""
+    code = ("import time; time.sleep(0.5); from chameleon_opt.solve.deadline import process_started; "
+            "print(time.perf_counter() - process_started())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert 0.5 <= float(done.stdout) < 5.0, done.stderr  # 10x margin for a busy machine
+
+
+def test_a_slow_start_up_comes_out_of_the_limit(monkeypatch) -> None:
+    """A process that started 30 s before `plan` ran (far past STARTUP_ALLOWANCE_S) has its deadline
+    anchored at its start + the allowance: with --time-limit 40 the decision's clock (its JSON
+    `wall_s`) already reads 29.6 s and no stage is given more than the 10.4 s left (unanchored:
+    `wall_s` 1-2 s, and the rerouting alone may take 0.3 x 0.9 x 40 = 10.8 s)."""
+    from typer.testing import CliRunner
+
+    from chameleon_opt import cli
+
+    monkeypatch.setattr(cli, "_STARTED", time.perf_counter() - 30.0)
+    result = CliRunner().invoke(cli.app, ["plan", str(ROOT / "instances" / "paper-example.json"), "--json",
+                                          "--time-limit", "40"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["wall_s"] >= 30.0 - cli.STARTUP_ALLOWANCE_S
+    left = 40.0 + cli.STARTUP_ALLOWANCE_S - 30.0
+    assert payload["stages"] and all(stage["limit_s"] <= left for stage in payload["stages"])

@@ -41,6 +41,10 @@ def test_local_plans_keep_every_intact_pipeline_exactly() -> None:
         assert intact <= kept, candidate.how
         assert candidate.plan.total_micro_batches == instance.global_micro_batches
         assert model.evaluate(candidate.plan, failed).memory_ok
+        fresh = PerfModel(instance).evaluate(candidate.plan, failed)  # the kept estimate is the plan's own
+        assert candidate.estimate is not None and candidate.estimate.plan == candidate.plan
+        assert candidate.estimate.iteration_time_s == fresh.iteration_time_s == candidate.step_s
+        assert candidate.estimate.pipelines == fresh.pipelines
     drop = next(c for c in found if c.how.startswith("drop"))
     assert not touched_devices(instance.plan, drop.plan, failed)  # nobody changes role when survivors idle
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from ortools.graph.python import linear_sum_assignment, min_cost_flow
 
 from chameleon_opt.check import PlanRejected, check_plan
 from chameleon_opt.comm.state import live_slots, old_holdings, tensor_bytes
@@ -43,6 +42,8 @@ def min_cost_assignment(cost: np.ndarray | list[list[int]]) -> tuple[list[int], 
     n = matrix.shape[0]
     if matrix.shape != (n, n):
         raise ValueError(f"a square cost matrix is needed, got {matrix.shape}")
+    from ortools.graph.python import linear_sum_assignment  # here: 0.06 s to import, only a re-mapping needs it
+
     solver = linear_sum_assignment.SimpleLinearSumAssignment()
     rows, cols = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
     solver.add_arcs_with_cost(rows.ravel(), cols.ravel(), matrix.ravel())
@@ -70,6 +71,8 @@ def _transport(cost: np.ndarray, supply: np.ndarray, demand: np.ndarray) -> tupl
         unit, exact = unit * 2, False
     g_idx, s_idx = np.meshgrid(np.arange(n_g), np.arange(n_s), indexing="ij")
     g_idx, s_idx = g_idx.ravel(), s_idx.ravel()
+    from ortools.graph.python import min_cost_flow  # here: 0.06 s to import, only a re-mapping needs it
+
     flow = min_cost_flow.SimpleMinCostFlow()
     pairs = flow.add_arcs_with_capacity_and_unit_cost(
         g_idx, n_g + s_idx, np.minimum(supply[g_idx], demand[s_idx]), -(-cost[g_idx, s_idx] // unit))

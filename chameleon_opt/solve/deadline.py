@@ -21,6 +21,7 @@ deadline would (the run is then no longer reproducible, and the stages say they 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field, replace
 
@@ -107,6 +108,21 @@ class Deadline:
         now = self.now()
         left = max(self.end - now, 0.0)
         return self.until(now + max(left * fraction, min(at_least, left)))
+
+
+def process_started() -> float:
+    """When this process started, on `time.perf_counter`'s clock: the CLI's deadline is anchored
+    here (`cli.STARTUP_ALLOWANCE_S`), so a loaded machine's slow start-up comes out of the
+    decision's time instead of adding to what the operator waits for. Linux gives the start in
+    clock ticks since boot (/proc/self/stat, field 22); elsewhere, or if that cannot be read, now."""
+    now = time.perf_counter()
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):  # no /proc, no CLOCK_BOOTTIME
+        return now
+    return now - max(age, 0.0)
 
 
 class DeadlinePassed(Exception):

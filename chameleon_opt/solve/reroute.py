@@ -26,8 +26,6 @@ import dataclasses
 import math
 import time
 
-import pulp
-
 from chameleon_opt.check import assert_sound, check_plan
 from chameleon_opt.errors import InfeasibleError
 from chameleon_opt.instance.load import Instance
@@ -144,6 +142,8 @@ def reroute_plan(instance: Instance, failed: frozenset[int], deadline: Deadline,
         if key not in quotas:
             quotas[key] = _peer_capacity(model, plan, k, s, replicas, cap)
         return quotas[key]
+
+    import pulp  # here, not at the top: a rerouting the even split settles never builds the MILP
 
     problem = pulp.LpProblem("reroute", pulp.LpMinimize)
     makespan = problem.add_variable("T", 0)
