@@ -1846,3 +1846,27 @@ def test_patterned_times_take_each_split_at_its_own_choices_of_sends():
                                                     cheap, inter, False, crossing)[1][0]
                     expected = np.minimum(expected, found)
                 assert np.array_equal(table[i], expected), (sends, barred, profile, split)
+
+
+def test_runs_split_by_pipelines_of_one_kind_take_two_of_its_groups_each():
+    """24-32-device seed 3200 (TP 1, four one-micro-batch pipelines, six layers; nodes of 8, 8, 7 and 8
+    groups, 7, 6, 6 and 8 fast; the sends before layers 2, 4 and 5 carry no bytes). This plan (0-1 | 2 | 3 |
+    4-5, layers 2 and 3 on the node of eight fast groups) is the optimum (the tree's proof at 2.2 s). Where
+    every layer's holders share a node in runs 0-1 | 2-3 | 4 | 5, each pipeline could hold every layer on its
+    own fast stage (16.60889: a smaller ring and step than the plan's); two fast stages a run in all four
+    pipelines take eight fast groups of each of two nodes, and one node alone has eight: on a node of f fast
+    groups at most f // 2 all-fast pipelines split a run (`_node_runs`), so the floor meets the plan."""
+    from chameleon_opt.solve.exact import exact_floors
+
+    data, failed = _bench_instance(3200, (24, 32))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    built = _layout(1, [(1, [((a,), 0, 2), ((b,), 2, 3), ((c,), 3, 4), ((d,), 4, 6)])
+                        for a, b, c, d in ((8, 24, 28, 16), (9, 25, 29, 17), (12, 26, 30, 18), (13, 27, 31, 20))])
+    assert check_plan(instance, built, failed).ok
+    step = model.evaluate(built, failed).iteration_time_s
+    assert step == pytest.approx(16.61175096150065, rel=1e-12)
+    (search,) = exact_floors(instance, model, failed, Deadline.never()).searches
+    runs, where = [[0, 1], [2, 3], [4], [5]], dict(pattern=(((2,), (4,), (5,)), (), ()))
+    assert search._node_runs(4, Deadline.never(), runs, 0.0, math.inf, **where) >= step * (1 - 1e-9)
+    assert search.floor(Deadline.never(), step * (1 - 1e-9)) >= step * (1 - 1e-9)

@@ -698,7 +698,7 @@ class Relaxation:
                 | tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, ...], ...]]
                 | None = None,
                 reaching: int = 0, union: tuple[int, ...] | None = None,
-                whole: tuple[int, ...] | None = None) -> list[float] | None:
+                whole: tuple[int, ...] | None = None, kind_alone: bool = False) -> list[float] | None:
         """coupled[state]: least makespan of exactly `pipelines` (P) pipelines running the whole
         batch on at most the groups of `state`, each pipeline priced at its time plus the all-reduce
         of P replicas of its own largest stage's gradients plus its own slowest optimizer step, least
@@ -734,8 +734,9 @@ class Relaxation:
         with `crossed` and `union` as given: `values_key`).
         `pattern` (C, F, G) or (C, F, G, H): every pipeline sends before some layer of each group of C, across nodes,
         and before none of F; given G, the `forced` ones (any kind) before none of G either (`ExactSearch.spans`), and
-        given H, they send across nodes before some layer of each group of H too; else they are priced as
-        `held` says. `reaching` S: the forced pipelines (any kind) have at least S stages each
+        given H, they send across nodes before some layer of each group of H too; with `kind_alone` only the
+        forced ones whose every stage is of kind `kind` are held to G and H, the others priced as any
+        (`ExactSearch._node_runs`); else they are priced as `held` says. `reaching` S: the forced pipelines (any kind) have at least S stages each
         (`ExactSearch.reaching`). `union` U: every pipeline's boundaries (the layers its stages start at,
         but 0) lie in U, and a stage reduces one group per run of its layers between U's boundaries
         (`ExactSearch.union_rings`), a run with a `crossed` layer across nodes (its holders are that
@@ -745,7 +746,8 @@ class Relaxation:
         runs = self.most_per_node if runs is None else runs
         key = (pipelines, runs, least, crossing, forced, crossed, held, isolate, neighbours, paired, within, strict,
                shortest, short_runs, kept, ring_cap, pattern) + ((reaching,) if reaching else ()) \
-            + ((union,) if union is not None else ()) + ((whole,) if whole is not None else ())
+            + ((union,) if union is not None else ()) + ((whole,) if whole is not None else ()) \
+            + (("kind_alone",) if kind_alone else ())
         if key in self._coupled:
             return self._coupled[key]
         if deadline is None or deadline.expired() or not self.counted or self.round_steps * pipelines > COUNTED_BUDGET \
@@ -849,7 +851,9 @@ class Relaxation:
                                                 ).min(axis=0).tolist()
                 continue
             priced[v] = [math.inf] + (per_split + extra).min(axis=0).tolist()
-            if alternative is not None:  # `pattern`'s forced pipelines: none of G's sends either
+            if alternative is not None and kind_alone and v[kind] < sum(v):  # not all of kind `kind`: free
+                mixed[v] = priced[v]
+            elif alternative is not None:  # `pattern`'s forced pipelines: none of G's sends either
                 mixed[v] = [math.inf] + (alternative[v] + extra).min(axis=0).tolist()
             elif forcing is not None:  # the held layer's stage of another kind than `kind`, or isolated stages
                 mixed[v] = [math.inf] + (np.maximum(per_split, forcing[v]) + extra).min(axis=0).tolist()
@@ -2618,12 +2622,28 @@ class ExactSearch:
         node's f among them, of that largest (a min-max over the nodes and the sets of runs placed).
         `_run_slots` gives each of a node's n // P slots the node's whole f. 32-64-device seed 367 (four
         pipelines; nodes of 8, 7, 7 and 8 groups, 5, 3, 3 and 5 fast): with layer 0 across nodes, the held
-        layers 1 | 2 | 3 | 4 had two runs on each node of five fast groups, each counted all fast."""
+        layers 1 | 2 | 3 | 4 had two runs on each node of five fast groups, each counted all fast.
+        A run of several held layers given a_r < 2P kind-k groups: a pipeline all of kind k that sends
+        within it (a boundary between its first and last layer) holds its layers on two stages at least,
+        two kind-k groups of A_r, and one that does not, one; with Q pipelines all of kind k, a of them
+        sending there, Q + a <= a_r and a <= Q, so 2a <= a_r: at least P - a_r // 2 pipelines have a
+        stage of another kind or send within none of the run (`coupled`'s `pattern` G with
+        `kind_alone`), where the layers' holders alone let every pipeline split it (24-32-device seed
+        3200: four pipelines of one micro-batch, runs 0-1 | 2-3 | 4 | 5 with every layer its own stage
+        split two runs on nodes of eight groups, but one node alone holds eight fast ones; its plan
+        16.61175 splits one of them, the floor stayed at 16.60889)."""
         relaxation, per_node = self.relaxation, self.node_groups()
         state = self.root if state is None else state
         count, found = len(held_runs), low
         demand = [pipelines * (2 if split and split[r] and len(run) >= 2 else 1) for r, run in enumerate(held_runs)]
+        # kind-k holders that can lower a run's floor: up to 2P - 1 for a run of several layers (the sends
+        # within it, above), up to P for one layer
+        useful = [max(demand[r], 2 * pipelines if len(run) >= 2 else pipelines) for r, run in enumerate(held_runs)]
+        inner = [tuple(range(run[0] + 1, run[-1] + 1)) for run in held_runs]  # the sends within each run
+        pattern = where.get("pattern")
+        others = {key: term for key, term in where.items() if key != "pattern"}
         tables: dict[tuple, float] = {}
+        alone_tables: dict[tuple[int, int, tuple[int, ...]], float] = {}  # `alone_value`'s
         shares: dict[tuple, float] = {}  # per (kind, its groups on a node, runs there): `shared`'s
 
         def table_value(kind: int, rounds: int, held: tuple[tuple[int, ...], int]) -> float | None:
@@ -2650,15 +2670,33 @@ class ExactSearch:
                 if value is None:
                     return None
                 worst = max(worst, value)
+            if inner[run] and given // 2 < pipelines and worst < best:
+                value = alone_value(kind, pipelines - given // 2, inner[run])
+                if value is None:
+                    return None
+                worst = max(worst, value)
             return min(worst, best)
+
+        def alone_value(kind: int, rounds: int, sends: tuple[int, ...]) -> float | None:
+            """The table with `rounds` pipelines that have a stage of another kind than k or send before
+            none of `sends`, at `state`, cached; None when out of reach."""
+            if (kind, rounds, sends) not in alone_tables:
+                # the caller's sends across (C) and barred (F); its G, if any, is for forced pipelines of its own
+                sent, barred = pattern[:2] if pattern is not None else ((), ())
+                table = relaxation.coupled(pipelines, refine, forced=(kind, rounds), kind_alone=True,
+                                           pattern=(sent, barred, sends), **others)
+                if table is None:
+                    return None
+                alone_tables[kind, rounds, sends] = table[state]
+            return alone_tables[kind, rounds, sends]
 
         def shared(kind: int, fast: int, members: tuple[int, ...]) -> float | None:
             """The least largest cost over the ways to give a node's `fast` kind-k groups to these runs."""
             if (kind, fast, members) in shares:
                 return shares[kind, fast, members]
             least = math.inf
-            total = min(fast, sum(demand[r] for r in members))
-            for given in itertools.product(*(range(min(demand[r], fast) + 1) for r in members)):
+            total = min(fast, sum(useful[r] for r in members))
+            for given in itertools.product(*(range(min(useful[r], fast) + 1) for r in members)):
                 if sum(given) != total:
                     continue  # more kind-k holders never cost more: only the shares of all of them
                 worst = _largest_below((cost(kind, share, run) for run, share in zip(members, given)), least)
