@@ -6,16 +6,37 @@ runtime starts a worker first. In one pytest session the plain runtime (`runtime
 first, so every Hugging Face worker after it imported transformers itself: 4 s of CPU per worker,
 8 workers per test, which made those tests 3x slower in the suite than alone. Starting the server
 with both runtimes' modules before the first multiprocess test removes that.
+
+And one Click command for the CLI's Typer app: `typer.testing.CliRunner.invoke` builds it afresh
+on every call (17 ms of CPU: each command's signature read and its string annotations evaluated),
+and the suite invokes the CLI in-process several hundred times. The command is the same object
+the app would build; each invocation still makes its own Click context.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import multiprocessing as mp
+from typing import Any
 
 import pytest
 
 _started = False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Build each Typer app's Click command once per session (the module docstring says why)."""
+    import typer.testing
+
+    build = typer.testing._get_command
+    built: dict[int, tuple[typer.Typer, Any]] = {}  # id(app) -> (app, its command): the app kept alive
+
+    def command_of(app: typer.Typer) -> Any:
+        if id(app) not in built:
+            built[id(app)] = (app, build(app))
+        return built[id(app)][1]
+
+    typer.testing._get_command = command_of
 
 
 def _both_runtimes_imports() -> list[str]:
