@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import random
 import sys
@@ -98,3 +99,18 @@ def hf_reference_losses(instance: Any, hf_config: Path, steps: int) -> list[floa
     if key not in _HF_REFERENCES:
         _HF_REFERENCES[key] = reference_losses(instance, hf_config, steps)
     return list(_HF_REFERENCES[key])
+
+
+@functools.lru_cache(maxsize=None)
+def bundled_recovery(name: str) -> tuple[Any, Any, Any]:
+    """(instance, its PerfModel, `search_plan`'s recovery from the file's failures under a 10 s
+    limit) of a bundled instance, searched once per session: test_search_scale checks the plan,
+    test_time_limit schedules migrations to it (1.5-3 s of CPU a search; each ends by itself)."""
+    from chameleon_opt.instance.load import load_instance
+    from chameleon_opt.perf.model import PerfModel
+    from chameleon_opt.solve.deadline import Deadline
+    from chameleon_opt.solve.search import search_plan
+
+    instance = load_instance(name)
+    model = PerfModel(instance)
+    return instance, model, search_plan(instance, instance.failed_devices, Deadline.after(10), model=model)
