@@ -86,7 +86,7 @@ def test_bubble_filling_beats_the_serial_step_when_the_backward_splits():
                             in_flight=((4, 3, 2, 1), (4, 3, 2, 1)))
     appended = retime(problem, one_f_one_b_orders(problem, even_hosts(problem), interleave=False))[0]
     assert appended == pytest.approx(32.0)  # Eq. 12/13: 4 x 2 own + 4 x 3 hosted ... after the peer's own work
-    result = solve_bubbles(problem, Deadline.after(4))  # both reached within 1 s (CP-SAT does not close the gap)
+    result = solve_bubbles(problem, Deadline.after(3))  # both reached within 1 s (CP-SAT does not close the gap)
     assert result.status.has_solution
     assert result.objective <= 29.0 + 1e-9 < appended * 0.95
     assert 25.9 <= result.bound <= result.objective  # CP-SAT proves 26 less the one-tick-per-op rounding

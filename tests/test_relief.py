@@ -154,11 +154,14 @@ def test_plan_joined_on_the_command_line() -> None:
     """`plan --joined`: the instance's failure is recovered, then the device's return is decided
     among keep-running and scale-up by Eq. 8 (paper-32, device 13)."""
     import json
-    import subprocess
-    import sys
-    out = subprocess.run([sys.executable, "-m", "chameleon_opt.cli", "plan", "paper-32", "--joined", "13", "--json",
-                          "--time-limit", "6"], capture_output=True, text=True, check=True)
-    payload = json.loads(out.stdout)
+
+    from typer.testing import CliRunner
+
+    from chameleon_opt.cli import app
+
+    done = CliRunner().invoke(app, ["plan", "paper-32", "--joined", "13", "--json", "--time-limit", "6"])
+    assert done.exit_code == 0, done.output
+    payload = json.loads(done.stdout)
     policies = {c["policy"] for c in payload["candidates"]}
     assert {"keep-running", "scale-up"} <= policies and payload["policy"] in policies
     devices = {d for p in payload["plan"]["pipelines"] for st in p["stages"] for d in st["devices"]}
