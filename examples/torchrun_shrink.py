@@ -38,8 +38,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401  before any group: chameleon_opt/runtime/__init__.py says why
 
-from chameleon_opt.api import Planner
-
 GLOBAL_BATCH = 48
 FEATURES = 16
 NODES = 3
@@ -87,6 +85,8 @@ def main() -> None:
     spec["cluster"]["devices_per_node"] = spec["plan"]["layout"]["data_parallel"] = NODES
     samples = list(range(GLOBAL_BATCH))[alive.index(args.device)::world]
     if failed:
+        from chameleon_opt.api import Planner  # here, not at the top: a worker before any loss never plans
+
         decision = Planner(spec, policy="reconfigure", time_limit_s=2.0).on_failure(failed)
         moves = [t for t in (decision.migration.transfers if decision.migration else ())]
         assert all(t.src in alive and t.dst in alive for t in moves)  # survivors only

@@ -56,8 +56,6 @@ import torch.distributed.nn.functional  # noqa: F401  before any group: chameleo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from chameleon_opt.api import Planner  # chameleon
-
 GLOBAL_BATCH = 48
 FEATURES = 16
 
@@ -124,6 +122,7 @@ def main() -> None:
         spec = json.loads(Path(__file__).with_name("mlp-dp.json").read_text())  # chameleon
         spec["cluster"]["devices_per_node"] = spec["plan"]["layout"]["data_parallel"] = world  # chameleon
         if rank == 0:  # chameleon
+            from chameleon_opt.api import Planner  # chameleon: here, not at the top: the other ranks never plan
             planner = Planner(spec, time_limit_s=2.0)  # chameleon
             for event in filter(None, events):  # chameleon: lost in an attempt, restarted by torchrun for the next
                 lost = planner.on_failure(event)  # chameleon: planned around,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import random
 import sys
@@ -80,3 +81,36 @@ def assert_failure_free(report: Any, expected: list[float], steps: int) -> None:
     assert len(report.losses) == steps and all(report.samples_exactly_once)
     for got, want in zip(report.losses, expected):
         assert abs(got - want) <= 1e-5 * abs(want)
+
+
+_HF_REFERENCES: dict[tuple[str, int, int, int, int], list[float]] = {}
+
+
+def hf_reference_losses(instance: Any, hf_config: Path, steps: int) -> list[float]:
+    """`pipelined.reference_losses` once per (model, global batch, sequence, layers, steps) in a
+    session: it reads nothing else of the instance (layout, reliefs and MTBF leave the whole model's
+    failure-free losses alone), and the runtime tests train the same tiny models on the same batches
+    (about 1 s of CPU a time)."""
+    from chameleon_opt.runtime.pipelined import reference_losses
+
+    training = instance.spec.training
+    seq = training.sequence_length or instance.workload.architecture.seq_len
+    key = (str(hf_config), training.global_batch, seq, instance.workload.num_layers, steps)
+    if key not in _HF_REFERENCES:
+        _HF_REFERENCES[key] = reference_losses(instance, hf_config, steps)
+    return list(_HF_REFERENCES[key])
+
+
+@functools.lru_cache(maxsize=None)
+def bundled_recovery(name: str) -> tuple[Any, Any, Any]:
+    """(instance, its PerfModel, `search_plan`'s recovery from the file's failures under a 10 s
+    limit) of a bundled instance, searched once per session: test_search_scale checks the plan,
+    test_time_limit schedules migrations to it (1.5-3 s of CPU a search; each ends by itself)."""
+    from chameleon_opt.instance.load import load_instance
+    from chameleon_opt.perf.model import PerfModel
+    from chameleon_opt.solve.deadline import Deadline
+    from chameleon_opt.solve.search import search_plan
+
+    instance = load_instance(name)
+    model = PerfModel(instance)
+    return instance, model, search_plan(instance, instance.failed_devices, Deadline.after(10), model=model)

@@ -324,9 +324,19 @@ def test_valid_variants_estimate_the_paper_example(tmp_path: Path, write: Writer
     assert json.loads(result.stdout)["iteration_time_s"] == pytest.approx(35.0)
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chameleon_opt.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)
+def run_clis(*commands: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """Each command in a real CLI process, side by side: each is mostly an interpreter start and
+    the imports, so on two cores this about halves the wait."""
+    started = [subprocess.Popen([sys.executable, "-m", "chameleon_opt.cli", *command], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT) for command in commands]
+    try:
+        outputs = [p.communicate(timeout=60) for p in started]
+        return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(started, outputs)]
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 @pytest.mark.parametrize("write, field", [
@@ -336,13 +346,13 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 ])
 def test_real_process_exit_code_and_stderr(tmp_path: Path, write: Writer, field: str) -> None:
     instance, named = write(tmp_path)
-    done = run_cli("validate", str(instance))
-    assert done.returncode == 2 and done.stdout == ""
-    assert_names(one_line(done.stderr), named, field)
-    done = run_cli("estimate", "--json", "--after-failure", str(instance))
-    assert done.returncode == 2
-    assert_names(one_line(done.stderr), named, field)
-    assert json.loads(done.stdout)["exit_code"] == 2
+    validated, estimated = run_clis(("validate", str(instance)),
+                                    ("estimate", "--json", "--after-failure", str(instance)))
+    assert validated.returncode == 2 and validated.stdout == ""
+    assert_names(one_line(validated.stderr), named, field)
+    assert estimated.returncode == 2
+    assert_names(one_line(estimated.stderr), named, field)
+    assert json.loads(estimated.stdout)["exit_code"] == 2
 
 
 # -- the property ------------------------------------------------------------------------------------
@@ -491,8 +501,7 @@ def test_a_lone_surrogate_in_a_name_is_printed_escaped(tmp_path: Path) -> None:
     data["name"] = "bad\ud800name"
     path = tmp_path / "surrogate.json"
     path.write_text(json.dumps(data))
-    for command in ("validate", "estimate", "plan"):
-        done = run_cli(command, str(path))
+    for done in run_clis(*((command, str(path)) for command in ("validate", "estimate", "plan"))):
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         assert "bad\\ud800name" in done.stdout
 

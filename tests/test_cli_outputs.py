@@ -116,12 +116,14 @@ def test_deterministic_simulation_repeats_exactly_on_a_slow_clock(monkeypatch):
     times too fast (every stage's share of the time limit passes four times sooner, as on a machine
     four times slower: the failure seen at load 8), since `--deterministic` charges work, not time.
     The limit is one the searches end well within (0.2-0.4 s each on paper-32): one the deadline cuts
-    short returns what it had found by then, which a busy machine changes (seen at 1 s under load 4-5)."""
+    short returns what it had found by then, which a busy machine changes (seen at 1 s under load 4-5).
+    Three hours of this trace hold one failure (at 2.03 h), so each run plans one recovery: a second
+    failure (at 10.3 h) cost 10 s of the suite and takes the same path."""
     import time
 
     from chameleon_opt.recovery import interface
 
-    args = ["simulate", "paper-32", "--trace", "synthetic:mtbf_hours=500,seed=2", "--horizon-hours", "12",
+    args = ["simulate", "paper-32", "--trace", "synthetic:mtbf_hours=500,seed=2", "--horizon-hours", "3",
             "--policy", "chameleon", "--policy", "hybrid", "--deterministic", "--time-limit", "5", "--json"]
 
     def run() -> dict:
@@ -137,6 +139,7 @@ def test_deterministic_simulation_repeats_exactly_on_a_slow_clock(monkeypatch):
     real = time.perf_counter
     monkeypatch.setattr(time, "perf_counter", lambda: 4 * real())
     assert run() == quiet and quiet["search_charge"] == "5.0 s per search"
+    assert [r["num_transitions"] for r in quiet["results"].values()] == [1, 1]
 
 
 def test_schema_key_is_accepted_and_ignored():

@@ -31,7 +31,7 @@ from chameleon_opt.perf.reroute import even_reroute
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.search import search_plan
-from tests.helpers import tiny_instance
+from tests.helpers import tiny_instance, bundled_recovery
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -230,10 +230,10 @@ def test_random_failures_end_to_end(seed: int, tp: int, failures: int, memory: f
 
 
 def test_migration_paper_32_both_backends_and_restricted(monkeypatch: pytest.MonkeyPatch) -> None:
-    inst = load_instance(ROOT / "instances" / "paper-32.json")
+    inst, model, found = bundled_recovery("paper-32")  # the search test_search_scale checks
     failed = frozenset({13})
-    new = search_plan(inst, failed, Deadline.after(5.0)).solution
-    model = PerfModel(inst)
+    assert inst.failed_devices == failed
+    new = found.solution
     plan, _ = assign_slots(model, inst.plan, new, failed)
     highs = schedule_migration(model, inst.plan, plan, failed, Deadline.after(5.0))
     cbc = schedule_migration(model, inst.plan, plan, failed, Deadline.after(5.0), backend="cbc")

@@ -3,6 +3,7 @@ force over (plan x per-stage relief), written apart from the search and from per
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from typing import Any
@@ -62,6 +63,13 @@ def brute_force(instance, failed: frozenset[int]) -> float:
     return best
 
 
+@functools.lru_cache(maxsize=None)
+def relief_optimum(seed: int) -> float:
+    """`brute_force` on seed's instance, once per seed: two tests compare against it."""
+    data, failed = _instance(seed)
+    return brute_force(build_instance(data), failed)
+
+
 def test_relief_names_and_default_options() -> None:
     assert parse_relief("full+opt-offload") == ("full", True)
     assert parse_relief("opt-offload") == ("none", True)
@@ -113,7 +121,7 @@ def test_checker_refuses_unsupported_relief() -> None:
 def test_search_with_relief_equals_brute_force(seed: int) -> None:
     data, failed = _instance(seed)
     instance = build_instance(data)
-    best = brute_force(instance, failed)
+    best = relief_optimum(seed)
     result = search_plan(instance, failed, Deadline.after(20))
     if math.isinf(best):
         assert result.status is Status.INFEASIBLE, (result.status, result.reason)
@@ -133,7 +141,7 @@ def test_relief_matters_in_the_random_cases() -> None:
     admitted = faster = 0
     for seed in range(14):
         data, failed = _instance(seed)
-        with_relief = brute_force(build_instance(data), failed)
+        with_relief = relief_optimum(seed)
         data["training"]["reliefs"] = None
         plain = search_plan(build_instance(data), failed, Deadline.after(20))
         plain_value = plain.objective if plain.solution is not None else math.inf
@@ -146,11 +154,14 @@ def test_plan_joined_on_the_command_line() -> None:
     """`plan --joined`: the instance's failure is recovered, then the device's return is decided
     among keep-running and scale-up by Eq. 8 (paper-32, device 13)."""
     import json
-    import subprocess
-    import sys
-    out = subprocess.run([sys.executable, "-m", "chameleon_opt.cli", "plan", "paper-32", "--joined", "13", "--json",
-                          "--time-limit", "6"], capture_output=True, text=True, check=True)
-    payload = json.loads(out.stdout)
+
+    from typer.testing import CliRunner
+
+    from chameleon_opt.cli import app
+
+    done = CliRunner().invoke(app, ["plan", "paper-32", "--joined", "13", "--json", "--time-limit", "6"])
+    assert done.exit_code == 0, done.output
+    payload = json.loads(done.stdout)
     policies = {c["policy"] for c in payload["candidates"]}
     assert {"keep-running", "scale-up"} <= policies and payload["policy"] in policies
     devices = {d for p in payload["plan"]["pipelines"] for st in p["stages"] for d in st["devices"]}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from chameleon_opt.runtime.replies import Heartbeats, collect_replies, start_heartbeat
-from tests.helpers import assert_failure_free
+from tests.helpers import assert_failure_free, hf_reference_losses
 
 MODELS = Path(__file__).resolve().parent.parent / "models" / "hf"
 
@@ -85,12 +85,12 @@ def test_hf_worker_stopped_mid_step_is_found_by_its_heartbeat() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from chameleon_opt.runtime.controller import Failure
-    from chameleon_opt.runtime.pipelined import PipelinedController, reference_losses, runtime_instance
+    from chameleon_opt.runtime.pipelined import PipelinedController, runtime_instance
 
     config = MODELS / "tiny-llama" / "config.json"
     instance = runtime_instance(config, pipeline_parallel=1, data_parallel=2, tensor_parallel=1)
     steps = 3
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config).run(steps, [Failure(1, (1,), after_ops=2, hang=True)])
     assert_failure_free(report, expected, steps)
     (recovery,) = report.recoveries

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.helpers import assert_failure_free  # noqa: E402
-from chameleon_opt.runtime.pipelined import PipelinedController, reference_losses, runtime_instance  # noqa: E402
+from tests.helpers import assert_failure_free, hf_reference_losses  # noqa: E402
+from chameleon_opt.runtime.pipelined import PipelinedController, runtime_instance  # noqa: E402
 
 MODELS = Path(__file__).resolve().parent.parent / "models" / "hf"
 
@@ -29,7 +29,7 @@ def test_killed_worker_recovers_by_reconfiguration_with_tp_kept(family, restore,
     config = MODELS / family / "config.json"
     instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=2)
     steps = 3
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, restore=restore,
                                  checkpoint_dir=tmp_path if restore != "migration" else None).run(steps, {1: (5, 2)})
     assert_failure_free(report, expected, steps)
@@ -53,7 +53,7 @@ def test_a_kill_that_makes_another_tp_degree_faster_reshards_from_the_checkpoint
     config = MODELS / family / "config.json"
     instance = runtime_instance(config, pipeline_parallel=1, data_parallel=2, tensor_parallel=2)
     steps = 3
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, restore="migration", checkpoint_dir=tmp_path,
                                  tp_degrees=(1, 2)).run(steps, {1: (3, 1)})
     assert_failure_free(report, expected, steps)
@@ -74,7 +74,7 @@ def test_a_killed_device_comes_back_as_a_fresh_worker_and_gets_its_state():
     config = MODELS / "tiny-llama" / "config.json"
     instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=1)
     steps = 4
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config).run(
         steps, [Failure(1, (3,), after_ops=1), Failure(2, (3,), in_transition=True)],
         [Rejoin(2, (3,)), Rejoin(3, (3,))])
@@ -99,7 +99,7 @@ def test_kills_rerouted_by_bubble_filled_action_lists_train_as_without_failures(
     config = MODELS / "tiny-llama" / "config.json"
     instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=1)
     steps = 4
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="reroute").run(
         steps, [Failure(1, (1,), after_ops=1), Failure(2, (2,), after_ops=2)])
     assert_failure_free(report, expected, steps)
@@ -121,7 +121,7 @@ def test_a_kill_rerouted_by_serial_shares_runs_the_runtime_1f1b_order():
     config = MODELS / "tiny-llama" / "config.json"
     instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=1)
     steps = 3
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="reroute", bubble_filling=False).run(
         steps, [Failure(1, (1,), after_ops=1)])
     assert_failure_free(report, expected, steps)
@@ -142,7 +142,7 @@ def test_policy_auto_runs_a_hybrid_and_a_kill_in_its_switch_is_recovered():
     config = MODELS / "tiny-llama" / "config.json"
     instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=1, mtbf_hours=1.0)
     steps = 4
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="auto").run(
         steps, [Failure(1, (1,), after_ops=1), Failure(2, (2,), in_transition=True)])
     assert_failure_free(report, expected, steps)
@@ -166,7 +166,7 @@ def test_a_tp2_hybrid_reroutes_with_dtensor_stages_and_counts_the_idled_peer_out
     config = MODELS / "tiny-llama" / "config.json"
     instance = runtime_instance(config, pipeline_parallel=2, data_parallel=2, tensor_parallel=2, mtbf_hours=1.0)
     steps = 3
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="auto").run(steps, [Failure(1, (2,), after_ops=1)])
     assert_failure_free(report, expected, steps)
     (recovery,) = report.recoveries
@@ -187,7 +187,7 @@ def test_a_device_back_after_a_rerouting_takes_its_rerouted_work_back():
     config = MODELS / "tiny-llama" / "config.json"
     instance = runtime_instance(config, pipeline_parallel=2, data_parallel=3, tensor_parallel=1)
     steps = 3
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="reroute").run(
         steps, [Failure(1, (1,), after_ops=1)], [Rejoin(2, (1,))])
     assert_failure_free(report, expected, steps)

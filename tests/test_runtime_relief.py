@@ -14,10 +14,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from chameleon_opt.perf.model import PerfModel  # noqa: E402
-from tests.helpers import assert_failure_free  # noqa: E402
+from tests.helpers import assert_failure_free, hf_reference_losses  # noqa: E402
 from chameleon_opt.runtime import hf  # noqa: E402
 from chameleon_opt.runtime.offload import ActivationOffload, HostAdamW  # noqa: E402
-from chameleon_opt.runtime.pipelined import PipelinedController, reference_losses, runtime_instance  # noqa: E402
+from chameleon_opt.runtime.pipelined import PipelinedController, runtime_instance  # noqa: E402
 
 MODELS = Path(__file__).resolve().parent.parent / "models" / "hf"
 ALL_RELIEFS = ["none", "selective", "full", "offload", "opt-offload"]
@@ -189,7 +189,7 @@ def test_a_bubble_filled_rerouting_splits_the_backward_of_relieved_stages():
     given = [["full+opt-offload", "selective+opt-offload"], ["offload+opt-offload", "full"]]
     instance = with_reliefs(instance, given)
     steps = 3
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config, policy="reroute").run(steps, [Failure(1, (1,), after_ops=1)])
     assert_failure_free(report, expected, steps)
     (recovery,) = report.recoveries
@@ -211,7 +211,7 @@ def test_stages_run_their_reliefs_and_a_recovery_runs_the_planned_one():
     given = [["full+opt-offload", "selective+opt-offload"], ["offload+opt-offload", "opt-offload"]]
     instance = with_reliefs(instance, given)
     steps = 2
-    expected = reference_losses(instance, config, steps)
+    expected = hf_reference_losses(instance, config, steps)
     report = PipelinedController(instance, config).run(steps, {1: (3, 2)})
     assert_failure_free(report, expected, steps)
 

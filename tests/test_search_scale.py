@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-from typing import Any
-
 import pytest
 
 from bench.solver_scaling import job
 from chameleon_opt.check import check_plan
-from chameleon_opt.instance.load import build_instance, load_instance
+from chameleon_opt.instance.load import build_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.solve.backends import SolverOptions
 from chameleon_opt.solve.result import Status
@@ -18,22 +14,12 @@ from chameleon_opt.solve.constructive import heuristic_mix, modelled_time, restr
 from chameleon_opt.solve.levels import level_model, lp_lower_bound, solve_level_model
 from chameleon_opt.solve.search import search_plan, search_space
 from chameleon_opt.solve.deadline import Deadline
-
-INSTANCES = Path(__file__).resolve().parents[1] / "instances"
-
-
-@functools.lru_cache(maxsize=None)
-def recovered(name: str) -> tuple[Any, PerfModel, Any]:
-    """(instance, model, the search's recovery from the file's failures), searched once per module:
-    two tests check the gpt3-175b-1024 recovery (a 4 s search on two cores)."""
-    instance = load_instance(INSTANCES / f"{name}.json")
-    model = PerfModel(instance)
-    return instance, model, search_plan(instance, instance.failed_devices, Deadline.after(10), model=model)
+from tests.helpers import bundled_recovery
 
 
 @pytest.mark.parametrize("name", ["paper-32", "gpt3-175b-1024", "llama3-405b-16k"])
 def test_bundled_instances_recover_with_a_sound_plan(name):
-    instance, model, result = recovered(name)
+    instance, model, result = bundled_recovery(name)
     failed = instance.failed_devices
     assert result.status in (Status.OPTIMAL, Status.FEASIBLE)
     # The gap the relaxation proves for the exact model (measured 2-8%; see bench/solver_scaling.py).
@@ -47,7 +33,7 @@ def test_bundled_instances_recover_with_a_sound_plan(name):
 
 
 def test_previous_plan_restricted_to_survivors_is_a_warm_start():
-    instance, model, result = recovered("gpt3-175b-1024")
+    instance, model, result = bundled_recovery("gpt3-175b-1024")
     space = search_space(instance, instance.failed_devices, model)
     mix = restricted_mix(instance.plan, instance.failed_devices, space.templates, space.budget, space.total, model)
     assert mix is not None

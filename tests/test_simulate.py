@@ -261,8 +261,11 @@ def test_recycle_falls_back_when_a_stage_loses_every_replica(paper32):
 
 
 # -- policies ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("seed", [0, 2])
 def test_hybrid_never_loses_to_both_pure_policies(paper32, source, seed):
+    """Seed 0's trace has four failures (the hybrid reconfigures at one, reroute-only falls back to
+    reconfiguring at two), seed 2's three (the hybrid reconfigures at the third). Seeds 1 and 3
+    (two failures, each policy's own action at both) took the same paths: they added 4 s, no case."""
     horizon = 2 * 3600.0
     trace = synthetic_trace(32, 24.0, horizon, seed=seed)
     averages = {name: simulate(paper32, trace, family(source, name), horizon).average_throughput

@@ -25,6 +25,7 @@ from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.reroute import reroute_plan
 from chameleon_opt.solve.search import search_plan
+from tests.helpers import bundled_recovery
 
 runner = CliRunner()
 
@@ -77,20 +78,16 @@ def test_colouring_past_the_deadline_is_greedy_valid_and_says_so():
 
 
 def test_migration_past_its_deadline_is_complete_and_stopped_early():
-    instance = load_instance("paper-32")
+    instance, model, found = bundled_recovery("paper-32")
     failed = instance.failed_devices
-    found = search_plan(instance, failed, Deadline.after(5.0))
-    model = PerfModel(instance)
     migration = schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0))
     assert migration.solve.stopped_early and migration.solve.status is Status.HEURISTIC
     assert not check_release_safety(instance.plan, found.solution, failed, migration)  # every shard delivered
 
 
 def test_large_migration_past_its_deadline_is_abandoned_when_asked():
-    instance = load_instance("gpt3-175b-1024")  # 2,520 shards to move after its failure
+    instance, model, found = bundled_recovery("gpt3-175b-1024")  # 2,520 shards to move after its failure
     failed = instance.failed_devices
-    found = search_plan(instance, failed, Deadline.after(2.0))
-    model = PerfModel(instance)
     with pytest.raises(DeadlinePassed, match="shards to move"):
         schedule_migration(model, instance.plan, found.solution, failed, deadline=Deadline.after(0.0),
                            abandon=Deadline.after(0.0))
