@@ -535,6 +535,7 @@ class Relaxation:
         # per P: every split's all-reduce + optimizer step floor (`coupled`), ascending; per (P, U), those of
         # the splits inside U with U's rings (`coupled`'s `union`)
         self.extra_values: dict[int | tuple, list[float]] = {}
+        self._extras: dict[tuple, dict[int | None, Any]] = {}  # `_split_extras`
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -756,36 +757,9 @@ class Relaxation:
         window, built = deadline.left(), self._tables_built
         if self._split_times(self.split_lower, (runs, least), deadline, runs, least) is None:
             return None
-        update_prefix = np.concatenate([[0.0], np.cumsum(self.update)])
-        # ring[first, end]: the least all-reduce of a stage holding layers first..end - 1 (`stage_ring`)
-        ring = np.zeros((self.layers + 1, self.layers + 1))
-        for first in range(self.layers):
-            for end in range(first + 1, self.layers + 1):
-                nbytes = sum(self.grad[first:end])
-                across = sum(self.grad[layer] for layer in crossed if first <= layer < end)
-                ring[first, end] = self.ring_time(nbytes, pipelines, self.model.inter) if crossing else \
-                    self.stage_ring(pipelines, nbytes, across)
-                if union is not None:  # one ring per run of the stage's layers between U's boundaries
-                    cuts = [first] + [layer for layer in union if first < layer < end] + [end]
-                    ring[first, end] = sum(self.stage_ring(pipelines, sum(self.grad[a:b]),
-                                                           sum(self.grad[layer] for layer in crossed if a <= layer < b))
-                                           for a, b in zip(cuts, cuts[1:]))
-        extras = {}  # per stage count: (its slowest stage's all-reduce, slowest stage's step) per split
-        for stages, splits in self.splits.items():
-            b = np.array(splits)
-            update = (update_prefix[b[:, 1:]] - update_prefix[b[:, :-1]]).max(axis=1)
-            rings = ring[b[:, :-1], b[:, 1:]].max(axis=1)
-            if union is not None:  # the splits whose boundaries all lie in U
-                rings = np.where(_member(b[:, 1:-1], union).all(axis=1), rings, np.inf)
-            # per split: how many stages hold `within`'s layers (0: no constraint)
-            holding = np.zeros(len(splits), dtype=int)
-            if within is not None:
-                held_by = np.sort(np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in within[0]], axis=1), axis=1)
-                holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
-            extras[stages] = (rings, update / self.model.optimizer_shards(pipelines), holding[:, None])
+        extras = self._split_extras(pipelines, crossing, crossed, union, within)
         if not crossing:
-            self.extra_values[self.values_key(pipelines, union, crossed)] = sorted(
-                {float(x) for rings, update, _ in extras.values() for x in rings + update if x < math.inf})
+            self.extra_values[self.values_key(pipelines, union, crossed)] = extras[None]
         kind, rounds = forced
         forcing = None
         if rounds and paired is not None and \
@@ -879,6 +853,52 @@ class Relaxation:
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
+
+    def _split_extras(self, pipelines: int, crossing: bool, crossed: tuple[int, ...], union: tuple[int, ...] | None,
+                      within: tuple[tuple[int, ...], int, int] | None) -> dict[int | None, Any]:
+        """`coupled`'s per stage count (its slowest stage's all-reduce, its slowest stage's step, per split
+        how many stages hold `within`'s layers (0: no constraint)) per split, and under None the sorted
+        finite all-reduce + step values (`extra_values`). Memoised on every argument they read (the
+        gradient and step tables, splits and links are fixed): `coupled` is asked for hundreds of
+        keys that differ only in what prices its pipelines, 0.4 ms a build. Read-only arrays."""
+        key = (pipelines, crossing, crossed, union, within)
+        found = self._extras.get(key)
+        if found is not None:
+            return found
+        update_prefix = np.concatenate([[0.0], np.cumsum(self.update)])
+        # ring[first, end]: the least all-reduce of a stage holding layers first..end - 1 (`stage_ring`)
+        ring = np.zeros((self.layers + 1, self.layers + 1))
+        for first in range(self.layers):
+            for end in range(first + 1, self.layers + 1):
+                nbytes = sum(self.grad[first:end])
+                across = sum(self.grad[layer] for layer in crossed if first <= layer < end)
+                ring[first, end] = self.ring_time(nbytes, pipelines, self.model.inter) if crossing else \
+                    self.stage_ring(pipelines, nbytes, across)
+                if union is not None:  # one ring per run of the stage's layers between U's boundaries
+                    cuts = [first] + [layer for layer in union if first < layer < end] + [end]
+                    ring[first, end] = sum(self.stage_ring(pipelines, sum(self.grad[a:b]),
+                                                           sum(self.grad[layer] for layer in crossed if a <= layer < b))
+                                           for a, b in zip(cuts, cuts[1:]))
+        extras: dict[int | None, Any] = {}
+        for stages, splits in self.splits.items():
+            b = np.array(splits)
+            update = (update_prefix[b[:, 1:]] - update_prefix[b[:, :-1]]).max(axis=1)
+            rings = ring[b[:, :-1], b[:, 1:]].max(axis=1)
+            if union is not None:  # the splits whose boundaries all lie in U
+                rings = np.where(_member(b[:, 1:-1], union).all(axis=1), rings, np.inf)
+            # per split: how many stages hold `within`'s layers (0: no constraint)
+            holding = np.zeros(len(splits), dtype=int)
+            if within is not None:
+                held_by = np.sort(np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in within[0]], axis=1), axis=1)
+                holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
+            found_here = (rings, update / self.model.optimizer_shards(pipelines), holding[:, None])
+            for array in found_here:
+                array.flags.writeable = False
+            extras[stages] = found_here
+        extras[None] = sorted({float(x) for rings, update, _ in (extras[s] for s in self.splits)
+                               for x in rings + update if x < math.inf})
+        self._extras[key] = extras
+        return extras
 
     @staticmethod
     def values_key(pipelines: int, union: tuple[int, ...] | None, crossed: tuple[int, ...] = ()) -> int | tuple:
@@ -1455,6 +1475,12 @@ class ExactSearch:
         self.longest = min(self.layers, self.groups)
         self.splits = {s: _compositions(self.layers, s) for s in range(1, self.longest + 1)}
         self.prices: dict[tuple, Priced] = {} if prices is None else prices
+        # `price`'s per-stage terms, keyed by every argument of the model calls they stand for (the
+        # group's device ids, not its type: the model reads its nodes too); the model, its reliefs and
+        # `most_pipelines` are fixed for this search. (group, first, end): per relief (forward,
+        # backward, step); (group, first, end, stage, stages, m): per relief, whether it fits.
+        self._stage_terms: dict[tuple, list[tuple[float, float, float]]] = {}
+        self._stage_fits: dict[tuple, tuple[bool, ...]] = {}
         self.relaxation = relaxation
         self.root = relaxation.state([model.stage_device(g).name for g in groups])
         self.class_stride = [relaxation.state([name]) for name in self.class_type]
@@ -3181,24 +3207,29 @@ class ExactSearch:
         pipe = Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
         costs = model.stage_costs(Plan(self.tp, (pipe,)), 0, [0.0] * stages)
         reliefs = model.relief_options
-        per_relief = [[(*model.stage_times(st.devices, st.first, st.end, r)[:2],  # step: at the most replicas
-                        model.optimizer_time(st.devices, st.first, st.end, r, self.most_pipelines)) for r in reliefs]
-                      for st in pipe.stages]
-        capacity = [model.stage_device(st.devices).memory_gib * GIB for st in pipe.stages]
+        per_relief = []
+        for st in pipe.stages:
+            terms = self._stage_terms.get((st.devices, st.first, st.end))
+            if terms is None:  # step: at the most replicas
+                terms = self._stage_terms[st.devices, st.first, st.end] = [
+                    (*model.stage_times(st.devices, st.first, st.end, r)[:2],
+                     model.optimizer_time(st.devices, st.first, st.end, r, self.most_pipelines)) for r in reliefs]
+            per_relief.append(terms)
         grad = model.workload.params * model.grad_bytes / self.tp
         grad_bytes = max(float(grad[st.first:st.end].sum()) for st in pipe.stages)
         times: list[tuple[int, float, float]] = []
-        lower, optimizer = costs, 0.0
+        lower, optimizer, fitted = costs, 0.0, None
         for m in range(1, self.total + 1):
             if m <= stages * self.virtual:  # past that no stage holds more in flight: same fit
-                fitting = [[t for r, t in zip(reliefs, per_relief[s]) if model.stage_memory(
-                    st.devices, st.first, st.end, s, stages, m, 0.0, self.most_pipelines, r)[0]
-                    <= capacity[s]] for s, st in enumerate(pipe.stages)]
-                if not all(fitting):
-                    break  # more micro-batches only hold more in flight
-                lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
-                         for c, fit in zip(costs, fitting)]
-                optimizer = max(min(t[2] for t in fit) for fit in fitting)
+                fits = tuple(self._fits(st, s, stages, m) for s, st in enumerate(pipe.stages))
+                if fits != fitted:  # the same fits give the same `lower` and step as the last m's
+                    fitting = [[t for ok, t in zip(fit, per_relief[s]) if ok] for s, fit in enumerate(fits)]
+                    if not all(fitting):
+                        break  # more micro-batches only hold more in flight
+                    lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
+                             for c, fit in zip(costs, fitting)]
+                    optimizer = max(min(t[2] for t in fit) for fit in fitting)
+                    fitted = fits
             if interleaving_refusal(stages, m, self.virtual) is not None:
                 continue  # the model refuses it (Megatron's interleaved schedule needs m >= stages)
             time_s = model.pipeline_time(lower, m, self.virtual)
@@ -3207,6 +3238,20 @@ class ExactSearch:
             times.append((m, time_s, optimizer))
         self.prices[key] = Priced(tuple(times), grad_bytes)
         return self.prices[key]
+
+    def _fits(self, st: Stage, s: int, stages: int, m: int) -> tuple[bool, ...]:
+        """Per relief, whether stage s of `stages` (`st`) fits its device's memory with m micro-batches at
+        the most replicas (`price`; memoised on those arguments: shapes share their stages' groups and
+        ranges, and every split of a shape shares some)."""
+        key = (st.devices, st.first, st.end, s, stages, m)
+        found = self._stage_fits.get(key)
+        if found is None:
+            model = self.model
+            capacity = model.stage_device(st.devices).memory_gib * GIB
+            found = self._stage_fits[key] = tuple(
+                model.stage_memory(st.devices, st.first, st.end, s, stages, m, 0.0, self.most_pipelines, r)[0]
+                <= capacity for r in model.relief_options)
+        return found
 
     # -- master ----------------------------------------------------------------------------------
     def reaching(self, pipelines: int, stages: int, deadline: Deadline) -> float:
