@@ -494,6 +494,7 @@ class Relaxation:
         self.node_kinds = {tuple(counts[k] for k in range(len(self.kind_count))) for counts in holds.values()}
         self._held_runs: dict[tuple[int, ...], bool] = {}  # `_held_in_node`
         self._pair_arrays: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # `_least_times`' (orders, crossed)
+        self._closed_cache: dict[tuple, np.ndarray] = {}  # `_pair_closed_forms`
         self.lower: dict[tuple[int, ...], list[float]] = {}
         # split_lower[r, c][v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
         # when no run of its stages in one node is longer than r and it crosses nodes at least c times
@@ -1008,14 +1009,24 @@ class Relaxation:
                     choices = [(chosen, each) for chosen in itertools.combinations(isolate[0], isolate[1])
                                for each in itertools.product(sides, repeat=isolate[1])]
                     exact = simulate and len(choices) * units <= ISOLATED_SIMULATION_UNITS
+                    crossings = []
                     for chosen, each in choices:
                         alone = np.zeros((len(splits), stages + 1), dtype=bool)  # boundary t: before stage t
                         for layer, offsets in zip(chosen, each):
                             stage = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding it, per split
                             for offset in offsets:
                                 alone[np.arange(len(splits)), stage + offset] = True
-                        per_split = np.minimum(per_split, self._least_times(
-                            ranges, fits, b, pairs[profile], cheap, inter, exact, alone[:, 1:-1])[1])
+                        crossings.append(alone[:, 1:-1])
+                        if exact:
+                            per_split = np.minimum(per_split, self._least_times(
+                                ranges, fits, b, pairs[profile], cheap, inter, True, alone[:, 1:-1])[1])
+                    if not exact and crossings:  # closed forms alone: every choice's splits in one call (a
+                        # split's floor reads its own row alone), then the least over the choices
+                        copies = len(crossings)
+                        per_split = self._least_times(
+                            np.tile(ranges, (1, copies, 1, 1)), np.tile(fits, (1, copies, 1, 1)), np.tile(b, (copies, 1)),
+                            pairs[profile], cheap, inter, False, np.concatenate(crossings)
+                        )[1].reshape(copies, len(splits), self.total).min(axis=0)
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif boundary is not None:
                     per_split = self._kept_times(ranges, fits, b, pairs[profile], cheap, inter, boundary)
@@ -1049,12 +1060,13 @@ class Relaxation:
                                np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in layers], axis=1).tolist()]
                     for held_by in sorted(set(holding)):
                         near = [range(max(t - reach, 0), min(t + reach, stages - 1) + 1) for t in held_by]
-                        allowed = [pair for pair in pairs[profile]
+                        allowed = [i for i, pair in enumerate(pairs[profile])
                                    if sum(any(pair[1][u] != kind for u in span) for span in near) >= least_other]
                         rows = np.flatnonzero([stages_of == held_by for stages_of in holding])
-                        if allowed and rows.size:
-                            per_split[rows] = self._least_times(ranges[:, rows], fits[:, rows], b[rows],
-                                                                allowed, cheap, inter, False)[1]
+                        if allowed and rows.size:  # the least closed form of the allowed orders on those splits
+                            closed = self._pair_closed_forms(runs, least, profile, ranges, fits, b, pairs[profile],
+                                                             cheap, inter)
+                            per_split[rows] = closed[allowed][:, rows].min(axis=0)
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 lower[profile] = best.tolist()
                 split_lower[profile] = per_split
@@ -1188,6 +1200,56 @@ class Relaxation:
         the candidates of an order cover every split and node placement, so a pipeline whose first
         stages are of those kinds takes at least that long, whatever its further stages."""
         stages, total = b.shape[1] - 1, self.total
+        closed, fit, forward, backward, bare = self._closed_forms(ranges, fits, b, pairs, cheap, inter, crossing)
+        per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
+        if prefixes is not None:
+            for (_, order), times in zip(pairs, closed.reshape(len(pairs), len(b), total).min(axis=1)):
+                for k in range(1, stages + 1):
+                    known = prefixes.get(order[:k])
+                    prefixes[order[:k]] = times if known is None else np.minimum(known, times)
+        best = np.full(total + 1, np.inf)
+        if not simulate:
+            best[1:] = closed.min(axis=0)
+            return best, per_split
+        whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
+        for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
+            ops = None
+            for m in range(1, total + 1):
+                if not fit[k, m - 1] or closed[k, m - 1] >= best[m]:
+                    continue  # no plan, or the simulation is at least the closed form
+                if ops is None and bare is None:
+                    ops = [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
+                elif ops is None:
+                    ops = [_Ops(bare[0][k, s], bare[1][k, s], forward[k, s] - bare[0][k, s],
+                                backward[k, s] - bare[1][k, s]) for s in range(stages)]
+                best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
+        return best, np.maximum(per_split, best[1:])
+
+    def _pair_closed_forms(self, runs: int, least: int, profile: tuple[int, ...], ranges: np.ndarray,
+                           fits: np.ndarray, b: np.ndarray, pairs: list[tuple[tuple[int, ...], tuple[int, ...]]],
+                           cheap: np.ndarray, inter: np.ndarray) -> np.ndarray:
+        """closed[pair, split, m - 1]: `_closed_forms` of every pair of `pairs` (those of (runs, least) for
+        `profile`) on every split of its length, no extra crossings; memoised on (runs, least, profile),
+        which fix all of them (`lower_times`' pinned tables read their orders' rows: dozens of tables
+        per (runs, least), each a call per set of holding stages before)."""
+        key = (runs, least, profile)
+        found = self._closed_cache.get(key)
+        if found is None:
+            found = self._closed_forms(ranges, fits, b, pairs, cheap, inter)[0].reshape(len(pairs), len(b), self.total)
+            found.flags.writeable = False
+            self._closed_cache[key] = found
+        return found
+
+    def _closed_forms(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
+                      pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
+                      crossing: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        """`_least_times`' candidates (pair-major, then split, as its arguments say): (closed, fit,
+        forward, backward, bare), closed[c, m - 1] the closed form of candidate c (inf where it does not
+        fit in memory with m micro-batches, fit[c, m - 1]), its per-stage operation times with the sends
+        (and without them, `bare`, under interleaving). Each candidate's row reads its own pair and split
+        alone, so a caller may take any pairs' and splits' rows of one call."""
+        stages, total = b.shape[1] - 1, self.total
         counts = np.arange(1, total + 1)
         position = np.arange(stages)
         # every candidate at once, (pair, split, stage): one numpy pass instead of a loop over the pairs
@@ -1214,29 +1276,7 @@ class Relaxation:
                                         self.total, self.virtual)
         fit = fitting.reshape(-1, total)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
-        per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
-        if prefixes is not None:
-            for (_, order), times in zip(pairs, closed.reshape(len(pairs), len(b), total).min(axis=1)):
-                for k in range(1, stages + 1):
-                    known = prefixes.get(order[:k])
-                    prefixes[order[:k]] = times if known is None else np.minimum(known, times)
-        best = np.full(total + 1, np.inf)
-        if not simulate:
-            best[1:] = closed.min(axis=0)
-            return best, per_split
-        whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
-        for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
-            ops = None
-            for m in range(1, total + 1):
-                if not fit[k, m - 1] or closed[k, m - 1] >= best[m]:
-                    continue  # no plan, or the simulation is at least the closed form
-                if ops is None and bare is None:
-                    ops = [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
-                elif ops is None:
-                    ops = [_Ops(bare[0][k, s], bare[1][k, s], forward[k, s] - bare[0][k, s],
-                                backward[k, s] - bare[1][k, s]) for s in range(stages)]
-                best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
-        return best, np.maximum(per_split, best[1:])
+        return closed, fit, forward, backward, bare
 
     def _candidates(self, pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], stages: int
                     ) -> tuple[np.ndarray, np.ndarray]:
