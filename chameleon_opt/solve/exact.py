@@ -1017,16 +1017,23 @@ class Relaxation:
                             for offset in offsets:
                                 alone[np.arange(len(splits)), stage + offset] = True
                         crossings.append(alone[:, 1:-1])
-                        if exact:
-                            per_split = np.minimum(per_split, self._least_times(
-                                ranges, fits, b, pairs[profile], cheap, inter, True, alone[:, 1:-1])[1])
-                    if not exact and crossings:  # closed forms alone: every choice's splits in one call (a
-                        # split's floor reads its own row alone), then the least over the choices
-                        copies = len(crossings)
-                        per_split = self._least_times(
+                    if crossings:  # every choice's closed forms in one call (a candidate's row reads its own
+                        # pair and split alone): the least over them, or each choice's own rows simulated
+                        copies, tried = len(crossings), pairs[profile]
+                        forms = self._closed_forms(
                             np.tile(ranges, (1, copies, 1, 1)), np.tile(fits, (1, copies, 1, 1)), np.tile(b, (copies, 1)),
-                            pairs[profile], cheap, inter, False, np.concatenate(crossings)
-                        )[1].reshape(copies, len(splits), self.total).min(axis=0)
+                            tried, cheap, inter, np.concatenate(crossings))
+                        if not exact:
+                            per_split = forms[0].reshape(len(tried), copies, len(splits), self.total).min(axis=(0, 1))
+                        for c in range(copies) if exact else ():
+                            def part(array: np.ndarray) -> np.ndarray:
+                                return array.reshape(len(tried), copies, len(splits), -1)[:, c].reshape(
+                                    len(tried) * len(splits), -1)
+                            closed, fit, forward, backward, bare = forms
+                            own = (part(closed), part(fit), part(forward), part(backward),
+                                   None if bare is None else (part(bare[0]), part(bare[1])))
+                            per_split = np.minimum(per_split, self._least_times(
+                                ranges, fits, b, tried, cheap, inter, True, crossings[c], forms=own)[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif boundary is not None:
                     per_split = self._kept_times(ranges, fits, b, pairs[profile], cheap, inter, boundary)
@@ -1184,7 +1191,8 @@ class Relaxation:
     def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
                      pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
                      simulate: bool, crossing: np.ndarray | None = None,
-                     prefixes: dict[tuple[int, ...], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     prefixes: dict[tuple[int, ...], np.ndarray] | None = None,
+                     forms: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(best, per_split): best[m], the least time of m micro-batches over every split (`b`),
         crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
         whether it fits in memory with m micro-batches (`fits`: kind, split, stage, m - 1); and
@@ -1198,9 +1206,11 @@ class Relaxation:
         is at most its candidate's time (1F1B: the longest path passes through those operations;
         interleaved: `interleaved_closed`), and
         the candidates of an order cover every split and node placement, so a pipeline whose first
-        stages are of those kinds takes at least that long, whatever its further stages."""
+        stages are of those kinds takes at least that long, whatever its further stages. `forms`: these
+        arguments' `_closed_forms`, when the caller computed them (a batch of several calls' candidates)."""
         stages, total = b.shape[1] - 1, self.total
-        closed, fit, forward, backward, bare = self._closed_forms(ranges, fits, b, pairs, cheap, inter, crossing)
+        closed, fit, forward, backward, bare = forms if forms is not None else \
+            self._closed_forms(ranges, fits, b, pairs, cheap, inter, crossing)
         per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
         if prefixes is not None:
             for (_, order), times in zip(pairs, closed.reshape(len(pairs), len(b), total).min(axis=1)):
