@@ -1870,3 +1870,43 @@ def test_runs_split_by_pipelines_of_one_kind_take_two_of_its_groups_each():
     runs, where = [[0, 1], [2, 3], [4], [5]], dict(pattern=(((2,), (4,), (5,)), (), ()))
     assert search._node_runs(4, Deadline.never(), runs, 0.0, math.inf, **where) >= step * (1 - 1e-9)
     assert search.floor(Deadline.never(), step * (1 - 1e-9)) >= step * (1 - 1e-9)
+
+
+def test_batched_closed_forms_equal_the_calls_they_replace():
+    """The floors price several calls' candidates in one (`lower_times`' isolated choices, its pinned
+    tables' rows of `_pair_closed_forms`): each candidate's closed form reads its own order and split
+    alone, so the batch must give the per-call values bit for bit (a speed-up, not a new floor)."""
+    import numpy as np
+
+    from chameleon_opt.solve.exact import Relaxation, inventories
+
+    data, failed = _bench_instance(3, (8, 24))
+    instance = build_instance(data)
+    model, tp = PerfModel(instance), instance.plan.tensor_parallel
+    options = [groups for groups in inventories(instance, model, failed, tp) if groups]
+    relaxation = Relaxation(model, options, instance.global_micro_batches,
+                            [d for d in range(instance.num_devices) if d not in failed])
+    runs = relaxation.most_per_node
+    assert relaxation.lower_times(Deadline.never(), runs) is not None
+    fastest, inter, cheap, split_fits = relaxation._range_tables()
+    rng, compared = np.random.default_rng(0), 0
+    for stages in range(2, relaxation.longest + 1):
+        b = np.array(relaxation.splits[stages])
+        ranges, fits = fastest[:, b[:, :-1], b[:, 1:]], split_fits[stages]
+        for profile in relaxation.profiles[stages]:
+            pairs = relaxation._pairs[runs, 0][profile]
+            if not pairs:
+                continue
+            crossings = [rng.random((len(b), stages - 1)) < 0.4 for _ in range(3)]
+            batch = relaxation._closed_forms(np.tile(ranges, (1, 3, 1, 1)), np.tile(fits, (1, 3, 1, 1)),
+                                             np.tile(b, (3, 1)), pairs, cheap, inter, np.concatenate(crossings))[0]
+            for c, crossing in enumerate(crossings):
+                alone = relaxation._closed_forms(ranges, fits, b, pairs, cheap, inter, crossing)[0]
+                assert np.array_equal(batch.reshape(len(pairs), 3, len(b), -1)[:, c], alone.reshape(len(pairs), len(b), -1))
+            table = relaxation._pair_closed_forms(runs, 0, profile, ranges, fits, b, pairs, cheap, inter)
+            chosen, rows = list(range(0, len(pairs), 2)), np.arange(0, len(b), 3)
+            subset = relaxation._least_times(ranges[:, rows], fits[:, rows], b[rows], [pairs[i] for i in chosen],
+                                             cheap, inter, False)[1]
+            assert np.array_equal(table[chosen][:, rows].min(axis=0), subset)
+            compared += 1
+    assert compared >= 3, compared

@@ -494,6 +494,7 @@ class Relaxation:
         self.node_kinds = {tuple(counts[k] for k in range(len(self.kind_count))) for counts in holds.values()}
         self._held_runs: dict[tuple[int, ...], bool] = {}  # `_held_in_node`
         self._pair_arrays: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # `_least_times`' (orders, crossed)
+        self._closed_cache: dict[tuple, np.ndarray] = {}  # `_pair_closed_forms`
         self.lower: dict[tuple[int, ...], list[float]] = {}
         # split_lower[r, c][v][i, m - 1]: the least time of such a pipeline on the i-th split of its length
         # when no run of its stages in one node is longer than r and it crosses nodes at least c times
@@ -535,6 +536,7 @@ class Relaxation:
         # per P: every split's all-reduce + optimizer step floor (`coupled`), ascending; per (P, U), those of
         # the splits inside U with U's rings (`coupled`'s `union`)
         self.extra_values: dict[int | tuple, list[float]] = {}
+        self._extras: dict[tuple, dict[int | None, Any]] = {}  # `_split_extras`
         self.round_steps = 0  # steps of one round of the counted programme (what `coupled` costs per P)
         # counted tables of larger least stage counts than `build` could afford, built on demand (`level`)
         self._levels: dict[int, list[list[float]]] = {}
@@ -756,36 +758,9 @@ class Relaxation:
         window, built = deadline.left(), self._tables_built
         if self._split_times(self.split_lower, (runs, least), deadline, runs, least) is None:
             return None
-        update_prefix = np.concatenate([[0.0], np.cumsum(self.update)])
-        # ring[first, end]: the least all-reduce of a stage holding layers first..end - 1 (`stage_ring`)
-        ring = np.zeros((self.layers + 1, self.layers + 1))
-        for first in range(self.layers):
-            for end in range(first + 1, self.layers + 1):
-                nbytes = sum(self.grad[first:end])
-                across = sum(self.grad[layer] for layer in crossed if first <= layer < end)
-                ring[first, end] = self.ring_time(nbytes, pipelines, self.model.inter) if crossing else \
-                    self.stage_ring(pipelines, nbytes, across)
-                if union is not None:  # one ring per run of the stage's layers between U's boundaries
-                    cuts = [first] + [layer for layer in union if first < layer < end] + [end]
-                    ring[first, end] = sum(self.stage_ring(pipelines, sum(self.grad[a:b]),
-                                                           sum(self.grad[layer] for layer in crossed if a <= layer < b))
-                                           for a, b in zip(cuts, cuts[1:]))
-        extras = {}  # per stage count: (its slowest stage's all-reduce, slowest stage's step) per split
-        for stages, splits in self.splits.items():
-            b = np.array(splits)
-            update = (update_prefix[b[:, 1:]] - update_prefix[b[:, :-1]]).max(axis=1)
-            rings = ring[b[:, :-1], b[:, 1:]].max(axis=1)
-            if union is not None:  # the splits whose boundaries all lie in U
-                rings = np.where(_member(b[:, 1:-1], union).all(axis=1), rings, np.inf)
-            # per split: how many stages hold `within`'s layers (0: no constraint)
-            holding = np.zeros(len(splits), dtype=int)
-            if within is not None:
-                held_by = np.sort(np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in within[0]], axis=1), axis=1)
-                holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
-            extras[stages] = (rings, update / self.model.optimizer_shards(pipelines), holding[:, None])
+        extras = self._split_extras(pipelines, crossing, crossed, union, within)
         if not crossing:
-            self.extra_values[self.values_key(pipelines, union, crossed)] = sorted(
-                {float(x) for rings, update, _ in extras.values() for x in rings + update if x < math.inf})
+            self.extra_values[self.values_key(pipelines, union, crossed)] = extras[None]
         kind, rounds = forced
         forcing = None
         if rounds and paired is not None and \
@@ -879,6 +854,52 @@ class Relaxation:
             return None
         self._coupled[key] = table[pipelines]
         return self._coupled[key]
+
+    def _split_extras(self, pipelines: int, crossing: bool, crossed: tuple[int, ...], union: tuple[int, ...] | None,
+                      within: tuple[tuple[int, ...], int, int] | None) -> dict[int | None, Any]:
+        """`coupled`'s per stage count (its slowest stage's all-reduce, its slowest stage's step, per split
+        how many stages hold `within`'s layers (0: no constraint)) per split, and under None the sorted
+        finite all-reduce + step values (`extra_values`). Memoised on every argument they read (the
+        gradient and step tables, splits and links are fixed): `coupled` is asked for hundreds of
+        keys that differ only in what prices its pipelines, 0.4 ms a build. Read-only arrays."""
+        key = (pipelines, crossing, crossed, union, within)
+        found = self._extras.get(key)
+        if found is not None:
+            return found
+        update_prefix = np.concatenate([[0.0], np.cumsum(self.update)])
+        # ring[first, end]: the least all-reduce of a stage holding layers first..end - 1 (`stage_ring`)
+        ring = np.zeros((self.layers + 1, self.layers + 1))
+        for first in range(self.layers):
+            for end in range(first + 1, self.layers + 1):
+                nbytes = sum(self.grad[first:end])
+                across = sum(self.grad[layer] for layer in crossed if first <= layer < end)
+                ring[first, end] = self.ring_time(nbytes, pipelines, self.model.inter) if crossing else \
+                    self.stage_ring(pipelines, nbytes, across)
+                if union is not None:  # one ring per run of the stage's layers between U's boundaries
+                    cuts = [first] + [layer for layer in union if first < layer < end] + [end]
+                    ring[first, end] = sum(self.stage_ring(pipelines, sum(self.grad[a:b]),
+                                                           sum(self.grad[layer] for layer in crossed if a <= layer < b))
+                                           for a, b in zip(cuts, cuts[1:]))
+        extras: dict[int | None, Any] = {}
+        for stages, splits in self.splits.items():
+            b = np.array(splits)
+            update = (update_prefix[b[:, 1:]] - update_prefix[b[:, :-1]]).max(axis=1)
+            rings = ring[b[:, :-1], b[:, 1:]].max(axis=1)
+            if union is not None:  # the splits whose boundaries all lie in U
+                rings = np.where(_member(b[:, 1:-1], union).all(axis=1), rings, np.inf)
+            # per split: how many stages hold `within`'s layers (0: no constraint)
+            holding = np.zeros(len(splits), dtype=int)
+            if within is not None:
+                held_by = np.sort(np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in within[0]], axis=1), axis=1)
+                holding = 1 + (np.diff(held_by, axis=1) > 0).sum(axis=1)
+            found_here = (rings, update / self.model.optimizer_shards(pipelines), holding[:, None])
+            for array in found_here:
+                array.flags.writeable = False
+            extras[stages] = found_here
+        extras[None] = sorted({float(x) for rings, update, _ in (extras[s] for s in self.splits)
+                               for x in rings + update if x < math.inf})
+        self._extras[key] = extras
+        return extras
 
     @staticmethod
     def values_key(pipelines: int, union: tuple[int, ...] | None, crossed: tuple[int, ...] = ()) -> int | tuple:
@@ -988,14 +1009,31 @@ class Relaxation:
                     choices = [(chosen, each) for chosen in itertools.combinations(isolate[0], isolate[1])
                                for each in itertools.product(sides, repeat=isolate[1])]
                     exact = simulate and len(choices) * units <= ISOLATED_SIMULATION_UNITS
+                    crossings = []
                     for chosen, each in choices:
                         alone = np.zeros((len(splits), stages + 1), dtype=bool)  # boundary t: before stage t
                         for layer, offsets in zip(chosen, each):
                             stage = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding it, per split
                             for offset in offsets:
                                 alone[np.arange(len(splits)), stage + offset] = True
-                        per_split = np.minimum(per_split, self._least_times(
-                            ranges, fits, b, pairs[profile], cheap, inter, exact, alone[:, 1:-1])[1])
+                        crossings.append(alone[:, 1:-1])
+                    if crossings:  # every choice's closed forms in one call (a candidate's row reads its own
+                        # pair and split alone): the least over them, or each choice's own rows simulated
+                        copies, tried = len(crossings), pairs[profile]
+                        forms = self._closed_forms(
+                            np.tile(ranges, (1, copies, 1, 1)), np.tile(fits, (1, copies, 1, 1)), np.tile(b, (copies, 1)),
+                            tried, cheap, inter, np.concatenate(crossings))
+                        if not exact:
+                            per_split = forms[0].reshape(len(tried), copies, len(splits), self.total).min(axis=(0, 1))
+                        for c in range(copies) if exact else ():
+                            def part(array: np.ndarray) -> np.ndarray:
+                                return array.reshape(len(tried), copies, len(splits), -1)[:, c].reshape(
+                                    len(tried) * len(splits), -1)
+                            closed, fit, forward, backward, bare = forms
+                            own = (part(closed), part(fit), part(forward), part(backward),
+                                   None if bare is None else (part(bare[0]), part(bare[1])))
+                            per_split = np.minimum(per_split, self._least_times(
+                                ranges, fits, b, tried, cheap, inter, True, crossings[c], forms=own)[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif boundary is not None:
                     per_split = self._kept_times(ranges, fits, b, pairs[profile], cheap, inter, boundary)
@@ -1029,12 +1067,13 @@ class Relaxation:
                                np.stack([(b[:, 1:] > layer).argmax(axis=1) for layer in layers], axis=1).tolist()]
                     for held_by in sorted(set(holding)):
                         near = [range(max(t - reach, 0), min(t + reach, stages - 1) + 1) for t in held_by]
-                        allowed = [pair for pair in pairs[profile]
+                        allowed = [i for i, pair in enumerate(pairs[profile])
                                    if sum(any(pair[1][u] != kind for u in span) for span in near) >= least_other]
                         rows = np.flatnonzero([stages_of == held_by for stages_of in holding])
-                        if allowed and rows.size:
-                            per_split[rows] = self._least_times(ranges[:, rows], fits[:, rows], b[rows],
-                                                                allowed, cheap, inter, False)[1]
+                        if allowed and rows.size:  # the least closed form of the allowed orders on those splits
+                            closed = self._pair_closed_forms(runs, least, profile, ranges, fits, b, pairs[profile],
+                                                             cheap, inter)
+                            per_split[rows] = closed[allowed][:, rows].min(axis=0)
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 lower[profile] = best.tolist()
                 split_lower[profile] = per_split
@@ -1152,7 +1191,8 @@ class Relaxation:
     def _least_times(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
                      pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
                      simulate: bool, crossing: np.ndarray | None = None,
-                     prefixes: dict[tuple[int, ...], np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     prefixes: dict[tuple[int, ...], np.ndarray] | None = None,
+                     forms: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(best, per_split): best[m], the least time of m micro-batches over every split (`b`),
         crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
         whether it fits in memory with m micro-batches (`fits`: kind, split, stage, m - 1); and
@@ -1166,7 +1206,59 @@ class Relaxation:
         is at most its candidate's time (1F1B: the longest path passes through those operations;
         interleaved: `interleaved_closed`), and
         the candidates of an order cover every split and node placement, so a pipeline whose first
-        stages are of those kinds takes at least that long, whatever its further stages."""
+        stages are of those kinds takes at least that long, whatever its further stages. `forms`: these
+        arguments' `_closed_forms`, when the caller computed them (a batch of several calls' candidates)."""
+        stages, total = b.shape[1] - 1, self.total
+        closed, fit, forward, backward, bare = forms if forms is not None else \
+            self._closed_forms(ranges, fits, b, pairs, cheap, inter, crossing)
+        per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
+        if prefixes is not None:
+            for (_, order), times in zip(pairs, closed.reshape(len(pairs), len(b), total).min(axis=1)):
+                for k in range(1, stages + 1):
+                    known = prefixes.get(order[:k])
+                    prefixes[order[:k]] = times if known is None else np.minimum(known, times)
+        best = np.full(total + 1, np.inf)
+        if not simulate:
+            best[1:] = closed.min(axis=0)
+            return best, per_split
+        whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
+        for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
+            ops = None
+            for m in range(1, total + 1):
+                if not fit[k, m - 1] or closed[k, m - 1] >= best[m]:
+                    continue  # no plan, or the simulation is at least the closed form
+                if ops is None and bare is None:
+                    ops = [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
+                elif ops is None:
+                    ops = [_Ops(bare[0][k, s], bare[1][k, s], forward[k, s] - bare[0][k, s],
+                                backward[k, s] - bare[1][k, s]) for s in range(stages)]
+                best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
+        return best, np.maximum(per_split, best[1:])
+
+    def _pair_closed_forms(self, runs: int, least: int, profile: tuple[int, ...], ranges: np.ndarray,
+                           fits: np.ndarray, b: np.ndarray, pairs: list[tuple[tuple[int, ...], tuple[int, ...]]],
+                           cheap: np.ndarray, inter: np.ndarray) -> np.ndarray:
+        """closed[pair, split, m - 1]: `_closed_forms` of every pair of `pairs` (those of (runs, least) for
+        `profile`) on every split of its length, no extra crossings; memoised on (runs, least, profile),
+        which fix all of them (`lower_times`' pinned tables read their orders' rows: dozens of tables
+        per (runs, least), each a call per set of holding stages before)."""
+        key = (runs, least, profile)
+        found = self._closed_cache.get(key)
+        if found is None:
+            found = self._closed_forms(ranges, fits, b, pairs, cheap, inter)[0].reshape(len(pairs), len(b), self.total)
+            found.flags.writeable = False
+            self._closed_cache[key] = found
+        return found
+
+    def _closed_forms(self, ranges: np.ndarray, fits: np.ndarray, b: np.ndarray,
+                      pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
+                      crossing: np.ndarray | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        """`_least_times`' candidates (pair-major, then split, as its arguments say): (closed, fit,
+        forward, backward, bare), closed[c, m - 1] the closed form of candidate c (inf where it does not
+        fit in memory with m micro-batches, fit[c, m - 1]), its per-stage operation times with the sends
+        (and without them, `bare`, under interleaving). Each candidate's row reads its own pair and split
+        alone, so a caller may take any pairs' and splits' rows of one call."""
         stages, total = b.shape[1] - 1, self.total
         counts = np.arange(1, total + 1)
         position = np.arange(stages)
@@ -1194,29 +1286,7 @@ class Relaxation:
                                         self.total, self.virtual)
         fit = fitting.reshape(-1, total)
         closed[~fit] = np.inf  # no plan: that split does not fit that kind's memory
-        per_split = closed.reshape(-1, len(b), total).min(axis=0)  # candidates come in blocks of every split
-        if prefixes is not None:
-            for (_, order), times in zip(pairs, closed.reshape(len(pairs), len(b), total).min(axis=1)):
-                for k in range(1, stages + 1):
-                    known = prefixes.get(order[:k])
-                    prefixes[order[:k]] = times if known is None else np.minimum(known, times)
-        best = np.full(total + 1, np.inf)
-        if not simulate:
-            best[1:] = closed.min(axis=0)
-            return best, per_split
-        whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
-        for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
-            ops = None
-            for m in range(1, total + 1):
-                if not fit[k, m - 1] or closed[k, m - 1] >= best[m]:
-                    continue  # no plan, or the simulation is at least the closed form
-                if ops is None and bare is None:
-                    ops = [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
-                elif ops is None:
-                    ops = [_Ops(bare[0][k, s], bare[1][k, s], forward[k, s] - bare[0][k, s],
-                                backward[k, s] - bare[1][k, s]) for s in range(stages)]
-                best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
-        return best, np.maximum(per_split, best[1:])
+        return closed, fit, forward, backward, bare
 
     def _candidates(self, pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], stages: int
                     ) -> tuple[np.ndarray, np.ndarray]:
@@ -1437,6 +1507,7 @@ class ExactSearch:
         for c, node in enumerate(self.class_node):
             composition.setdefault(node, Counter())[self.class_type[c]] += self.counts[c]
         self._composition = composition  # `node_groups`: read by most floors, never changed
+        self._kind_counts: dict[tuple, list[int]] = {}  # `of_kind`, per groups' (type, count) items
         self._slot_deficits: dict[tuple[int, int], list[int]] = {}  # `_run_slots`, per (P, kind)
         families: dict[tuple, list[int]] = {}
         for node in sorted(composition):
@@ -1455,6 +1526,12 @@ class ExactSearch:
         self.longest = min(self.layers, self.groups)
         self.splits = {s: _compositions(self.layers, s) for s in range(1, self.longest + 1)}
         self.prices: dict[tuple, Priced] = {} if prices is None else prices
+        # `price`'s per-stage terms, keyed by every argument of the model calls they stand for (the
+        # group's device ids, not its type: the model reads its nodes too); the model, its reliefs and
+        # `most_pipelines` are fixed for this search. (group, first, end): per relief (forward,
+        # backward, step); (group, first, end, stage, stages, m): per relief, whether it fits.
+        self._stage_terms: dict[tuple, list[tuple[float, float, float]]] = {}
+        self._stage_fits: dict[tuple, tuple[bool, ...]] = {}
         self.relaxation = relaxation
         self.root = relaxation.state([model.stage_device(g).name for g in groups])
         self.class_stride = [relaxation.state([name]) for name in self.class_type]
@@ -3111,9 +3188,16 @@ class ExactSearch:
         return self._composition
 
     def of_kind(self, groups: Counter, kind: int) -> int:
-        """How many of `groups` (per stage device type) are of this relaxation kind."""
-        kind_of = self.relaxation.kind_of  # a local: a tenth of 32-64 seed 285's 2 s went to these sums
-        return sum(n for name, n in groups.items() if kind_of[name] == kind)
+        """How many of `groups` (per stage device type) are of this relaxation kind. Memoised on the groups'
+        (type, count) items, all it reads (32-64 seed 285: 85,000 asks, a tenth of its 2 s, on a few
+        dozen nodes' groups), every kind's count at once."""
+        key = tuple(groups.items())
+        counts = self._kind_counts.get(key)
+        if counts is None:
+            kind_of = self.relaxation.kind_of
+            counts = self._kind_counts[key] = [sum(n for name, n in key if kind_of[name] == k)
+                                               for k in range(len(self.relaxation.kind_count))]
+        return counts[kind]
 
     def state_of(self, groups: Counter) -> int:
         """The relaxation's state of these groups (count per stage device type)."""
@@ -3181,24 +3265,29 @@ class ExactSearch:
         pipe = Pipeline(tuple(Stage(g, bounds[s], bounds[s + 1]) for s, g in enumerate(seq)), 1)
         costs = model.stage_costs(Plan(self.tp, (pipe,)), 0, [0.0] * stages)
         reliefs = model.relief_options
-        per_relief = [[(*model.stage_times(st.devices, st.first, st.end, r)[:2],  # step: at the most replicas
-                        model.optimizer_time(st.devices, st.first, st.end, r, self.most_pipelines)) for r in reliefs]
-                      for st in pipe.stages]
-        capacity = [model.stage_device(st.devices).memory_gib * GIB for st in pipe.stages]
+        per_relief = []
+        for st in pipe.stages:
+            terms = self._stage_terms.get((st.devices, st.first, st.end))
+            if terms is None:  # step: at the most replicas
+                terms = self._stage_terms[st.devices, st.first, st.end] = [
+                    (*model.stage_times(st.devices, st.first, st.end, r)[:2],
+                     model.optimizer_time(st.devices, st.first, st.end, r, self.most_pipelines)) for r in reliefs]
+            per_relief.append(terms)
         grad = model.workload.params * model.grad_bytes / self.tp
         grad_bytes = max(float(grad[st.first:st.end].sum()) for st in pipe.stages)
         times: list[tuple[int, float, float]] = []
-        lower, optimizer = costs, 0.0
+        lower, optimizer, fitted = costs, 0.0, None
         for m in range(1, self.total + 1):
             if m <= stages * self.virtual:  # past that no stage holds more in flight: same fit
-                fitting = [[t for r, t in zip(reliefs, per_relief[s]) if model.stage_memory(
-                    st.devices, st.first, st.end, s, stages, m, 0.0, self.most_pipelines, r)[0]
-                    <= capacity[s]] for s, st in enumerate(pipe.stages)]
-                if not all(fitting):
-                    break  # more micro-batches only hold more in flight
-                lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
-                         for c, fit in zip(costs, fitting)]
-                optimizer = max(min(t[2] for t in fit) for fit in fitting)
+                fits = tuple(self._fits(st, s, stages, m) for s, st in enumerate(pipe.stages))
+                if fits != fitted:  # the same fits give the same `lower` and step as the last m's
+                    fitting = [[t for ok, t in zip(fit, per_relief[s]) if ok] for s, fit in enumerate(fits)]
+                    if not all(fitting):
+                        break  # more micro-batches only hold more in flight
+                    lower = [replace(c, forward_s=min(t[0] for t in fit), backward_s=min(t[1] for t in fit))
+                             for c, fit in zip(costs, fitting)]
+                    optimizer = max(min(t[2] for t in fit) for fit in fitting)
+                    fitted = fits
             if interleaving_refusal(stages, m, self.virtual) is not None:
                 continue  # the model refuses it (Megatron's interleaved schedule needs m >= stages)
             time_s = model.pipeline_time(lower, m, self.virtual)
@@ -3207,6 +3296,20 @@ class ExactSearch:
             times.append((m, time_s, optimizer))
         self.prices[key] = Priced(tuple(times), grad_bytes)
         return self.prices[key]
+
+    def _fits(self, st: Stage, s: int, stages: int, m: int) -> tuple[bool, ...]:
+        """Per relief, whether stage s of `stages` (`st`) fits its device's memory with m micro-batches at
+        the most replicas (`price`; memoised on those arguments: shapes share their stages' groups and
+        ranges, and every split of a shape shares some)."""
+        key = (st.devices, st.first, st.end, s, stages, m)
+        found = self._stage_fits.get(key)
+        if found is None:
+            model = self.model
+            capacity = model.stage_device(st.devices).memory_gib * GIB
+            found = self._stage_fits[key] = tuple(
+                model.stage_memory(st.devices, st.first, st.end, s, stages, m, 0.0, self.most_pipelines, r)[0]
+                <= capacity for r in model.relief_options)
+        return found
 
     # -- master ----------------------------------------------------------------------------------
     def reaching(self, pipelines: int, stages: int, deadline: Deadline) -> float:
