@@ -764,9 +764,9 @@ def demo(file: Path = typer.Argument(DEMO_INSTANCE, help="instance file or bundl
                                                "and never picks the hybrid")) -> None:
     """Train a small GPT with one CPU process per device, kill workers, recover with the planner,
     and show the timeline (and write a plot)."""
-    from rich.table import Table
-
     import importlib.util
+
+    from rich.table import Table
 
     from chameleon_opt.output import check_figure_output, save_figure
 

@@ -28,7 +28,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """Build each Typer app's Click command once per session (the module docstring says why)."""
     import typer.testing
 
-    build = typer.testing._get_command
+    build = getattr(typer.testing, "_get_command", None)
+    if build is None:  # a Typer without this private hook: every invocation builds its own, as before
+        return
     built: dict[int, tuple[typer.Typer, Any]] = {}  # id(app) -> (app, its command): the app kept alive
 
     def command_of(app: typer.Typer) -> Any:

@@ -42,7 +42,7 @@ def test_local_plans_keep_every_intact_pipeline_exactly() -> None:
         assert candidate.plan.total_micro_batches == instance.global_micro_batches
         assert model.evaluate(candidate.plan, failed).memory_ok
         fresh = PerfModel(instance).evaluate(candidate.plan, failed)  # the kept estimate is the plan's own
-        assert candidate.estimate is not None and candidate.estimate.plan == candidate.plan
+        assert candidate.estimate.plan == candidate.plan
         assert candidate.estimate.iteration_time_s == fresh.iteration_time_s == candidate.step_s
         assert candidate.estimate.pipelines == fresh.pipelines
     drop = next(c for c in found if c.how.startswith("drop"))

@@ -477,6 +477,13 @@ def _foundry_reduce_bytes(row: dict[str, Any]) -> float | None:
     return None
 
 
+def _table(row: dict[str, Any]) -> tuple[str, str, str]:
+    """(source, source.path, source.section): the published table a row belongs to, as the table sets
+    (NEMO_2_TABLES, DISTRIBUTED_OPTIMIZER_TABLES, STATED_LAYOUT_TABLES) name it."""
+    cited = row["source"]
+    return row["_source"], str(cited.get("path") or ""), str(cited.get("section") or "")
+
+
 NEMO_2_TABLES = frozenset({("nemo", "docs/source/performance/performance_long_sequence.md", "LLAMA3-8B (FP8) - B200")})
 """Published NeMo tables run on NeMo 2.0 (Megatron-Core's optimizer and DDP, not NeMo 1.x's Apex optimizer)."""
 NEMO_2_GRAD_BYTES = 4.0
@@ -537,8 +544,7 @@ def _optimizer_bytes(row: dict[str, Any]) -> dict[str, Any]:
     keeps its contiguous gradient buffer in the fp32 optimizer dtype. NeMo 2.0 (NEMO_2_TABLES): Megatron-Core's
     12 bytes, fp32 gradients (NEMO_2_GRAD_BYTES)."""
     precision = str(row.get("precision") or "bf16").lower().split()[0]
-    cited = row["source"]
-    if (row["_source"], str(cited.get("path") or ""), str(cited.get("section") or "")) in NEMO_2_TABLES:
+    if _table(row) in NEMO_2_TABLES:
         return {"grad_bytes_per_param": NEMO_2_GRAD_BYTES}
     if row["_source"] == "nemo" and _distributed_optimizer(row) and precision in ("bf16", "fp8"):
         return {"optimizer": {"state_bytes_per_param": NEMO_1X_OPTIMIZER_BYTES}}
@@ -551,9 +557,7 @@ def _distributed_optimizer(row: dict[str, Any]) -> bool:
     Megatron-LM accepts only with --use-distributed-optimizer (arguments.py)."""
     if "--overlap-param-gather" in str(row["parallel"].get("notes") or ""):
         return True
-    cited = row["source"]
-    key = (row["_source"], str(cited.get("path") or ""), str(cited.get("section") or ""))
-    return key in DISTRIBUTED_OPTIMIZER_TABLES
+    return _table(row) in DISTRIBUTED_OPTIMIZER_TABLES
 
 
 STATED_LAYOUT_TABLES: frozenset[tuple[str, str, str]] = frozenset({
@@ -578,8 +582,7 @@ def _layout_gpus(row: dict[str, Any], tp: int, pp: int, cp: int) -> int:
     stated = None if p.get("fsdp") or "parallel.dp" in (row.get("inferred") or {}) else p.get("dp")
     if not stated or not gpus or int(stated) * tp * pp * cp == gpus:
         return gpus
-    cited = row["source"]
-    if (row["_source"], str(cited.get("path") or ""), str(cited.get("section") or "")) in STATED_LAYOUT_TABLES:
+    if _table(row) in STATED_LAYOUT_TABLES:
         return int(stated) * tp * pp * cp
     raise Refused(f"parallel.dp {stated}: TP x PP x CP x DP = {int(stated) * tp * pp * cp} GPUs, not "
                   f"hardware.num_gpus {gpus} (the row's layout contradicts its GPU count)")

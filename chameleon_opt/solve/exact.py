@@ -1025,15 +1025,17 @@ class Relaxation:
                             tried, cheap, inter, np.concatenate(crossings))
                         if not exact:
                             per_split = forms[0].reshape(len(tried), copies, len(splits), self.total).min(axis=(0, 1))
-                        for c in range(copies) if exact else ():
-                            def part(array: np.ndarray) -> np.ndarray:
+                        else:
+                            def part(array: np.ndarray, c: int) -> np.ndarray:
+                                """Choice c's rows of a batched array (pair-major, then choice, then split)."""
                                 return array.reshape(len(tried), copies, len(splits), -1)[:, c].reshape(
                                     len(tried) * len(splits), -1)
                             closed, fit, forward, backward, bare = forms
-                            own = (part(closed), part(fit), part(forward), part(backward),
-                                   None if bare is None else (part(bare[0]), part(bare[1])))
-                            per_split = np.minimum(per_split, self._least_times(
-                                ranges, fits, b, tried, cheap, inter, True, crossings[c], forms=own)[1])
+                            for c in range(copies):
+                                own = (part(closed, c), part(fit, c), part(forward, c), part(backward, c),
+                                       None if bare is None else (part(bare[0], c), part(bare[1], c)))
+                                per_split = np.minimum(per_split, self._least_times(
+                                    ranges, fits, b, tried, cheap, inter, True, crossings[c], forms=own)[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif boundary is not None:
                     per_split = self._kept_times(ranges, fits, b, pairs[profile], cheap, inter, boundary)

@@ -51,7 +51,7 @@ class LocalPlan:
     step_s: float
     how: str
     receiving: int  # device x layer pairs whose state is (at least in part) new to them: `receiving_pairs`
-    estimate: Estimate | None = None
+    estimate: Estimate
 
 
 def local_plans(instance: Instance, failed: frozenset[int], model: PerfModel, deadline: Deadline
