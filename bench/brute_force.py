@@ -881,14 +881,14 @@ def brute_force_result(instance: Instance, failed: frozenset[int], deadline_s: f
 # -- the comparison with the search -------------------------------------------------------------------
 
 def compare(seed: int, devices: tuple[int, int], time_limit_s: float, brute_limit_s: float,
-            virtual_stages: int = 1) -> dict[str, Any]:
+            virtual_stages: int = 1, layers: tuple[int, int] = LAYERS) -> dict[str, Any]:
     """One instance: the brute force's optimum against search_plan's answer under `time_limit_s`;
     virtual_stages > 1 prices both under interleaved 1F1B (training.virtual_stages).
     A search that raises is recorded (status CRASH and the error), not propagated."""
     from chameleon_opt.solve.deadline import Deadline  # the search, only for the comparison
     from chameleon_opt.solve.search import search_plan
 
-    data, failed = random_instance(seed, devices)
+    data, failed = random_instance(seed, devices, layers)
     if virtual_stages > 1:
         data["training"]["virtual_stages"] = virtual_stages
     instance = build_instance(data)
@@ -969,6 +969,17 @@ HEADER = (f"{'seed':>4} {'dev':>3} {'tp':>2} {'het':>3} {'memory':>7} {'L':>2} {
           f"{'search':>10} {'status':>11} {'bound':>10} {'ratio':>7} {'srch_s':>6} {'brute_s':>7}")
 
 
+def _range(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    """'8-12' as (8, 12); a bad range is the parser's one-line error."""
+    try:
+        low, high = (int(x) for x in text.split("-"))
+    except ValueError:
+        parser.error(f"--layers {text!r}: give LOW-HIGH, e.g. 8-12")
+    if not 1 <= low <= high:
+        parser.error(f"--layers {text!r}: need 1 <= LOW <= HIGH")
+    return low, high
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=60, help="instances: seeds 0..N-1")
@@ -977,6 +988,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S,
                         help="the search's deadline per instance (default: the CLI's --time-limit default)")
     parser.add_argument("--brute-limit", type=float, default=600.0, help="the brute force's deadline per instance")
+    parser.add_argument("--layers", default=f"{LAYERS[0]}-{LAYERS[1]}",
+                        help="layer range of the instances, e.g. 8-12 (deeper: the brute force takes minutes)")
     parser.add_argument("--virtual-stages", type=int, default=1,
                         help="interleaved 1F1B chunks per device (training.virtual_stages) for every instance")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -984,14 +997,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.virtual_stages < 1:
         parser.error("--virtual-stages must be >= 1")
     low, high = (int(x) for x in args.devices.replace(",", "-").split("-"))
+    layers = _range(args.layers, parser)
     rows = []
     print(HEADER, flush=True)
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        row = compare(seed, (low, high), args.time_limit, args.brute_limit, args.virtual_stages)
+        row = compare(seed, (low, high), args.time_limit, args.brute_limit, args.virtual_stages, layers)
         rows.append(row)
         print(_line(row) + (f"  {row['error']}" if row["status"] == "CRASH" else ""), flush=True)
     summary = summarise(rows)
-    print(f"\n{summary['instances']} instances ({low}-{high} devices, layers {LAYERS[0]}-{LAYERS[1]}, micro-batches "
+    print(f"\n{summary['instances']} instances ({low}-{high} devices, layers {layers[0]}-{layers[1]}, micro-batches "
           f"{MICRO[0]}-{MICRO[1]}, virtual stages {args.virtual_stages}, search --time-limit {args.time_limit:g} s): "
           f"search matches the brute force on "
           f"{summary['match']}, worse on {summary['worse']}; OPTIMAL while worse: {summary['optimal_but_worse']}; "
@@ -1004,7 +1018,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{w['memory']}, L={w['layers']}, m={w['micro_batches']}): ratio {w['ratio']}, {w['status']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"settings": {"seeds": args.seeds, "first_seed": args.first_seed,
-                                                 "devices": [low, high], "layers": list(LAYERS),
+                                                 "devices": [low, high], "layers": list(layers),
                                                  "micro_batches": list(MICRO), "time_limit_s": args.time_limit,
                                                  "brute_limit_s": args.brute_limit,
                                                  "virtual_stages": args.virtual_stages},
