@@ -174,6 +174,17 @@ def _pipeline_floors(tables: _Tables, stages_max: int, micro: list[int], ceiling
     return floors
 
 
+def pipeline_floors(model: PerfModel, group: tuple[int, ...], replicas: int, groups: int, total: int,
+                    ceiling: float, deadline: Deadline) -> np.ndarray | None:
+    """[p, m - 1]: a lower bound on the 1F1B time of every p-stage pipeline on groups like `group` running
+    m = 1..total micro-batches with `replicas` replicas (ZeRO 0: one, or several), over every split
+    and relief (`_pipeline_floors`); above `ceiling` it may be any larger value; None past the deadline."""
+    layers = model.workload.num_layers
+    stages_max = min(groups, layers)
+    tables = _tables(model, group, _reliefs(model, group, min(replicas, 2)), stages_max, layers + 1)
+    return _pipeline_floors(tables, stages_max, list(range(1, total + 1)), ceiling, deadline)
+
+
 def _chunk(tables: _Tables, p: int, m: np.ndarray, width: int) -> np.ndarray:
     """The backward DP over layer boundaries (module docstring) for these micro-batch counts, stages of
     at most `width` layers."""
