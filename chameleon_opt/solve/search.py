@@ -39,6 +39,7 @@ from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.model import GIB, PerfModel
 from chameleon_opt.plan import Plan
 from chameleon_opt.solve.backends import DEFAULT, SolverOptions, cpsat_start_s
+from chameleon_opt.solve.blocks import PRUNE, blocks_search
 from chameleon_opt.solve.bounds import RelaxationBound, memory_floor, relaxation_bound
 from chameleon_opt.solve.constructive import (Mix, best_counts, bound_guided_mix, cover_mix, heuristic_mix, lower,
                                               micro_batch_cap, mix_rank, modelled_time, neighbour_mixes,
@@ -69,6 +70,7 @@ COPIES_SHARE = 0.05  # of what is left, for copy plans (solve/copies.py, up to E
 PLACEMENT_SHARE = 0.1  # of what is left, for the placement polish of the incumbent (up to EXACT_GROUPS groups)
 EXACT_SHARE = 0.95  # of what is left, for the branch and bound (the rest: the relaxation bound if it stops, 3-45 ms up to 64 devices; past the deadline its own floor stands)
 EARLY_REFINE_SHARE = 0.25  # of what is left after the column plans, for the branch and bound's floors against their incumbent
+BLOCKS_SHARE = 0.8  # of what is left before the bound, for the search over layer counts (solve/blocks.py: 2-4 s on relief-faster-8)
 HOMOGENEOUS_SHARE = 0.7  # of what is left before the branch and bound, for the one-type whole-layer bound (0.05-0.3 s)
 SCALE_BOUND_SHARE = 0.8  # of the search's time, for the relaxation bound first beyond EXACT_GROUPS groups (the rest passes on; cut short, it resumes last)
 OPTIMALITY_TOLERANCE = 1e-6  # OPTIMAL: the exact step is within this relative gap of a valid bound
@@ -357,8 +359,19 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         notes.append(exact.reason)
         if exact.plan is not None and exact.objective < value * (1 - 1e-12):
             plan, value, used = exact.plan, exact.objective, "branch-and-bound"
+    # One device type, identical blocks, few groups: the exhaustive search over layer counts (solve/blocks.py)
+    blocks = None
+    if plan is not None and not proven and not deadline.expired() and \
+            (whole is None or whole.value < value * (1 - OPTIMALITY_TOLERANCE)):
+        blocks = blocks_search(instance, model, failed, deadline.share(BLOCKS_SHARE), value)
+        if blocks is not None and blocks.plan is not None and blocks.value < value * (1 - 1e-12):
+            plan, value, used = blocks.plan, blocks.value, "layer counts"
+            notes.append("the search over layer counts found a faster plan")
     if exact is not None and exact.complete:
         bound: float | None = value
+    elif blocks is not None and blocks.complete:
+        bound = value * (1 - PRUNE)  # nothing in SPACE is faster by more than PRUNE
+        notes.append("bound: the search over layer counts exhausted the space (one device type, identical blocks)")
     elif scale_bound is None and deadline.expired() and (exact is None or exact.bound <= 0) and whole is None:
         bound = None  # no time for the relaxation (seconds at 16,384 devices): the gap is unknown, and
         notes.append("no time left for the relaxation bound")  # with no plan, infeasibility unproven
@@ -401,6 +414,8 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     status = Status.OPTIMAL if bound is not None and value - bound <= OPTIMALITY_TOLERANCE * value else Status.FEASIBLE
     if status is Status.OPTIMAL and exact is not None and exact.complete:
         notes.append("proven: the branch and bound exhausted the space")
+    elif status is Status.OPTIMAL and blocks is not None and blocks.complete:
+        notes.append("proven: the search over layer counts exhausted the space")
     elif status is Status.OPTIMAL:
         notes.append("proven: the plan meets the relaxation bound")
     elif bound is not None:
