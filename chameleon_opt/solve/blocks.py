@@ -29,6 +29,7 @@ makespan is shared by every placement with the same crossings.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ from chameleon_opt.solve.homogeneous import pipeline_floors
 
 PRUNE = 1e-7
 """Relative: parts of the space whose floor is within this of the incumbent are not explored (ties)."""
+RELIEF_COMBINATIONS = 256
+"""Most relief combinations of one pipeline whose makespans the placement floor takes the least of."""
 BLOCK_TOLERANCE = 1e-9
 """Relative spread of a middle layer's costs within which the layers count as identical blocks."""
 MOST_GROUPS = 8
@@ -132,41 +135,71 @@ class _Space:
         self.sends = {link: [model.boundary_send_on(link, k) for k in range(self.layers)] for link in links}
         self.send = [min(a, b) for a, b in zip(*self.sends.values())]
         self.grad = model.workload.params * model.grad_bytes / instance.plan.tensor_parallel
-        self._op: dict[tuple[int, int, int, int], tuple[float, float]] = {}
+        self._menus: dict[tuple[int, int, int, int], tuple[tuple[float, float, float], ...]] = {}
+        self._spans: dict[tuple, tuple[float, float]] = {}  # makespan's answers
         self._vectors: dict[tuple[int, int, int], list[tuple[float, tuple[int, ...]]]] = {}
         self._ceilings: dict[tuple[int, int, int], float] = {}
         self.optimizer: dict[tuple[int, int, int], float] = {}  # (a, e, d): the least optimizer step over the reliefs
 
-    def op(self, a: int, e: int, s: int, p: int, mb: int, d: int) -> tuple[float, float]:
-        """Least forward and least backward (op overhead, no sends) of stage s of p holding [a, e) with
-        d replicas over the reliefs that fit (inf when none): memory depends on s, p, m only through
-        the in-flight count min(p - s, m) (the head's logits too)."""
+    def menu(self, a: int, e: int, s: int, p: int, mb: int, d: int) -> tuple[tuple[float, float, float], ...]:
+        """(forward, backward, optimizer step) of each relief that fits stage s of p holding [a, e) with d
+        replicas (op overhead, no sends), those no other beats in all three: memory depends on s, p, m
+        only through the in-flight count min(p - s, m) (the head's logits too)."""
         x = min(p - s, mb)
         key = (a, e, x, d)
-        if key not in self._op:
-            m, best = self.model, (math.inf, math.inf)
+        if key not in self._menus:
+            m, pairs = self.model, set()
             for relief in m.relief_options:
                 need, have = m.stage_memory(self.group, a, e, p - x, p, mb, 0.0, d, relief)
                 if need <= have:
                     f, b, _, _ = m.stage_times(self.group, a, e, relief)
-                    best = (min(best[0], f + m.op_overhead_s), min(best[1], b + m.op_overhead_s))
-            self._op[key] = best
-        return self._op[key]
+                    pairs.add((f + m.op_overhead_s, b + m.op_overhead_s, m.optimizer_time(self.group, a, e, relief, d)))
+            self._menus[key] = tuple(sorted(q for q in pairs if not any(
+                o != q and o[0] <= q[0] and o[1] <= q[1] and o[2] <= q[2] for o in pairs)))
+        return self._menus[key]
+
+    def op(self, a: int, e: int, s: int, p: int, mb: int, d: int) -> tuple[float, float]:
+        """The least forward and the least backward over `menu` (each apart; inf when none fits)."""
+        pairs = self.menu(a, e, s, p, mb, d)
+        return (min(q[0] for q in pairs), min(q[1] for q in pairs)) if pairs else (math.inf, math.inf)
 
     def times(self, counts: tuple[int, ...], mb: int, d: int, crossing: tuple[bool, ...] | None
               ) -> tuple[list[float], list[float]]:
-        """Stage operation floors of one count vector; sends on the faster link, or on the crossing's."""
-        p, f, b = len(counts), [], []
+        """Stage operation floors of one count vector (`op`); sends on the faster link, or on the crossing's."""
+        menus = self.rows(counts, mb, d, crossing)
+        return ([min((q[0] for q in menu), default=math.inf) for menu in menus],
+                [min((q[1] for q in menu), default=math.inf) for menu in menus])
+
+    def rows(self, counts: tuple[int, ...], mb: int, d: int, crossing: tuple[bool, ...] | None
+             ) -> list[tuple[tuple[float, float, float], ...]]:
+        """Per stage: its `menu` with the sends added (forward: the one after it, backward: the one before)."""
+        p, out = len(counts), []
         cuts = np.concatenate(([0], np.cumsum(counts))).tolist()
         for s in range(p):
-            fo, ba = self.op(cuts[s], cuts[s + 1], s, p, mb, d)
-            if s < p - 1:
-                fo += self._send(cuts[s + 1] - 1, None if crossing is None else crossing[s])
-            if s:
-                ba += self._send(cuts[s] - 1, None if crossing is None else crossing[s - 1])
-            f.append(fo)
-            b.append(ba)
-        return f, b
+            after = self._send(cuts[s + 1] - 1, None if crossing is None else crossing[s]) if s < p - 1 else 0.0
+            before = self._send(cuts[s] - 1, None if crossing is None else crossing[s - 1]) if s else 0.0
+            out.append(tuple((f + after, b + before, o) for f, b, o in self.menu(cuts[s], cuts[s + 1], s, p, mb, d)))
+        return out
+
+    def makespan(self, counts: tuple[int, ...], mb: int, d: int, crossing: tuple[bool, ...]) -> tuple[float, float]:
+        """Floors of this pipeline with these crossings: of its 1F1B time, the least makespan over one
+        relief per stage (each stage's menu); of its 1F1B time plus its own largest optimizer step (at
+        most the step's: max over pipelines of the 1F1B plus max over every stage of the optimizer
+        step), the least of that sum over the same choices. With more than RELIEF_COMBINATIONS
+        choices: each operation at its least, and each stage's least optimizer step."""
+        key = (counts, mb, d, crossing)
+        if key not in self._spans:
+            menus = self.rows(counts, mb, d, crossing)
+            if not all(menus):
+                self._spans[key] = (math.inf, math.inf)
+            elif math.prod(len(menu) for menu in menus) > RELIEF_COMBINATIONS:
+                span = one_f_one_b_time(*self.times(counts, mb, d, crossing), mb)
+                self._spans[key] = (span, span + max(min(q[2] for q in menu) for menu in menus))
+            else:
+                picks = np.array(list(itertools.product(*menus)))  # (combinations, stages, 3)
+                spans = makespans(picks[:, :, 0], picks[:, :, 1], mb)
+                self._spans[key] = (float(spans.min()), float((spans + picks[:, :, 2].max(axis=1)).min()))
+        return self._spans[key]
 
     def _send(self, layer: int, across: bool | None) -> float:
         if across is None:
@@ -408,9 +441,11 @@ def _ranges(counts: tuple[int, ...]) -> list[tuple[int, int]]:
 def _place(space: _Space, vectors: list[tuple[int, ...]], micro: tuple[int, ...], d: int,
            rings: list[tuple[tuple[int, ...], float]], floor: float, rest: float, best: float, deadline: Deadline
            ) -> tuple[Plan | None, float | None, int]:
-    """Every node assignment of these pipelines' stages whose floor (each pipeline's makespan with its
-    sends on its crossings, the rings on their links; `floor`: the slowest pipeline's without
-    crossings) is below `best`, priced exactly; (None, None, n) past the deadline."""
+    """Every node assignment of these pipelines' stages whose floor is below `best`, priced exactly;
+    (None, None, n) past the deadline. The floor: the slowest pipeline's makespan with its sends on its
+    crossings (`floor`: the slowest without crossings) plus `rest` (the optimizer step's floor), or the
+    largest makespan-plus-own-optimizer-step, whichever is larger, plus the rings (on their links once
+    every stage is placed, on the faster link they may use before)."""
     caps = [len(space.by_node[n]) for n in space.nodes]
     sizes = [len(v) for v in vectors]
     total = sum(sizes)
@@ -419,23 +454,16 @@ def _place(space: _Space, vectors: list[tuple[int, ...]], micro: tuple[int, ...]
     used = [0] * len(caps)
     found: Plan | None = None
     placed = 0
-    spans: dict[tuple, float] = {}
-
-    def span(j: int) -> float:
+    def span(j: int) -> tuple[float, float]:
         own = labels[starts[j]:starts[j + 1]]
-        crossing = tuple(a != b for a, b in zip(own, own[1:]))
-        key = (vectors[j], micro[j], crossing)
-        if key not in spans:
-            f, b = space.times(vectors[j], micro[j], d, crossing)
-            spans[key] = one_f_one_b_time(f, b, micro[j])
-        return spans[key]
+        return space.makespan(vectors[j], micro[j], d, tuple(a != b for a, b in zip(own, own[1:])))
 
-    def walk(i: int, slowest: float) -> bool:
+    def walk(i: int, slowest: float, coupled: float) -> bool:
         nonlocal best, found, placed
         if deadline.expired():
             return False
         if i == total:
-            if slowest + space.reduce_time(rings, labels) + rest >= best * (1 - PRUNE):
+            if max(slowest + rest, coupled) + space.reduce_time(rings, labels) >= best * (1 - PRUNE):
                 return True
             chosen = choose_reliefs(space.model, space.plan(vectors, micro, labels), space.failed)
             placed += 1
@@ -453,14 +481,18 @@ def _place(space: _Space, vectors: list[tuple[int, ...]], micro: tuple[int, ...]
             used[n] += 1
             labels.append(n)
             ends = [j for j in range(len(vectors)) if starts[j + 1] == i + 1]
-            now = max(slowest, span(ends[0])) if ends else slowest
-            ok = walk(i + 1, now) if now + rest < best * (1 - PRUNE) else True
+            now, tied = slowest, coupled
+            if ends:
+                one, both = span(ends[0])
+                now, tied = max(now, one), max(tied, both)
+            ok = walk(i + 1, now, tied) if max(now + rest, tied) + reduce_floor < best * (1 - PRUNE) else True
             labels.pop()
             used[n] -= 1
             if not ok:
                 return False
         return True
 
-    if not walk(0, floor):
+    reduce_floor = space.reduce_time(rings, None)
+    if not walk(0, floor, 0.0):
         return None, None, placed
     return found, best, placed

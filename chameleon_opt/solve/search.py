@@ -359,10 +359,11 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
         notes.append(exact.reason)
         if exact.plan is not None and exact.objective < value * (1 - 1e-12):
             plan, value, used = exact.plan, exact.objective, "branch-and-bound"
-    # One device type, identical blocks, few groups: the exhaustive search over layer counts (solve/blocks.py)
+    # One device type, identical blocks, few groups: the exhaustive search over layer counts (solve/blocks.py),
+    # only once the whole-layer bound stands (cut short, it leaves that bound, not none)
     blocks = None
-    if plan is not None and not proven and not deadline.expired() and \
-            (whole is None or whole.value < value * (1 - OPTIMALITY_TOLERANCE)):
+    if plan is not None and not proven and not deadline.expired() and whole is not None \
+            and whole.value < value * (1 - OPTIMALITY_TOLERANCE):
         blocks = blocks_search(instance, model, failed, deadline.share(BLOCKS_SHARE), value)
         if blocks is not None and blocks.plan is not None and blocks.value < value * (1 - 1e-12):
             plan, value, used = blocks.plan, blocks.value, "layer counts"
