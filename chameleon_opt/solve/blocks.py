@@ -260,18 +260,27 @@ class _Space:
             sets.setdefault(tuple(slots), []).append(layer)
         return [(slots, float(self.grad[layers].sum())) for slots, layers in sets.items() if len(slots) > 1]
 
-    def reduce_time(self, rings: list[tuple[tuple[int, ...], float]], labels: list[int] | None) -> float:
-        """The slowest slot's rings: each on its link once `labels` (node per flat stage) fix it, else
-        on the faster of the two it may use."""
+    def ring_times(self, rings: list[tuple[tuple[int, ...], float]]) -> list[tuple[tuple[int, ...], float, float, float]]:
+        """Per set of holders: (its slots, its ring inside a node, across nodes, and the least it may take:
+        inside a node only when one node has as many groups)."""
         m = self.model
         reduce = ring_allgather_time if m.overlap_param_gather else ring_allreduce_time
-        per: dict[int, float] = {}
+        out = []
         for slots, nbytes in rings:
-            if labels is None:  # inside one node only when one node has as many groups
-                t = min(reduce(nbytes, len(slots), link) for link in
-                        ((m.collective, m.inter) if len(slots) <= self.widest else (m.inter,)))
-            else:
-                t = reduce(nbytes, len(slots), m.collective if len({labels[i] for i in slots}) == 1 else m.inter)
+            inside, across = reduce(nbytes, len(slots), m.collective), reduce(nbytes, len(slots), m.inter)
+            out.append((slots, inside, across, min(inside, across) if len(slots) <= self.widest else across))
+        return out
+
+    @staticmethod
+    def reduce_time(rings: list[tuple[tuple[int, ...], float, float, float]], labels: list[int]) -> float:
+        """The slowest slot's rings (`ring_times`) with the first len(labels) flat stages placed on those
+        nodes: a ring is across nodes once two of its placed stages are on two nodes, inside one once
+        all its stages are placed on one, else at its least."""
+        placed = len(labels)
+        per: dict[int, float] = {}
+        for slots, inside, across, least in rings:
+            nodes = {labels[i] for i in slots if i < placed}
+            t = across if len(nodes) > 1 else inside if slots[-1] < placed else least
             for i in slots:
                 per[i] = per.get(i, 0.0) + t
         return max(per.values(), default=0.0)
@@ -390,9 +399,9 @@ def blocks_search(instance: Instance, model: PerfModel, failed: frozenset[int], 
                 ceiling = best * (1 - PRUNE)
                 slowest = max(t for t, _ in combo)
                 vectors = [v for _, v in combo]
-                rings = space.ring_sets(vectors)
+                rings = space.ring_times(space.ring_sets(vectors))
                 rest = space.optimizer_floor(vectors, d)
-                if slowest + space.reduce_time(rings, None) + rest >= ceiling:
+                if slowest + space.reduce_time(rings, []) + rest >= ceiling:
                     continue
                 found_plan, value, count = _place(space, vectors, micro, d, rings, slowest, rest, best, deadline)
                 placed += count
@@ -414,7 +423,7 @@ def _combos(space: _Space, counts: tuple[int, ...], micro: tuple[int, ...], d: i
         rows = []
         for t, v in c_list:
             rings = [(tuple(range(d)), float(space.grad[a:e].sum())) for a, e in _ranges(v)]
-            rows.append((t, max(space.reduce_time([ring], None) for ring in rings), space.optimizer_floor([v], d), v))
+            rows.append((t, space.reduce_time(space.ring_times(rings), []), space.optimizer_floor([v], d), v))
         priced.append(rows)
     chosen: list[tuple[float, tuple[int, ...]]] = []
 
@@ -439,7 +448,8 @@ def _ranges(counts: tuple[int, ...]) -> list[tuple[int, int]]:
 
 
 def _place(space: _Space, vectors: list[tuple[int, ...]], micro: tuple[int, ...], d: int,
-           rings: list[tuple[tuple[int, ...], float]], floor: float, rest: float, best: float, deadline: Deadline
+           rings: list[tuple[tuple[int, ...], float, float, float]], floor: float, rest: float, best: float,
+           deadline: Deadline
            ) -> tuple[Plan | None, float | None, int]:
     """Every node assignment of these pipelines' stages whose floor is below `best`, priced exactly;
     (None, None, n) past the deadline. The floor: the slowest pipeline's makespan with its sends on its
@@ -485,14 +495,14 @@ def _place(space: _Space, vectors: list[tuple[int, ...]], micro: tuple[int, ...]
             if ends:
                 one, both = span(ends[0])
                 now, tied = max(now, one), max(tied, both)
-            ok = walk(i + 1, now, tied) if max(now + rest, tied) + reduce_floor < best * (1 - PRUNE) else True
+            ok = walk(i + 1, now, tied) if max(now + rest, tied) + space.reduce_time(rings, labels) \
+                < best * (1 - PRUNE) else True
             labels.pop()
             used[n] -= 1
             if not ok:
                 return False
         return True
 
-    reduce_floor = space.reduce_time(rings, None)
     if not walk(0, floor, 0.0):
         return None, None, placed
     return found, best, placed
