@@ -84,10 +84,10 @@ def makespans(f: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
 class Blocks:
     """Prices and enumeration for one instance."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, failed: frozenset[int] | None = None) -> None:
         self.instance = load_instance(path)
         self.model = PerfModel(self.instance)
-        self.failed = self.instance.failed_devices
+        self.failed = self.instance.failed_devices if failed is None else failed
         self.groups = survivor_groups(self.instance, self.failed, self.instance.plan.tensor_parallel)
         if len({self.model.stage_device(g).name for g in self.groups}) != 1:
             raise SystemExit("one device type only")
@@ -255,8 +255,8 @@ def shapes(groups: int, layers: int, total: int):
                 yield counts, split
 
 
-def solve(path: str, incumbent: float, deadline_s: float) -> dict:
-    bk = Blocks(path)
+def solve(path: str, incumbent: float, deadline_s: float, failed: frozenset[int] | None = None) -> dict:
+    bk = Blocks(path, failed)
     start = time.perf_counter()
     best, best_plan = incumbent, None
     explored = placed = 0
@@ -297,8 +297,10 @@ def main() -> None:
     parser.add_argument("--incumbent", type=float, required=True,
                         help="a plan's step (the search's): plans at least this slow are not priced")
     parser.add_argument("--deadline", type=float, default=3600.0)
+    parser.add_argument("--failed", help="failed devices, e.g. 0,6 (default: the instance's own)")
     args = parser.parse_args()
-    result = solve(args.instance, args.incumbent * (1 + 1e-9), args.deadline)
+    failed = frozenset(int(d) for d in args.failed.split(",")) if args.failed else None
+    result = solve(args.instance, args.incumbent * (1 + 1e-9), args.deadline, failed)
     plan = result.pop("plan")
     result["plan"] = plan.to_json() if plan is not None else None
     print(json.dumps(result))

@@ -1,7 +1,7 @@
 """Exact search over layer counts for one device type and identical blocks: real models (tens of
-identical transformer blocks between an embedding and a head) on up to a few dozen TP groups, where
-exact.py's branch and bound refuses (its split and table budgets) and the whole-layer bound
-(homogeneous.py) stays 0.7-1.6% below the optimum (relief-faster-8, paper-32).
+identical transformer blocks between an embedding and a head) on a few TP groups, where exact.py's
+branch and bound refuses (its split and table budgets) and the whole-layer bound (homogeneous.py)
+stays 0.7-1.6% below the optimum (relief-faster-8, paper-32: the plans were optimal, the bound loose).
 
 The space is search.SPACE with every survivor of one device type: d pipelines of p_j TP groups (each
 inside a node, sum p_j <= the groups the survivors form, idle allowed), every contiguous split into
@@ -9,22 +9,28 @@ p_j non-empty stages (a count vector), micro-batches m_j >= 1 summing to the glo
 assignment of the stages (the model reads a group only through its type, size and node: groups of one
 node are interchangeable, and nodes with as many groups are taken in first-use order), every relief
 per stage (perf/relief.choose_reliefs at the leaves: exact for the step without gradient overlap).
+Each stage is priced at its own layers, so nothing rests on the blocks being identical but the speed.
 
 Branch and bound against an incumbent; a part of the space is cut only when a lower bound of the step
 of every plan in it is at least the incumbent less PRUNE (relative, below search.OPTIMALITY_TOLERANCE),
-so when the search is complete the best plan is optimal within PRUNE. The bounds (step = slowest
-1F1B + gradient all-reduce + optimizer step, PerfModel.evaluate with ZeRO 0, no overlap):
-- 1F1B: the exact makespan (perf/pipeline.py's longest path, non-decreasing in every operation time)
-  with each stage's forward and backward at their least over the reliefs that fit its memory at its
-  in-flight count min(p - s, m) with d replicas, sends on the faster link until the placement fixes
-  them. Count vectors are generated depth first, cut where a prefix's path "the stages before s, then
-  stage s's m forwards and backwards" reaches the ceiling; the least over count vectors is
-  non-decreasing in m, which caps each pipeline's micro-batches;
-- gradient all-reduce: per slot, the rings of its layer groups (one ring per set of holders, as
-  PerfModel.slot_reduce_times) on the faster link until the placement fixes each ring's link;
-- optimizer step: the largest over stages of the least optimizer time over the reliefs.
+so when the search is complete the best plan is optimal within PRUNE. Step = max_j P_j + R + U
+(PerfModel.evaluate with ZeRO 0, no overlap, no interleaving) and the bounds are:
+- P_j: the exact 1F1B makespan (perf/pipeline.py's longest path, non-decreasing in every operation
+  time) with each stage's forward and backward at their least over the reliefs that fit its memory at
+  its in-flight count min(p - s, m) with d replicas, sends on the faster link. Count vectors are
+  generated depth first, cut where a prefix's path "the stages before s, then stage s's m forwards
+  and backwards" reaches the ceiling; the micro-batches of each pipeline are capped by the whole-layer
+  floors (homogeneous.pipeline_floors, non-decreasing in m);
+- R: per slot, the rings of its layer groups (one ring per set of holders, as
+  PerfModel.slot_reduce_times) on the faster link they may use (inside a node only when a node has as
+  many groups), each fixed as soon as the placement fixes it; for one count vector alone, its
+  largest stage's single ring (a slot's rings add up to at least one ring of all its bytes);
+- U: the largest over stages of the least optimizer step over the reliefs;
+- once a pipeline's stages are placed, its crossings fix its sends: P_j is then the least makespan
+  over one relief per stage, and P_j + U >= the least over the same choices of its makespan plus its
+  own largest optimizer step (max_j P_j + U >= P_k + U_k for every k).
 Identical blocks are what keep it small: the near-balanced count vectors are few, and a pipeline's
-makespan is shared by every placement with the same crossings.
+floor is shared by every placement with the same crossings.
 """
 
 from __future__ import annotations
