@@ -76,3 +76,11 @@ def test_never_beats_nor_misses_the_brute_force(seed):
     else:
         assert found.value == pytest.approx(best, rel=1e-9)
         assert model.evaluate(found.plan, failed).iteration_time_s == pytest.approx(found.value, rel=1e-12)
+
+
+def test_stays_out_without_identical_blocks():
+    """Random per-layer costs (bench/brute_force.random_instance): not blocks, the method declines."""
+    data, failed = random_instance(0, (4, 8), (5, 6), (2, 5))
+    data["cluster"].pop("overrides", None)
+    instance = build_instance(data)
+    assert blocks_search(instance, PerfModel(instance), failed, Deadline.never(), math.inf) is None
