@@ -84,3 +84,15 @@ def test_stays_out_without_identical_blocks():
     data["cluster"].pop("overrides", None)
     instance = build_instance(data)
     assert blocks_search(instance, PerfModel(instance), failed, Deadline.never(), math.inf) is None
+
+
+def test_batched_makespans_equal_the_model():
+    """blocks.makespans (numpy over many rows) against perf/pipeline.one_f_one_b_time, row by row."""
+    import numpy as np
+
+    from chameleon_opt.perf.pipeline import one_f_one_b_time
+    from chameleon_opt.solve.blocks import makespans
+    rng = np.random.default_rng(3)
+    for p, m in [(1, 3), (3, 2), (4, 7), (5, 5)]:
+        f, b = rng.uniform(0.1, 2.0, (20, p)), rng.uniform(0.1, 4.0, (20, p))
+        assert makespans(f, b, m) == pytest.approx([one_f_one_b_time(x, y, m) for x, y in zip(f, b)], rel=1e-12)
