@@ -95,6 +95,10 @@ ISOLATED_SIMULATION_UNITS = 100_000
 """The same for the isolated tables (`lower_times`' `isolate`), which simulate every choice of the
 isolated stages, for many cases each: at LOWER_SIMULATION_UNITS they took 32-64-device seed 359 from
 0.18 to 0.45 s."""
+ISOLATED_BATCH_ELEMENTS = 200_000
+"""Most (candidate, m) elements of one batch of the isolated tables' closed forms (50-70 ms on a quiet
+2-core machine): `lower_times` reads its deadline between batches. In one call, 330 choices of 24-32-device
+deep seed 4 (4 of 11 layers, 5 pairs, 252 splits, 8 micro-batches: 3.3M elements) took 1.3 s."""
 TABLE_BUDGET = 500_000
 """Most steps of the relaxation's cover and completion tables (groups x micro-batches^2 x stages)."""
 COUNTED_BUDGET = 20_000_000
@@ -419,6 +423,11 @@ def _member(values: np.ndarray, chosen: Iterable[int]) -> np.ndarray:
     """`np.isin(values, chosen)` for the few layer indices the floors test: one broadcast comparison
     (np.isin's sorting set-up dominated the pattern tables, thousands of calls on arrays of tens of rows)."""
     return (values[..., None] == np.fromiter(chosen, dtype=int)).any(axis=-1)
+
+
+def _choice_rows(array: np.ndarray, pairs: int, choices: int, splits: int, c: int) -> np.ndarray:
+    """Choice c's rows of a batched `_closed_forms` array (pair-major, then choice, then split)."""
+    return array.reshape(pairs, choices, splits, -1)[:, c].reshape(pairs * splits, -1)
 
 
 def _largest_below(costs: Iterable[float | None], least: float) -> float | None:
@@ -972,19 +981,25 @@ class Relaxation:
         only the splits with a send before some layer of each group of C, across nodes (the least
         over the choices), and before none of F count."""
         fastest, inter, cheap, split_fits = self._range_tables()
-        pairs = self._pairs.get((runs, least), {})  # per kinds of a pipeline: the (crossings, order of kinds) tried
-        if not pairs:
-            orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
-            for stages, splits in self.splits.items():
-                crossings = _crossing_sets(stages, runs, least)
-                for v in self.profiles[stages]:
-                    if len(crossings) * len(splits) > CROSSING_BUDGET:  # every send cheap
-                        pairs[v] = [((), order) for order in orders[v]]
-                    elif 2 ** (stages - 1) * len(splits) > CROSSING_BUDGET:  # a node's groups, any kinds
-                        pairs[v] = [(crossing, order) for crossing in crossings for order in orders[v]]
-                    else:  # each run of stages within one node's groups of each kind
-                        pairs[v] = self._placements(stages, runs, least, orders[v])
-            self._pairs[runs, least] = pairs
+        # per kinds of a pipeline: the (crossings, order of kinds) tried, kept as built (the deadline is read
+        # before each kinds': 24-32-device deep seed 51 spent 0.3 s of a 1 s search here before its first
+        # check, and a call cut here resumes where it stopped)
+        pairs = self._pairs.setdefault((runs, least), {})
+        for stages, splits in self.splits.items():
+            crossings = None
+            for v in self.profiles[stages]:
+                if v in pairs:
+                    continue
+                if deadline.expired():
+                    return None
+                crossings = _crossing_sets(stages, runs, least) if crossings is None else crossings
+                orders = _orders(v)
+                if len(crossings) * len(splits) > CROSSING_BUDGET:  # every send cheap
+                    pairs[v] = [((), order) for order in orders]
+                elif 2 ** (stages - 1) * len(splits) > CROSSING_BUDGET:  # a node's groups, any kinds
+                    pairs[v] = [(crossing, order) for crossing in crossings for order in orders]
+                else:  # each run of stages within one node's groups of each kind
+                    pairs[v] = self._placements(stages, runs, least, orders)
         units = sum(len(splits) * sum(len(pairs[v]) for v in self.profiles[s]) * s * m
                     for s, splits in self.splits.items() for m in range(1, self.total + 1))
         simulate = self.virtual > 1 or units <= LOWER_SIMULATION_UNITS
@@ -996,7 +1011,9 @@ class Relaxation:
             b = np.array(splits)
             ranges = fastest[:, b[:, :-1], b[:, 1:]]  # (kinds, splits, stages, forward/backward)
             fits = split_fits[stages]
-            for profile in self.profiles[stages]:
+            for k, profile in enumerate(self.profiles[stages]):
+                if k and deadline.expired():  # each kinds' table is tens of ms at 32-64 devices
+                    return None
                 if not pairs[profile]:  # it must cross that often and cannot, or its kinds fit no runs
                     lower[profile] = [math.inf] * (self.total + 1)
                     split_lower[profile] = np.full((len(splits), self.total), np.inf)
@@ -1009,33 +1026,39 @@ class Relaxation:
                     choices = [(chosen, each) for chosen in itertools.combinations(isolate[0], isolate[1])
                                for each in itertools.product(sides, repeat=isolate[1])]
                     exact = simulate and len(choices) * units <= ISOLATED_SIMULATION_UNITS
-                    crossings = []
-                    for chosen, each in choices:
-                        alone = np.zeros((len(splits), stages + 1), dtype=bool)  # boundary t: before stage t
-                        for layer, offsets in zip(chosen, each):
-                            stage = (b[:, 1:] > layer).argmax(axis=1)  # the stage holding it, per split
-                            for offset in offsets:
-                                alone[np.arange(len(splits)), stage + offset] = True
-                        crossings.append(alone[:, 1:-1])
-                    if crossings:  # every choice's closed forms in one call (a candidate's row reads its own
-                        # pair and split alone): the least over them, or each choice's own rows simulated
-                        copies, tried = len(crossings), pairs[profile]
+                    tried, rows = pairs[profile], np.arange(len(splits))
+                    holder = {layer: (b[:, 1:] > layer).argmax(axis=1) for layer in isolate[0]}  # its stage, per split
+                    # the choices' closed forms in batches (a candidate's row reads its own pair and split
+                    # alone): the least over them, or each choice's own rows simulated; the deadline is
+                    # read between batches (24-32-device deep seed 4: 330 choices of 4 of 11 layers, 1.3 s
+                    # in one call, 0.9 s past its share)
+                    batch = max(1, ISOLATED_BATCH_ELEMENTS // (len(tried) * len(splits) * self.total))
+                    for first in range(0, len(choices), batch):
+                        if first and deadline.expired():
+                            return None
+                        crossings = []
+                        for chosen, each in choices[first:first + batch]:
+                            alone = np.zeros((len(splits), stages + 1), dtype=bool)  # boundary t: before stage t
+                            for layer, offsets in zip(chosen, each):
+                                for offset in offsets:
+                                    alone[rows, holder[layer] + offset] = True
+                            crossings.append(alone[:, 1:-1])
+                        copies = len(crossings)
                         forms = self._closed_forms(
                             np.tile(ranges, (1, copies, 1, 1)), np.tile(fits, (1, copies, 1, 1)), np.tile(b, (copies, 1)),
                             tried, cheap, inter, np.concatenate(crossings))
                         if not exact:
-                            per_split = forms[0].reshape(len(tried), copies, len(splits), self.total).min(axis=(0, 1))
-                        else:
-                            def part(array: np.ndarray, c: int) -> np.ndarray:
-                                """Choice c's rows of a batched array (pair-major, then choice, then split)."""
-                                return array.reshape(len(tried), copies, len(splits), -1)[:, c].reshape(
-                                    len(tried) * len(splits), -1)
-                            closed, fit, forward, backward, bare = forms
-                            for c in range(copies):
-                                own = (part(closed, c), part(fit, c), part(forward, c), part(backward, c),
-                                       None if bare is None else (part(bare[0], c), part(bare[1], c)))
-                                per_split = np.minimum(per_split, self._least_times(
-                                    ranges, fits, b, tried, cheap, inter, True, crossings[c], forms=own)[1])
+                            per_split = np.minimum(per_split, forms[0].reshape(
+                                len(tried), copies, len(splits), self.total).min(axis=(0, 1)))
+                            continue
+                        closed, fit, forward, backward, bare = forms
+                        for c in range(copies):
+                            own = tuple(_choice_rows(array, len(tried), copies, len(splits), c)
+                                        for array in (closed, fit, forward, backward))
+                            bare_own = None if bare is None else \
+                                tuple(_choice_rows(array, len(tried), copies, len(splits), c) for array in bare)
+                            per_split = np.minimum(per_split, self._least_times(
+                                ranges, fits, b, tried, cheap, inter, True, crossings[c], forms=own + (bare_own,))[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif boundary is not None:
                     per_split = self._kept_times(ranges, fits, b, pairs[profile], cheap, inter, boundary)

@@ -48,7 +48,7 @@ from chameleon_opt.solve.columns import column_plans
 from chameleon_opt.solve.copies import copy_plans
 from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.enumerator import enumerate_plans
-from chameleon_opt.solve.exact import EXACT_GROUPS, Inventories, exact_floors, exact_search
+from chameleon_opt.solve.exact import EXACT_GROUPS, ExactOutcome, Inventories, exact_floors, exact_search
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.homogeneous import HomogeneousBound, homogeneous_bound, shape_plans
 from chameleon_opt.solve.levels import LevelModel, level_model, lp_lower_bound, solve_level_model
@@ -339,6 +339,9 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     exact = None
     if not deadline.expired() or floored:  # floored: no tree left to search, the proof stands at the deadline
         exact = exact_search(instance, model, failed, value, deadline.share(EXACT_SHARE), prepared)
+    elif isinstance(prepared, Inventories):  # no time for the trees: the floors built still bound every plan
+        exact = ExactOutcome(None, value, False, len(prepared.prices), 0, "no time left for the branch and bound",
+                             min(prepared.floors))
     if exact is None and len(groups) <= ENUMERATION_GROUPS and not deadline.expired():
         share = min(budget_s * ENUMERATION_SHARE, deadline.left())
         paper = enumerate_plans(instance, failed, deadline.within(max(share, 0.01)), model=model)
