@@ -118,6 +118,10 @@ tried when the pairs are beyond CROSSING_BUDGET: deep pipelines have about 3^(la
 (8-24-device seed 4, 11 layers, nine groups of two types: 45,336 pairs, 3.3M elements, 0.2 s), and one
 kind for every type let every slow group run at the fast type's pace (its floor 68.19, the optimum
 77.83)."""
+FLOORED_SPLITS = 16
+"""The tree floors a pipeline shape's splits at once (`Relaxation.shape_floors`, one numpy pass of about
+0.1 ms, the price of 3-5 splits of a short pipeline) before pricing them when it has more splits than
+this (deep pipelines: up to 252 at 11 layers); at 3-6 layers no shape has (at most 10)."""
 GROUPING_BUDGET = 2_000
 """Most groupings of one node's survivors into TP groups enumerated before giving up exactness."""
 INVENTORY_BUDGET = 256
@@ -3642,8 +3646,9 @@ class ExactSearch:
                     splits = []
                     # a split whose relaxed time (every m) meets the incumbent is not priced: `price` would
                     # return no micro-batch count for it (8-24-device seed 4, 11 layers: 95% of the splits)
-                    hopeless = self.relaxation.shape_floors(shape) >= best[0] * keep
-                    for bounds, skip in zip(self.splits[stages], hopeless.tolist()):
+                    hopeless = (self.relaxation.shape_floors(shape) >= best[0] * keep).tolist() \
+                        if len(self.splits[stages]) > FLOORED_SPLITS else itertools.repeat(False)
+                    for bounds, skip in zip(self.splits[stages], hopeless):
                         if skip:
                             continue
                         if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
