@@ -956,6 +956,9 @@ class Relaxation:
                      runs: int, least: int = 0, **options: Any) -> dict[tuple[int, ...], np.ndarray] | None:
         """`lower_times`' per-split table for these arguments, built once into `cache[key]`; None when
         `deadline` stopped it (the callers' tables are then not built either)."""
+        if key not in cache and self.free_sends and cache is self.split_lower and not options \
+                and (self.most_per_node, 0) in cache:  # no crossings: every (runs, least) has the build's pairs
+            cache[key] = cache[self.most_per_node, 0]
         if key not in cache:
             found = self.lower_times(deadline, runs, least, **options)
             if found is None:
@@ -1001,10 +1004,12 @@ class Relaxation:
         over the choices), and before none of F count."""
         fastest, inter, cheap, split_fits = self._range_tables()
         pairs = self._pairs.get((runs, least), {})  # per kinds of a pipeline: the (crossings, order of kinds) tried
+        if not pairs and self.free_sends and self._pairs:  # no crossings: the same pairs for every (runs, least)
+            pairs = self._pairs[runs, least] = next(iter(self._pairs.values()))
         if not pairs:
             orders = {v: _orders(v) for vs in self.profiles.values() for v in vs}
             for stages, splits in self.splits.items():
-                crossings = _crossing_sets(stages, runs, least)
+                crossings = [] if self.free_sends else _crossing_sets(stages, runs, least)
                 for v in self.profiles[stages]:
                     if self.free_sends or len(crossings) * len(splits) > CROSSING_BUDGET:  # every send cheap
                         pairs[v] = [((), order) for order in orders[v]]
@@ -1025,8 +1030,8 @@ class Relaxation:
             ranges = fastest[:, b[:, :-1], b[:, 1:]]  # (kinds, splits, stages, forward/backward)
             fits = split_fits[stages]
             for profile in self.profiles[stages]:
-                if deadline.expired():
-                    return None
+                if prefixes is None and deadline.expired():  # a floor's table (deep: seconds per length); the
+                    return None  # build's (`prefixes`), which every floor needs, finishes its length
                 if not pairs[profile]:  # it must cross that often and cannot, or its kinds fit no runs
                     lower[profile] = [math.inf] * (self.total + 1)
                     split_lower[profile] = np.full((len(splits), self.total), np.inf)
