@@ -110,14 +110,17 @@ times the pipeline counts, once per least stage count); beyond, the reported flo
 time's alone (none affordable) or takes the least stage counts that were."""
 TYPED_BUDGET = 5_000_000
 """Most (state, kinds of one pipeline, n, m) steps of the type-aware cover tables (vectorised); beyond,
-or beyond KINDS_BUDGET, the relaxation lets every group be of the fastest device type."""
+or beyond both CROSSING_BUDGET (split, order of kinds) pairs and KINDS_BUDGET, the relaxation lets every
+group be of the fastest device type."""
 KINDS_BUDGET = 20_000_000
 """Most (split, order of kinds) pairs x micro-batches x stages (the closed forms' elements) of a
 relaxation that counts the device types with every send on the faster link (`Relaxation.free_sends`),
 tried when the pairs are beyond CROSSING_BUDGET: deep pipelines have about 3^(layers - 1) of them
 (8-24-device seed 4, 11 layers, nine groups of two types: 45,336 pairs, 3.3M elements, 0.2 s), and one
 kind for every type let every slow group run at the fast type's pace (its floor 68.19, the optimum
-77.83)."""
+77.83). The typed tables cost 0.5-0.8 s at 11-12 layers on 25-56 devices (118,097-354,294 pairs), where
+one kind took 0.1 s: 32-64-device deep seed 10 (one micro-batch, the same floor either way) proves in
+1.8 s instead of 0.8."""
 FLOORED_SPLITS = 16
 """The tree floors a pipeline shape's splits at once (`Relaxation.shape_floors`, one numpy pass of about
 0.1 ms, the price of 3-5 splits of a short pipeline) before pricing them when it has more splits than
