@@ -1247,7 +1247,10 @@ class Relaxation:
         interleaved: `interleaved_closed`), and
         the candidates of an order cover every split and node placement, so a pipeline whose first
         stages are of those kinds takes at least that long, whatever its further stages. `forms`: these
-        arguments' `_closed_forms`, when the caller computed them (a batch of several calls' candidates)."""
+        arguments' `_closed_forms`, when the caller computed them (a batch of several calls' candidates).
+        `allowance` (one-item list, spent in place): stage x micro-batch operations left to simulate;
+        then each count's candidates go best first by closed form, and once it is spent the least closed
+        form not simulated stands for the rest (each is at least its own closed form); None: no cap."""
         stages, total = b.shape[1] - 1, self.total
         closed, fit, forward, backward, bare = forms if forms is not None else \
             self._closed_forms(ranges, fits, b, pairs, cheap, inter, crossing)
