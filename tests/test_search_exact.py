@@ -264,16 +264,10 @@ def test_whole_layer_conditions_hold_for_the_best_split_on_the_1f1b_graph(seed):
             assert bound.splittable(stages, micro_batches, best * (1 + 1e-9) + 1e-12), (stages, micro_batches, best)
 
 
-def test_relaxation_counts_the_groups_of_each_device_type():
-    """One fast and two slow survivors (one layer, two micro-batches): a relaxation that lets every
-    group run at the fast type's pace covers the batch in one fast micro-batch (two pipelines of
-    one); with the groups counted per type, the two micro-batches take at least two fast ones
-    (on the one fast group, or one of them on a slow group), and that floor still holds against
-    the brute force over the whole space."""
-    from chameleon_opt.solve.exact import exact_search
-
+def _typed_case() -> dict[str, Any]:
+    """One fast and two slow survivors (device 3 fails), one layer, two micro-batches."""
     fast, slow = [[1.0, 2.0, 0.0]], [[2.0, 4.0, 0.0]]
-    data = {
+    return {
         "format": 1, "name": "typed-relaxation",
         "cluster": {"nodes": 2, "devices_per_node": 2,
                     "device_type": {"name": "fast", "memory_gib": 100.0, "peak_tflops": 2, "reserved_gib": 0},
@@ -287,13 +281,76 @@ def test_relaxation_counts_the_groups_of_each_device_type():
         "training": {"global_batch": 2, "micro_batch_size": 1},
         "plan": {"tensor_parallel": 1, "layout": {"pipeline_parallel": 1, "data_parallel": 2}},
     }
-    instance, failed = build_instance(data), frozenset({3})
+
+
+def _assert_typed_floor(instance, failed: frozenset[int]) -> None:
+    """The exact search proves the brute force's optimum with a bound of at least two fast micro-batches."""
+    from chameleon_opt.solve.exact import exact_search
+
     model = PerfModel(instance)
     outcome = exact_search(instance, model, failed, math.inf, Deadline.never())
     one_fast = model.pipeline_time(model.stage_costs(Plan(1, (Pipeline((Stage((0,), 0, 1),), 1),)), 0, [0.0]), 1)
     best, _ = brute_force(instance, failed)
     assert outcome.complete and outcome.objective == pytest.approx(best, rel=1e-9)
     assert 2 * one_fast * (1 - 1e-9) <= outcome.bound <= best * (1 + 1e-9), (outcome.bound, one_fast, best)
+
+
+def test_relaxation_counts_the_groups_of_each_device_type():
+    """One fast and two slow survivors (one layer, two micro-batches): a relaxation that lets every
+    group run at the fast type's pace covers the batch in one fast micro-batch (two pipelines of
+    one); with the groups counted per type, the two micro-batches take at least two fast ones
+    (on the one fast group, or one of them on a slow group), and that floor still holds against
+    the brute force over the whole space."""
+    _assert_typed_floor(build_instance(_typed_case()), frozenset({3}))
+
+
+def test_relaxation_keeps_the_device_types_past_the_crossing_budget(monkeypatch):
+    """Deep pipelines have too many (split, order of kinds) pairs to try each node-crossing choice
+    (CROSSING_BUDGET); the relaxation then keeps the device types with every send on the faster link
+    (`free_sends`) rather than letting every group run at the fast type's pace: the typed floor of
+    `test_relaxation_counts_the_groups_of_each_device_type` stands (8-24-device 11-layer seed 4: the
+    one-kind floor was 68.19 against the optimum 77.83)."""
+    from chameleon_opt.solve import exact
+
+    monkeypatch.setattr(exact, "CROSSING_BUDGET", 0)
+    instance, failed = build_instance(_typed_case()), frozenset({3})
+    model = PerfModel(instance)
+    options = [groups for groups in exact.inventories(instance, model, failed, 1) if groups]
+    relaxation = exact.Relaxation(model, options, instance.global_micro_batches, [0, 1, 2])
+    assert relaxation.free_sends and len(relaxation.kind_count) == 2
+    _assert_typed_floor(instance, failed)
+    monkeypatch.setattr(exact, "KINDS_BUDGET", 0)  # not even then: one kind, the floor of one fast micro-batch
+    assert not exact.Relaxation(model, options, instance.global_micro_batches, [0, 1, 2]).free_sends
+
+
+def test_capped_simulation_lies_between_the_closed_forms_and_the_exact_least(monkeypatch):
+    """Past LOWER_SIMULATION_UNITS the relaxation simulates its candidates best first by closed form
+    within DEEP_SIMULATION_UNITS, the least unsimulated closed form bounding the rest: every entry of
+    `lower` is then between the closed forms' and the fully simulated table's (the exact least of the
+    relaxed pipelines, which it meets given room), and above the closed forms where it simulated
+    (8-12-device seed 45, five layers: 15 entries where the simulation beats the closed form)."""
+    from chameleon_opt.solve import exact
+
+    data, failed = _bench_instance(45, (8, 12))
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    options = [groups for groups in exact.inventories(instance, model, failed, instance.plan.tensor_parallel)
+               if groups]
+    live = [d for d in range(instance.num_devices) if d not in failed]
+
+    def lower(most: int, deep: int) -> list[float]:
+        monkeypatch.setattr(exact, "LOWER_SIMULATION_UNITS", most)
+        monkeypatch.setattr(exact, "DEEP_SIMULATION_UNITS", deep)
+        relaxation = exact.Relaxation(model, options, instance.global_micro_batches, live)
+        assert relaxation.build(Deadline.never())
+        return [value for v in sorted(relaxation.lower) for value in relaxation.lower[v]]
+
+    full, closed, some, ample = lower(10 ** 9, 0), lower(0, 0), lower(0, 400), lower(0, 10 ** 9)
+    assert ample == pytest.approx(full, rel=1e-12)
+    assert all(c <= s * (1 + 1e-12) and s <= f * (1 + 1e-12) for c, s, f in zip(closed, some, full))
+    assert sum(f > c * (1 + 1e-9) for c, f in zip(closed, full)) >= 10
+    assert any(s > c * (1 + 1e-9) for c, s in zip(closed, some)), "the capped simulation raised nothing"
+    assert any(s < f * (1 - 1e-9) for s, f in zip(some, full)), "the cap left every simulation in"
 
 
 def test_placement_polish_keeps_each_gradient_ring_inside_a_node():
@@ -1910,3 +1967,33 @@ def test_batched_closed_forms_equal_the_calls_they_replace():
             assert np.array_equal(table[chosen][:, rows].min(axis=0), subset)
             compared += 1
     assert compared >= 3, compared
+
+
+def test_shape_floors_never_exceed_the_priced_pipeline():
+    """`Relaxation.shape_floors` (the tree skips pricing the splits whose floor meets the incumbent)
+    against `ExactSearch.price` on every sequence of up to three groups of 8-12-device seed 45 (two
+    device types, TP 2, five layers): each split's floor is at most its least priced time over the
+    micro-batch counts (inf on the splits no count fits: memory rules some out here)."""
+    from chameleon_opt.solve.exact import ExactSearch, Relaxation, inventories
+
+    data, failed = _bench_instance(45, (8, 12))
+    instance = build_instance(data)
+    model, tp = PerfModel(instance), instance.plan.tensor_parallel
+    options = [groups for groups in inventories(instance, model, failed, tp) if groups]
+    relaxation = Relaxation(model, options, instance.global_micro_batches,
+                            [d for d in range(instance.num_devices) if d not in failed])
+    assert relaxation.build(Deadline.never())
+    search = ExactSearch(instance, model, options[0], tp, relaxation)
+    checked, unfit = 0, 0
+    for stages in range(1, min(3, search.longest) + 1):
+        for seq in itertools.permutations(options[0], stages):
+            nodes = [instance.node_of(g[0]) for g in seq]
+            shape = (tuple(model.stage_device(g).name for g in seq), tuple(a != b for a, b in zip(nodes, nodes[1:])))
+            floors = relaxation.shape_floors(shape)
+            for bounds, floor in zip(search.splits[stages], floors.tolist()):
+                times = search.price(list(seq), shape, bounds, math.inf).times
+                if times:
+                    assert floor <= min(t for _, t, _ in times) * (1 + 1e-9), (shape, bounds, floor, times)
+                    checked += 1
+                unfit += math.isinf(floor)
+    assert checked >= 100 and unfit, (checked, unfit)

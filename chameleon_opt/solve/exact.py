@@ -90,7 +90,14 @@ closed-form bound. The closed form skips the simulations that cannot lower a min
 the 32-64-device seeds 9000-9199 above 100,000 units (7, up to 207,000) build their table in at most
 0.1 s. 32-64-device seed 9166 (207,000 units): two fast stages and a slow one with three
 micro-batches take 38.03 s, the closed form allowed 37.47, and its floor stayed at 38.28 against the
-38.70 plan; simulated, it meets the plan at once."""
+38.70 plan; simulated, it meets the plan at once. Beyond, DEEP_SIMULATION_UNITS."""
+DEEP_SIMULATION_UNITS = 50_000
+"""Beyond LOWER_SIMULATION_UNITS, the most stage x micro-batch operations the relaxation's `lower_times`
+tables simulate in all (the first built, `build`'s, takes what it needs): per micro-batch count the
+candidates best first by closed form, while one can still lower the least; once the units are spent,
+the least closed form left bounds every candidate not simulated. 8-24-device seed 4 (11 layers, one
+pipeline of 8 micro-batches): the closed forms allowed 76.82, 846 simulations (0.2 s) meet the
+optimum, 77.83."""
 ISOLATED_SIMULATION_UNITS = 100_000
 """The same for the isolated tables (`lower_times`' `isolate`), which simulate every choice of the
 isolated stages, for many cases each: at LOWER_SIMULATION_UNITS they took 32-64-device seed 359 from
@@ -107,8 +114,21 @@ times the pipeline counts, once per least stage count); beyond, the reported flo
 time's alone (none affordable) or takes the least stage counts that were."""
 TYPED_BUDGET = 5_000_000
 """Most (state, kinds of one pipeline, n, m) steps of the type-aware cover tables (vectorised); beyond,
-or beyond CROSSING_BUDGET (split, order of kinds) pairs, the relaxation lets every group be of the
-fastest device type."""
+or beyond both CROSSING_BUDGET (split, order of kinds) pairs and KINDS_BUDGET, the relaxation lets every
+group be of the fastest device type."""
+KINDS_BUDGET = 20_000_000
+"""Most (split, order of kinds) pairs x micro-batches x stages (the closed forms' elements) of a
+relaxation that counts the device types with every send on the faster link (`Relaxation.free_sends`),
+tried when the pairs are beyond CROSSING_BUDGET: deep pipelines have about 3^(layers - 1) of them
+(8-24-device seed 4, 11 layers, nine groups of two types: 45,336 pairs, 3.3M elements, 0.2 s), and one
+kind for every type let every slow group run at the fast type's pace (its floor 68.19, the optimum
+77.83). The typed tables cost 0.5-0.8 s at 11-12 layers on 25-56 devices (118,097-354,294 pairs), where
+one kind took 0.1 s: 32-64-device deep seed 10 (one micro-batch, the same floor either way) proves in
+1.8 s instead of 0.8."""
+FLOORED_SPLITS = 16
+"""The tree floors a pipeline shape's splits at once (`Relaxation.shape_floors`, one numpy pass of about
+0.1 ms, the price of 3-5 splits of a short pipeline) before pricing them when it has more splits than
+this (deep pipelines: up to 252 at 11 layers); at 3-6 layers no shape has (at most 10)."""
 GROUPING_BUDGET = 2_000
 """Most groupings of one node's survivors into TP groups enumerated before giving up exactness."""
 INVENTORY_BUDGET = 256
@@ -527,6 +547,8 @@ class Relaxation:
         # starts further on)
         self._cut_within: dict[tuple, float] = {}
         self._tables_built = 0
+        # beyond LOWER_SIMULATION_UNITS: the simulation units left to every `lower_times` table (`_least_times`)
+        self._simulation_left = [DEEP_SIMULATION_UNITS]
         self._ranges: tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, np.ndarray]] | None = None  # `_range_tables`
         self._grid: tuple[np.ndarray, np.ndarray, np.ndarray, list] | None = None  # `_programme`'s fixed part
         # per ((layers, q), kind): split_lower with q of those layers' stages of another kind (`lower_times`' `pinned`)
@@ -565,8 +587,14 @@ class Relaxation:
     def _kinds(self, per_type: Counter) -> None:
         """Kinds of groups the relaxation counts: one per stage device type when its tables fit
         TYPED_BUDGET, else one for all (every stage then at the fastest type, as many as there are
-        groups). A state is the number of groups left of each kind, in mixed radix (`stride`)."""
+        groups). A state is the number of groups left of each kind, in mixed radix (`stride`). With
+        one per type but more (split, order of kinds) pairs than CROSSING_BUDGET (deep pipelines),
+        while KINDS_BUDGET allows, every boundary's send takes its faster link (`free_sends`: no
+        crossing is forced, a placement's sends are only slower) instead of merging the kinds: a
+        lower bound still, since both only drop constraints, and the device types, not the sends,
+        decide the floor at depth (8-24-device seed 4: 76.82 typed with free sends, 68.19 one kind)."""
         names = sorted(per_type)
+        self.free_sends = False
         for kinds in ([[name] for name in names], [names]):
             counts = [min(sum(per_type[name] for name in kind), self.groups) for kind in kinds]
             profiles = {s: _profiles(counts, s) for s in range(1, self.longest + 1)}
@@ -574,6 +602,9 @@ class Relaxation:
             table = states * sum(map(len, profiles.values())) * self.total ** 2
             placements = sum(len(self.splits[s]) * sum(_multinomial(v) for v in vs) for s, vs in profiles.items())
             if len(kinds) == 1 or (table <= TYPED_BUDGET and placements <= CROSSING_BUDGET):
+                break
+            if table <= TYPED_BUDGET and placements * self.total * self.longest <= KINDS_BUDGET:
+                self.free_sends = True
                 break
         self.kind_of = {name: k for k, kind in enumerate(kinds) for name in kind}
         self.table_steps = table // states  # per state: pipelines' kinds x micro-batches^2
@@ -937,6 +968,9 @@ class Relaxation:
                      runs: int, least: int = 0, **options: Any) -> dict[tuple[int, ...], np.ndarray] | None:
         """`lower_times`' per-split table for these arguments, built once into `cache[key]`; None when
         `deadline` stopped it (the callers' tables are then not built either)."""
+        if key not in cache and self.free_sends and cache is self.split_lower and not options \
+                and (self.most_per_node, 0) in cache:  # no crossings: every (runs, least) has the build's pairs
+            cache[key] = cache[self.most_per_node, 0]
         if key not in cache:
             found = self.lower_times(deadline, runs, least, **options)
             if found is None:
@@ -983,17 +1017,24 @@ class Relaxation:
         fastest, inter, cheap, split_fits = self._range_tables()
         # per kinds of a pipeline: the (crossings, order of kinds) tried, kept as built (the deadline is read
         # before each kinds': 24-32-device deep seed 51 spent 0.3 s of a 1 s search here before its first
-        # check, and a call cut here resumes where it stopped)
-        pairs = self._pairs.setdefault((runs, least), {})
+        # check, and a call cut here resumes where it stopped); with free sends (no crossings) every
+        # (runs, least) shares one dict
+        if self.free_sends and self._pairs:
+            pairs = self._pairs.setdefault((runs, least), next(iter(self._pairs.values())))
+        else:
+            pairs = self._pairs.setdefault((runs, least), {})
         for stages, splits in self.splits.items():
             crossings = None
             for v in self.profiles[stages]:
                 if v in pairs:
                     continue
-                if deadline.expired():
+                if prefixes is None and deadline.expired():  # the build's table finishes (below)
                     return None
-                crossings = _crossing_sets(stages, runs, least) if crossings is None else crossings
                 orders = _orders(v)
+                if self.free_sends:  # every send cheap, for every (runs, least)
+                    pairs[v] = [((), order) for order in orders]
+                    continue
+                crossings = _crossing_sets(stages, runs, least) if crossings is None else crossings
                 if len(crossings) * len(splits) > CROSSING_BUDGET:  # every send cheap
                     pairs[v] = [((), order) for order in orders]
                 elif 2 ** (stages - 1) * len(splits) > CROSSING_BUDGET:  # a node's groups, any kinds
@@ -1012,8 +1053,8 @@ class Relaxation:
             ranges = fastest[:, b[:, :-1], b[:, 1:]]  # (kinds, splits, stages, forward/backward)
             fits = split_fits[stages]
             for k, profile in enumerate(self.profiles[stages]):
-                if k and deadline.expired():  # each kinds' table is tens of ms at 32-64 devices
-                    return None
+                if k and prefixes is None and deadline.expired():  # a floor's kinds table (deep: up to seconds
+                    return None  # per length); the build's (`prefixes`), which every floor needs, finishes its length
                 if not pairs[profile]:  # it must cross that often and cannot, or its kinds fit no runs
                     lower[profile] = [math.inf] * (self.total + 1)
                     split_lower[profile] = np.full((len(splits), self.total), np.inf)
@@ -1082,8 +1123,8 @@ class Relaxation:
                             np.concatenate(crossing))[1])
                     best = np.concatenate([[np.inf], per_split.min(axis=0)])
                 elif pinned is None:
-                    best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, simulate,
-                                                        prefixes=prefixes)
+                    best, per_split = self._least_times(ranges, fits, b, pairs[profile], cheap, inter, True,
+                                                        prefixes=prefixes, allowance=None if simulate else self._simulation_left)
                 else:  # per set of stages holding the layers: the splits where they do, the orders allowed there
                     layers, kind, least_other = pinned
                     per_split = np.full((len(splits), self.total), np.inf)
@@ -1217,7 +1258,7 @@ class Relaxation:
                      pairs: list[tuple[tuple[int, ...], tuple[int, ...]]], cheap: np.ndarray, inter: np.ndarray,
                      simulate: bool, crossing: np.ndarray | None = None,
                      prefixes: dict[tuple[int, ...], np.ndarray] | None = None,
-                     forms: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     forms: tuple | None = None, allowance: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(best, per_split): best[m], the least time of m micro-batches over every split (`b`),
         crossing choice and order of kinds, with each stage's range times per kind (`ranges`) and
         whether it fits in memory with m micro-batches (`fits`: kind, split, stage, m - 1); and
@@ -1232,7 +1273,10 @@ class Relaxation:
         interleaved: `interleaved_closed`), and
         the candidates of an order cover every split and node placement, so a pipeline whose first
         stages are of those kinds takes at least that long, whatever its further stages. `forms`: these
-        arguments' `_closed_forms`, when the caller computed them (a batch of several calls' candidates)."""
+        arguments' `_closed_forms`, when the caller computed them (a batch of several calls' candidates).
+        `allowance` (one-item list, spent in place): stage x micro-batch operations left to simulate;
+        then each count's candidates go best first by closed form, and once it is spent the least closed
+        form not simulated stands for the rest (each is at least its own closed form); None: no cap."""
         stages, total = b.shape[1] - 1, self.total
         closed, fit, forward, backward, bare = forms if forms is not None else \
             self._closed_forms(ranges, fits, b, pairs, cheap, inter, crossing)
@@ -1246,19 +1290,50 @@ class Relaxation:
         if not simulate:
             best[1:] = closed.min(axis=0)
             return best, per_split
-        whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
-        for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
-            ops = None
-            for m in range(1, total + 1):
-                if not fit[k, m - 1] or closed[k, m - 1] >= best[m]:
-                    continue  # no plan, or the simulation is at least the closed form
-                if ops is None and bare is None:
-                    ops = [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
-                elif ops is None:
-                    ops = [_Ops(bare[0][k, s], bare[1][k, s], forward[k, s] - bare[0][k, s],
-                                backward[k, s] - bare[1][k, s]) for s in range(stages)]
-                best[m] = min(best[m], self.model.pipeline_time(ops, m, self.virtual))
+
+        def simulated(k: int, m: int) -> float:
+            """Candidate k's exact 1F1B time with m micro-batches."""
+            if bare is None:
+                ops = [_Ops(forward[k, s], backward[k, s]) for s in range(stages)]
+            else:
+                ops = [_Ops(bare[0][k, s], bare[1][k, s], forward[k, s] - bare[0][k, s],
+                            backward[k, s] - bare[1][k, s]) for s in range(stages)]
+            return self.model.pipeline_time(ops, m, self.virtual)
+        if allowance is None:
+            whole = forward.sum(axis=1) + backward.sum(axis=1)  # W per candidate
+            for k in np.argsort(whole, kind="stable"):  # the least work first: low minima early
+                for m in range(1, total + 1):
+                    if fit[k, m - 1] and closed[k, m - 1] < best[m]:  # else no plan, or at least the closed form
+                        best[m] = min(best[m], simulated(k, m))
+            return best, np.maximum(per_split, best[1:])
+        for m in range(1, total + 1):  # best first by closed form: the fewest simulations that settle the least
+            for k in np.argsort(closed[:, m - 1], kind="stable").tolist():
+                if closed[k, m - 1] >= best[m]:
+                    break  # this candidate and every later one take at least their closed form
+                if allowance[0] < stages * m:
+                    best[m] = closed[k, m - 1]  # unsimulated: this candidate and every later one take at least this
+                    break
+                allowance[0] -= stages * m
+                best[m] = min(best[m], simulated(k, m))
         return best, np.maximum(per_split, best[1:])
+
+    def shape_floors(self, shape: tuple[tuple[str, ...], tuple[bool, ...]]) -> np.ndarray:
+        """floors[i]: a lower bound on the 1F1B time of a pipeline of this shape (stage device types,
+        whether each boundary crosses nodes) on the i-th split of its length with any micro-batch
+        count, inf where no count fits the relaxed memory: each count's closed form (`_closed_forms`:
+        each stage at its type's fastest range times, each send on its own link or the cheaper one)
+        is at most its time, so a split whose least floor meets the incumbent has no count that
+        could beat it. All zeros where the relaxation has no table for that length."""
+        stages = len(shape[0])
+        fastest, inter, cheap, split_fits = self._range_tables()
+        if stages not in split_fits:
+            return np.zeros(len(_compositions(self.layers, stages)))
+        b = np.array(self.splits[stages])
+        order = tuple(self.kind_of[name] for name in shape[0])
+        crossed = tuple(boundary for boundary, across in enumerate(shape[1]) if across)
+        closed = self._closed_forms(fastest[:, b[:, :-1], b[:, 1:]], split_fits[stages], b, [(crossed, order)],
+                                    cheap, inter)[0]
+        return closed.min(axis=1)
 
     def _pair_closed_forms(self, runs: int, least: int, profile: tuple[int, ...], ranges: np.ndarray,
                            fits: np.ndarray, b: np.ndarray, pairs: list[tuple[tuple[int, ...], tuple[int, ...]]],
@@ -3606,7 +3681,13 @@ class ExactSearch:
                 per_m = by_shape.get(shape)
                 if per_m is None:  # each split of this shape priced once (the same wherever it is placed)
                     splits = []
-                    for bounds in self.splits[stages]:
+                    # a split whose relaxed time (every m) meets the incumbent is not priced: `price` would
+                    # return no micro-batch count for it (8-24-device seed 4, 11 layers: 95% of the splits)
+                    hopeless = (self.relaxation.shape_floors(shape) >= best[0] * keep).tolist() \
+                        if len(self.splits[stages]) > FLOORED_SPLITS else itertools.repeat(False)
+                    for bounds, skip in zip(self.splits[stages], hopeless):
+                        if skip:
+                            continue
                         if (shape, bounds, self.most_pipelines) not in self.prices and window[0].expired():  # 0.1-1 ms
                             stats["complete"] = False
                             return
