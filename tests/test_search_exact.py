@@ -107,13 +107,15 @@ def brute_force(instance, failed: frozenset[int]) -> tuple[float, Plan | None]:
     return best, best_plan
 
 
-def _bench_instance(seed: int, devices: tuple[int, int]) -> tuple[dict[str, Any], frozenset[int]]:
-    """bench/brute_force.py's random instance of `devices` devices: the generator the brute force and the
-    probes draw their seeds from, so a seed here is the seed there."""
+def _bench_instance(seed: int, devices: tuple[int, int],
+                    layers: tuple[int, int] | None = None) -> tuple[dict[str, Any], frozenset[int]]:
+    """bench/brute_force.py's random instance of `devices` devices (and `layers`, its --layers; None: its
+    default): the generator the brute force and the probes draw their seeds from, so a seed here is the
+    seed there."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from brute_force import random_instance as bench_instance
 
-    return bench_instance(seed, devices)
+    return bench_instance(seed, devices) if layers is None else bench_instance(seed, devices, layers)
 
 
 def random_instance(seed: int) -> tuple[dict[str, Any], frozenset[int]]:
@@ -998,6 +1000,21 @@ def test_copy_plans_take_a_group_of_each_type_from_any_inventory():
     result = search_plan(instance, failed, Deadline.after(10.0))
     assert result.status is Status.OPTIMAL
     assert result.objective == pytest.approx(18.567142179808137, rel=1e-9)
+
+
+def test_copy_plans_rank_deep_two_type_instances():
+    """16-24-device, 8-12-layer seed 14 (20 devices, 18 survivors: 14 fast, 4 slow; 10 layers, binding
+    memory): about 93,000 (types, split, copies) candidates, past the former budget of 50,000, so no copy
+    plan at all and the search stopped at one nine-stage fast pipeline, 49.5413 (the brute force, cut at
+    80 s, has 44.9263). Ranked now: a pair of shapes (a nine-stage fast pipeline beside an eight-stage one
+    with four slow stages), 46.3797."""
+    from chameleon_opt.solve.copies import copy_plans
+
+    data, failed = _bench_instance(14, (16, 24), (8, 12))
+    instance = build_instance(data)
+    found = copy_plans(instance, failed, PerfModel(instance), Deadline.never(), math.inf)
+    assert found and found[0][1] == pytest.approx(46.3796886786866, rel=1e-9)
+    assert check_plan(instance, found[0][0], failed).ok
 
 
 def test_copy_plans_cut_runs_keep_the_large_nodes_for_the_long_pieces():
