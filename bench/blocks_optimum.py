@@ -42,43 +42,12 @@ sys.path.insert(0, str(ROOT))
 from chameleon_opt.instance.load import load_instance  # noqa: E402
 from chameleon_opt.perf.comm import ring_allgather_time, ring_allreduce_time  # noqa: E402
 from chameleon_opt.perf.model import PerfModel  # noqa: E402
-from chameleon_opt.perf.pipeline import one_f_one_b_order  # noqa: E402
+from chameleon_opt.perf.pipeline import makespans  # noqa: E402
 from chameleon_opt.perf.relief import choose_reliefs  # noqa: E402
 from chameleon_opt.plan import Pipeline, Plan, Stage  # noqa: E402
 from chameleon_opt.solve.groups import survivor_groups  # noqa: E402
 
 SLACK = 1e-9
-
-
-def _topological(p: int, m: int) -> list[tuple[bool, int, int]]:
-    """The 1F1B operations of p stages and m micro-batches in an order that respects every dependency."""
-    orders = [one_f_one_b_order(s, p, m) for s in range(p)]
-    done, at, seq = set(), [0] * p, []
-    while any(at[s] < len(orders[s]) for s in range(p)):
-        for s in range(p):
-            while at[s] < len(orders[s]):
-                forward, i = orders[s][at[s]]
-                need = ((True, s - 1, i) if s else None) if forward else ((False, s + 1, i) if s < p - 1 else (True, s, i))
-                if need is not None and need not in done:
-                    break
-                seq.append((forward, s, i))
-                done.add((forward, s, i))
-                at[s] += 1
-    return seq
-
-
-def makespans(f: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
-    """Exact 1F1B makespans (perf/pipeline.py's longest path), one per row of stage times (N, p)."""
-    n, p = f.shape
-    fe, be, clock = np.zeros((p, m, n)), np.zeros((p, m, n)), np.zeros((p, n))
-    for forward, s, i in _topological(p, m):
-        if forward:
-            clock[s] = (np.maximum(clock[s], fe[s - 1, i]) if s else clock[s]) + f[:, s]
-            fe[s, i] = clock[s]
-        else:
-            clock[s] = np.maximum(clock[s], be[s + 1, i] if s < p - 1 else fe[s, i]) + b[:, s]
-            be[s, i] = clock[s]
-    return be[0].max(axis=0)
 
 
 class Blocks:

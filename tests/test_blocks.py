@@ -87,11 +87,11 @@ def test_stays_out_without_identical_blocks():
 
 
 def test_batched_makespans_equal_the_model():
-    """blocks.makespans (numpy over many rows) against perf/pipeline.one_f_one_b_time, row by row."""
+    """perf/pipeline.makespans (numpy over many rows) against perf/pipeline.one_f_one_b_time, row by row."""
     import numpy as np
 
     from chameleon_opt.perf.pipeline import one_f_one_b_time
-    from chameleon_opt.solve.blocks import makespans
+    from chameleon_opt.perf.pipeline import makespans
     rng = np.random.default_rng(3)
     for p, m in [(1, 3), (3, 2), (4, 7), (5, 5)]:
         f, b = rng.uniform(0.1, 2.0, (20, p)), rng.uniform(0.1, 4.0, (20, p))

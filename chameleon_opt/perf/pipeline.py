@@ -124,6 +124,42 @@ def _makespan(forward_s: tuple[float, ...], backward_s: tuple[float, ...], micro
     return max(_one_f_one_b_ends(forward_s, backward_s, micro_batches)[1][0])
 
 
+@lru_cache(maxsize=256)
+def _dependency_order(p: int, m: int) -> tuple[tuple[bool, int, int], ...]:
+    """The 1F1B operations of p stages and m micro-batches in an order that respects every dependency."""
+    orders = [one_f_one_b_order(s, p, m) for s in range(p)]
+    done: set[tuple[bool, int, int]] = set()
+    at, seq = [0] * p, []
+    while any(at[s] < len(orders[s]) for s in range(p)):
+        for s in range(p):
+            while at[s] < len(orders[s]):
+                forward, i = orders[s][at[s]]
+                need = ((True, s - 1, i) if s else None) if forward else \
+                    ((False, s + 1, i) if s < p - 1 else (True, s, i))
+                if need is not None and need not in done:
+                    break
+                seq.append((forward, s, i))
+                done.add((forward, s, i))
+                at[s] += 1
+    return tuple(seq)
+
+
+def makespans(f: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+    """The 1F1B makespan (`one_f_one_b_time`'s recurrence, no sends) of every row of stage operation times
+    (N, p) at once: the search over layer counts (solve/blocks.py) and its independent enumeration
+    (bench/blocks_optimum.py) price thousands of count vectors per call."""
+    n, p = f.shape
+    fe, be, clock = np.zeros((p, m, n)), np.zeros((p, m, n)), np.zeros((p, n))
+    for forward, s, i in _dependency_order(p, m):
+        if forward:
+            clock[s] = (np.maximum(clock[s], fe[s - 1, i]) if s else clock[s]) + f[:, s]
+            fe[s, i] = clock[s]
+        else:
+            clock[s] = np.maximum(clock[s], be[s + 1, i] if s < p - 1 else fe[s, i]) + b[:, s]
+            be[s, i] = clock[s]
+    return be[0].max(axis=0)
+
+
 def one_f_one_b_floors(forward_s: np.ndarray, backward_s: np.ndarray, micro_batches: np.ndarray) -> np.ndarray:
     """floors[c, i]: a lower bound on `one_f_one_b_time(forward_s[c], backward_s[c], micro_batches[i])`
     for many candidates at once (rows of per-stage operation times, sends included). Per stage s,

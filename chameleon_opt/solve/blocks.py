@@ -39,14 +39,13 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from chameleon_opt.instance.load import Instance
 from chameleon_opt.perf.comm import ring_allgather_time, ring_allreduce_time
 from chameleon_opt.perf.model import PerfModel
-from chameleon_opt.perf.pipeline import one_f_one_b_order, one_f_one_b_time
+from chameleon_opt.perf.pipeline import makespans, one_f_one_b_time
 from chameleon_opt.perf.relief import choose_reliefs
 from chameleon_opt.plan import Pipeline, Plan, Stage
 from chameleon_opt.solve.deadline import Deadline
@@ -89,40 +88,6 @@ def identical_blocks(model: PerfModel, group: tuple[int, ...]) -> bool:
         costs = model.layer_costs(group, 2, relief)
         rows += [costs.time_s[1:-1], costs.static_bytes[1:-1], costs.activation_bytes[1:-1]]
     return all(np.ptp(row) <= BLOCK_TOLERANCE * np.max(np.abs(row)) for row in rows)
-
-
-@lru_cache(maxsize=256)
-def _topological(p: int, m: int) -> tuple[tuple[bool, int, int], ...]:
-    """The 1F1B operations of p stages and m micro-batches in an order that respects every dependency."""
-    orders = [one_f_one_b_order(s, p, m) for s in range(p)]
-    done: set[tuple[bool, int, int]] = set()
-    at, seq = [0] * p, []
-    while any(at[s] < len(orders[s]) for s in range(p)):
-        for s in range(p):
-            while at[s] < len(orders[s]):
-                forward, i = orders[s][at[s]]
-                need = ((True, s - 1, i) if s else None) if forward else \
-                    ((False, s + 1, i) if s < p - 1 else (True, s, i))
-                if need is not None and need not in done:
-                    break
-                seq.append((forward, s, i))
-                done.add((forward, s, i))
-                at[s] += 1
-    return tuple(seq)
-
-
-def makespans(f: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
-    """The 1F1B makespan (perf/pipeline.py's recurrence) of every row of stage operation times (N, p)."""
-    n, p = f.shape
-    fe, be, clock = np.zeros((p, m, n)), np.zeros((p, m, n)), np.zeros((p, n))
-    for forward, s, i in _topological(p, m):
-        if forward:
-            clock[s] = (np.maximum(clock[s], fe[s - 1, i]) if s else clock[s]) + f[:, s]
-            fe[s, i] = clock[s]
-        else:
-            clock[s] = np.maximum(clock[s], be[s + 1, i] if s < p - 1 else fe[s, i]) + b[:, s]
-            be[s, i] = clock[s]
-    return be[0].max(axis=0)
 
 
 class _Space:
