@@ -1,7 +1,8 @@
 """The true optimum of a one-device-type instance by enumeration over layer counts, to see which side of
 a search's gap is loose (issue 21, depth on real models: relief-faster-8, paper-32).
 
-Independent of chameleon_opt.solve: every plan it returns is priced by PerfModel.evaluate (reliefs
+Independent of the search (it takes only survivor_groups from chameleon_opt.solve, and its floors
+are its own, written apart from solve/blocks.py's): every plan it returns is priced by PerfModel.evaluate (reliefs
 chosen by perf/relief.choose_reliefs, exact for the step without gradient overlap), and its pruning
 uses only lower bounds it derives here from the model's own stage prices.
 

@@ -114,3 +114,23 @@ def bundled_recovery(name: str) -> tuple[Any, Any, Any]:
     instance = load_instance(name)
     model = PerfModel(instance)
     return instance, model, search_plan(instance, instance.failed_devices, Deadline.after(10), model=model)
+
+
+def bench_relaxation(seed: int, devices: tuple[int, int]) -> tuple[Any, Any, frozenset[int], list, Any]:
+    """bench/brute_force.py's random instance `seed` (the seed the brute force and the probes draw) with
+    the exact search's relaxation over its TP-group inventories, not yet built: (instance, model,
+    failed, options, relaxation), where the floors' unit tests start."""
+    from chameleon_opt.instance.load import build_instance
+    from chameleon_opt.perf.model import PerfModel
+    from chameleon_opt.solve.exact import Relaxation, inventories
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from brute_force import random_instance
+
+    data, failed = random_instance(seed, devices)
+    instance = build_instance(data)
+    model = PerfModel(instance)
+    options = [groups for groups in inventories(instance, model, failed, instance.plan.tensor_parallel) if groups]
+    relaxation = Relaxation(model, options, instance.global_micro_batches,
+                            [d for d in range(instance.num_devices) if d not in failed])
+    return instance, model, failed, options, relaxation

@@ -33,6 +33,7 @@ from chameleon_opt.solve.deadline import Deadline
 from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.search import search_plan
+from tests.helpers import bench_relaxation
 
 CASES = Path(__file__).resolve().parent / "data" / "cases" / "search"  # copies of ../shared/cases/search
 EXAMPLES = int(os.environ.get("CHAMELEON_BRUTE_EXAMPLES", "20"))  # more: bench/brute_force.py (160 seeds, 8-24 devices)
@@ -942,15 +943,9 @@ def test_counted_table_matches_the_state_by_state_programme(seed, monkeypatch):
     of 11 groups, so the grid has states of more groups than any inventory). Chunks of a few pairs
     here, so that a round runs in many chunks; forced rounds priced by other times."""
     from chameleon_opt.solve import exact
-    from chameleon_opt.solve.exact import Relaxation, inventories
 
     monkeypatch.setattr(exact, "CHUNK_ELEMENTS", 40)
-    data, failed = _bench_instance(seed, (8, 24))
-    instance = build_instance(data)
-    model = PerfModel(instance)
-    options = [groups for groups in inventories(instance, model, failed, instance.plan.tensor_parallel) if groups]
-    relaxation = Relaxation(model, options, instance.global_micro_batches,
-                            [d for d in range(instance.num_devices) if d not in failed])
+    instance, model, failed, options, relaxation = bench_relaxation(seed, (8, 24))
     assert relaxation.build(Deadline.never())
     lower = relaxation.lower
     mixed = {v: [math.inf] + [t * 1.5 + 0.01 * m for m, t in enumerate(times[1:], 1)] for v, times in lower.items()}
@@ -1952,14 +1947,7 @@ def test_batched_closed_forms_equal_the_calls_they_replace():
     alone, so the batch must give the per-call values bit for bit (a speed-up, not a new floor)."""
     import numpy as np
 
-    from chameleon_opt.solve.exact import Relaxation, inventories
-
-    data, failed = _bench_instance(3, (8, 24))
-    instance = build_instance(data)
-    model, tp = PerfModel(instance), instance.plan.tensor_parallel
-    options = [groups for groups in inventories(instance, model, failed, tp) if groups]
-    relaxation = Relaxation(model, options, instance.global_micro_batches,
-                            [d for d in range(instance.num_devices) if d not in failed])
+    _, _, _, _, relaxation = bench_relaxation(3, (8, 24))
     runs = relaxation.most_per_node
     assert relaxation.lower_times(Deadline.never(), runs) is not None
     fastest, inter, cheap, split_fits = relaxation._range_tables()
@@ -1991,14 +1979,10 @@ def test_shape_floors_never_exceed_the_priced_pipeline():
     against `ExactSearch.price` on every sequence of up to three groups of 8-12-device seed 45 (two
     device types, TP 2, five layers): each split's floor is at most its least priced time over the
     micro-batch counts (inf on the splits no count fits: memory rules some out here)."""
-    from chameleon_opt.solve.exact import ExactSearch, Relaxation, inventories
+    from chameleon_opt.solve.exact import ExactSearch
 
-    data, failed = _bench_instance(45, (8, 12))
-    instance = build_instance(data)
-    model, tp = PerfModel(instance), instance.plan.tensor_parallel
-    options = [groups for groups in inventories(instance, model, failed, tp) if groups]
-    relaxation = Relaxation(model, options, instance.global_micro_batches,
-                            [d for d in range(instance.num_devices) if d not in failed])
+    instance, model, failed, options, relaxation = bench_relaxation(45, (8, 12))
+    tp = instance.plan.tensor_parallel
     assert relaxation.build(Deadline.never())
     search = ExactSearch(instance, model, options[0], tp, relaxation)
     checked, unfit = 0, 0

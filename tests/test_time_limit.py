@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from chameleon_opt.cli import app
 from chameleon_opt.comm.migration import schedule_migration
 from chameleon_opt.comm.rounds import check_release_safety, colour_rounds
-from chameleon_opt.instance.load import build_instance, load_instance
+from chameleon_opt.instance.load import load_instance
 from chameleon_opt.perf.model import PerfModel
 from chameleon_opt.planning import PlanningOptions, plan_recovery
 from chameleon_opt.solve.backends import SolverOptions, solve_cpsat, solve_pulp
@@ -25,7 +25,7 @@ from chameleon_opt.solve.groups import survivor_groups
 from chameleon_opt.solve.result import Status
 from chameleon_opt.solve.reroute import reroute_plan
 from chameleon_opt.solve.search import search_plan
-from tests.helpers import bundled_recovery
+from tests.helpers import bench_relaxation, bundled_recovery
 
 runner = CliRunner()
 
@@ -208,23 +208,12 @@ def test_isolated_tables_read_the_deadline_between_batches(monkeypatch):
     the batching changes no value (each candidate's closed form reads its own row), and a deadline
     that passes during a table stops it after the batch in hand instead of at the next pipeline length
     (24-32-device deep seed 4: one table of 330 choices ran 0.9 s past its share)."""
-    import sys
-    from pathlib import Path
-
     import numpy as np
 
     from chameleon_opt.solve import exact
-    from chameleon_opt.solve.exact import Relaxation, inventories
+    from chameleon_opt.solve.exact import Relaxation
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from brute_force import random_instance
-
-    data, failed = random_instance(0, (8, 24))
-    instance = build_instance(data)
-    model = PerfModel(instance)
-    options = [groups for groups in inventories(instance, model, failed, instance.plan.tensor_parallel) if groups]
-    relaxation = Relaxation(model, options, instance.global_micro_batches,
-                            [d for d in range(instance.num_devices) if d not in failed])
+    instance, _, _, _, relaxation = bench_relaxation(0, (8, 24))
     assert relaxation.build(Deadline.never())
     isolate = (tuple(range(instance.workload.num_layers)), 2)
     _, whole = relaxation.lower_times(Deadline.never(), relaxation.most_per_node, isolate=isolate)
