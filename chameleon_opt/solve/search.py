@@ -374,8 +374,7 @@ def search_plan(instance: Instance, failed: frozenset[int], deadline: Deadline, 
     if exact is not None and exact.complete:
         bound: float | None = value
     elif blocks is not None and blocks.complete:
-        bound = value * (1 - PRUNE)  # nothing in SPACE is faster by more than PRUNE
-        notes.append("bound: the search over layer counts exhausted the space (one device type, identical blocks)")
+        bound = value * (1 - PRUNE)  # nothing in SPACE is faster by more than PRUNE (the status note says so)
     elif scale_bound is None and deadline.expired() and (exact is None or exact.bound <= 0) and whole is None:
         bound = None  # no time for the relaxation (seconds at 16,384 devices): the gap is unknown, and
         notes.append("no time left for the relaxation bound")  # with no plan, infeasibility unproven
